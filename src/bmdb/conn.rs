@@ -1,0 +1,168 @@
+//! Pooled PostgreSQL connections with a per-connection prepared statement
+//! cache, and the transaction type every BMDB query runs in.
+//!
+//! Statements are prepared once per connection and reused, so a query costs
+//! one round trip. BEGIN is pipelined with the first statement of a
+//! transaction (the session liveness check), so a transaction costs one
+//! round trip more than its statements: the COMMIT.
+
+use std::collections::HashMap;
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row, Statement};
+
+use super::BmdbError;
+use crate::config::Isolation;
+
+/// A pooled connection: the client, its statement cache, and whether a
+/// transaction was left open by a cancelled future.
+pub struct PgConn {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+    in_transaction: bool,
+}
+
+impl PgConn {
+    pub(crate) fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    async fn statement(&mut self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).await?;
+        self.statements.insert(sql, s.clone());
+        Ok(s)
+    }
+
+    /// Starts a transaction and, in the same round trip, runs `first` (the
+    /// session check) if given. Returns the transaction and `first`'s rows.
+    pub(crate) async fn begin(
+        &mut self,
+        isolation: Isolation,
+        first: Option<(&'static str, &[&(dyn ToSql + Sync)])>,
+    ) -> Result<(Tx<'_>, Vec<Row>), BmdbError> {
+        if self.in_transaction {
+            // A previous user was cancelled mid-transaction.
+            self.client.batch_execute("ROLLBACK").await?;
+            self.in_transaction = false;
+        }
+        let begin = match isolation {
+            Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        };
+        let rows = match first {
+            Some((sql, params)) => {
+                let stmt = self.statement(sql).await?;
+                self.in_transaction = true;
+                // Both requests are written before either reply is read.
+                let (b, rows) = futures::join!(
+                    self.client.batch_execute(begin),
+                    self.client.query(&stmt, params)
+                );
+                b?;
+                rows?
+            }
+            None => {
+                self.in_transaction = true;
+                self.client.batch_execute(begin).await?;
+                Vec::new()
+            }
+        };
+        Ok((Tx { conn: self }, rows))
+    }
+}
+
+/// An open transaction. Commit with [`Tx::commit`]; anything else rolls back.
+pub struct Tx<'a> {
+    conn: &'a mut PgConn,
+}
+
+impl Tx<'_> {
+    pub async fn query(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, BmdbError> {
+        let stmt = self.conn.statement(sql).await?;
+        Ok(self.conn.client.query(&stmt, params).await?)
+    }
+
+    pub async fn query_opt(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, BmdbError> {
+        let stmt = self.conn.statement(sql).await?;
+        Ok(self.conn.client.query_opt(&stmt, params).await?)
+    }
+
+    pub async fn query_one(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, BmdbError> {
+        let stmt = self.conn.statement(sql).await?;
+        Ok(self.conn.client.query_one(&stmt, params).await?)
+    }
+
+    pub async fn execute(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, BmdbError> {
+        let stmt = self.conn.statement(sql).await?;
+        Ok(self.conn.client.execute(&stmt, params).await?)
+    }
+
+    pub(crate) async fn commit(self) -> Result<(), BmdbError> {
+        let r = self.conn.client.batch_execute("COMMIT").await;
+        self.conn.in_transaction = false;
+        Ok(r?)
+    }
+
+    pub(crate) async fn rollback(self) -> Result<(), BmdbError> {
+        let r = self.conn.client.batch_execute("ROLLBACK").await;
+        self.conn.in_transaction = false;
+        Ok(r?)
+    }
+}
+
+/// bb8 connection manager for [`PgConn`].
+pub struct PgManager {
+    config: tokio_postgres::Config,
+}
+
+impl PgManager {
+    pub fn new(config: tokio_postgres::Config) -> Self {
+        PgManager { config }
+    }
+}
+
+impl bb8::ManageConnection for PgManager {
+    type Connection = PgConn;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<PgConn, tokio_postgres::Error> {
+        let (client, connection) = self.config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %super::describe_pg_error(&e), "BMDB connection closed");
+            }
+        });
+        Ok(PgConn {
+            client,
+            statements: HashMap::new(),
+            in_transaction: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut PgConn) -> Result<(), tokio_postgres::Error> {
+        conn.client.batch_execute("").await
+    }
+
+    fn has_broken(&self, conn: &mut PgConn) -> bool {
+        conn.client.is_closed()
+    }
+}

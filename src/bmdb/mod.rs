@@ -1,0 +1,349 @@
+//! The BMDB: the fleet database on PostgreSQL (shared/CONTRACTS.md §2).
+//!
+//! - [`Bmdb`]: a pool of connections; opens sessions, runs migrations.
+//! - [`Session`]: a heartbeated lease on the right to work; every transaction
+//!   made under it first checks it is alive. [`BmdbSession`] is the actor
+//!   that keeps one alive and tells its subscribers when it dies.
+//! - [`Work`]: a lease on one machine for one process, ended by `finish`,
+//!   `fail` (writing a [`Backoff`]) or `cancel`, each recorded in history.
+//! - [`selectors`]: the index-driven "needs agent start" and "needs recovery"
+//!   queries.
+
+mod backoff;
+mod conn;
+pub mod embedded;
+pub mod machines;
+mod migrate;
+mod model;
+pub mod selectors;
+mod session;
+mod work;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+pub use backoff::Backoff;
+pub use conn::Tx;
+pub use embedded::EmbeddedPostgres;
+pub use migrate::MigrationReport;
+pub use model::{HistoryEvent, InstallationResult, Process, Provider, ProviderStatus};
+pub use session::{
+    BmdbSession, CloseSession, GetSession, Session, SessionEndReason, SessionEnded, Subscribe,
+};
+pub use work::Work;
+
+use crate::config::{BmdbConfig, Isolation};
+use conn::{PgConn, PgManager};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BmdbError {
+    #[error("session {0} expired")]
+    SessionExpired(Uuid),
+    #[error("machine {machine_id}: already leased for {process} or a conflicting process")]
+    WorkConflict { machine_id: Uuid, process: Process },
+    #[error("machine {machine_id}: lease for {process} is no longer held")]
+    LeaseLost { machine_id: Uuid, process: Process },
+    #[error("database: {message}")]
+    Database {
+        message: String,
+        code: Option<SqlState>,
+    },
+    #[error("database pool: {0}")]
+    Pool(String),
+    #[error("transaction gave up after {attempts} attempts on serialization failures: {last}")]
+    RetriesExhausted { attempts: u32, last: String },
+    #[error("migration: {0}")]
+    Migration(String),
+    #[error("embedded PostgreSQL: {0}")]
+    Embedded(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl BmdbError {
+    pub fn code(&self) -> Option<&SqlState> {
+        match self {
+            BmdbError::Database { code, .. } => code.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Serialization failures and deadlocks: the transaction may succeed if
+    /// run again.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.code(),
+            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+        )
+    }
+
+    pub fn is_unique_violation(&self) -> bool {
+        self.code() == Some(&SqlState::UNIQUE_VIOLATION)
+    }
+}
+
+/// tokio-postgres shows a server error as "db error"; say what it was.
+pub(crate) fn describe_pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{}: {}", db.severity(), db.message());
+            if let Some(detail) = db.detail() {
+                s.push_str(" (");
+                s.push_str(detail);
+                s.push(')');
+            }
+            s
+        }
+        None => {
+            let mut s = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(inner) = src {
+                s.push_str(": ");
+                s.push_str(&inner.to_string());
+                src = inner.source();
+            }
+            s
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for BmdbError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        BmdbError::Database {
+            message: describe_pg_error(&e),
+            code: e.code().cloned(),
+        }
+    }
+}
+
+impl From<bb8::RunError<tokio_postgres::Error>> for BmdbError {
+    fn from(e: bb8::RunError<tokio_postgres::Error>) -> Self {
+        match e {
+            bb8::RunError::User(e) => e.into(),
+            bb8::RunError::TimedOut => BmdbError::Pool("timed out waiting for a connection".into()),
+        }
+    }
+}
+
+/// Settings that shape every transaction.
+#[derive(Debug, Clone)]
+pub struct BmdbOptions {
+    pub isolation: Isolation,
+    pub max_attempts: u32,
+    pub session_interval: Duration,
+    pub session_gc_grace: Duration,
+}
+
+impl From<&BmdbConfig> for BmdbOptions {
+    fn from(c: &BmdbConfig) -> Self {
+        BmdbOptions {
+            isolation: c.isolation,
+            max_attempts: c.max_attempts,
+            session_interval: c.session_interval,
+            session_gc_grace: c.session_gc_grace,
+        }
+    }
+}
+
+/// A handle on the BMDB: cheap to clone, shared by every actor.
+#[derive(Clone)]
+pub struct Bmdb {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: bb8::Pool<PgManager>,
+    options: BmdbOptions,
+    /// Kept alive as long as any handle is: the embedded server, if any.
+    _embedded: Option<Arc<EmbeddedPostgres>>,
+}
+
+impl Bmdb {
+    /// Connects as configured: to `bmdb.url`, or to an embedded PostgreSQL
+    /// started under `bmdb.embedded.data_dir` when no URL is set. Runs the
+    /// migrations when `bmdb.migrate_on_start` is set.
+    pub async fn open(cfg: &BmdbConfig) -> Result<Bmdb, BmdbError> {
+        let (pg, embedded) = match &cfg.url {
+            Some(url) => {
+                let mut pg: tokio_postgres::Config = url
+                    .parse()
+                    .map_err(|e| BmdbError::Invalid(format!("bmdb.url: {e}")))?;
+                if let Some(pw) = &cfg.password {
+                    pg.password(pw.expose());
+                }
+                (pg, None)
+            }
+            None => {
+                let server = EmbeddedPostgres::start(&cfg.embedded).await?;
+                (server.client_config(), Some(Arc::new(server)))
+            }
+        };
+        let mut bmdb = Self::connect(
+            pg,
+            cfg.pool_size,
+            cfg.connect_timeout,
+            cfg.acquire_timeout,
+            cfg.into(),
+        )
+        .await?;
+        Arc::get_mut(&mut bmdb.inner)
+            .expect("a freshly connected handle is not shared")
+            ._embedded = embedded;
+        if cfg.migrate_on_start {
+            bmdb.migrate().await?;
+        }
+        Ok(bmdb)
+    }
+
+    /// Connects a pool to `pg`. Fails if the database cannot be reached.
+    pub async fn connect(
+        mut pg: tokio_postgres::Config,
+        pool_size: u32,
+        connect_timeout: Duration,
+        acquire_timeout: Duration,
+        options: BmdbOptions,
+    ) -> Result<Bmdb, BmdbError> {
+        pg.connect_timeout(connect_timeout);
+        if pg.get_application_name().is_none() {
+            pg.application_name("shepherd");
+        }
+        let pool = bb8::Pool::builder()
+            .max_size(pool_size)
+            .connection_timeout(acquire_timeout)
+            .test_on_check_out(false)
+            .build(PgManager::new(pg.clone()))
+            .await?;
+        // Fail now, with the server's reason, rather than at first use.
+        drop(pool.dedicated_connection().await.map_err(|e| {
+            let where_ = describe_target(&pg);
+            match BmdbError::from(e) {
+                BmdbError::Database { message, code } => BmdbError::Database {
+                    message: format!("cannot connect to {where_}: {message}"),
+                    code,
+                },
+                other => other,
+            }
+        })?);
+        Ok(Bmdb {
+            inner: Arc::new(Inner {
+                pool,
+                options,
+                _embedded: None,
+            }),
+        })
+    }
+
+    pub fn options(&self) -> &BmdbOptions {
+        &self.inner.options
+    }
+
+    pub(crate) async fn conn(&self) -> Result<bb8::PooledConnection<'_, PgManager>, BmdbError> {
+        Ok(self.inner.pool.get().await?)
+    }
+
+    /// Pool occupancy: (connections open, connections idle).
+    pub fn pool_state(&self) -> (u32, u32) {
+        let s = self.inner.pool.state();
+        (s.connections, s.idle_connections)
+    }
+
+    /// Runs `f` in a transaction outside any session (reads, fixtures,
+    /// administration). Retries on serialization failure.
+    pub async fn transact<T>(
+        &self,
+        f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
+    ) -> Result<T, BmdbError> {
+        self.run_tx(None, f).await
+    }
+
+    /// The one transaction loop: begin (with the session check pipelined),
+    /// run `f`, commit; on a serialization failure roll back, wait a jittered
+    /// while and run it all again.
+    pub(crate) async fn run_tx<T>(
+        &self,
+        session: Option<Uuid>,
+        mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
+    ) -> Result<T, BmdbError> {
+        let opts = &self.inner.options;
+        let mut conn = self.conn().await?;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let result = attempt_tx(&mut conn, opts.isolation, session, &mut f).await;
+            match result {
+                Err(e) if e.is_retryable() => {
+                    if attempt >= opts.max_attempts {
+                        return Err(BmdbError::RetriesExhausted {
+                            attempts: attempt,
+                            last: e.to_string(),
+                        });
+                    }
+                    tracing::debug!(attempt, error = %e, "retrying transaction");
+                    tokio::time::sleep(retry_delay(attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+const SESSION_CHECK: &str =
+    "SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now() FOR KEY SHARE";
+
+async fn attempt_tx<T>(
+    conn: &mut PgConn,
+    isolation: Isolation,
+    session: Option<Uuid>,
+    f: &mut impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
+) -> Result<T, BmdbError> {
+    let check;
+    let first: Option<(&'static str, &[&(dyn tokio_postgres::types::ToSql + Sync)])> =
+        match &session {
+            Some(id) => {
+                check = [id as &(dyn tokio_postgres::types::ToSql + Sync)];
+                Some((SESSION_CHECK, &check[..]))
+            }
+            None => None,
+        };
+    let (mut tx, rows) = conn.begin(isolation, first).await?;
+    if let Some(id) = session {
+        if rows.is_empty() {
+            let _ = tx.rollback().await;
+            return Err(BmdbError::SessionExpired(id));
+        }
+    }
+    match f(&mut tx).await {
+        Ok(v) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            // The connection stays usable: a failed rollback marks it for
+            // rollback at its next use.
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// Exponential with full jitter: up to 2ms, 4ms, … 256ms.
+fn retry_delay(attempt: u32) -> Duration {
+    let ceiling = 1u64 << attempt.min(8);
+    Duration::from_micros(rand::rng().random_range(0..=ceiling * 1000))
+}
+
+fn describe_target(pg: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let db = pg.get_dbname().unwrap_or("(default database)");
+    format!("PostgreSQL at {host}:{port}, database {db}")
+}

@@ -1,0 +1,69 @@
+//! The BMDB's enum types, spelled exactly as in the schema.
+
+use std::fmt;
+
+use postgres_types::{FromSql, ToSql};
+use serde::{Deserialize, Serialize};
+
+/// A kind of work on a machine. The `Shepherd*` processes exclude each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ToSql, FromSql, Serialize, Deserialize)]
+#[postgres(name = "process")]
+pub enum Process {
+    UnitTest1,
+    UnitTest2,
+    ShepherdAccess,
+    ShepherdAgentStart,
+    ShepherdRecovery,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ToSql, FromSql, Serialize, Deserialize)]
+#[postgres(name = "provider")]
+pub enum Provider {
+    Equinix,
+    Lumen,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ToSql, FromSql, Serialize, Deserialize)]
+#[postgres(name = "provider_status")]
+pub enum ProviderStatus {
+    Missing,
+    Provisioning,
+    ProvisioningFailedPermanent,
+    Running,
+    Stopped,
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ToSql, FromSql, Serialize, Deserialize)]
+#[postgres(name = "work_history_event")]
+pub enum HistoryEvent {
+    Started,
+    Finished,
+    Failed,
+    Canceled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ToSql, FromSql, Serialize, Deserialize)]
+#[postgres(name = "machine_os_installation_result")]
+pub enum InstallationResult {
+    Success,
+    Error,
+}
+
+macro_rules! display_as_debug {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(self, f)
+            }
+        }
+    )*};
+}
+display_as_debug!(
+    Process,
+    Provider,
+    ProviderStatus,
+    HistoryEvent,
+    InstallationResult
+);

@@ -1,0 +1,163 @@
+//! Which machines need a process: the selectors of shared/CONTRACTS.md §2.
+//!
+//! Both read `machine_summary`, a trigger-maintained row per machine, through
+//! partial indexes whose ranges hold only due machines; each candidate then
+//! costs a primary-key probe of `work`. They lock the chosen `machines` rows
+//! `FOR NO KEY UPDATE SKIP LOCKED`, so concurrent leasers spread over
+//! different machines instead of colliding on the first one.
+//!
+//! Cost: O(log N + candidates inspected). Inspected-but-rejected candidates
+//! are only those due but leased right now (bounded by parallelism), or, for
+//! recovery, due but backed off (failing reboots).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::{BmdbError, Provider, ProviderStatus, Tx};
+
+/// A machine as its provider knows it (`machine_provided`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvidedMachine {
+    pub machine_id: Uuid,
+    pub provider: Provider,
+    pub provider_id: String,
+    pub reservation_id: Option<String>,
+    pub ip_address: Option<String>,
+    pub location: Option<String>,
+    pub status: Option<ProviderStatus>,
+}
+
+impl ProvidedMachine {
+    pub(crate) fn from_row(r: &Row) -> Self {
+        ProvidedMachine {
+            machine_id: r.get("machine_id"),
+            provider: r.get("provider"),
+            provider_id: r.get("provider_id"),
+            reservation_id: r.get("provider_reservation_id"),
+            ip_address: r.get("provider_ip_address"),
+            location: r.get("provider_location"),
+            status: r.get("provider_status"),
+        }
+    }
+
+    /// The address to reach the machine at, if it has a valid one.
+    pub fn address(&self) -> Option<IpAddr> {
+        self.ip_address.as_deref().and_then(|a| a.parse().ok())
+    }
+}
+
+/// The `machine_provided` columns `ProvidedMachine::from_row` reads, from
+/// alias `p`.
+macro_rules! provided_columns {
+    () => {
+        "p.machine_id, p.provider, p.provider_id, p.provider_reservation_id, \
+         p.provider_ip_address, p.provider_location, p.provider_status"
+    };
+}
+pub(crate) use provided_columns;
+
+/// A selector over `machine_summary s`: the given conditions, no conflicting
+/// work (the three shepherd processes exclude each other; this matches the
+/// partial unique index `work_shepherd_exclusive`), ordered by the index key,
+/// locking the chosen machines so that concurrent leasers skip them.
+macro_rules! summary_selector {
+    ($conditions:literal, $order:literal) => {
+        concat!(
+            "SELECT ",
+            provided_columns!(),
+            " FROM machine_summary s \
+               JOIN machine_provided p ON p.machine_id = s.machine_id \
+               JOIN machines m ON m.machine_id = s.machine_id \
+              WHERE s.provider = $1 AND ",
+            $conditions,
+            " AND NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = s.machine_id \
+                  AND w.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')) \
+              ORDER BY ",
+            $order,
+            " LIMIT $2 FOR NO KEY UPDATE OF m SKIP LOCKED"
+        )
+    };
+}
+
+const NEEDS_AGENT_START: &str = summary_selector!(
+    "s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
+     AND s.agent_start_not_before <= now()",
+    "s.agent_start_not_before"
+);
+
+const NEEDS_RECOVERY_STALE: &str = summary_selector!(
+    "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NOT NULL \
+     AND NOT s.installation_fulfilled \
+     AND s.agent_heartbeat_at < now() - make_interval(secs => $3) \
+     AND s.recovery_not_before <= now()",
+    "s.agent_heartbeat_at"
+);
+
+const NEEDS_RECOVERY_SILENT: &str = summary_selector!(
+    "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NULL \
+     AND NOT s.installation_fulfilled \
+     AND s.agent_started_at < now() - make_interval(secs => $3) \
+     AND s.recovery_not_before <= now()",
+    "s.agent_started_at"
+);
+
+/// Needs agent start: provided by `provider`, no `machine_agent_started`,
+/// no conflicting work, no live `ShepherdAgentStart` backoff, installation
+/// not fulfilled. Longest-waiting first.
+pub async fn needs_agent_start(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    limit: i64,
+) -> Result<Vec<ProvidedMachine>, BmdbError> {
+    let rows = tx.query(NEEDS_AGENT_START, &[&provider, &limit]).await?;
+    Ok(rows.iter().map(ProvidedMachine::from_row).collect())
+}
+
+/// When an agent counts as gone quiet.
+#[derive(Debug, Clone, Copy)]
+pub struct RecoveryThresholds {
+    /// No heartbeat at all this long after the agent started.
+    pub silent_after_start: Duration,
+    /// The last heartbeat is older than this.
+    pub heartbeat_stale_after: Duration,
+}
+
+impl Default for RecoveryThresholds {
+    fn default() -> Self {
+        RecoveryThresholds {
+            silent_after_start: Duration::from_secs(30 * 60),
+            heartbeat_stale_after: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// Needs recovery: provided by `provider`, agent started, no conflicting
+/// work, no live `ShepherdRecovery` backoff, installation not fulfilled, and
+/// either no heartbeat `silent_after_start` after start or the last
+/// heartbeat older than `heartbeat_stale_after`. Stalest first.
+pub async fn needs_recovery(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    limit: i64,
+    thresholds: RecoveryThresholds,
+) -> Result<Vec<ProvidedMachine>, BmdbError> {
+    let stale = thresholds.heartbeat_stale_after.as_secs_f64();
+    let mut out: Vec<ProvidedMachine> = tx
+        .query(NEEDS_RECOVERY_STALE, &[&provider, &limit, &stale])
+        .await?
+        .iter()
+        .map(ProvidedMachine::from_row)
+        .collect();
+    let missing = limit - out.len() as i64;
+    if missing > 0 {
+        let silent = thresholds.silent_after_start.as_secs_f64();
+        let rows = tx
+            .query(NEEDS_RECOVERY_SILENT, &[&provider, &missing, &silent])
+            .await?;
+        out.extend(rows.iter().map(ProvidedMachine::from_row));
+    }
+    Ok(out)
+}

@@ -1,0 +1,388 @@
+//! Sessions: the right of one process to work on the BMDB, kept alive by
+//! heartbeats.
+//!
+//! A session is alive while `session_deadline > now()` (the database's
+//! clock). [`Session`] is a cheap handle; every transaction made under it
+//! first checks, in the same round trip as BEGIN, that it is alive, and takes
+//! a KEY SHARE lock on the row so garbage collection cannot delete it under a
+//! running transaction. [`BmdbSession`] is the actor that pokes the deadline
+//! every interval / 2, garbage-collects sessions expired past the grace
+//! period, and tells its subscribers when its own session dies.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use super::{Bmdb, BmdbError, Process, Tx, Work};
+
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<SessionInner>,
+}
+
+struct SessionInner {
+    id: Uuid,
+    bmdb: Bmdb,
+    component: String,
+    interval: Duration,
+    expired: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.inner.id)
+            .field("component", &self.inner.component)
+            .finish()
+    }
+}
+
+const SESSION_START: &str = "INSERT INTO sessions (session_id, session_component_name, session_runtime_info, \
+     session_created_at, session_interval_seconds, session_deadline) \
+     VALUES ($1, $2, $3, now(), $4, now() + $4::int * interval '1 second')";
+
+const SESSION_POKE: &str = "UPDATE sessions SET session_deadline = now() + make_interval(secs => session_interval_seconds) \
+     WHERE session_id = $1 AND session_deadline > now()";
+
+const SESSION_DELETE: &str = "DELETE FROM sessions WHERE session_id = $1";
+
+/// Deletes sessions expired for longer than the grace period, recording the
+/// work they held as canceled; deleting the session releases the work.
+const SESSION_GC: &str = "WITH dead AS ( \
+         DELETE FROM sessions WHERE session_deadline < now() - make_interval(secs => $1) \
+         RETURNING session_id), \
+     released AS ( \
+         DELETE FROM work WHERE session_id IN (SELECT session_id FROM dead) \
+         RETURNING machine_id, process) \
+     INSERT INTO work_history (machine_id, process, event, \"timestamp\", failed_cause) \
+     SELECT machine_id, process, 'Canceled', now(), 'session expired' FROM released";
+
+impl Bmdb {
+    /// Opens a session for `component` (e.g. `shepherd-initializer`), alive
+    /// for one interval from now. Keep it alive with [`BmdbSession`] or
+    /// [`Session::poke`].
+    pub async fn start_session(
+        &self,
+        component: &str,
+        interval: Option<Duration>,
+    ) -> Result<Session, BmdbError> {
+        let interval = interval.unwrap_or(self.options().session_interval);
+        let secs = interval.as_secs().max(1) as i32;
+        let id = Uuid::new_v4();
+        let runtime_info = format!(
+            "shepherd {} pid {} host {}",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id(),
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default()
+        );
+        self.transact(async |tx| {
+            tx.execute(SESSION_START, &[&id, &component, &runtime_info, &secs])
+                .await
+        })
+        .await?;
+        tracing::info!(session_id = %id, component, interval_s = secs, "BMDB session started");
+        Ok(Session {
+            inner: Arc::new(SessionInner {
+                id,
+                bmdb: self.clone(),
+                component: component.to_string(),
+                interval: Duration::from_secs(secs as u64),
+                expired: watch::channel(false).0,
+            }),
+        })
+    }
+
+    /// Deletes sessions expired for longer than `grace`, with their work.
+    /// Returns how many work leases were released.
+    pub async fn collect_expired_sessions(&self, grace: Duration) -> Result<u64, BmdbError> {
+        let secs = grace.as_secs_f64();
+        let released = self
+            .transact(async |tx| tx.execute(SESSION_GC, &[&secs]).await)
+            .await?;
+        if released > 0 {
+            tracing::info!(released, "released work of expired sessions");
+        }
+        Ok(released)
+    }
+}
+
+impl Session {
+    pub fn id(&self) -> Uuid {
+        self.inner.id
+    }
+
+    pub fn bmdb(&self) -> &Bmdb {
+        &self.inner.bmdb
+    }
+
+    pub fn interval(&self) -> Duration {
+        self.inner.interval
+    }
+
+    pub fn component(&self) -> &str {
+        &self.inner.component
+    }
+
+    /// Runs `f` in a transaction under this session: fails with
+    /// `SessionExpired` (and marks the session expired) if it is not alive.
+    pub async fn transact<T>(
+        &self,
+        f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
+    ) -> Result<T, BmdbError> {
+        if self.is_expired() {
+            return Err(BmdbError::SessionExpired(self.id()));
+        }
+        let r = self.inner.bmdb.run_tx(Some(self.id()), f).await;
+        if let Err(BmdbError::SessionExpired(_)) = &r {
+            self.mark_expired();
+        }
+        r
+    }
+
+    /// Leases one machine for `process`: runs `selector` and inserts the work
+    /// row in one transaction. `Ok(None)`: the selector found nothing.
+    /// `WorkConflict`: the machine is leased already (for this or a
+    /// conflicting process).
+    pub async fn lease<T>(
+        &self,
+        process: Process,
+        mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
+    ) -> Result<Option<Work<T>>, BmdbError> {
+        let sid = self.id();
+        let leased = self
+            .transact(async |tx| {
+                let Some((machine_id, item)) = selector(tx).await? else {
+                    return Ok(None);
+                };
+                super::work::start(tx, machine_id, sid, process).await?;
+                Ok(Some((machine_id, item)))
+            })
+            .await?;
+        Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item)))
+    }
+
+    /// Extends the deadline by one interval. `SessionExpired` if it had
+    /// already passed (or the row is gone).
+    pub async fn poke(&self) -> Result<(), BmdbError> {
+        let id = self.id();
+        let n = self
+            .inner
+            .bmdb
+            .transact(async |tx| tx.execute(SESSION_POKE, &[&id]).await)
+            .await?;
+        if n == 0 {
+            self.mark_expired();
+            return Err(BmdbError::SessionExpired(id));
+        }
+        Ok(())
+    }
+
+    /// Ends the session: deletes its row, which releases its work.
+    pub async fn close(&self) -> Result<(), BmdbError> {
+        let id = self.id();
+        self.mark_expired();
+        self.inner
+            .bmdb
+            .transact(async |tx| tx.execute(SESSION_DELETE, &[&id]).await)
+            .await?;
+        tracing::info!(session_id = %id, "BMDB session closed");
+        Ok(())
+    }
+
+    pub fn is_expired(&self) -> bool {
+        *self.inner.expired.borrow()
+    }
+
+    /// Resolves once the session is known to be dead.
+    pub async fn expired(&self) {
+        let mut rx = self.inner.expired.subscribe();
+        let _ = rx.wait_for(|e| *e).await;
+    }
+
+    pub(crate) fn mark_expired(&self) {
+        self.inner.expired.send_replace(true);
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEndReason {
+    /// The deadline passed or the row is gone.
+    Expired,
+    /// The database could not be reached until past the deadline.
+    Unreachable(String),
+    /// Closed on request.
+    Closed,
+}
+
+/// Sent to subscribers when the session dies.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct SessionEnded {
+    pub session_id: Uuid,
+    pub reason: SessionEndReason,
+}
+
+/// Subscribe to `SessionEnded`. A subscriber added after the end is told at
+/// once.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Subscribe(pub Recipient<SessionEnded>);
+
+#[derive(Message)]
+#[rtype(result = "Session")]
+pub struct GetSession;
+
+/// Orderly stop: deletes the session row, then stops the actor.
+#[derive(Message)]
+#[rtype(result = "Result<(), BmdbError>")]
+pub struct CloseSession;
+
+/// The actor owning one session: heartbeat, expiry detection, garbage
+/// collection of other expired sessions, orderly close.
+pub struct BmdbSession {
+    session: Session,
+    subscribers: Vec<Recipient<SessionEnded>>,
+    /// When the deadline we last set runs out, by our clock.
+    deadline: Instant,
+    poking: bool,
+    ended: Option<SessionEndReason>,
+}
+
+impl BmdbSession {
+    /// Opens a session and starts its actor.
+    pub async fn open(bmdb: &Bmdb, component: &str) -> Result<Addr<BmdbSession>, BmdbError> {
+        let session = bmdb.start_session(component, None).await?;
+        Ok(BmdbSession::new(session).start())
+    }
+
+    pub fn new(session: Session) -> Self {
+        let deadline = Instant::now() + session.interval();
+        BmdbSession {
+            session,
+            subscribers: Vec::new(),
+            deadline,
+            poking: false,
+            ended: None,
+        }
+    }
+
+    fn end(&mut self, reason: SessionEndReason, ctx: &mut Context<Self>) {
+        if self.ended.is_some() {
+            return;
+        }
+        match &reason {
+            SessionEndReason::Closed => {}
+            r => tracing::warn!(session_id = %self.session.id(), reason = ?r, "BMDB session ended"),
+        }
+        self.session.mark_expired();
+        for s in &self.subscribers {
+            s.do_send(SessionEnded {
+                session_id: self.session.id(),
+                reason: reason.clone(),
+            });
+        }
+        self.ended = Some(reason);
+        ctx.stop();
+    }
+
+    fn heartbeat(&mut self, ctx: &mut Context<Self>) {
+        if self.poking || self.ended.is_some() {
+            return;
+        }
+        self.poking = true;
+        let session = self.session.clone();
+        let grace = session.bmdb().options().session_gc_grace;
+        let sent = Instant::now();
+        let fut = async move {
+            session.poke().await?;
+            // Collection is housekeeping: its failure is not the session's.
+            if let Err(e) = session.bmdb().collect_expired_sessions(grace).await {
+                tracing::warn!(error = %e, "garbage collection of expired sessions failed");
+            }
+            Ok::<_, BmdbError>(())
+        };
+        ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
+            act.poking = false;
+            match r {
+                Ok(()) => act.deadline = sent + act.session.interval(),
+                Err(BmdbError::SessionExpired(_)) => act.end(SessionEndReason::Expired, ctx),
+                Err(e) if Instant::now() >= act.deadline => {
+                    act.end(SessionEndReason::Unreachable(e.to_string()), ctx)
+                }
+                Err(e) => {
+                    tracing::warn!(session_id = %act.session.id(), error = %e, "session heartbeat failed, will retry")
+                }
+            }
+        }));
+    }
+}
+
+impl Actor for BmdbSession {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let period = self.session.interval() / 2;
+        ctx.run_interval(period, |act, ctx| act.heartbeat(ctx));
+        // Notice a dead database before the deadline passes unnoticed: check
+        // the local deadline more often than we poke.
+        ctx.run_interval(Duration::from_millis(250).min(period), |act, ctx| {
+            if !act.poking && Instant::now() >= act.deadline && act.ended.is_none() {
+                act.end(
+                    SessionEndReason::Unreachable(
+                        "no successful heartbeat before the deadline".into(),
+                    ),
+                    ctx,
+                );
+            }
+        });
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        self.session.mark_expired();
+    }
+}
+
+impl Handler<Subscribe> for BmdbSession {
+    type Result = ();
+
+    fn handle(&mut self, msg: Subscribe, _ctx: &mut Context<Self>) {
+        if let Some(reason) = &self.ended {
+            msg.0.do_send(SessionEnded {
+                session_id: self.session.id(),
+                reason: reason.clone(),
+            });
+        }
+        self.subscribers.push(msg.0);
+    }
+}
+
+impl Handler<GetSession> for BmdbSession {
+    type Result = MessageResult<GetSession>;
+
+    fn handle(&mut self, _: GetSession, _ctx: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.session.clone())
+    }
+}
+
+impl Handler<CloseSession> for BmdbSession {
+    type Result = AtomicResponse<Self, Result<(), BmdbError>>;
+
+    fn handle(&mut self, _: CloseSession, _ctx: &mut Context<Self>) -> Self::Result {
+        let session = self.session.clone();
+        AtomicResponse::new(Box::pin(
+            async move { session.close().await }
+                .into_actor(self)
+                .map(|r, act, ctx| {
+                    act.end(SessionEndReason::Closed, ctx);
+                    r
+                }),
+        ))
+    }
+}

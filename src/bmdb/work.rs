@@ -1,0 +1,226 @@
+//! Work: a lease on one machine for one process, under a session.
+//!
+//! Obtained from [`Session::lease`]; ended by exactly one of `finish`, `fail`
+//! or `cancel`, each of which deletes the `work` row (failing with
+//! `LeaseLost` if it is gone) and appends to `work_history` in the same
+//! transaction. A `Work` dropped without being ended is cancelled in the
+//! background; if even that cannot run, the lease dies with its session.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{Backoff, BmdbError, HistoryEvent, Process, Session, Tx};
+
+const WORK_START: &str = "WITH w AS ( \
+         INSERT INTO work (machine_id, session_id, process) VALUES ($1, $2, $3) \
+         RETURNING machine_id, process) \
+     INSERT INTO work_history (machine_id, process, event, \"timestamp\") \
+     SELECT machine_id, process, 'Started', now() FROM w";
+
+/// Deletes the work row and records the event; no row means the lease is lost.
+const WORK_RELEASE: &str = "WITH w AS ( \
+         DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3 \
+         RETURNING machine_id, process) \
+     INSERT INTO work_history (machine_id, process, event, \"timestamp\", failed_cause) \
+     SELECT machine_id, process, $4, now(), $5 FROM w";
+
+const BACKOFF_CLEAR: &str = "DELETE FROM work_backoff WHERE machine_id = $1 AND process = $2";
+
+const BACKOFF_LAST: &str =
+    "SELECT last_interval_seconds FROM work_backoff WHERE machine_id = $1 AND process = $2";
+
+const BACKOFF_SET: &str = "INSERT INTO work_backoff (machine_id, process, until, cause, last_interval_seconds) \
+     VALUES ($1, $2, now() + make_interval(secs => $3), $4, $5) \
+     ON CONFLICT (machine_id, process) DO UPDATE \
+     SET until = EXCLUDED.until, cause = EXCLUDED.cause, last_interval_seconds = EXCLUDED.last_interval_seconds";
+
+pub(super) async fn start(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    session_id: Uuid,
+    process: Process,
+) -> Result<(), BmdbError> {
+    match tx
+        .execute(WORK_START, &[&machine_id, &session_id, &process])
+        .await
+    {
+        Err(e) if e.is_unique_violation() => Err(BmdbError::WorkConflict {
+            machine_id,
+            process,
+        }),
+        Err(e) => Err(e),
+        Ok(_) => Ok(()),
+    }
+}
+
+async fn release(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    process: Process,
+    session_id: Uuid,
+    event: HistoryEvent,
+    cause: Option<&str>,
+) -> Result<(), BmdbError> {
+    let n = tx
+        .execute(
+            WORK_RELEASE,
+            &[&machine_id, &process, &session_id, &event, &cause],
+        )
+        .await?;
+    if n == 0 {
+        return Err(BmdbError::LeaseLost {
+            machine_id,
+            process,
+        });
+    }
+    Ok(())
+}
+
+/// A leased machine, with what the selector returned about it.
+pub struct Work<T> {
+    session: Session,
+    machine_id: Uuid,
+    process: Process,
+    item: T,
+    ended: bool,
+}
+
+impl<T> std::fmt::Debug for Work<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("machine_id", &self.machine_id)
+            .field("process", &self.process)
+            .field("session", &self.session.id())
+            .finish()
+    }
+}
+
+impl<T> Work<T> {
+    pub(super) fn new(session: Session, machine_id: Uuid, process: Process, item: T) -> Self {
+        Work {
+            session,
+            machine_id,
+            process,
+            item,
+            ended: false,
+        }
+    }
+
+    pub fn machine_id(&self) -> Uuid {
+        self.machine_id
+    }
+
+    pub fn process(&self) -> Process {
+        self.process
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// What the selector returned with the machine.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+
+    /// Success: runs `f` in the transaction that releases the lease, clears
+    /// the process's backoff and records `Finished`. If `f` fails nothing is
+    /// written and the lease is still held (fail or cancel it).
+    pub async fn finish(
+        &mut self,
+        mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<(), BmdbError>,
+    ) -> Result<(), BmdbError> {
+        let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
+        self.session
+            .transact(async |tx| {
+                release(tx, mid, process, sid, HistoryEvent::Finished, None).await?;
+                tx.execute(BACKOFF_CLEAR, &[&mid, &process]).await?;
+                f(tx).await
+            })
+            .await?;
+        self.ended = true;
+        Ok(())
+    }
+
+    /// Failure: releases the lease, records `Failed` with `cause`, and backs
+    /// the process off on this machine. Returns the wait until the next
+    /// attempt.
+    pub async fn fail(&mut self, backoff: &Backoff, cause: &str) -> Result<Duration, BmdbError> {
+        let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
+        let wait = self
+            .session
+            .transact(async |tx| {
+                release(tx, mid, process, sid, HistoryEvent::Failed, Some(cause)).await?;
+                let last: Option<i64> = tx
+                    .query_opt(BACKOFF_LAST, &[&mid, &process])
+                    .await?
+                    .and_then(|r| r.get(0));
+                let interval = backoff.next_interval_seconds(last);
+                let wait = backoff.wait_for(interval);
+                tx.execute(
+                    BACKOFF_SET,
+                    &[&mid, &process, &wait.as_secs_f64(), &cause, &interval],
+                )
+                .await?;
+                Ok(wait)
+            })
+            .await?;
+        self.ended = true;
+        tracing::info!(machine_id = %mid, process = %process, wait_s = wait.as_secs(), cause, "work failed, backing off");
+        Ok(wait)
+    }
+
+    /// Gives the machine back untouched: releases the lease, records
+    /// `Canceled`. The backoff, if any, stays.
+    pub async fn cancel(&mut self) -> Result<(), BmdbError> {
+        let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
+        self.session
+            .transact(async |tx| release(tx, mid, process, sid, HistoryEvent::Canceled, None).await)
+            .await?;
+        self.ended = true;
+        Ok(())
+    }
+
+    /// Whether finish, fail or cancel went through.
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+}
+
+impl<T> Drop for Work<T> {
+    fn drop(&mut self) {
+        if self.ended || self.session.is_expired() {
+            return;
+        }
+        tracing::warn!(machine_id = %self.machine_id, process = %self.process,
+            "work dropped without finish, fail or cancel; cancelling");
+        let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
+        let session = self.session.clone();
+        let cancel = async move {
+            let r = session
+                .transact(async |tx| {
+                    release(
+                        tx,
+                        mid,
+                        process,
+                        sid,
+                        HistoryEvent::Canceled,
+                        Some("work dropped"),
+                    )
+                    .await
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(machine_id = %mid, error = %e, "could not cancel dropped work; it ends with its session");
+            }
+        };
+        // Actors run on actix arbiters (a LocalSet); elsewhere the lease is
+        // left to expire with its session.
+        if actix_rt::Arbiter::try_current().is_some() {
+            actix_rt::spawn(cancel);
+        } else {
+            tracing::warn!(machine_id = %mid, "no actix arbiter to cancel dropped work on; it ends with its session");
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Configuration: one TOML file, overridden by `SHEPHERD__SECTION__KEY`
+//! environment variables, validated once at start.
+//!
+//! Every key has a default (documented in `config/shepherd.toml`), so an empty
+//! configuration is a working one: an embedded PostgreSQL under `var/bmdb`.
+//! Unknown keys are errors. Every error names the key it is about and never
+//! shows a secret.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::secret::{Secret, redact_database_url};
+
+/// Environment variables with this prefix override file keys:
+/// `SHEPHERD__BMDB__URL` is `bmdb.url`.
+pub const ENV_PREFIX: &str = "SHEPHERD";
+pub const ENV_SEPARATOR: &str = "__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("{key}: {message}")]
+    Key { key: String, message: String },
+}
+
+impl ConfigError {
+    fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Key {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The configuration key the error is about, if any.
+    pub fn key_name(&self) -> Option<&str> {
+        match self {
+            ConfigError::Key { key, .. } => Some(key),
+            ConfigError::File { .. } => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub bmdb: BmdbConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// Invariants are enforced by constraints; the default on PostgreSQL.
+    ReadCommitted,
+    /// What CockroachDB runs; serialization failures are retried.
+    Serializable,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BmdbConfig {
+    /// PostgreSQL connection URL or key/value string. Unset: embedded server.
+    #[serde(serialize_with = "serialize_url")]
+    pub url: Option<String>,
+    /// Password, kept out of the URL (inline, `{ env = … }` or `{ file = … }`).
+    pub password: Option<Secret>,
+    pub pool_size: u32,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long a pool checkout may wait.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// Session heartbeat interval: the deadline is now + interval and the
+    /// session is poked every interval / 2. Whole seconds.
+    #[serde(with = "humantime_serde")]
+    pub session_interval: Duration,
+    /// Sessions expired for longer than this are deleted with their work.
+    #[serde(with = "humantime_serde")]
+    pub session_gc_grace: Duration,
+    pub migrate_on_start: bool,
+    pub isolation: Isolation,
+    /// Attempts of a transaction that hits serialization failures.
+    pub max_attempts: u32,
+    pub embedded: EmbeddedConfig,
+}
+
+impl Default for BmdbConfig {
+    fn default() -> Self {
+        BmdbConfig {
+            url: None,
+            password: None,
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(10),
+            session_interval: Duration::from_secs(10),
+            session_gc_grace: Duration::from_secs(60),
+            migrate_on_start: true,
+            isolation: Isolation::ReadCommitted,
+            max_attempts: 10,
+            embedded: EmbeddedConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedConfig {
+    /// Data directory of the embedded PostgreSQL (created on first start).
+    pub data_dir: PathBuf,
+    /// Directory holding `postgres` and `initdb`. Unset: found on the system.
+    pub bin_dir: Option<PathBuf>,
+    /// Turn off for throwaway databases (tests, demos) only.
+    pub fsync: bool,
+    #[serde(with = "humantime_serde")]
+    pub start_timeout: Duration,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        EmbeddedConfig {
+            data_dir: PathBuf::from("var/bmdb"),
+            bin_dir: None,
+            fsync: true,
+            start_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter: `info`, `shepherd=debug,info`. `RUST_LOG` wins if set.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info,tokio_postgres=warn,refinery_core=warn".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+fn serialize_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(u) => s.serialize_some(&redact_database_url(u)),
+        None => s.serialize_none(),
+    }
+}
+
+impl Config {
+    /// Loads `path` (if given) under the process environment's overrides, then
+    /// validates.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with_env(path, std::env::vars())
+    }
+
+    /// As `load`, with the environment given explicitly (for tests and
+    /// embedding).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.to_path_buf(),
+                message: format!("cannot read: {e}"),
+            })?;
+            // Check the syntax ourselves: the parser's own message quotes the
+            // offending line, which may hold a secret. Report position only.
+            if let Err(e) = text.parse::<toml::Table>() {
+                let (line, col) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((0, 0));
+                return Err(ConfigError::File {
+                    path: path.to_path_buf(),
+                    message: format!("line {line}, column {col}: {}", e.message()),
+                });
+            }
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        }
+        let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix(ENV_PREFIX)
+                .prefix_separator(ENV_SEPARATOR)
+                .separator(ENV_SEPARATOR)
+                .try_parsing(true)
+                .source(Some(env)),
+        );
+        let raw = builder
+            .build()
+            .map_err(|e| ConfigError::key("(config)", e.to_string()))?;
+        let mut cfg: Config = serde_path_to_error::deserialize(raw).map_err(|e| {
+            let key = e.path().to_string();
+            let message = clean_serde_message(&e.inner().to_string());
+            ConfigError::key(
+                if key == "." {
+                    "(top level)".into()
+                } else {
+                    key
+                },
+                message,
+            )
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every key and resolves secrets. Runs once, at start.
+    pub fn validate(&mut self) -> Result<(), ConfigError> {
+        let b = &mut self.bmdb;
+        if let Some(url) = &b.url {
+            if url.trim().is_empty() {
+                b.url = None;
+            } else if let Err(e) = url.parse::<tokio_postgres::Config>() {
+                // The parser's message does not echo the URL.
+                return Err(ConfigError::key(
+                    "bmdb.url",
+                    format!("not a PostgreSQL URL: {e}"),
+                ));
+            }
+        }
+        if let Some(pw) = &mut b.password {
+            pw.resolve()
+                .map_err(|m| ConfigError::key("bmdb.password", m))?;
+        }
+        if b.pool_size == 0 {
+            return Err(ConfigError::key("bmdb.pool_size", "must be at least 1"));
+        }
+        if b.connect_timeout.is_zero() {
+            return Err(ConfigError::key("bmdb.connect_timeout", "must be positive"));
+        }
+        if b.acquire_timeout.is_zero() {
+            return Err(ConfigError::key("bmdb.acquire_timeout", "must be positive"));
+        }
+        if b.session_interval < Duration::from_secs(1)
+            || b.session_interval.subsec_nanos() != 0
+            || b.session_interval > Duration::from_secs(i32::MAX as u64)
+        {
+            return Err(ConfigError::key(
+                "bmdb.session_interval",
+                "must be a whole number of seconds, at least 1s",
+            ));
+        }
+        if b.max_attempts == 0 {
+            return Err(ConfigError::key("bmdb.max_attempts", "must be at least 1"));
+        }
+        if b.embedded.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::key(
+                "bmdb.embedded.data_dir",
+                "must not be empty",
+            ));
+        }
+        if b.embedded.start_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "bmdb.embedded.start_timeout",
+                "must be positive",
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(ConfigError::key(
+                "log.level",
+                format!("not a log filter: {e}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML, secrets redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string(self).expect("configuration serializes to TOML")
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+/// serde and config phrase type errors with the offending value; strip
+/// anything quoted so a mistyped secret never reaches the terminal.
+fn clean_serde_message(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut in_quote = false;
+    for c in msg.chars() {
+        if c == '"' {
+            if !in_quote {
+                out.push_str("\"…");
+            } else {
+                out.push('"');
+            }
+            in_quote = !in_quote;
+            continue;
+        }
+        if !in_quote {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let cfg = Config::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(cfg.bmdb.pool_size, 16);
+        assert!(cfg.bmdb.url.is_none());
+    }
+
+    #[test]
+    fn env_overrides_nested_keys() {
+        let cfg = Config::load_with_env(
+            None,
+            env(&[
+                ("SHEPHERD__BMDB__URL", "postgres://u:pw@127.0.0.1/x"),
+                ("SHEPHERD__BMDB__POOL_SIZE", "3"),
+                ("SHEPHERD__BMDB__EMBEDDED__FSYNC", "false"),
+                ("SHEPHERD__BMDB__SESSION_INTERVAL", "4s"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.bmdb.pool_size, 3);
+        assert!(!cfg.bmdb.embedded.fsync);
+        assert_eq!(cfg.bmdb.session_interval, Duration::from_secs(4));
+        let shown = cfg.to_redacted_toml();
+        assert!(shown.contains("u:<redacted>@127.0.0.1"), "{shown}");
+        assert!(!shown.contains("pw@"), "{shown}");
+    }
+
+    #[test]
+    fn ill_typed_and_unknown_keys_are_named() {
+        let e =
+            Config::load_with_env(None, env(&[("SHEPHERD__BMDB__POOL_SIZE", "many")])).unwrap_err();
+        assert_eq!(e.key_name(), Some("bmdb.pool_size"), "{e}");
+        let e = Config::load_with_env(None, env(&[("SHEPHERD__BMDB__POOL_SIZ", "1")])).unwrap_err();
+        assert!(e.to_string().contains("pool_siz"), "{e}");
+        let e =
+            Config::load_with_env(None, env(&[("SHEPHERD__BMDB__POOL_SIZE", "0")])).unwrap_err();
+        assert_eq!(e.key_name(), Some("bmdb.pool_size"));
+    }
+
+    #[test]
+    fn a_mistyped_secret_is_not_echoed() {
+        assert_eq!(
+            clean_serde_message(r#"invalid type: string "hunter2", expected u32"#),
+            "invalid type: string \"…\", expected u32"
+        );
+    }
+}

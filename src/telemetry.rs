@@ -1,0 +1,21 @@
+//! Logging: tracing with a filter from `log.level` (or `RUST_LOG`), as text
+//! or JSON lines on stderr.
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogConfig, LogFormat};
+
+/// Installs the global subscriber. A second call is a no-op (library use).
+pub fn init(cfg: &LogConfig) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new(&cfg.level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cfg.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}

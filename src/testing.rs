@@ -1,0 +1,185 @@
+//! Test support: every test gets its own freshly migrated database.
+//!
+//! The server is `SHEPHERD_TEST_DATABASE_URL` if set, else PostgreSQL on
+//! 127.0.0.1:5432 if it answers, else an embedded server (the same code the
+//! service uses without `bmdb.url`), started once per test binary under
+//! `target/` and stopped when the binary exits. Databases are dropped when
+//! their [`TestDb`] is.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::bmdb::{Bmdb, BmdbOptions, EmbeddedPostgres};
+use crate::config::{BmdbConfig, EmbeddedConfig, Isolation};
+
+enum Server {
+    External(tokio_postgres::Config),
+    Embedded(EmbeddedPostgres),
+}
+
+impl Server {
+    fn config_for(&self, db: &str) -> tokio_postgres::Config {
+        match self {
+            Server::External(c) => {
+                let mut c = c.clone();
+                c.dbname(db);
+                c
+            }
+            Server::Embedded(e) => e.config_for(db),
+        }
+    }
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+fn external_config() -> Option<tokio_postgres::Config> {
+    if let Ok(url) = std::env::var("SHEPHERD_TEST_DATABASE_URL") {
+        return Some(
+            url.parse()
+                .expect("SHEPHERD_TEST_DATABASE_URL is not a PostgreSQL URL"),
+        );
+    }
+    let addr = "127.0.0.1:5432".parse().unwrap();
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    Some(
+        "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+            .parse()
+            .unwrap(),
+    )
+}
+
+/// Runs `f` on a fresh current-thread runtime on its own thread: usable from
+/// any context, including `Drop`.
+fn block_on_side<T: Send + 'static>(f: impl std::future::Future<Output = T> + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    })
+    .join()
+    .expect("test support thread panicked")
+}
+
+fn server() -> &'static Server {
+    SERVER.get_or_init(|| {
+        if let Some(c) = external_config() {
+            return Server::External(c);
+        }
+        let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join(format!("bmdb-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = EmbeddedConfig {
+            data_dir: dir,
+            fsync: false,
+            ..EmbeddedConfig::default()
+        };
+        let server = block_on_side(async move { EmbeddedPostgres::start(&cfg).await })
+            .expect("no PostgreSQL at 127.0.0.1:5432 and the embedded one did not start");
+        Server::Embedded(server)
+    })
+}
+
+/// A database of one's own, migrated, dropped on drop.
+pub struct TestDb {
+    name: String,
+    pub config: tokio_postgres::Config,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let server = server();
+        let name = format!("shepherd_test_{}", uuid::Uuid::new_v4().simple());
+        let admin = server.config_for("postgres");
+        let create = format!("CREATE DATABASE {name}");
+        block_on_side(async move {
+            let (client, conn) = admin
+                .connect(tokio_postgres::NoTls)
+                .await
+                .expect("connect to test server");
+            tokio::spawn(conn);
+            client
+                .batch_execute(&create)
+                .await
+                .expect("create test database");
+        });
+        let config = server.config_for(&name);
+        let db = TestDb { name, config };
+        db.bmdb()
+            .await
+            .migrate()
+            .await
+            .expect("migrate test database");
+        db
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A pool on this database with test-friendly options.
+    pub async fn bmdb(&self) -> Bmdb {
+        self.bmdb_with(Self::options(Isolation::ReadCommitted), 16)
+            .await
+    }
+
+    pub fn options(isolation: Isolation) -> BmdbOptions {
+        BmdbOptions {
+            isolation,
+            max_attempts: 50,
+            session_interval: Duration::from_secs(10),
+            session_gc_grace: Duration::from_secs(0),
+        }
+    }
+
+    pub async fn bmdb_with(&self, options: BmdbOptions, pool_size: u32) -> Bmdb {
+        Bmdb::connect(
+            self.config.clone(),
+            pool_size,
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+            options,
+        )
+        .await
+        .expect("connect to test database")
+    }
+
+    /// A `BmdbConfig` pointing at this database (for code that takes config).
+    pub fn bmdb_config(&self) -> BmdbConfig {
+        BmdbConfig {
+            url: Some(self.url()),
+            ..BmdbConfig::default()
+        }
+    }
+
+    /// This database as a key/value connection string.
+    pub fn url(&self) -> String {
+        use tokio_postgres::config::Host;
+        let host = match &self.config.get_hosts()[0] {
+            Host::Tcp(h) => h.clone(),
+            Host::Unix(p) => p.display().to_string(),
+        };
+        format!(
+            "host={host} port={} user={} dbname={}",
+            self.config.get_ports().first().copied().unwrap_or(5432),
+            self.config.get_user().unwrap_or("postgres"),
+            self.name
+        )
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = server().config_for("postgres");
+        let drop_sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        block_on_side(async move {
+            if let Ok((client, conn)) = admin.connect(tokio_postgres::NoTls).await {
+                tokio::spawn(conn);
+                let _ = client.batch_execute(&drop_sql).await;
+            }
+        });
+    }
+}

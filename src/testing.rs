@@ -1,7 +1,8 @@
 //! Test support: every test gets its own freshly migrated database.
 //!
 //! The server is `SHEPHERD_TEST_DATABASE_URL` if set, else PostgreSQL on
-//! 127.0.0.1:5432 if it answers, else an embedded server (the same code the
+//! 127.0.0.1:5432 if it answers (unless `SHEPHERD_TEST_EMBEDDED` is set),
+//! else an embedded server (the same code the
 //! service uses without `bmdb.url`), started once per test binary under
 //! `target/` and stopped when the binary exits. Databases are dropped when
 //! their [`TestDb`] is.
@@ -33,6 +34,9 @@ impl Server {
 static SERVER: OnceLock<Server> = OnceLock::new();
 
 fn external_config() -> Option<tokio_postgres::Config> {
+    if std::env::var_os("SHEPHERD_TEST_EMBEDDED").is_some() {
+        return None;
+    }
     if let Ok(url) = std::env::var("SHEPHERD_TEST_DATABASE_URL") {
         return Some(
             url.parse()
@@ -91,6 +95,17 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        let db = Self::new_unmigrated().await;
+        db.bmdb()
+            .await
+            .migrate()
+            .await
+            .expect("migrate test database");
+        db
+    }
+
+    /// An empty database, not migrated.
+    pub async fn new_unmigrated() -> TestDb {
         let server = server();
         let name = format!("shepherd_test_{}", uuid::Uuid::new_v4().simple());
         let admin = server.config_for("postgres");
@@ -107,13 +122,7 @@ impl TestDb {
                 .expect("create test database");
         });
         let config = server.config_for(&name);
-        let db = TestDb { name, config };
-        db.bmdb()
-            .await
-            .migrate()
-            .await
-            .expect("migrate test database");
-        db
+        TestDb { name, config }
     }
 
     pub fn name(&self) -> &str {

@@ -23,6 +23,11 @@ impl Bmdb {
     /// Applies pending migrations. A no-op on an up-to-date schema; safe to
     /// run from many processes at once.
     pub async fn migrate(&self) -> Result<MigrationReport, BmdbError> {
+        self.migrate_to(None).await
+    }
+
+    /// Applies pending migrations up to `version` (all with None).
+    pub async fn migrate_to(&self, version: Option<u32>) -> Result<MigrationReport, BmdbError> {
         let mut conn = self.conn().await?;
         let client = conn.client_mut();
         client
@@ -37,6 +42,10 @@ impl Bmdb {
         let result = embedded::migrations::runner()
             .set_abort_divergent(true)
             .set_abort_missing(true)
+            .set_target(match version {
+                Some(v) => refinery::Target::Version(v),
+                None => refinery::Target::Latest,
+            })
             .run_async(client)
             .await;
         let unlock = client

@@ -26,7 +26,7 @@ use rand::Rng;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-pub use backoff::Backoff;
+pub use backoff::{BACKOFF_CEILING_SECONDS, Backoff};
 pub use conn::Tx;
 pub use embedded::EmbeddedPostgres;
 pub use migrate::MigrationReport;

@@ -2,9 +2,17 @@
 //!
 //! Both read `machine_summary`, a trigger-maintained row per machine, through
 //! partial indexes whose ranges hold only due machines; each candidate then
-//! costs a primary-key probe of `work`. They lock the chosen `machines` rows
+//! costs a primary-key probe of `work`. They lock the chosen summary rows
 //! `FOR NO KEY UPDATE SKIP LOCKED`, so concurrent leasers spread over
 //! different machines instead of colliding on the first one.
+//!
+//! Locking the summary row (not the `machines` row) is what makes a stale
+//! snapshot safe under READ COMMITTED: every tag change that matters here
+//! (agent started, heartbeat, backoff, installation, provider) updates that
+//! row through its trigger, so if it changed after the selector's snapshot,
+//! PostgreSQL re-evaluates the conditions on the newest version before
+//! locking it and skips it if it no longer qualifies. Work rows are covered
+//! by the unique index instead (see `Session::lease`).
 //!
 //! Cost: O(log N + candidates inspected). Inspected-but-rejected candidates
 //! are only those due but leased right now (bounded by parallelism), or, for
@@ -70,14 +78,13 @@ macro_rules! summary_selector {
             provided_columns!(),
             " FROM machine_summary s \
                JOIN machine_provided p ON p.machine_id = s.machine_id \
-               JOIN machines m ON m.machine_id = s.machine_id \
               WHERE s.provider = $1 AND ",
             $conditions,
             " AND NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = s.machine_id \
                   AND w.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')) \
               ORDER BY ",
             $order,
-            " LIMIT $2 FOR NO KEY UPDATE OF m SKIP LOCKED"
+            " LIMIT $2 FOR NO KEY UPDATE OF s SKIP LOCKED"
         )
     };
 }

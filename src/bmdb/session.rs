@@ -47,6 +47,9 @@ const SESSION_START: &str = "INSERT INTO sessions (session_id, session_component
 const SESSION_POKE: &str = "UPDATE sessions SET session_deadline = now() + make_interval(secs => session_interval_seconds) \
      WHERE session_id = $1 AND session_deadline > now()";
 
+/// How many times a lease runs its selector when the pick is taken.
+const LEASE_SELECTIONS: u32 = 3;
+
 const SESSION_DELETE: &str = "DELETE FROM sessions WHERE session_id = $1";
 
 /// Deletes sessions expired for longer than the grace period, recording the
@@ -149,6 +152,11 @@ impl Session {
     /// row in one transaction. `Ok(None)`: the selector found nothing.
     /// `WorkConflict`: the machine is leased already (for this or a
     /// conflicting process).
+    ///
+    /// Under READ COMMITTED a selector's snapshot may predate another
+    /// leaser's commit; if its pick turns out to be leased, the selector runs
+    /// again (a statement sees every commit before it started) up to
+    /// `LEASE_SELECTIONS` times before the conflict is reported.
     pub async fn lease<T>(
         &self,
         process: Process,
@@ -157,11 +165,22 @@ impl Session {
         let sid = self.id();
         let leased = self
             .transact(async |tx| {
-                let Some((machine_id, item)) = selector(tx).await? else {
-                    return Ok(None);
-                };
-                super::work::start(tx, machine_id, sid, process).await?;
-                Ok(Some((machine_id, item)))
+                let mut selections = 0;
+                loop {
+                    let Some((machine_id, item)) = selector(tx).await? else {
+                        return Ok(None);
+                    };
+                    if super::work::start(tx, machine_id, sid, process).await? {
+                        return Ok(Some((machine_id, item)));
+                    }
+                    selections += 1;
+                    if selections >= LEASE_SELECTIONS {
+                        return Err(BmdbError::WorkConflict {
+                            machine_id,
+                            process,
+                        });
+                    }
+                }
             })
             .await?;
         Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item)))
@@ -300,8 +319,16 @@ impl BmdbSession {
         let session = self.session.clone();
         let grace = session.bmdb().options().session_gc_grace;
         let sent = Instant::now();
+        let timeout = session.interval() / 2;
         let fut = async move {
-            session.poke().await?;
+            match tokio::time::timeout(timeout, session.poke()).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(BmdbError::Pool(format!(
+                        "heartbeat took longer than {timeout:?}"
+                    )));
+                }
+            }
             // Collection is housekeeping: its failure is not the session's.
             if let Err(e) = session.bmdb().collect_expired_sessions(grace).await {
                 tracing::warn!(error = %e, "garbage collection of expired sessions failed");
@@ -330,10 +357,11 @@ impl Actor for BmdbSession {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let period = self.session.interval() / 2;
         ctx.run_interval(period, |act, ctx| act.heartbeat(ctx));
-        // Notice a dead database before the deadline passes unnoticed: check
-        // the local deadline more often than we poke.
+        // The deadline by our clock (send time of the last good poke plus the
+        // interval) is never later than the database's: once it passes, the
+        // session is dead to us, whatever a heartbeat in flight may say.
         ctx.run_interval(Duration::from_millis(250).min(period), |act, ctx| {
-            if !act.poking && Instant::now() >= act.deadline && act.ended.is_none() {
+            if Instant::now() >= act.deadline && act.ended.is_none() {
                 act.end(
                     SessionEndReason::Unreachable(
                         "no successful heartbeat before the deadline".into(),

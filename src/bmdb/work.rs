@@ -12,8 +12,10 @@ use uuid::Uuid;
 
 use super::{Backoff, BmdbError, HistoryEvent, Process, Session, Tx};
 
+/// Inserts the work row unless a conflicting one exists (0 rows then).
 const WORK_START: &str = "WITH w AS ( \
          INSERT INTO work (machine_id, session_id, process) VALUES ($1, $2, $3) \
+         ON CONFLICT DO NOTHING \
          RETURNING machine_id, process) \
      INSERT INTO work_history (machine_id, process, event, \"timestamp\") \
      SELECT machine_id, process, 'Started', now() FROM w";
@@ -35,23 +37,18 @@ const BACKOFF_SET: &str = "INSERT INTO work_backoff (machine_id, process, until,
      ON CONFLICT (machine_id, process) DO UPDATE \
      SET until = EXCLUDED.until, cause = EXCLUDED.cause, last_interval_seconds = EXCLUDED.last_interval_seconds";
 
+/// Inserts the work row and its `Started` history; false if the machine is
+/// already leased for this or a conflicting process.
 pub(super) async fn start(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
     session_id: Uuid,
     process: Process,
-) -> Result<(), BmdbError> {
-    match tx
+) -> Result<bool, BmdbError> {
+    let n = tx
         .execute(WORK_START, &[&machine_id, &session_id, &process])
-        .await
-    {
-        Err(e) if e.is_unique_violation() => Err(BmdbError::WorkConflict {
-            machine_id,
-            process,
-        }),
-        Err(e) => Err(e),
-        Ok(_) => Ok(()),
-    }
+        .await?;
+    Ok(n == 1)
 }
 
 async fn release(

@@ -1,0 +1,67 @@
+//! BMDB library tests, against a real PostgreSQL (each test in its own
+//! database; see `shepherd::testing`).
+
+mod backoff;
+mod history;
+mod leases;
+mod migrations;
+mod selectors;
+mod sessions;
+
+use std::time::Duration;
+
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::bmdb::{Bmdb, BmdbError, Provider, Tx};
+use uuid::Uuid;
+
+/// Polls `f` until it returns Some, or panics after `timeout` naming `what`.
+pub async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Creates `n` machines provided by `provider`, returning their IDs.
+pub async fn provided_machines(bmdb: &Bmdb, provider: Provider, n: usize) -> Vec<Uuid> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let m = NewProvidedMachine {
+            provider,
+            provider_id: format!("{provider}-{}", Uuid::new_v4()),
+            reservation_id: None,
+            ip_address: Some(format!("127.0.0.{}", 1 + i % 200)),
+            location: Some("test".into()),
+            status: None,
+        };
+        ids.push(
+            bmdb.transact(async |tx| machines::create_provided(tx, &m).await)
+                .await
+                .unwrap(),
+        );
+    }
+    ids
+}
+
+/// A selector that picks one given machine, whatever its state.
+pub fn pick(
+    machine_id: Uuid,
+) -> impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, ())>, BmdbError> {
+    async move |_tx: &mut Tx<'_>| Ok(Some((machine_id, ())))
+}
+
+pub async fn count(bmdb: &Bmdb, sql: &'static str) -> i64 {
+    bmdb.transact(async |tx| Ok(tx.query_one(sql, &[]).await?.get::<_, i64>(0)))
+        .await
+        .unwrap()
+}

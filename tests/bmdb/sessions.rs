@@ -1,0 +1,296 @@
+use std::time::Duration;
+
+use actix::prelude::*;
+use shepherd::bmdb::machines;
+use shepherd::bmdb::{
+    BmdbError, BmdbSession, CloseSession, GetSession, HistoryEvent, Process, Provider,
+    SessionEndReason, SessionEnded, Subscribe,
+};
+use shepherd::testing::TestDb;
+use tokio::sync::mpsc;
+
+use crate::{count, eventually, pick, provided_machines};
+
+/// Forwards SessionEnded to a channel.
+struct Listener(mpsc::UnboundedSender<SessionEnded>);
+impl Actor for Listener {
+    type Context = Context<Self>;
+}
+impl Handler<SessionEnded> for Listener {
+    type Result = ();
+    fn handle(&mut self, msg: SessionEnded, _: &mut Context<Self>) {
+        let _ = self.0.send(msg);
+    }
+}
+
+#[actix_rt::test]
+async fn an_expired_session_can_do_nothing_and_its_work_is_released() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = provided_machines(&bmdb, Provider::Equinix, 2).await;
+    let session = bmdb
+        .start_session("test", Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let mut work = session
+        .lease(Process::ShepherdAgentStart, pick(ids[0]))
+        .await
+        .unwrap()
+        .expect("leased");
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM work").await, 1);
+
+    // Nobody pokes it: wait for the deadline to pass, by the database's clock.
+    let sid = session.id();
+    eventually(
+        "the session deadline to pass",
+        Duration::from_secs(10),
+        async || {
+            let past: bool = bmdb
+                .transact(async |tx| {
+                    Ok(tx
+                        .query_one(
+                            "SELECT session_deadline < now() FROM sessions WHERE session_id = $1",
+                            &[&sid],
+                        )
+                        .await?
+                        .get(0))
+                })
+                .await
+                .unwrap();
+            past.then_some(())
+        },
+    )
+    .await;
+
+    let r = session
+        .transact(async |tx| tx.execute("SELECT 1", &[]).await)
+        .await;
+    assert!(
+        matches!(r, Err(BmdbError::SessionExpired(id)) if id == sid),
+        "{r:?}"
+    );
+    assert!(session.is_expired());
+    assert!(matches!(
+        session
+            .lease(Process::ShepherdAgentStart, pick(ids[1]))
+            .await,
+        Err(BmdbError::SessionExpired(_))
+    ));
+    assert!(matches!(
+        work.finish(async |_| Ok(())).await,
+        Err(BmdbError::SessionExpired(_))
+    ));
+    assert!(matches!(
+        work.cancel().await,
+        Err(BmdbError::SessionExpired(_))
+    ));
+
+    // A fresh session bypasses the expired check at the database level too
+    // (not only the local flag): poke says expired.
+    assert!(matches!(
+        session.poke().await,
+        Err(BmdbError::SessionExpired(_))
+    ));
+
+    // Garbage collection (grace 0 here) releases the work and says so.
+    let released = bmdb.collect_expired_sessions(Duration::ZERO).await.unwrap();
+    assert_eq!(released, 1);
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM work").await, 0);
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 0);
+    let history = bmdb
+        .transact(async |tx| machines::history(tx, ids[0]).await)
+        .await
+        .unwrap();
+    let events: Vec<_> = history
+        .iter()
+        .map(|h| (h.event, h.failed_cause.as_deref()))
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            (HistoryEvent::Started, None),
+            (HistoryEvent::Canceled, Some("session expired"))
+        ]
+    );
+
+    // The machine is free for a new session.
+    let fresh = bmdb.start_session("test", None).await.unwrap();
+    let mut again = fresh
+        .lease(Process::ShepherdAgentStart, pick(ids[0]))
+        .await
+        .unwrap()
+        .unwrap();
+    again.cancel().await.unwrap();
+    drop(work);
+}
+
+#[actix_rt::test]
+async fn garbage_collection_respects_the_grace_period() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
+    let session = bmdb
+        .start_session("test", Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let mut work = session
+        .lease(Process::UnitTest1, pick(ids[0]))
+        .await
+        .unwrap()
+        .unwrap();
+    let sid = session.id();
+    bmdb.transact(async |tx| {
+        tx.execute("UPDATE sessions SET session_deadline = now() - interval '30 seconds' WHERE session_id = $1", &[&sid])
+            .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        bmdb.collect_expired_sessions(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM work").await, 1);
+    assert_eq!(
+        bmdb.collect_expired_sessions(Duration::from_secs(10))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM work").await, 0);
+    assert!(matches!(
+        work.cancel().await,
+        Err(BmdbError::SessionExpired(_))
+    ));
+}
+
+#[actix_rt::test]
+async fn the_session_actor_keeps_its_session_alive_and_reports_its_death() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let session = bmdb
+        .start_session("test", Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let addr = BmdbSession::new(session.clone()).start();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    addr.send(Subscribe(Listener(tx).start().recipient()))
+        .await
+        .unwrap();
+
+    // Several intervals pass: the heartbeat keeps it alive.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    session
+        .transact(async |tx| tx.execute("SELECT 1", &[]).await)
+        .await
+        .unwrap();
+    assert!(rx.try_recv().is_err());
+
+    // Someone else declares it dead: the next poke notices, subscribers hear.
+    let sid = session.id();
+    bmdb.transact(async |tx| {
+        tx.execute("UPDATE sessions SET session_deadline = now() - interval '1 second' WHERE session_id = $1", &[&sid])
+            .await
+    })
+    .await
+    .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ended.session_id, sid);
+    assert_eq!(ended.reason, SessionEndReason::Expired);
+    assert!(session.is_expired());
+    eventually(
+        "the session actor to stop",
+        Duration::from_secs(5),
+        async || (!addr.connected()).then_some(()),
+    )
+    .await;
+}
+
+#[actix_rt::test]
+async fn an_orderly_close_deletes_the_session_and_releases_its_work() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
+    let addr = BmdbSession::open(&bmdb, "test").await.unwrap();
+    let session = addr.send(GetSession).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    addr.send(Subscribe(Listener(tx).start().recipient()))
+        .await
+        .unwrap();
+    let _work = session
+        .lease(Process::ShepherdAccess, pick(ids[0]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 1);
+    addr.send(CloseSession).await.unwrap().unwrap();
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 0);
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM work").await, 0);
+    let ended = rx.recv().await.unwrap();
+    assert_eq!(ended.reason, SessionEndReason::Closed);
+}
+
+#[actix_rt::test]
+async fn the_session_actor_reports_an_unreachable_database_after_the_deadline() {
+    let db = TestDb::new().await;
+    let bmdb = db
+        .bmdb_with(
+            TestDb::options(shepherd::config::Isolation::ReadCommitted),
+            2,
+        )
+        .await;
+    let session = bmdb
+        .start_session("test", Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let addr = BmdbSession::new(session.clone()).start();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    addr.send(Subscribe(Listener(tx).start().recipient()))
+        .await
+        .unwrap();
+    // Cut this session's pool off from the database.
+    let admin = db.bmdb().await;
+    let name = db.name().to_string();
+    admin
+        .transact(async |tx| {
+            tx.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND application_name = 'shepherd' AND pid <> pg_backend_pid()",
+                &[&name],
+            )
+            .await?;
+            // New connections to this database are refused from now on.
+            tx.execute(
+                "UPDATE pg_database SET datallowconn = false WHERE datname = $1",
+                &[&name],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(ended.reason, SessionEndReason::Unreachable(_)),
+        "{:?}",
+        ended.reason
+    );
+    assert!(session.is_expired());
+    let name = db.name().to_string();
+    admin
+        .transact(async |tx| {
+            tx.execute(
+                "UPDATE pg_database SET datallowconn = true WHERE datname = $1",
+                &[&name],
+            )
+            .await
+        })
+        .await
+        .ok();
+}

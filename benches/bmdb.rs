@@ -1,1 +1,356 @@
-fn main() {}
+//! BMDB benchmark: selector latency and lease+finish throughput, with
+//! pgbench running the reference's write set on the same server for scale.
+//!
+//!     cargo bench --bench bmdb
+//!
+//! Environment: SHEPHERD_BENCH_SCALES (default "10000,100000"; add 1000000
+//! for the sub-linear growth check), SHEPHERD_BENCH_SECONDS (per throughput
+//! run, default 5), SHEPHERD_TEST_DATABASE_URL (else 127.0.0.1:5432, else an
+//! embedded server).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use shepherd::bmdb::machines;
+use shepherd::bmdb::selectors::{self, RecoveryThresholds};
+use shepherd::bmdb::{Bmdb, Process, Provider, Tx};
+use shepherd::config::Isolation;
+use shepherd::testing::TestDb;
+
+const SELECTOR_SAMPLES: usize = 2000;
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn exec(bmdb: &Bmdb, sql: &'static str) {
+    bmdb.transact(async |tx| tx.execute(sql, &[]).await)
+        .await
+        .unwrap();
+}
+
+/// N provided machines with deterministic IDs (…-<hex n>), agent started two
+/// hours ago, heartbeat fresh: nothing is due.
+async fn seed(cfg: &tokio_postgres::Config, n: i64) {
+    let n = n.to_string();
+    let t = Instant::now();
+    let client_sql = [
+        "INSERT INTO machines (machine_id) SELECT ('00000000-0000-0000-0000-' || lpad(to_hex(i), 12, '0'))::uuid \
+         FROM generate_series(1, $N) i",
+        "INSERT INTO machine_provided (machine_id, provider, provider_id, provider_ip_address) \
+         SELECT machine_id, 'Equinix', machine_id::text, '127.0.0.1' FROM machines",
+        "INSERT INTO machine_agent_started SELECT machine_id, now() - interval '2 hours', '\\x00' FROM machines",
+        "INSERT INTO machine_agent_heartbeat SELECT machine_id, now() FROM machines",
+    ];
+    let cfg_sql: Vec<String> = client_sql.iter().map(|s| s.replace("$N", &n)).collect();
+    raw(cfg, &cfg_sql).await;
+    raw(cfg, &["VACUUM ANALYZE".to_string()]).await;
+    eprintln!("seeded {n} machines in {:.1}s", t.elapsed().as_secs_f64());
+}
+
+/// Runs statements as simple queries outside a transaction (bulk loads with
+/// N spliced in, VACUUM) on a dedicated connection.
+async fn raw(cfg: &tokio_postgres::Config, sql: &[String]) {
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+    actix_rt::spawn(conn);
+    for s in sql {
+        client
+            .batch_execute(s)
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e:?}"));
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+/// p50 and p99 in ms of one selector poll (a transaction running it).
+async fn measure(bmdb: &Bmdb, f: impl AsyncFn(&mut Tx<'_>) -> usize) -> (f64, f64, usize) {
+    let mut found = 0;
+    for _ in 0..200 {
+        bmdb.transact(async |tx| Ok(f(tx).await)).await.unwrap();
+    }
+    let mut samples = Vec::with_capacity(SELECTOR_SAMPLES);
+    for _ in 0..SELECTOR_SAMPLES {
+        let t = Instant::now();
+        found = bmdb.transact(async |tx| Ok(f(tx).await)).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    (percentile(&samples, 0.5), percentile(&samples, 0.99), found)
+}
+
+async fn agent_start(tx: &mut Tx<'_>) -> usize {
+    selectors::needs_agent_start(tx, Provider::Equinix, 1)
+        .await
+        .unwrap()
+        .len()
+}
+
+async fn recovery(tx: &mut Tx<'_>) -> usize {
+    selectors::needs_recovery(tx, Provider::Equinix, 1, RecoveryThresholds::default())
+        .await
+        .unwrap()
+        .len()
+}
+
+/// lease (needs agent start) + finish (AgentStarted) cycles per second, over
+/// `seconds` or until 80 % of the `machines` are taken over.
+async fn cycles(bmdb: &Bmdb, machines: i64, leasers: usize, seconds: u64) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..leasers {
+        let bmdb = bmdb.clone();
+        let (done, stop) = (done.clone(), stop.clone());
+        tasks.push(actix_rt::spawn(async move {
+            let s = bmdb
+                .start_session(&format!("bench-{i}"), Some(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let leased = s
+                    .lease(Process::ShepherdAgentStart, async |tx: &mut Tx<'_>| {
+                        Ok(selectors::needs_agent_start(tx, Provider::Equinix, 1)
+                            .await?
+                            .pop()
+                            .map(|m| (m.machine_id, ())))
+                    })
+                    .await
+                    .unwrap();
+                let Some(mut w) = leased else {
+                    panic!("ran out of machines needing agent start");
+                };
+                let mid = w.machine_id();
+                w.finish(async |tx| machines::set_agent_started(tx, mid, &[1u8; 32]).await)
+                    .await
+                    .unwrap();
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            s.close().await.unwrap();
+        }));
+    }
+    // Measure a steady window, after the sessions have opened.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (c0, t0) = (done.load(Ordering::Relaxed), Instant::now());
+    let budget = (machines as u64) * 8 / 10;
+    while t0.elapsed() < Duration::from_secs(seconds) && done.load(Ordering::Relaxed) < budget {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (c1, t1) = (done.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+}
+
+const PGBENCH_SCRIPT: &str = r#"\set n :client_id + 1
+BEGIN;
+SELECT session_id FROM sessions WHERE session_id = CAST(:sid AS uuid) AND session_deadline > now();
+INSERT INTO work (machine_id, session_id, process) VALUES (CAST('00000000-0000-0000-0000-' || lpad(to_hex(CAST(:n AS int)), 12, '0') AS uuid), CAST(:sid AS uuid), 'ShepherdAgentStart');
+INSERT INTO work_history (machine_id, process, event, "timestamp") VALUES (CAST('00000000-0000-0000-0000-' || lpad(to_hex(CAST(:n AS int)), 12, '0') AS uuid), 'ShepherdAgentStart', 'Started', now());
+COMMIT;
+BEGIN;
+SELECT session_id FROM sessions WHERE session_id = CAST(:sid AS uuid) AND session_deadline > now();
+DELETE FROM work WHERE machine_id = CAST('00000000-0000-0000-0000-' || lpad(to_hex(CAST(:n AS int)), 12, '0') AS uuid) AND session_id = CAST(:sid AS uuid) AND process = 'ShepherdAgentStart';
+DELETE FROM work_backoff WHERE machine_id = CAST('00000000-0000-0000-0000-' || lpad(to_hex(CAST(:n AS int)), 12, '0') AS uuid) AND process = 'ShepherdAgentStart';
+INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) VALUES (CAST('00000000-0000-0000-0000-' || lpad(to_hex(CAST(:n AS int)), 12, '0') AS uuid), now(), '\x00') ON CONFLICT (machine_id) DO UPDATE SET agent_started_at = EXCLUDED.agent_started_at;
+INSERT INTO work_history (machine_id, process, event, "timestamp") VALUES (CAST('00000000-0000-0000-0000-' || lpad(to_hex(CAST(:n AS int)), 12, '0') AS uuid), 'ShepherdAgentStart', 'Finished', now());
+COMMIT;
+"#;
+
+/// The reference's lease+finish write set with `clients` clients (each on
+/// its own machine): cycles per second.
+fn pgbench(
+    cfg: &tokio_postgres::Config,
+    session_id: uuid::Uuid,
+    clients: usize,
+    seconds: u64,
+) -> Option<f64> {
+    use tokio_postgres::config::Host;
+    let bin = shepherd::bmdb::embedded::find_bin_dir(None)
+        .ok()?
+        .join("pgbench");
+    let script = std::env::temp_dir().join(format!("shepherd-bench-{}.sql", std::process::id()));
+    std::fs::write(&script, PGBENCH_SCRIPT).ok()?;
+    let host = match &cfg.get_hosts()[0] {
+        Host::Tcp(h) => h.clone(),
+        Host::Unix(p) => p.display().to_string(),
+    };
+    let out = Command::new(bin)
+        .args(["-n", "-M", "prepared", "-j", "2", "-c"])
+        .arg(clients.to_string())
+        .arg("-T")
+        .arg(seconds.to_string())
+        .arg("-f")
+        .arg(&script)
+        .arg("-D")
+        .arg(format!("sid={session_id}"))
+        .args([
+            "-h",
+            &host,
+            "-p",
+            &cfg.get_ports().first().copied().unwrap_or(5432).to_string(),
+        ])
+        .args([
+            "-U",
+            cfg.get_user().unwrap_or("postgres"),
+            cfg.get_dbname().unwrap(),
+        ])
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_file(&script);
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        eprintln!(
+            "pgbench failed: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    if text.contains("actually processed: 0") {
+        eprintln!(
+            "pgbench processed nothing: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| {
+            l.trim_start_matches("tps = ")
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
+struct SelectorRow {
+    machines: i64,
+    selector: &'static str,
+    state: &'static str,
+    p50: f64,
+    p99: f64,
+    found: usize,
+}
+
+struct CycleRow {
+    machines: i64,
+    leasers: usize,
+    rate: f64,
+    pgbench: Option<f64>,
+}
+
+fn main() {
+    let scales: Vec<i64> = std::env::var("SHEPHERD_BENCH_SCALES")
+        .unwrap_or_else(|_| "10000,100000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let seconds: u64 = env_or("SHEPHERD_BENCH_SECONDS", 5);
+    actix_rt::System::new().block_on(async move {
+        let mut selector_rows = Vec::new();
+        let mut cycle_rows = Vec::new();
+        let mut server = String::new();
+        for &n in &scales {
+            let db = TestDb::new().await;
+            let bmdb = db.bmdb_with(TestDb::options(Isolation::ReadCommitted), 40).await;
+            if server.is_empty() {
+                server = bmdb
+                    .transact(async |tx| {
+                        let r = tx
+                            .query_one(
+                                "SELECT current_setting('server_version'), current_setting('synchronous_commit'), \
+                                 current_setting('fsync')",
+                                &[],
+                            )
+                            .await?;
+                        Ok(format!(
+                            "PostgreSQL {}, synchronous_commit={}, fsync={}",
+                            r.get::<_, String>(0),
+                            r.get::<_, String>(1),
+                            r.get::<_, String>(2)
+                        ))
+                    })
+                    .await
+                    .unwrap();
+            }
+            seed(&db.config, n).await;
+
+            for (selector, f) in [("needs agent start", 0), ("needs recovery", 1)] {
+                let (p50, p99, found) = if f == 0 {
+                    measure(&bmdb, agent_start).await
+                } else {
+                    measure(&bmdb, recovery).await
+                };
+                selector_rows.push(SelectorRow { machines: n, selector, state: "nothing due", p50, p99, found });
+            }
+            // 1 % due for each: agent gone, heartbeat stale.
+            exec(&bmdb, "DELETE FROM machine_agent_started WHERE machine_id IN \
+                         (SELECT machine_id FROM machines ORDER BY machine_id LIMIT (SELECT count(*) / 100 FROM machines))")
+                .await;
+            exec(&bmdb, "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '1 hour' \
+                         WHERE machine_id IN (SELECT machine_id FROM machines ORDER BY machine_id DESC \
+                         LIMIT (SELECT count(*) / 100 FROM machines))")
+                .await;
+            for (selector, f) in [("needs agent start", 0), ("needs recovery", 1)] {
+                let (p50, p99, found) = if f == 0 {
+                    measure(&bmdb, agent_start).await
+                } else {
+                    measure(&bmdb, recovery).await
+                };
+                selector_rows.push(SelectorRow { machines: n, selector, state: "1% due", p50, p99, found });
+            }
+
+            // Throughput: every machine needs its agent started.
+            let s = bmdb.start_session("pgbench", Some(Duration::from_secs(3600))).await.unwrap();
+            for leasers in [1usize, 8, 32] {
+                exec(&bmdb, "DELETE FROM machine_agent_started").await;
+                let rate = cycles(&bmdb, n, leasers, seconds).await;
+                let pgbench = pgbench(&db.config, s.id(), leasers, seconds);
+                cycle_rows.push(CycleRow { machines: n, leasers, rate, pgbench });
+            }
+            s.close().await.unwrap();
+        }
+
+        println!();
+        println!("BMDB benchmark on {server}");
+        println!();
+        println!("Selector polls (one transaction each, {SELECTOR_SAMPLES} samples, limit 1)");
+        println!("{:>9}  {:<18} {:<12} {:>8} {:>8} {:>6}", "machines", "selector", "state", "p50 ms", "p99 ms", "found");
+        for r in &selector_rows {
+            println!(
+                "{:>9}  {:<18} {:<12} {:>8.3} {:>8.3} {:>6}",
+                r.machines, r.selector, r.state, r.p50, r.p99, r.found
+            );
+        }
+        println!();
+        println!("lease (selector + work) + finish (AgentStarted) cycles per second, {seconds}s each");
+        println!(
+            "{:>9}  {:>8} {:>12} {:>12} {:>7}",
+            "machines", "leasers", "shepherd/s", "pgbench/s", "ratio"
+        );
+        for r in &cycle_rows {
+            match r.pgbench {
+                Some(pg) => println!(
+                    "{:>9}  {:>8} {:>12.0} {:>12.0} {:>7.2}",
+                    r.machines, r.leasers, r.rate, pg, r.rate / pg
+                ),
+                None => println!("{:>9}  {:>8} {:>12.0} {:>12} {:>7}", r.machines, r.leasers, r.rate, "n/a", "n/a"),
+            }
+        }
+        println!();
+        println!("pgbench runs the reference's write set of one cycle (two transactions) with as many clients as leasers.");
+        println!("Targets: selector p99 < 2 ms at 100k; lease+finish >= 0.8x pgbench.");
+    });
+}

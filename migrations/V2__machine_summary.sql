@@ -17,7 +17,10 @@ CREATE TABLE machine_summary (
     installation_fulfilled boolean NOT NULL DEFAULT false,
     -- work_backoff.until of ShepherdAgentStart / ShepherdRecovery, or -infinity.
     agent_start_not_before timestamptz NOT NULL DEFAULT '-infinity',
-    recovery_not_before timestamptz NOT NULL DEFAULT '-infinity'
+    recovery_not_before timestamptz NOT NULL DEFAULT '-infinity',
+    -- A work row of ShepherdAccess, ShepherdAgentStart or ShepherdRecovery
+    -- exists (they exclude each other, so there is at most one).
+    shepherd_work boolean NOT NULL DEFAULT false
 );
 
 -- Needs agent start: provided, no agent, not installed; ordered by backoff so
@@ -33,7 +36,8 @@ CREATE INDEX machine_summary_recovery_silent ON machine_summary (provider, agent
 
 -- Backfill for databases that already hold machines.
 INSERT INTO machine_summary (machine_id, provider, agent_started_at, agent_heartbeat_at,
-                             installation_fulfilled, agent_start_not_before, recovery_not_before)
+                             installation_fulfilled, agent_start_not_before, recovery_not_before,
+                             shepherd_work)
 SELECT m.machine_id,
        p.provider,
        s.agent_started_at,
@@ -42,7 +46,9 @@ SELECT m.machine_id,
        COALESCE((SELECT until FROM work_backoff b
                   WHERE b.machine_id = m.machine_id AND b.process = 'ShepherdAgentStart'), '-infinity'),
        COALESCE((SELECT until FROM work_backoff b
-                  WHERE b.machine_id = m.machine_id AND b.process = 'ShepherdRecovery'), '-infinity')
+                  WHERE b.machine_id = m.machine_id AND b.process = 'ShepherdRecovery'), '-infinity'),
+       EXISTS (SELECT 1 FROM work w WHERE w.machine_id = m.machine_id
+                  AND w.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery'))
   FROM machines m
   LEFT JOIN machine_provided p ON p.machine_id = m.machine_id
   LEFT JOIN machine_agent_started s ON s.machine_id = m.machine_id
@@ -158,3 +164,21 @@ END $$;
 CREATE TRIGGER machine_summary_backoff
     AFTER INSERT OR DELETE OR UPDATE OF machine_id, process, until ON work_backoff
     FOR EACH ROW EXECUTE FUNCTION machine_summary_on_backoff();
+
+-- Leases of the three mutually exclusive shepherd processes.
+CREATE FUNCTION machine_summary_on_work() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('DELETE', 'UPDATE')
+       AND OLD.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery') THEN
+        UPDATE machine_summary SET shepherd_work = false WHERE machine_id = OLD.machine_id;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE')
+       AND NEW.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery') THEN
+        INSERT INTO machine_summary (machine_id, shepherd_work) VALUES (NEW.machine_id, true)
+            ON CONFLICT (machine_id) DO UPDATE SET shepherd_work = true;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER machine_summary_work
+    AFTER INSERT OR DELETE OR UPDATE OF machine_id, process ON work
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_work();

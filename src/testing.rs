@@ -3,8 +3,8 @@
 //! The server is `SHEPHERD_TEST_DATABASE_URL` if set, else PostgreSQL on
 //! 127.0.0.1:5432 if it answers (unless `SHEPHERD_TEST_EMBEDDED` is set),
 //! else an embedded server (the same code the
-//! service uses without `bmdb.url`), started once per test binary under
-//! `target/` and stopped when the binary exits. Databases are dropped when
+//! service uses without `bmdb.url`), started once per test binary in the
+//! temporary directory and stopped when the binary exits. Databases are dropped when
 //! their [`TestDb`] is.
 
 use std::sync::OnceLock;
@@ -32,6 +32,30 @@ impl Server {
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
+
+const DATA_DIR_PREFIX: &str = "bmdb-test-";
+
+/// Removes the data directories of embedded test servers whose test binary
+/// is gone (their server shut down with it).
+fn sweep_stale_data_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DATA_DIR_PREFIX))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        if !alive {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
 
 fn external_config() -> Option<tokio_postgres::Config> {
     if std::env::var_os("SHEPHERD_TEST_EMBEDDED").is_some() {
@@ -71,10 +95,8 @@ fn server() -> &'static Server {
         if let Some(c) = external_config() {
             return Server::External(c);
         }
-        let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir)
-            .join(format!("bmdb-test-{}", std::process::id()));
+        sweep_stale_data_dirs();
+        let dir = std::env::temp_dir().join(format!("{DATA_DIR_PREFIX}{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let cfg = EmbeddedConfig {
             data_dir: dir,

@@ -1,22 +1,20 @@
 //! Which machines need a process: the selectors of shared/CONTRACTS.md §2.
 //!
 //! Both read `machine_summary`, a trigger-maintained row per machine, through
-//! partial indexes whose ranges hold only due machines; each candidate then
-//! costs a primary-key probe of `work`. They lock the chosen summary rows
+//! partial indexes whose ranges hold only due machines. They lock the chosen summary rows
 //! `FOR NO KEY UPDATE SKIP LOCKED`, so concurrent leasers spread over
 //! different machines instead of colliding on the first one.
 //!
-//! Locking the summary row (not the `machines` row) is what makes a stale
-//! snapshot safe under READ COMMITTED: every tag change that matters here
-//! (agent started, heartbeat, backoff, installation, provider) updates that
-//! row through its trigger, so if it changed after the selector's snapshot,
+//! Locking the summary row is what makes a stale snapshot safe under READ
+//! COMMITTED: every fact the selectors read (agent started, heartbeat,
+//! backoffs, installation, provider, a shepherd lease) is a column of that
+//! row, kept by triggers, so if it changed after the selector's snapshot,
 //! PostgreSQL re-evaluates the conditions on the newest version before
-//! locking it and skips it if it no longer qualifies. Work rows are covered
-//! by the unique index instead (see `Session::lease`).
+//! locking it and skips it if it no longer qualifies.
 //!
 //! Cost: O(log N + candidates inspected). Inspected-but-rejected candidates
 //! are only those due but leased right now (bounded by parallelism), or, for
-//! recovery, due but backed off (failing reboots).
+//! recovery, due but backed off (index-only checks).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -68,9 +66,9 @@ macro_rules! provided_columns {
 pub(crate) use provided_columns;
 
 /// A selector over `machine_summary s`: the given conditions, no conflicting
-/// work (the three shepherd processes exclude each other; this matches the
-/// partial unique index `work_shepherd_exclusive`), ordered by the index key,
-/// locking the chosen machines so that concurrent leasers skip them.
+/// work (the three shepherd processes exclude each other), ordered by the
+/// index key, locking the chosen summary rows so that concurrent leasers
+/// skip them.
 macro_rules! summary_selector {
     ($conditions:literal, $order:literal) => {
         concat!(
@@ -78,11 +76,9 @@ macro_rules! summary_selector {
             provided_columns!(),
             " FROM machine_summary s \
                JOIN machine_provided p ON p.machine_id = s.machine_id \
-              WHERE s.provider = $1 AND ",
+              WHERE s.provider = $1 AND NOT s.shepherd_work AND ",
             $conditions,
-            " AND NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = s.machine_id \
-                  AND w.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')) \
-              ORDER BY ",
+            " ORDER BY ",
             $order,
             " LIMIT $2 FOR NO KEY UPDATE OF s SKIP LOCKED"
         )

@@ -1,0 +1,274 @@
+//! The `shepherd` binary as an operator runs it.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use shepherd::testing::TestDb;
+
+const SECRET: &str = "hunter2-do-not-print";
+
+fn shepherd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SHEPHERD") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+fn config_file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+fn check_config(text: &str, env: &[(&str, &str)]) -> Output {
+    let f = config_file(text);
+    let mut cmd = shepherd();
+    cmd.arg("--config").arg(f.path()).arg("check-config");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Exit 2, an error naming `key`, and no secret anywhere.
+fn assert_rejected(o: &Output, key: &str) {
+    let (out, err) = (stdout(o), stderr(o));
+    assert_eq!(o.status.code(), Some(2), "stdout: {out}\nstderr: {err}");
+    assert!(err.contains(key), "error does not name {key}: {err}");
+    assert!(
+        !err.contains(SECRET) && !out.contains(SECRET),
+        "secret printed: {err}{out}"
+    );
+}
+
+#[test]
+fn help_lists_the_subcommands() {
+    let o = shepherd().arg("--help").output().unwrap();
+    assert!(o.status.success());
+    for c in ["run", "migrate", "check-config"] {
+        assert!(stdout(&o).contains(c), "{c} missing from --help");
+    }
+}
+
+#[test]
+fn defaults_are_a_valid_configuration() {
+    let o = shepherd().arg("check-config").output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("data_dir = \"var/bmdb\""),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let o = shepherd()
+        .args(["--config", "/nonexistent/shepherd.toml", "check-config"])
+        .output()
+        .unwrap();
+    assert_rejected(&o, "/nonexistent/shepherd.toml");
+}
+
+#[test]
+fn unknown_keys_are_errors() {
+    assert_rejected(&check_config("[bmdb]\npool_sise = 3\n", &[]), "pool_sise");
+    assert_rejected(&check_config("[bmbd]\nurl = \"x\"\n", &[]), "bmbd");
+    assert_rejected(
+        &check_config("", &[("SHEPHERD__BMDB__POOL_SISE", "3")]),
+        "pool_sise",
+    );
+}
+
+#[test]
+fn ill_typed_keys_are_named() {
+    assert_rejected(
+        &check_config("[bmdb]\npool_size = \"many\"\n", &[]),
+        "bmdb.pool_size",
+    );
+    assert_rejected(
+        &check_config("", &[("SHEPHERD__BMDB__SESSION_INTERVAL", "soon")]),
+        "bmdb.session_interval",
+    );
+    assert_rejected(
+        &check_config("[bmdb]\nsession_interval = \"1500ms\"\n", &[]),
+        "bmdb.session_interval",
+    );
+    assert_rejected(
+        &check_config("[bmdb]\nisolation = \"snapshot\"\n", &[]),
+        "bmdb.isolation",
+    );
+    assert_rejected(&check_config("[log]\nlevel = \"[[\"\n", &[]), "log.level");
+    assert_rejected(
+        &check_config("[bmdb]\nurl = \"nope://\"\n", &[]),
+        "bmdb.url",
+    );
+}
+
+#[test]
+fn missing_secrets_are_named() {
+    let o = check_config(
+        "[bmdb]\npassword = { env = \"SHEPHERD_TEST_UNSET_VAR\" }\n",
+        &[],
+    );
+    assert_rejected(&o, "bmdb.password");
+    assert!(stderr(&o).contains("SHEPHERD_TEST_UNSET_VAR"));
+    let o = check_config("[bmdb]\npassword = { file = \"/nonexistent/pw\" }\n", &[]);
+    assert_rejected(&o, "bmdb.password");
+}
+
+#[test]
+fn secrets_are_never_printed() {
+    // Valid: redacted in the effective configuration.
+    let text = format!(
+        "[bmdb]\nurl = \"postgres://bob:{SECRET}@127.0.0.1/bmdb\"\npassword = \"{SECRET}\"\n"
+    );
+    let o = check_config(&text, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains(SECRET), "{}", stdout(&o));
+    assert!(stdout(&o).contains("<redacted>"));
+    // From the environment, and from a file.
+    let o = check_config("[bmdb]\npassword = { env = \"PW\" }\n", &[("PW", SECRET)]);
+    assert!(o.status.success() && !stdout(&o).contains(SECRET));
+    assert!(stdout(&o).contains("env = \"PW\""));
+    let pw = config_file(SECRET);
+    let o = check_config(
+        &format!("[bmdb]\npassword = {{ file = {:?} }}\n", pw.path()),
+        &[],
+    );
+    assert!(
+        o.status.success() && !stdout(&o).contains(SECRET),
+        "{}",
+        stderr(&o)
+    );
+    // Invalid: the error names the key, not the value.
+    assert_rejected(
+        &check_config(&format!("[bmdb]\npassword = [\"{SECRET}\"]\n"), &[]),
+        "bmdb.password",
+    );
+    assert_rejected(
+        &check_config(&format!("[bmdb]\npassword = \"{SECRET}\n"), &[]),
+        "line 2",
+    );
+    assert_rejected(
+        &check_config("", &[("SHEPHERD__BMDB__PASSWORD__VALUE", SECRET)]),
+        "bmdb.password",
+    );
+    assert_rejected(
+        &check_config(&format!("[bmdb]\npool_size = \"{SECRET}\"\n"), &[]),
+        "bmdb.pool_size",
+    );
+}
+
+#[actix_rt::test]
+async fn migrate_applies_then_reports_up_to_date() {
+    let db = TestDb::new_unmigrated().await;
+    let run = || {
+        shepherd()
+            .arg("migrate")
+            .env("SHEPHERD__BMDB__URL", db.url())
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stdout(&first).contains("applied V1__bmdb"),
+        "{}",
+        stdout(&first)
+    );
+    assert!(stdout(&first).contains("applied V2__machine_summary"));
+    let second = run();
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert!(
+        stdout(&second).contains("up to date (version 2)"),
+        "{}",
+        stdout(&second)
+    );
+}
+
+#[actix_rt::test]
+async fn an_unreachable_database_is_a_clear_error() {
+    let o = shepherd()
+        .arg("migrate")
+        .env(
+            "SHEPHERD__BMDB__URL",
+            "host=127.0.0.1 port=1 user=postgres dbname=nowhere",
+        )
+        .env("SHEPHERD__BMDB__CONNECT_TIMEOUT", "2s")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot connect to PostgreSQL at 127.0.0.1:1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[actix_rt::test]
+async fn run_holds_a_session_and_stops_cleanly_on_sigterm() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let mut child = shepherd()
+        .arg("run")
+        .env("SHEPHERD__BMDB__URL", db.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sessions = async || {
+        bmdb.transact(async |tx| {
+            Ok(tx
+                .query_one("SELECT count(*) FROM sessions", &[])
+                .await?
+                .get::<_, i64>(0))
+        })
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sessions().await != 1 {
+        assert!(std::time::Instant::now() < deadline, "no session opened");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "shepherd run exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "shepherd run did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        sessions().await,
+        0,
+        "the session row was not deleted on an orderly stop"
+    );
+}

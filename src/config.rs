@@ -374,3 +374,19 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod documented_defaults {
+    use super::*;
+
+    /// config/shepherd.toml documents every default: it must load to exactly
+    /// the built-in configuration.
+    #[test]
+    fn the_shipped_file_matches_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/shepherd.toml");
+        let from_file = Config::load_with_env(Some(&path), Vec::new()).unwrap();
+        let mut defaults = Config::default();
+        defaults.validate().unwrap();
+        assert_eq!(from_file.to_redacted_toml(), defaults.to_redacted_toml());
+    }
+}

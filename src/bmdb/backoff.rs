@@ -84,7 +84,7 @@ impl Backoff {
         let Some(last) = last else {
             return initial;
         };
-        if !(self.exponent > 1.0) {
+        if self.exponent.is_nan() || self.exponent <= 1.0 {
             return initial;
         }
         let next = last.max(1) as f64 * self.exponent;

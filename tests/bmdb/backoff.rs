@@ -5,14 +5,10 @@ use shepherd::bmdb::{Backoff, Bmdb, Process, Provider, Session};
 use shepherd::testing::TestDb;
 use uuid::Uuid;
 
-use crate::{pick, provided_machines};
+use crate::{Fleet, fleet, lease, provided_machines};
 
 async fn fail_once(s: &Session, mid: Uuid, b: &Backoff) -> BackoffState {
-    let mut w = s
-        .lease(Process::ShepherdAgentStart, pick(mid))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut w = lease(s, Process::ShepherdAgentStart, mid).await;
     w.fail(b, "it broke").await.unwrap();
     state(s.bmdb(), mid).await.expect("a backoff row")
 }
@@ -33,10 +29,12 @@ async fn intervals(s: &Session, mid: Uuid, b: &Backoff, n: usize) -> Vec<i64> {
 
 #[actix_rt::test]
 async fn the_contract_sequence_is_persisted() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let s = bmdb.start_session("t", None).await.unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session: s,
+    } = fleet(1, None).await;
     let b = Backoff {
         initial: Duration::from_secs(1),
         maximum: None,
@@ -62,10 +60,12 @@ async fn the_contract_sequence_is_persisted() {
 
 #[actix_rt::test]
 async fn maximum_caps_and_constant_stays_constant() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 2).await;
-    let s = bmdb.start_session("t", None).await.unwrap();
+    let Fleet {
+        db: _db,
+        bmdb: _,
+        ids,
+        session: s,
+    } = fleet(2, None).await;
     let capped = Backoff::exponential(Duration::from_secs(1), Duration::from_secs(10), 2.0);
     assert_eq!(
         intervals(&s, ids[0], &capped, 7).await,
@@ -77,10 +77,12 @@ async fn maximum_caps_and_constant_stays_constant() {
 
 #[actix_rt::test]
 async fn huge_exponents_do_not_overflow() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let s = bmdb.start_session("t", None).await.unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session: s,
+    } = fleet(1, None).await;
     let b = Backoff {
         initial: Duration::from_secs(1),
         maximum: None,
@@ -119,11 +121,7 @@ async fn the_interval_survives_a_restart_and_finish_clears_it() {
     let bmdb = db.bmdb().await;
     let s = bmdb.start_session("after", None).await.unwrap();
     assert_eq!(intervals(&s, mid, &b, 2).await, vec![8, 16]);
-    let mut w = s
-        .lease(Process::ShepherdAgentStart, pick(mid))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut w = lease(&s, Process::ShepherdAgentStart, mid).await;
     w.finish(async |_| Ok(())).await.unwrap();
     assert!(state(&bmdb, mid).await.is_none());
     assert_eq!(intervals(&s, mid, &b, 1).await, vec![1]);
@@ -131,10 +129,12 @@ async fn the_interval_survives_a_restart_and_finish_clears_it() {
 
 #[actix_rt::test]
 async fn jitter_lengthens_the_wait_not_the_interval() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let s = bmdb.start_session("t", None).await.unwrap();
+    let Fleet {
+        db: _db,
+        bmdb: _,
+        ids,
+        session: s,
+    } = fleet(1, None).await;
     let b = Backoff::constant(Duration::from_secs(100)).with_jitter(0.5);
     let st = fail_once(&s, ids[0], &b).await;
     assert_eq!(st.last_interval_seconds, Some(100));

@@ -1,42 +1,27 @@
 use std::time::Duration;
 
 use shepherd::bmdb::machines;
-use shepherd::bmdb::{Backoff, HistoryEvent, Process, Provider};
-use shepherd::testing::TestDb;
+use shepherd::bmdb::{Backoff, HistoryEvent, Process};
 
-use crate::{pick, provided_machines};
+use crate::{Fleet, fleet, lease};
 
 #[actix_rt::test]
 async fn history_records_every_step_in_order_with_causes() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let s = bmdb.start_session("t", None).await.unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session: s,
+    } = fleet(1, None).await;
     let b = Backoff::constant(Duration::from_secs(1));
 
-    let mut w = s
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut w = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     w.fail(&b, "ssh: connection refused").await.unwrap();
-    let mut w = s
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut w = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     w.cancel().await.unwrap();
-    let mut w = s
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut w = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     w.finish(async |_| Ok(())).await.unwrap();
-    let mut w = s
-        .lease(Process::ShepherdRecovery, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut w = lease(&s, Process::ShepherdRecovery, ids[0]).await;
     w.fail(&b, "reboot: 500 Internal Server Error")
         .await
         .unwrap();

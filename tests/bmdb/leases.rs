@@ -10,7 +10,7 @@ use shepherd::config::Isolation;
 use shepherd::testing::TestDb;
 use uuid::Uuid;
 
-use crate::{count, eventually, pick, provided_machines};
+use crate::{Fleet, count, eventually, fleet, lease, pick, provided_machines};
 
 const SHEPHERD_PROCESSES: [Process; 3] = [
     Process::ShepherdAccess,
@@ -132,16 +132,14 @@ async fn concurrent_leasers_never_share_a_machine_under_serializable_isolation()
 
 #[actix_rt::test]
 async fn conflicting_processes_exclude_each_other_but_others_do_not() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let a = bmdb.start_session("a", None).await.unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session: a,
+    } = fleet(1, None).await;
     let b = bmdb.start_session("b", None).await.unwrap();
-    let mut held = a
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut held = lease(&a, Process::ShepherdAgentStart, ids[0]).await;
     for p in SHEPHERD_PROCESSES {
         let r = b.lease(p, pick(ids[0])).await;
         assert!(
@@ -149,11 +147,7 @@ async fn conflicting_processes_exclude_each_other_but_others_do_not() {
             "{p}: {r:?}"
         );
     }
-    let mut other = b
-        .lease(Process::UnitTest1, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut other = lease(&b, Process::UnitTest1, ids[0]).await;
     let leases = bmdb
         .transact(async |tx| machines::leases(tx, ids[0]).await)
         .await
@@ -162,11 +156,7 @@ async fn conflicting_processes_exclude_each_other_but_others_do_not() {
     other.cancel().await.unwrap();
     held.cancel().await.unwrap();
     // Released: b may take it now.
-    let mut now_b = b
-        .lease(Process::ShepherdRecovery, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut now_b = lease(&b, Process::ShepherdRecovery, ids[0]).await;
     now_b.finish(async |_| Ok(())).await.unwrap();
     assert_eq!(count(&bmdb, "SELECT count(*) FROM work").await, 0);
 }
@@ -188,15 +178,13 @@ async fn an_empty_selection_leases_nothing() {
 
 #[actix_rt::test]
 async fn finish_writes_in_the_releasing_transaction_or_not_at_all() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let s = bmdb.start_session("a", None).await.unwrap();
-    let mut work = s
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session: s,
+    } = fleet(1, None).await;
+    let mut work = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     let mid = work.machine_id();
 
     // f fails: nothing is written, the lease is still held.
@@ -218,11 +206,7 @@ async fn finish_writes_in_the_releasing_transaction_or_not_at_all() {
     work.fail(&Backoff::constant(Duration::from_secs(1)), "first try")
         .await
         .unwrap();
-    let mut work = s
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut work = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     assert_eq!(count(&bmdb, "SELECT count(*) FROM work_backoff").await, 1);
     work.finish(async |tx| machines::set_agent_started(tx, mid, &[7u8; 32]).await)
         .await
@@ -243,15 +227,13 @@ async fn finish_writes_in_the_releasing_transaction_or_not_at_all() {
 
 #[actix_rt::test]
 async fn dropped_work_is_cancelled() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let s = bmdb.start_session("a", None).await.unwrap();
-    let work = s
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session: s,
+    } = fleet(1, None).await;
+    let work = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     drop(work);
     eventually(
         "the dropped work to be cancelled",

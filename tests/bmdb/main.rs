@@ -11,7 +11,8 @@ mod sessions;
 use std::time::Duration;
 
 use shepherd::bmdb::machines::{self, NewProvidedMachine};
-use shepherd::bmdb::{Bmdb, BmdbError, Provider, Tx};
+use shepherd::bmdb::{Bmdb, BmdbError, Process, Provider, Session, Tx, Work};
+use shepherd::testing::TestDb;
 use uuid::Uuid;
 
 /// Polls `f` until it returns Some, or panics after `timeout` naming `what`.
@@ -64,4 +65,36 @@ pub async fn count(bmdb: &Bmdb, sql: &'static str) -> i64 {
     bmdb.transact(async |tx| Ok(tx.query_one(sql, &[]).await?.get::<_, i64>(0)))
         .await
         .unwrap()
+}
+
+/// A test database with provided machines and a session.
+pub struct Fleet {
+    /// Dropping it drops the database: keep it bound.
+    pub db: TestDb,
+    pub bmdb: Bmdb,
+    pub ids: Vec<Uuid>,
+    pub session: Session,
+}
+
+/// `machines` Equinix machines and a session with the given interval.
+pub async fn fleet(machines: usize, interval: Option<Duration>) -> Fleet {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = provided_machines(&bmdb, Provider::Equinix, machines).await;
+    let session = bmdb.start_session("test", interval).await.unwrap();
+    Fleet {
+        db,
+        bmdb,
+        ids,
+        session,
+    }
+}
+
+/// Leases `machine` for `process`, whatever its state; panics if it cannot.
+pub async fn lease(session: &Session, process: Process, machine: Uuid) -> Work<()> {
+    session
+        .lease(process, pick(machine))
+        .await
+        .unwrap_or_else(|e| panic!("leasing {machine} for {process}: {e}"))
+        .expect("pick always selects")
 }

@@ -9,7 +9,7 @@ use shepherd::bmdb::{
 use shepherd::testing::TestDb;
 use tokio::sync::mpsc;
 
-use crate::{count, eventually, pick, provided_machines};
+use crate::{Fleet, count, eventually, fleet, lease, pick, provided_machines};
 
 /// Forwards SessionEnded to a channel.
 struct Listener(mpsc::UnboundedSender<SessionEnded>);
@@ -23,15 +23,34 @@ impl Handler<SessionEnded> for Listener {
     }
 }
 
-#[actix_rt::test]
-async fn an_expired_session_can_do_nothing_and_its_work_is_released() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 2).await;
+/// A session with a 1 s interval, its actor, and what the actor reports.
+async fn watched_session(
+    bmdb: &shepherd::bmdb::Bmdb,
+) -> (
+    shepherd::bmdb::Session,
+    Addr<BmdbSession>,
+    mpsc::UnboundedReceiver<SessionEnded>,
+) {
     let session = bmdb
         .start_session("test", Some(Duration::from_secs(1)))
         .await
         .unwrap();
+    let addr = BmdbSession::new(session.clone()).start();
+    let (tx, rx) = mpsc::unbounded_channel();
+    addr.send(Subscribe(Listener(tx).start().recipient()))
+        .await
+        .unwrap();
+    (session, addr, rx)
+}
+
+#[actix_rt::test]
+async fn an_expired_session_can_do_nothing_and_its_work_is_released() {
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session,
+    } = fleet(2, Some(Duration::from_secs(1))).await;
     let mut work = session
         .lease(Process::ShepherdAgentStart, pick(ids[0]))
         .await
@@ -115,29 +134,20 @@ async fn an_expired_session_can_do_nothing_and_its_work_is_released() {
 
     // The machine is free for a new session.
     let fresh = bmdb.start_session("test", None).await.unwrap();
-    let mut again = fresh
-        .lease(Process::ShepherdAgentStart, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut again = lease(&fresh, Process::ShepherdAgentStart, ids[0]).await;
     again.cancel().await.unwrap();
     drop(work);
 }
 
 #[actix_rt::test]
 async fn garbage_collection_respects_the_grace_period() {
-    let db = TestDb::new().await;
-    let bmdb = db.bmdb().await;
-    let ids = provided_machines(&bmdb, Provider::Equinix, 1).await;
-    let session = bmdb
-        .start_session("test", Some(Duration::from_secs(1)))
-        .await
-        .unwrap();
-    let mut work = session
-        .lease(Process::UnitTest1, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let Fleet {
+        db: _db,
+        bmdb,
+        ids,
+        session,
+    } = fleet(1, Some(Duration::from_secs(1))).await;
+    let mut work = lease(&session, Process::UnitTest1, ids[0]).await;
     let sid = session.id();
     bmdb.transact(async |tx| {
         tx.execute("UPDATE sessions SET session_deadline = now() - interval '30 seconds' WHERE session_id = $1", &[&sid])
@@ -169,15 +179,7 @@ async fn garbage_collection_respects_the_grace_period() {
 async fn the_session_actor_keeps_its_session_alive_and_reports_its_death() {
     let db = TestDb::new().await;
     let bmdb = db.bmdb().await;
-    let session = bmdb
-        .start_session("test", Some(Duration::from_secs(1)))
-        .await
-        .unwrap();
-    let addr = BmdbSession::new(session.clone()).start();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    addr.send(Subscribe(Listener(tx).start().recipient()))
-        .await
-        .unwrap();
+    let (session, addr, mut rx) = watched_session(&bmdb).await;
 
     // Several intervals pass: the heartbeat keeps it alive.
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -221,11 +223,7 @@ async fn an_orderly_close_deletes_the_session_and_releases_its_work() {
     addr.send(Subscribe(Listener(tx).start().recipient()))
         .await
         .unwrap();
-    let _work = session
-        .lease(Process::ShepherdAccess, pick(ids[0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let _work = lease(&session, Process::ShepherdAccess, ids[0]).await;
     assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 1);
     addr.send(CloseSession).await.unwrap().unwrap();
     assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 0);
@@ -243,15 +241,7 @@ async fn the_session_actor_reports_an_unreachable_database_after_the_deadline() 
             2,
         )
         .await;
-    let session = bmdb
-        .start_session("test", Some(Duration::from_secs(1)))
-        .await
-        .unwrap();
-    let addr = BmdbSession::new(session.clone()).start();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    addr.send(Subscribe(Listener(tx).start().recipient()))
-        .await
-        .unwrap();
+    let (session, _addr, mut rx) = watched_session(&bmdb).await;
     // Cut this session's pool off from the database.
     let admin = db.bmdb().await;
     let name = db.name().to_string();

@@ -47,6 +47,7 @@ impl ConfigError {
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub bmdb: BmdbConfig,
+    pub equinix: EquinixConfig,
     pub log: LogConfig,
 }
 
@@ -126,6 +127,125 @@ impl Default for EmbeddedConfig {
             fsync: true,
             start_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+/// The Equinix Metal API client (`src/equinix`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EquinixConfig {
+    /// Base URL of the API.
+    pub api_url: String,
+    /// The project whose devices and reservations shepherd manages.
+    pub project_id: Option<String>,
+    /// The API token (`X-Auth-Token`).
+    pub api_key: Option<Secret>,
+    /// Minimum time between two API requests (retries included).
+    #[serde(with = "humantime_serde")]
+    pub api_interval: Duration,
+    /// Requests in flight at once. 1: strictly one after another.
+    pub parallelism: u32,
+    /// One HTTP request, connect to last byte.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// One call, retries of transient failures included.
+    #[serde(with = "humantime_serde")]
+    pub call_deadline: Duration,
+    /// First wait after a transient failure; doubles up to `retry_max`.
+    #[serde(with = "humantime_serde")]
+    pub retry_initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_max: Duration,
+    /// Page size of list calls (the API allows up to 1000).
+    pub per_page: u32,
+}
+
+impl Default for EquinixConfig {
+    fn default() -> Self {
+        EquinixConfig {
+            api_url: "https://api.equinix.com/metal/v1".into(),
+            project_id: None,
+            api_key: None,
+            api_interval: Duration::from_secs(2),
+            parallelism: 1,
+            request_timeout: Duration::from_secs(30),
+            call_deadline: Duration::from_secs(300),
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+            per_page: 500,
+        }
+    }
+}
+
+impl EquinixConfig {
+    fn validate(&mut self) -> Result<(), ConfigError> {
+        let url = self.api_url.trim_end_matches('/').to_string();
+        let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
+        if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
+            return Err(ConfigError::key(
+                "equinix.api_url",
+                "must be an http:// or https:// URL",
+            ));
+        }
+        self.api_url = url;
+        if let Some(p) = &self.project_id {
+            if p.trim().is_empty() {
+                self.project_id = None;
+            } else if p.contains(['/', '?', '#', ' ']) {
+                return Err(ConfigError::key(
+                    "equinix.project_id",
+                    "is not a project ID",
+                ));
+            }
+        }
+        if let Some(k) = &mut self.api_key {
+            k.resolve()
+                .map_err(|m| ConfigError::key("equinix.api_key", m))?;
+        }
+        if self.parallelism == 0 {
+            return Err(ConfigError::key(
+                "equinix.parallelism",
+                "must be at least 1",
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "equinix.request_timeout",
+                "must be positive",
+            ));
+        }
+        if self.call_deadline < self.request_timeout {
+            return Err(ConfigError::key(
+                "equinix.call_deadline",
+                "must be at least equinix.request_timeout",
+            ));
+        }
+        if self.retry_initial.is_zero() || self.retry_max < self.retry_initial {
+            return Err(ConfigError::key(
+                "equinix.retry_initial",
+                "must be positive and not above equinix.retry_max",
+            ));
+        }
+        if !(1..=1000).contains(&self.per_page) {
+            return Err(ConfigError::key(
+                "equinix.per_page",
+                "must be within 1 and 1000",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The project ID and API key, which every API call needs.
+    pub fn credentials(&self) -> Result<(String, Secret), ConfigError> {
+        let project = self
+            .project_id
+            .clone()
+            .ok_or_else(|| ConfigError::key("equinix.project_id", "must be set"))?;
+        let key = self
+            .api_key
+            .clone()
+            .ok_or_else(|| ConfigError::key("equinix.api_key", "must be set"))?;
+        Ok((project, key))
     }
 }
 
@@ -272,6 +392,7 @@ impl Config {
                 "must be positive",
             ));
         }
+        self.equinix.validate()?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::key(
                 "log.level",

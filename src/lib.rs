@@ -11,6 +11,7 @@
 
 pub mod bmdb;
 pub mod config;
+pub mod equinix;
 pub mod secret;
 pub mod telemetry;
 #[doc(hidden)]

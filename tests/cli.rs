@@ -116,6 +116,18 @@ fn ill_typed_keys_are_named() {
         &check_config("[bmdb]\nurl = \"nope://\"\n", &[]),
         "bmdb.url",
     );
+    assert_rejected(
+        &check_config("[equinix]\nper_page = 5000\n", &[]),
+        "equinix.per_page",
+    );
+    assert_rejected(
+        &check_config("[equinix]\napi_url = \"ftp://x\"\n", &[]),
+        "equinix.api_url",
+    );
+    assert_rejected(
+        &check_config("", &[("SHEPHERD__EQUINIX__API_INTERVAL", "often")]),
+        "equinix.api_interval",
+    );
 }
 
 #[test]
@@ -128,13 +140,19 @@ fn missing_secrets_are_named() {
     assert!(stderr(&o).contains("SHEPHERD_TEST_UNSET_VAR"));
     let o = check_config("[bmdb]\npassword = { file = \"/nonexistent/pw\" }\n", &[]);
     assert_rejected(&o, "bmdb.password");
+    let o = check_config(
+        "[equinix]\napi_key = { env = \"SHEPHERD_TEST_UNSET_VAR\" }\n",
+        &[],
+    );
+    assert_rejected(&o, "equinix.api_key");
 }
 
 #[test]
 fn secrets_are_never_printed() {
     // Valid: redacted in the effective configuration.
     let text = format!(
-        "[bmdb]\nurl = \"postgres://bob:{SECRET}@127.0.0.1/bmdb\"\npassword = \"{SECRET}\"\n"
+        "[bmdb]\nurl = \"postgres://bob:{SECRET}@127.0.0.1/bmdb\"\npassword = \"{SECRET}\"\n\
+         [equinix]\napi_key = \"{SECRET}\"\n"
     );
     let o = check_config(&text, &[]);
     assert!(o.status.success(), "{}", stderr(&o));

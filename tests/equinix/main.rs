@@ -1,0 +1,386 @@
+//! The EquinixClient actor against the simulator, over HTTP on loopback.
+
+mod openapi;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use shepherd::equinix::model::DeviceCreateRequest;
+use shepherd::equinix::sim::{Faults, SimConfig, Simulator, Stats};
+use shepherd::equinix::{
+    ApiMetrics, ClientSettings, EquinixApi, EquinixError, Operation, WITNESS_TAG_PREFIX,
+};
+use shepherd::secret::Secret;
+
+const ANY_PORT: &str = "127.0.0.1:0";
+
+pub async fn simulator(reservations: usize) -> Simulator {
+    let cfg = SimConfig {
+        reservations,
+        ..SimConfig::default()
+    };
+    Simulator::start(cfg, ANY_PORT.parse::<SocketAddr>().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Fast settings against `sim`: no interval, quick retries.
+pub fn settings(sim: &Simulator) -> ClientSettings {
+    ClientSettings {
+        api_url: sim.api_url(),
+        project_id: sim.project_id().to_string(),
+        api_key: Secret::inline(sim.token()),
+        api_interval: Duration::ZERO,
+        parallelism: 1,
+        request_timeout: Duration::from_secs(5),
+        call_deadline: Duration::from_secs(60),
+        retry_initial: Duration::from_millis(5),
+        retry_max: Duration::from_millis(50),
+        per_page: 10,
+    }
+}
+
+pub fn client(settings: ClientSettings) -> EquinixApi {
+    EquinixApi::start(settings, ApiMetrics::default()).unwrap()
+}
+
+pub fn create_request(reservation: &str, n: usize) -> DeviceCreateRequest {
+    DeviceCreateRequest {
+        hostname: format!("shepherd-{n}"),
+        plan: "c3.small.x86".into(),
+        operating_system: "ubuntu_22_04".into(),
+        metro: Some("sv".into()),
+        facility: None,
+        hardware_reservation_id: reservation.to_string(),
+        project_ssh_keys: vec![],
+        tags: vec!["shepherd".into()],
+    }
+}
+
+fn count(stats: &Stats, op: Operation) -> u64 {
+    stats.requests.get(op.as_str()).copied().unwrap_or(0)
+}
+
+/// Polls the simulator's stats until `f` holds.
+async fn until(sim: &Simulator, what: &str, f: impl Fn(&Stats) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f(&sim.stats()) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn two_hundred_callers_one_request_in_flight_spaced_by_the_interval() {
+    let sim = simulator(5).await;
+    let interval = Duration::from_millis(15);
+    let api = client(ClientSettings {
+        api_interval: interval,
+        ..settings(&sim)
+    });
+    let ids = sim.reservation_ids();
+    let calls: Vec<_> = (0..200)
+        .map(|i| {
+            let api = api.clone();
+            let id = ids[i % ids.len()].clone();
+            actix_rt::spawn(async move { (id.clone(), api.get_reservation(&id).await) })
+        })
+        .collect();
+    for c in calls {
+        let (id, r) = c.await.unwrap();
+        assert_eq!(r.unwrap().id, id);
+    }
+    let stats = sim.stats();
+    assert_eq!(count(&stats, Operation::GetReservation), 200);
+    assert_eq!(stats.peak_in_flight, 1, "more than one request in flight");
+    let mut starts: Vec<u64> = stats.log.iter().map(|e| e.start_us).collect();
+    starts.sort();
+    let min_gap = starts.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+    assert!(
+        min_gap >= interval.as_micros() as u64,
+        "two requests {min_gap} µs apart, interval {interval:?}"
+    );
+}
+
+#[actix_rt::test]
+async fn parallelism_spreads_calls_but_keeps_the_total_rate() {
+    let sim = simulator(5).await;
+    let interval = Duration::from_millis(10);
+    let api = client(ClientSettings {
+        api_interval: interval,
+        parallelism: 2,
+        ..settings(&sim)
+    });
+    let id = sim.reservation_ids()[0].clone();
+    let calls: Vec<_> = (0..60)
+        .map(|_| {
+            let (api, id) = (api.clone(), id.clone());
+            actix_rt::spawn(async move { api.get_reservation(&id).await.unwrap() })
+        })
+        .collect();
+    let t = Instant::now();
+    for c in calls {
+        c.await.unwrap();
+    }
+    let stats = sim.stats();
+    assert!(stats.peak_in_flight <= 2);
+    // 60 calls at one per 10 ms on the whole take at least ~590 ms.
+    assert!(
+        t.elapsed() >= Duration::from_millis(580),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[actix_rt::test]
+async fn server_errors_are_retried_until_success() {
+    let sim = simulator(3).await;
+    let api = client(settings(&sim));
+    let id = sim.reservation_ids()[0].clone();
+    sim.set_faults(Faults {
+        error_rate: 1.0,
+        ..Faults::default()
+    });
+    let call = {
+        let api = api.clone();
+        actix_rt::spawn(async move { api.get_reservation(&id).await })
+    };
+    until(&sim, "three 503s", |s| {
+        s.statuses.get(&503).copied().unwrap_or(0) >= 3
+    })
+    .await;
+    sim.set_faults(Faults::default());
+    let r = call.await.unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    let stats = sim.stats();
+    assert_eq!(stats.statuses.get(&200), Some(&1));
+    assert_eq!(
+        api.metrics().count(Operation::GetReservation, "503"),
+        stats.statuses[&503]
+    );
+}
+
+#[actix_rt::test]
+async fn permanent_errors_are_not_retried() {
+    let sim = simulator(3).await;
+    let api = client(settings(&sim));
+    let e = api
+        .get_device("00000000-0000-0000-0000-000000000000")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EquinixError::NotFound { .. }), "{e}");
+    assert_eq!(count(&sim.stats(), Operation::GetDevice), 1);
+
+    let mut bad = create_request(&sim.reservation_ids()[0], 0);
+    bad.plan = String::new();
+    let e = api.create_device(bad).await.unwrap_err();
+    assert!(
+        matches!(&e, EquinixError::Unprocessable { message, .. } if message.contains("plan")),
+        "{e}"
+    );
+    assert_eq!(count(&sim.stats(), Operation::CreateDevice), 1);
+}
+
+#[actix_rt::test]
+async fn too_many_requests_waits_for_retry_after() {
+    let sim = simulator(3).await;
+    let api = client(settings(&sim));
+    sim.set_faults(Faults {
+        rate_limit_rate: 1.0,
+        retry_after_secs: 1,
+        ..Faults::default()
+    });
+    let call = {
+        let api = api.clone();
+        actix_rt::spawn(async move { api.list_devices().await })
+    };
+    until(&sim, "a 429", |s| s.statuses.contains_key(&429)).await;
+    sim.set_faults(Faults::default());
+    call.await.unwrap().unwrap();
+    let log = sim.stats().log;
+    let first_429 = log.iter().find(|e| e.status == 429).unwrap();
+    let next = log
+        .iter()
+        .find(|e| e.start_us > first_429.start_us)
+        .unwrap();
+    let waited = Duration::from_micros(next.start_us - first_429.end_us);
+    assert!(
+        waited >= Duration::from_secs(1),
+        "retried {waited:?} after a 429 with Retry-After: 1"
+    );
+}
+
+#[actix_rt::test]
+async fn pagination_returns_every_item_exactly_once() {
+    let sim = simulator(25).await;
+    let api = client(settings(&sim)); // 10 per page: 3 pages
+    let got = api.list_reservations().await.unwrap();
+    let ids: Vec<String> = got.iter().map(|r| r.id.clone()).collect();
+    let distinct: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(ids.len(), 25);
+    assert_eq!(distinct.len(), 25);
+    assert_eq!(ids, sim.reservation_ids());
+    assert_eq!(count(&sim.stats(), Operation::ListReservations), 3);
+
+    for (n, r) in ids.iter().take(21).enumerate() {
+        api.create_device(create_request(r, n)).await.unwrap();
+    }
+    let devices = api.list_devices().await.unwrap();
+    assert_eq!(devices.len(), 21);
+    assert_eq!(
+        devices.iter().map(|d| &d.id).collect::<BTreeSet<_>>().len(),
+        21
+    );
+    assert_eq!(count(&sim.stats(), Operation::ListDevices), 3);
+}
+
+#[actix_rt::test]
+async fn creates_are_idempotent_through_lost_responses_and_errors() {
+    let sim = simulator(200).await;
+    let api = client(settings(&sim));
+    sim.set_faults(Faults {
+        lost_rate: 0.3,
+        error_rate: 0.1,
+        ..Faults::default()
+    });
+    let calls: Vec<_> = sim
+        .reservation_ids()
+        .into_iter()
+        .enumerate()
+        .map(|(n, r)| {
+            let api = api.clone();
+            actix_rt::spawn(
+                async move { (r.clone(), api.create_device(create_request(&r, n)).await) },
+            )
+        })
+        .collect();
+    let mut by_reservation = HashMap::new();
+    for c in calls {
+        let (r, d) = c.await.unwrap();
+        let d = d.unwrap_or_else(|e| panic!("reservation {r}: {e}"));
+        assert_eq!(d.reservation_id(), Some(r.as_str()));
+        by_reservation.insert(r, d.id);
+    }
+    sim.set_faults(Faults::default());
+    let stats = sim.stats();
+    assert!(
+        stats.statuses.get(&500).copied().unwrap_or(0) > 0,
+        "no response was lost: {:?}",
+        stats.statuses
+    );
+    let devices = sim.devices();
+    assert_eq!(devices.len(), 200, "exactly one device per reservation");
+    for d in &devices {
+        let r = d.reservation_id().unwrap();
+        assert_eq!(
+            by_reservation.get(r),
+            Some(&d.id),
+            "device {} is not the one returned",
+            d.id
+        );
+        assert!(d.tags.iter().any(|t| t.starts_with(WITNESS_TAG_PREFIX)));
+    }
+}
+
+#[actix_rt::test]
+async fn a_reservation_taken_by_someone_else_is_a_lost_race() {
+    let sim = simulator(2).await;
+    let api = client(settings(&sim));
+    let r = sim.reservation_ids()[0].clone();
+    let theirs = sim.steal_reservation(&r).unwrap();
+    let e = api.create_device(create_request(&r, 0)).await.unwrap_err();
+    assert!(
+        matches!(&e, EquinixError::RaceLost { reservation, device, .. } if *reservation == r && *device == theirs.id),
+        "{e}"
+    );
+    assert_eq!(
+        count(&sim.stats(), Operation::CreateDevice),
+        0,
+        "no create was attempted"
+    );
+    assert_eq!(sim.devices().len(), 1);
+}
+
+#[actix_rt::test]
+async fn a_wrong_token_fails_once_and_is_never_shown() {
+    let sim = simulator(2).await;
+    let token = "wrong-token-7f3a9c";
+    let api = client(ClientSettings {
+        api_key: Secret::inline(token),
+        ..settings(&sim)
+    });
+    let e = api.list_devices().await.unwrap_err();
+    assert!(matches!(e, EquinixError::Unauthorized { .. }), "{e}");
+    assert_eq!(sim.stats().log.len(), 1, "no retry storm on 401");
+    assert!(!e.to_string().contains(token) && !format!("{e:?}").contains(token));
+    assert!(e.to_string().contains("API key"), "{e}");
+    let s = ClientSettings {
+        api_key: Secret::inline(token),
+        ..settings(&sim)
+    };
+    assert!(!format!("{s:?}").contains(token));
+}
+
+#[actix_rt::test]
+async fn ssh_key_ensure_creates_once_then_updates_only_on_change() {
+    let sim = simulator(1).await;
+    let api = client(settings(&sim));
+    let (k1, k2) = (
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOne shepherd",
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITwo shepherd",
+    );
+    let a = api.ensure_ssh_key("shepherd", k1).await.unwrap();
+    let b = api.ensure_ssh_key("shepherd", k1).await.unwrap();
+    assert_eq!(a.id, b.id);
+    let s = sim.stats();
+    assert_eq!(
+        (
+            count(&s, Operation::CreateSshKey),
+            count(&s, Operation::UpdateSshKey)
+        ),
+        (1, 0)
+    );
+    let c = api.ensure_ssh_key("shepherd", k2).await.unwrap();
+    assert_eq!(c.id, a.id);
+    api.ensure_ssh_key("shepherd", k2).await.unwrap();
+    let s = sim.stats();
+    assert_eq!(
+        (
+            count(&s, Operation::CreateSshKey),
+            count(&s, Operation::UpdateSshKey)
+        ),
+        (1, 1)
+    );
+    let keys = sim.ssh_keys();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].key, k2);
+}
+
+#[actix_rt::test]
+async fn devices_provision_reboot_and_delete() {
+    use shepherd::equinix::model::DeviceState;
+    let sim = simulator(1).await;
+    let api = client(settings(&sim));
+    let r = sim.reservation_ids()[0].clone();
+    let d = api.create_device(create_request(&r, 0)).await.unwrap();
+    assert_eq!(d.state, DeviceState::Queued);
+    assert_eq!(d.public_address(), Some("127.0.0.1".parse().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.get_device(&d.id).await.unwrap().state != DeviceState::Active {
+        assert!(Instant::now() < deadline, "never became active");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    api.reboot_device(&d.id).await.unwrap();
+    assert_eq!(sim.stats().reboots.get(&d.id), Some(&1));
+    assert_ne!(
+        api.get_device(&d.id).await.unwrap().state,
+        DeviceState::Active
+    );
+    api.delete_device(&d.id).await.unwrap();
+    assert!(api.get_device(&d.id).await.unwrap_err().is_not_found());
+    // Deleting again is not an error: the device is gone either way.
+    api.delete_device(&d.id).await.unwrap();
+    // The reservation is free again.
+    assert!(!api.get_reservation(&r).await.unwrap().is_occupied());
+}

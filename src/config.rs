@@ -48,6 +48,8 @@ impl ConfigError {
 pub struct Config {
     pub bmdb: BmdbConfig,
     pub equinix: EquinixConfig,
+    pub ssh: SshConfig,
+    pub initializer: InitializerConfig,
     pub log: LogConfig,
 }
 
@@ -249,6 +251,174 @@ impl EquinixConfig {
     }
 }
 
+/// How shepherd logs in to machines.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SshConfig {
+    pub user: String,
+    pub port: u16,
+    /// shepherd's private key (OpenSSH format); generated if missing.
+    pub key_file: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// The whole takeover exchange: connect, upload, run, reply.
+    #[serde(with = "humantime_serde")]
+    pub exchange_timeout: Duration,
+    pub host_keys: crate::ssh::HostKeyPolicy,
+    /// For `host_keys = "known-hosts"`.
+    pub known_hosts_file: Option<PathBuf>,
+    /// Largest agent reply accepted, in bytes.
+    pub max_stdout: usize,
+    /// "sftp" (falling back to exec when the server has no SFTP) or "exec".
+    pub upload: UploadMethod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UploadMethod {
+    Sftp,
+    Exec,
+}
+
+impl Default for SshConfig {
+    fn default() -> Self {
+        SshConfig {
+            user: "root".into(),
+            port: 22,
+            key_file: PathBuf::from("var/ssh/shepherd_ed25519"),
+            connect_timeout: Duration::from_secs(10),
+            exchange_timeout: Duration::from_secs(120),
+            host_keys: crate::ssh::HostKeyPolicy::AcceptNew,
+            known_hosts_file: None,
+            max_stdout: 1 << 20,
+            upload: UploadMethod::Sftp,
+        }
+    }
+}
+
+impl SshConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.user.is_empty() || self.user.contains(|c: char| c.is_whitespace() || c == '@') {
+            return Err(ConfigError::key("ssh.user", "is not a user name"));
+        }
+        if self.port == 0 {
+            return Err(ConfigError::key("ssh.port", "must be 1 to 65535"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::key("ssh.connect_timeout", "must be positive"));
+        }
+        if self.exchange_timeout < self.connect_timeout {
+            return Err(ConfigError::key(
+                "ssh.exchange_timeout",
+                "must be at least ssh.connect_timeout",
+            ));
+        }
+        if self.host_keys == crate::ssh::HostKeyPolicy::KnownHosts
+            && self.known_hosts_file.is_none()
+        {
+            return Err(ConfigError::key(
+                "ssh.known_hosts_file",
+                "must be set when ssh.host_keys is known-hosts",
+            ));
+        }
+        if self.max_stdout < 64 {
+            return Err(ConfigError::key(
+                "ssh.max_stdout",
+                "must be at least 64 bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The Initializer: takes over machines that need their agent started.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InitializerConfig {
+    /// Takeovers at once.
+    pub parallelism: u32,
+    /// How often to look for work when there was none.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// The agent executable to upload. Unset: `takeover-agent` next to the
+    /// shepherd executable.
+    pub agent_binary: Option<PathBuf>,
+    /// Where the agent goes on the machine; `{machine_id}` is replaced.
+    pub agent_path: String,
+    /// The address agents call back to (`TakeoverInit.bmaas_endpoint`).
+    pub agent_endpoint: Option<String>,
+    /// DER CA certificate for that endpoint, sent to agents.
+    pub agent_ca_certificate: Option<PathBuf>,
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    pub backoff_exponent: f64,
+    /// Waits are lengthened by up to this fraction, at random.
+    pub backoff_jitter: f64,
+}
+
+impl Default for InitializerConfig {
+    fn default() -> Self {
+        InitializerConfig {
+            parallelism: 8,
+            poll_interval: Duration::from_secs(1),
+            agent_binary: None,
+            agent_path: "/root/agent".into(),
+            agent_endpoint: None,
+            agent_ca_certificate: None,
+            backoff_initial: Duration::from_secs(5 * 60),
+            backoff_max: Duration::from_secs(4 * 3600),
+            backoff_exponent: 1.2,
+            backoff_jitter: 0.1,
+        }
+    }
+}
+
+impl InitializerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1024).contains(&self.parallelism) {
+            return Err(ConfigError::key(
+                "initializer.parallelism",
+                "must be within 1 and 1024",
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(ConfigError::key(
+                "initializer.poll_interval",
+                "must be positive",
+            ));
+        }
+        if !self.agent_path.starts_with('/') || self.agent_path.contains(['\'', '\n', '\0']) {
+            return Err(ConfigError::key(
+                "initializer.agent_path",
+                "must be an absolute path without quotes or newlines",
+            ));
+        }
+        if let Some(e) = &self.agent_endpoint {
+            if e.trim().is_empty() {
+                return Err(ConfigError::key(
+                    "initializer.agent_endpoint",
+                    "must not be empty",
+                ));
+            }
+        }
+        self.backoff()
+            .validate()
+            .map_err(|m| ConfigError::key("initializer.backoff", m))?;
+        Ok(())
+    }
+
+    pub fn backoff(&self) -> crate::bmdb::Backoff {
+        crate::bmdb::Backoff {
+            initial: self.backoff_initial,
+            maximum: Some(self.backoff_max),
+            exponent: self.backoff_exponent,
+            jitter: self.backoff_jitter,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -393,6 +563,8 @@ impl Config {
             ));
         }
         self.equinix.validate()?;
+        self.ssh.validate()?;
+        self.initializer.validate()?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::key(
                 "log.level",

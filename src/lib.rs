@@ -9,10 +9,14 @@
 //! Used as a service (`shepherd run --config …`) or as a library inside an
 //! existing actix application.
 
+pub mod agent;
 pub mod bmdb;
 pub mod config;
+pub mod control;
 pub mod equinix;
+pub mod initializer;
 pub mod secret;
+pub mod ssh;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod testing;

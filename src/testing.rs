@@ -214,3 +214,127 @@ impl Drop for TestDb {
         });
     }
 }
+
+/// A private OpenSSH sshd on a loopback address, for takeover tests: its own
+/// host key, authorized keys and config in a temporary directory; stopped on
+/// drop (and, via PR_SET_PDEATHSIG, if the test process dies).
+pub struct Sshd {
+    pub addr: std::net::SocketAddr,
+    /// The host key, OpenSSH public format.
+    pub host_key: String,
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+const SSHD: &str = "/usr/sbin/sshd";
+
+impl Sshd {
+    /// A free TCP port on 127.0.0.1.
+    pub fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Starts sshd on `addr`, letting in `authorized_keys` as any user.
+    pub fn start(addr: std::net::SocketAddr, authorized_keys: &[&str]) -> Sshd {
+        use std::os::unix::process::CommandExt;
+        assert!(
+            std::path::Path::new(SSHD).exists(),
+            "OpenSSH's sshd is not installed: apt-get install openssh-server (scripts/test does this)"
+        );
+        assert!(addr.ip().is_loopback(), "test sshd on loopback only");
+        let dir = tempfile::Builder::new()
+            .prefix("shepherd-sshd-")
+            .tempdir()
+            .unwrap();
+        let host_key_path = dir.path().join("host_ed25519");
+        let host = crate::ssh::SshIdentity::load_or_generate(&host_key_path).unwrap();
+        let authorized = dir.path().join("authorized_keys");
+        std::fs::write(&authorized, authorized_keys.join("\n") + "\n").unwrap();
+        let config = dir.path().join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "ListenAddress {addr}\n\
+                 HostKey {hk}\n\
+                 PidFile {pid}\n\
+                 AuthorizedKeysFile {ak}\n\
+                 PermitRootLogin prohibit-password\n\
+                 PasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\n\
+                 PubkeyAuthentication yes\n\
+                 UsePAM no\n\
+                 StrictModes no\n\
+                 UseDNS no\n\
+                 PrintMotd no\n\
+                 MaxStartups 500\n\
+                 MaxSessions 100\n\
+                 LoginGraceTime 30\n\
+                 Subsystem sftp internal-sftp\n\
+                 LogLevel ERROR\n",
+                hk = host_key_path.display(),
+                pid = dir.path().join("sshd.pid").display(),
+                ak = authorized.display(),
+            ),
+        )
+        .unwrap();
+        // Privilege separation wants this directory.
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let log = std::fs::File::create(dir.path().join("sshd.log")).unwrap();
+        let mut cmd = std::process::Command::new(SSHD);
+        cmd.args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(std::process::Stdio::null())
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                    .map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("start sshd");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+            if let Some(status) = child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(dir.path().join("sshd.log")).unwrap_or_default();
+                panic!("sshd exited ({status}): {log}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sshd did not come up on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Sshd {
+            addr,
+            host_key: host.public_key().to_string(),
+            dir,
+            child,
+        }
+    }
+
+    /// A directory the test owns, for agents and their sidecar files.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// What sshd logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}

@@ -41,6 +41,11 @@ const HISTORY: &str = "SELECT process, event, \"timestamp\", failed_cause FROM w
      WHERE machine_id = $1 ORDER BY work_history_id";
 const BACKOFF: &str = "SELECT until, cause, last_interval_seconds FROM work_backoff \
      WHERE machine_id = $1 AND process = $2";
+const HOST_KEY: &str = "SELECT host_key FROM machine_ssh_host_key WHERE machine_id = $1";
+const HOST_KEY_RECORD: &str = "INSERT INTO machine_ssh_host_key (machine_id, host_key, first_seen_at) \
+     VALUES ($1, $2, now()) ON CONFLICT (machine_id) DO NOTHING";
+const ADDRESS_SET: &str =
+    "UPDATE machine_provided SET provider_ip_address = $2 WHERE machine_id = $1";
 const LEASES: &str = "SELECT w.process, w.session_id, s.session_component_name FROM work w \
      JOIN sessions s ON s.session_id = w.session_id WHERE w.machine_id = $1 ORDER BY w.process";
 
@@ -159,4 +164,32 @@ pub async fn leases(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Vec<Lease>, Bmd
             component: r.get(2),
         })
         .collect())
+}
+
+/// The SSH host key recorded for a machine (OpenSSH public key line).
+pub async fn host_key(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<String>, BmdbError> {
+    Ok(tx
+        .query_opt(HOST_KEY, &[&machine_id])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Records a machine's SSH host key unless one is recorded already.
+pub async fn record_host_key(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    key: &str,
+) -> Result<(), BmdbError> {
+    tx.execute(HOST_KEY_RECORD, &[&machine_id, &key]).await?;
+    Ok(())
+}
+
+/// Sets the address the provider gives a machine.
+pub async fn set_address(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    address: &str,
+) -> Result<(), BmdbError> {
+    tx.execute(ADDRESS_SET, &[&machine_id, &address]).await?;
+    Ok(())
 }

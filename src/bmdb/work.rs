@@ -144,6 +144,17 @@ impl<T> Work<T> {
     /// the process off on this machine. Returns the wait until the next
     /// attempt.
     pub async fn fail(&mut self, backoff: &Backoff, cause: &str) -> Result<Duration, BmdbError> {
+        self.fail_with(backoff, cause, async |_| Ok(())).await
+    }
+
+    /// As `fail`, also running `f` in the same transaction (to record what
+    /// was learned on the way to the failure).
+    pub async fn fail_with(
+        &mut self,
+        backoff: &Backoff,
+        cause: &str,
+        mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<(), BmdbError>,
+    ) -> Result<Duration, BmdbError> {
         let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
         let wait = self
             .session
@@ -160,6 +171,7 @@ impl<T> Work<T> {
                     &[&mid, &process, &wait.as_secs_f64(), &cause, &interval],
                 )
                 .await?;
+                f(tx).await?;
                 Ok(wait)
             })
             .await?;

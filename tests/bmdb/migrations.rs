@@ -12,12 +12,19 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
     let db = TestDb::new_unmigrated().await;
     let bmdb = db.bmdb().await;
     let first = bmdb.migrate().await.unwrap();
-    assert_eq!(first.applied, vec!["V1__bmdb", "V2__machine_summary"]);
-    assert_eq!(first.version, Some(2));
+    assert_eq!(
+        first.applied,
+        vec![
+            "V1__bmdb",
+            "V2__machine_summary",
+            "V3__machine_ssh_host_key"
+        ]
+    );
+    assert_eq!(first.version, Some(3));
     assert_eq!(count(&bmdb, TABLES).await, 12);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(2));
+    assert_eq!(again.version, Some(3));
 }
 
 #[actix_rt::test]
@@ -30,13 +37,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 2],
-        "one run applies both migrations, the other none"
+        [0, 3],
+        "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 12);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        2
+        3
     );
 }
 
@@ -61,7 +68,7 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
     .unwrap();
     assert_eq!(
         bmdb.migrate().await.unwrap().applied,
-        vec!["V2__machine_summary"]
+        vec!["V2__machine_summary", "V3__machine_ssh_host_key"]
     );
     let (start, recovery) = bmdb
         .transact(async |tx| {

@@ -1,0 +1,8 @@
+//! Compiles proto/ with protox (pure Rust: no system protoc) and prost.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto");
+    let descriptors = protox::compile(["agent.proto"], ["proto"])?;
+    prost_build::Config::new().compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,483 @@
+//! The Initializer: starts the agent on every provided machine that needs
+//! it. A [`ControlLoop`] for the work-lease mailbox: the selector is "needs
+//! agent start", the worker is [`InitializerWorker`], which runs the takeover
+//! over SSH and finishes the work with `machine_agent_started`, or fails it
+//! with a cause naming the step and a backoff.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures::future::LocalBoxFuture;
+use prost::Message;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::agent;
+use crate::bmdb::selectors::{self, ProvidedMachine};
+use crate::bmdb::{Backoff, BmdbError, Process, Provider, Tx, Work, machines};
+use crate::config::{Config, ConfigError, UploadMethod};
+use crate::control::{ControlLoop, WorkOutcome, WorkerDone};
+use crate::ssh::{self, HostKeyPolicy, SshIdentity, SshSettings};
+
+/// Asks the provider for a machine's address when the BMDB has none.
+pub type AddressLookup =
+    Rc<dyn Fn(ProvidedMachine) -> LocalBoxFuture<'static, Result<Option<IpAddr>, String>>>;
+
+/// Everything a takeover needs, shared by all workers.
+pub struct TakeoverSettings {
+    pub ssh: SshSettings,
+    pub port: u16,
+    pub exchange_timeout: Duration,
+    pub identity: SshIdentity,
+    /// The agent executable's bytes.
+    pub agent: Rc<[u8]>,
+    /// Remote path; `{machine_id}` is replaced.
+    pub agent_path: String,
+    pub endpoint: String,
+    pub ca_certificate: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TakeoverSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TakeoverSettings")
+            .field("ssh", &self.ssh)
+            .field("port", &self.port)
+            .field("agent_bytes", &self.agent.len())
+            .field("agent_path", &self.agent_path)
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+impl TakeoverSettings {
+    /// From `[ssh]` and `[initializer]`: loads (or generates) shepherd's SSH
+    /// key and reads the agent executable. Errors name the key.
+    pub fn from_config(cfg: &Config) -> Result<TakeoverSettings, ConfigError> {
+        let key_err = |key: &str, m: String| ConfigError::Key {
+            key: key.to_string(),
+            message: m,
+        };
+        let identity = SshIdentity::load_or_generate(&cfg.ssh.key_file)
+            .map_err(|e| key_err("ssh.key_file", e.to_string()))?;
+        let binary = match &cfg.initializer.agent_binary {
+            Some(p) => p.clone(),
+            None => default_agent_binary().ok_or_else(|| {
+                key_err(
+                    "initializer.agent_binary",
+                    "not set, and no takeover-agent next to the shepherd executable".into(),
+                )
+            })?,
+        };
+        let agent = std::fs::read(&binary).map_err(|e| {
+            key_err(
+                "initializer.agent_binary",
+                format!("{}: {e}", binary.display()),
+            )
+        })?;
+        if agent.is_empty() {
+            return Err(key_err(
+                "initializer.agent_binary",
+                format!("{} is empty", binary.display()),
+            ));
+        }
+        let endpoint = cfg
+            .initializer
+            .agent_endpoint
+            .clone()
+            .ok_or_else(|| key_err("initializer.agent_endpoint", "must be set".into()))?;
+        let ca_certificate = match &cfg.initializer.agent_ca_certificate {
+            Some(p) => Some(std::fs::read(p).map_err(|e| {
+                key_err(
+                    "initializer.agent_ca_certificate",
+                    format!("{}: {e}", p.display()),
+                )
+            })?),
+            None => None,
+        };
+        Ok(TakeoverSettings {
+            ssh: SshSettings {
+                user: cfg.ssh.user.clone(),
+                connect_timeout: cfg.ssh.connect_timeout,
+                host_keys: cfg.ssh.host_keys,
+                known_hosts_file: cfg.ssh.known_hosts_file.clone(),
+                max_stdout: cfg.ssh.max_stdout,
+                max_stderr: 64 << 10,
+                upload_by_exec: cfg.ssh.upload == UploadMethod::Exec,
+            },
+            port: cfg.ssh.port,
+            exchange_timeout: cfg.ssh.exchange_timeout,
+            identity,
+            agent: agent.into(),
+            agent_path: cfg.initializer.agent_path.clone(),
+            endpoint,
+            ca_certificate,
+        })
+    }
+
+    fn agent_path(&self, machine_id: Uuid) -> String {
+        self.agent_path
+            .replace("{machine_id}", &machine_id.to_string())
+    }
+}
+
+/// `takeover-agent` beside the running executable, if there is one.
+pub fn default_agent_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("takeover-agent"),
+        dir.parent()?.join("takeover-agent"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// A successful takeover.
+#[derive(Debug, Clone)]
+pub struct TakenOver {
+    pub agent_key: [u8; agent::AGENT_KEY_LEN],
+    pub warnings: Vec<String>,
+    /// The host key presented, OpenSSH format.
+    pub host_key: String,
+}
+
+/// A failed takeover: what went wrong, and the host key if we got that far.
+#[derive(Debug, Clone)]
+pub struct TakeoverFailure {
+    pub cause: String,
+    pub host_key: Option<String>,
+}
+
+/// Connects, uploads the agent, runs it with the init message and judges the
+/// reply, all within `exchange_timeout`.
+pub async fn take_over(
+    s: &TakeoverSettings,
+    machine_id: Uuid,
+    address: IpAddr,
+    known_host_key: Option<russh::keys::PublicKey>,
+) -> Result<TakenOver, TakeoverFailure> {
+    let addr = SocketAddr::new(address, s.port);
+    let mut step = "connect";
+    let mut host_key = None;
+    let exchange = async {
+        let conn = ssh::connect(&s.ssh, &s.identity, addr, known_host_key)
+            .await
+            .map_err(|e| e.to_string())?;
+        host_key = conn.host_key().to_openssh().ok();
+        let path = s.agent_path(machine_id);
+        step = "upload";
+        conn.upload(&path, &s.agent, &s.ssh)
+            .await
+            .map_err(|e| e.to_string())?;
+        step = "run agent";
+        let init = agent::init_message(machine_id, &s.endpoint, s.ca_certificate.as_deref());
+        let out = conn
+            .run(&ssh::shell_quote(&path), &init.encode_to_vec(), &s.ssh)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.close().await;
+        if let Some(sig) = &out.exit_signal {
+            return Err(format!(
+                "agent killed by signal {sig}: {}",
+                out.stderr_text()
+            ));
+        }
+        match out.exit_status {
+            Some(0) => {}
+            Some(code) => {
+                return Err(format!(
+                    "agent exited with status {code}: {}",
+                    out.stderr_text()
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "agent ended without an exit status: {}",
+                    out.stderr_text()
+                ));
+            }
+        }
+        step = "agent reply";
+        agent::check_reply(&init, &out.stdout).map_err(|e| e.to_string())
+    };
+    let result = tokio::time::timeout(s.exchange_timeout, exchange).await;
+    match result {
+        Ok(Ok(t)) => Ok(TakenOver {
+            agent_key: t.key,
+            warnings: t.warnings,
+            host_key: host_key.unwrap_or_default(),
+        }),
+        Ok(Err(cause)) => Err(TakeoverFailure { cause, host_key }),
+        Err(_) => Err(TakeoverFailure {
+            cause: format!(
+                "{step}: timed out (the whole exchange may take {:?})",
+                s.exchange_timeout
+            ),
+            host_key,
+        }),
+    }
+}
+
+/// The Initializer control loop.
+pub struct Initializer {
+    shared: Rc<Shared>,
+}
+
+struct Shared {
+    provider: Provider,
+    takeover: TakeoverSettings,
+    backoff: Backoff,
+    address_lookup: Option<AddressLookup>,
+}
+
+impl Initializer {
+    pub fn new(
+        provider: Provider,
+        takeover: TakeoverSettings,
+        backoff: Backoff,
+        address_lookup: Option<AddressLookup>,
+    ) -> Self {
+        Initializer {
+            shared: Rc::new(Shared {
+                provider,
+                takeover,
+                backoff,
+                address_lookup,
+            }),
+        }
+    }
+}
+
+impl ControlLoop for Initializer {
+    type Item = ProvidedMachine;
+
+    fn process(&self) -> Process {
+        Process::ShepherdAgentStart
+    }
+
+    fn name(&self) -> &'static str {
+        "initializer"
+    }
+
+    async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, ProvidedMachine)>, BmdbError> {
+        let mut m = selectors::needs_agent_start(tx, self.shared.provider, 1).await?;
+        Ok(m.pop().map(|m| (m.machine_id, m)))
+    }
+
+    fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
+        InitializerWorker {
+            work: Some(work),
+            shared: self.shared.clone(),
+            done,
+            outcome: WorkOutcome::Aborted,
+            machine_id: Uuid::nil(),
+        }
+        .start();
+    }
+}
+
+/// One actor per leased machine: takes it over, records the result, stops.
+pub struct InitializerWorker {
+    work: Option<Work<ProvidedMachine>>,
+    shared: Rc<Shared>,
+    done: Recipient<WorkerDone>,
+    outcome: WorkOutcome,
+    machine_id: Uuid,
+}
+
+impl Actor for InitializerWorker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let work = self.work.take().expect("a worker is started with its work");
+        self.machine_id = work.machine_id();
+        let span = tracing::info_span!("takeover", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
+        let shared = self.shared.clone();
+        ctx.spawn(
+            run(work, shared)
+                .instrument(span)
+                .into_actor(self)
+                .map(|outcome, act, ctx| {
+                    act.outcome = outcome;
+                    ctx.stop();
+                }),
+        );
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.done.do_send(WorkerDone {
+            machine_id: self.machine_id,
+            outcome: self.outcome.clone(),
+        });
+    }
+}
+
+async fn run(mut work: Work<ProvidedMachine>, shared: Rc<Shared>) -> WorkOutcome {
+    let session = work.session().clone();
+    tokio::select! {
+        outcome = process(&mut work, &shared) => outcome,
+        _ = session.expired() => {
+            tracing::warn!("session died mid-takeover; stopping");
+            WorkOutcome::Aborted
+        }
+    }
+}
+
+/// Ends `work` as failed with `cause`; the outcome to report.
+async fn fail(
+    work: &mut Work<ProvidedMachine>,
+    shared: &Shared,
+    cause: String,
+    host_key: Option<String>,
+) -> WorkOutcome {
+    let mid = work.machine_id();
+    let learned = host_key.filter(|_| shared.takeover.ssh.host_keys == HostKeyPolicy::AcceptNew);
+    let r = work
+        .fail_with(&shared.backoff, &cause, async |tx| match &learned {
+            Some(k) => machines::record_host_key(tx, mid, k).await,
+            None => Ok(()),
+        })
+        .await;
+    match r {
+        Ok(wait) => {
+            tracing::warn!(%cause, retry_in_s = wait.as_secs(), "takeover failed");
+            WorkOutcome::Failed(cause)
+        }
+        Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
+        Err(e) => {
+            tracing::error!(%cause, error = %e, "takeover failed and the failure could not be recorded");
+            WorkOutcome::Failed(cause)
+        }
+    }
+}
+
+async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutcome {
+    let machine = work.item().clone();
+    let mid = machine.machine_id;
+    let policy = shared.takeover.ssh.host_keys;
+
+    let known = if policy == HostKeyPolicy::AcceptNew {
+        match work
+            .session()
+            .transact(async |tx| machines::host_key(tx, mid).await)
+            .await
+        {
+            Ok(k) => k,
+            Err(BmdbError::SessionExpired(_)) => return WorkOutcome::Aborted,
+            Err(e) => {
+                return fail(
+                    work,
+                    shared,
+                    format!("reading the recorded host key: {e}"),
+                    None,
+                )
+                .await;
+            }
+        }
+    } else {
+        None
+    };
+    let known_key = match known.as_deref().map(russh::keys::PublicKey::from_openssh) {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => {
+            return fail(
+                work,
+                shared,
+                format!("the recorded host key is unreadable: {e}"),
+                None,
+            )
+            .await;
+        }
+    };
+
+    // The address: from the BMDB, else from the provider (and remembered).
+    let (address, looked_up) = match machine.address() {
+        Some(a) => (a, false),
+        None => match &shared.address_lookup {
+            None => return fail(work, shared, "the machine has no address".into(), None).await,
+            Some(lookup) => match lookup(machine.clone()).await {
+                Ok(Some(a)) => (a, true),
+                Ok(None) => {
+                    return fail(
+                        work,
+                        shared,
+                        "the provider has no address for the machine".into(),
+                        None,
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    return fail(
+                        work,
+                        shared,
+                        format!("asking the provider for the address: {e}"),
+                        None,
+                    )
+                    .await;
+                }
+            },
+        },
+    };
+
+    tracing::info!(%address, "taking over");
+    let result = take_over(&shared.takeover, mid, address, known_key).await;
+    match result {
+        Err(f) => {
+            fail(
+                work,
+                shared,
+                f.cause,
+                if known.is_none() { f.host_key } else { None },
+            )
+            .await
+        }
+        Ok(t) => {
+            for w in &t.warnings {
+                tracing::warn!(warning = %w, "agent warning");
+            }
+            let record_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
+            let address_text = address.to_string();
+            let r = work
+                .finish(async |tx| {
+                    machines::set_agent_started(tx, mid, &t.agent_key).await?;
+                    if record_key {
+                        machines::record_host_key(tx, mid, &t.host_key).await?;
+                    }
+                    if looked_up {
+                        machines::set_address(tx, mid, &address_text).await?;
+                    }
+                    Ok(())
+                })
+                .await;
+            match r {
+                Ok(()) => {
+                    tracing::info!(agent_key = %hex(&t.agent_key), "agent started");
+                    WorkOutcome::Finished
+                }
+                Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
+                Err(e) => {
+                    fail(
+                        work,
+                        shared,
+                        format!("recording the started agent: {e}"),
+                        None,
+                    )
+                    .await
+                }
+            }
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// For tests and tools: the takeover settings for a local agent binary.
+pub fn read_agent(path: &Path) -> std::io::Result<Rc<[u8]>> {
+    Ok(std::fs::read(path)?.into())
+}

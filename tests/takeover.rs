@@ -16,7 +16,8 @@ use shepherd::testing::{Sshd, TestDb};
 use uuid::Uuid;
 
 struct Rig {
-    db: TestDb,
+    /// Owns the database: dropping it drops the database.
+    _db: TestDb,
     bmdb: Bmdb,
     sshd: Sshd,
     identity: SshIdentity,
@@ -35,7 +36,7 @@ impl Rig {
             &[identity.public_key()],
         );
         Rig {
-            db,
+            _db: db,
             bmdb,
             sshd,
             identity,
@@ -538,4 +539,58 @@ async fn insecure_ignore_accepts_a_changed_key_and_records_nothing() {
         .await
         .unwrap();
     assert_eq!(kept.as_deref(), Some(stale_key.as_str()));
+}
+
+#[actix_rt::test]
+async fn known_hosts_mode_accepts_listed_keys_only() {
+    let rig = Rig::new().await;
+    let listed = rig.machines(1, "127.0.0.1").await[0];
+    let known_hosts = rig.sshd.dir().join("known_hosts");
+    std::fs::write(
+        &known_hosts,
+        format!("[127.0.0.1]:{} {}\n", rig.port(), rig.sshd.host_key),
+    )
+    .unwrap();
+    // Another sshd, with a key of its own that is not listed.
+    let _unlisted_sshd = Sshd::start(
+        SocketAddr::new([127, 0, 0, 4].into(), rig.port()),
+        &[rig.identity.public_key()],
+    );
+    let unlisted = rig.machines(1, "127.0.0.4").await[0];
+    let mut settings = rig.settings(Duration::from_secs(30));
+    settings.ssh.host_keys = HostKeyPolicy::KnownHosts;
+    settings.ssh.known_hosts_file = Some(known_hosts);
+    let (_mailbox, _s) = rig.initializer(settings, 2).await;
+    rig.wait_for(
+        "the listed machine",
+        "SELECT count(*) FROM machine_agent_started",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    rig.wait_for(
+        "the unlisted machine's failure",
+        "SELECT count(*) FROM work_backoff",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        rig.history(listed).await.last().unwrap().0,
+        HistoryEvent::Finished
+    );
+    let cause = rig
+        .history(unlisted)
+        .await
+        .last()
+        .unwrap()
+        .1
+        .clone()
+        .unwrap();
+    assert!(cause.contains("is not in the known hosts file"), "{cause}");
+    // Nothing is learned in this mode.
+    assert_eq!(
+        rig.count("SELECT count(*) FROM machine_ssh_host_key").await,
+        0
+    );
 }

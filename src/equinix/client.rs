@@ -223,6 +223,29 @@ impl Api {
         jittered.max(retry_after.unwrap_or_default())
     }
 
+    /// Waits before retry `attempts`, or gives up if that would pass the
+    /// call's deadline.
+    async fn back_off(
+        &self,
+        op: Operation,
+        attempts: u32,
+        cause: String,
+        retry_after: Option<Duration>,
+        deadline: Instant,
+    ) -> Result<(), EquinixError> {
+        let wait = self.retry_wait(attempts, retry_after);
+        if Instant::now() + wait > deadline {
+            return Err(EquinixError::GaveUp {
+                op,
+                attempts,
+                last: cause,
+            });
+        }
+        tracing::debug!(%op, attempts, wait_ms = wait.as_millis() as u64, %cause, "retrying Equinix API call");
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+
     /// An exchange retried on transient failures until `deadline`.
     async fn request(
         &mut self,
@@ -242,16 +265,8 @@ impl Api {
                 Outcome::Transient {
                     cause, retry_after, ..
                 } => {
-                    let wait = self.retry_wait(attempts, retry_after);
-                    if Instant::now() + wait > deadline {
-                        return Err(EquinixError::GaveUp {
-                            op,
-                            attempts,
-                            last: cause,
-                        });
-                    }
-                    tracing::debug!(%op, attempts, wait_ms = wait.as_millis() as u64, %cause, "retrying Equinix API call");
-                    tokio::time::sleep(wait).await;
+                    self.back_off(op, attempts, cause, retry_after, deadline)
+                        .await?;
                 }
             }
         }
@@ -399,17 +414,10 @@ impl Api {
                 Outcome::Transient {
                     cause, retry_after, ..
                 } => {
-                    let wait = self.retry_wait(attempts, retry_after);
-                    if Instant::now() + wait > deadline {
-                        return Err(EquinixError::GaveUp {
-                            op,
-                            attempts,
-                            last: cause,
-                        });
-                    }
                     tracing::info!(reservation = %reservation, attempts, %cause,
                         "device creation may have failed; checking the reservation before retrying");
-                    tokio::time::sleep(wait).await;
+                    self.back_off(op, attempts, cause, retry_after, deadline)
+                        .await?;
                 }
             }
         }
@@ -534,15 +542,8 @@ impl Api {
                 Outcome::Transient {
                     cause, retry_after, ..
                 } => {
-                    let wait = self.retry_wait(attempts, retry_after);
-                    if Instant::now() + wait > deadline {
-                        return Err(EquinixError::GaveUp {
-                            op,
-                            attempts,
-                            last: cause,
-                        });
-                    }
-                    tokio::time::sleep(wait).await;
+                    self.back_off(op, attempts, cause, retry_after, deadline)
+                        .await?;
                 }
             }
         }

@@ -388,6 +388,16 @@ fn errors(status: StatusCode, messages: &[&str]) -> HttpResponse {
     })
 }
 
+/// A JSON request body, or the 422 the API answers for a malformed one.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, HttpResponse> {
+    serde_json::from_slice(body).map_err(|e| {
+        errors(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &[&format!("invalid request: {e}")],
+        )
+    })
+}
+
 fn not_found() -> HttpResponse {
     errors(StatusCode::NOT_FOUND, &["Not found"])
 }
@@ -454,14 +464,9 @@ async fn list_devices(s: Data<Shared>, pid: Path<String>, q: Query<PageQuery>) -
 }
 
 async fn create_device(s: Data<Shared>, pid: Path<String>, body: Bytes) -> HttpResponse {
-    let req: DeviceCreateRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return errors(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &[&format!("invalid request: {e}")],
-            );
-        }
+    let req: DeviceCreateRequest = match parse(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let mut st = s.lock().unwrap();
     if let Err(r) = check_project(&st, &pid) {
@@ -497,14 +502,9 @@ async fn delete_device(s: Data<Shared>, id: Path<String>) -> HttpResponse {
 }
 
 async fn device_action(s: Data<Shared>, id: Path<String>, body: Bytes) -> HttpResponse {
-    let action: DeviceAction = match serde_json::from_slice(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            return errors(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &[&format!("invalid request: {e}")],
-            );
-        }
+    let action: DeviceAction = match parse(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let mut st = s.lock().unwrap();
     let Some(i) = st.find_device(&id) else {
@@ -588,14 +588,9 @@ fn fingerprint(key: &str) -> String {
 }
 
 async fn create_ssh_key(s: Data<Shared>, pid: Path<String>, body: Bytes) -> HttpResponse {
-    let input: SshKeyInput = match serde_json::from_slice(&body) {
-        Ok(i) => i,
-        Err(e) => {
-            return errors(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &[&format!("invalid request: {e}")],
-            );
-        }
+    let input: SshKeyInput = match parse(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let (Some(label), Some(key)) = (input.label, input.key) else {
         return errors(
@@ -627,14 +622,9 @@ async fn create_ssh_key(s: Data<Shared>, pid: Path<String>, body: Bytes) -> Http
 }
 
 async fn update_ssh_key(s: Data<Shared>, id: Path<String>, body: Bytes) -> HttpResponse {
-    let input: SshKeyInput = match serde_json::from_slice(&body) {
-        Ok(i) => i,
-        Err(e) => {
-            return errors(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &[&format!("invalid request: {e}")],
-            );
-        }
+    let input: SshKeyInput = match parse(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let mut st = s.lock().unwrap();
     let Some(k) = st.ssh_keys.iter_mut().find(|k| k.id == *id) else {

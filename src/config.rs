@@ -27,7 +27,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Key {
             key: key.into(),
             message: message.into(),
@@ -50,6 +50,9 @@ pub struct Config {
     pub equinix: EquinixConfig,
     pub ssh: SshConfig,
     pub initializer: InitializerConfig,
+    pub provider: ProviderConfig,
+    pub provisioner: ProvisionerConfig,
+    pub supervisor: SupervisorConfig,
     pub log: LogConfig,
 }
 
@@ -421,6 +424,187 @@ impl InitializerConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Hosts listed in `provider.inventory`.
+    Static,
+    /// Equinix Metal devices from hardware reservations.
+    Equinix,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    pub equinix: EquinixProviderConfig,
+    pub inventory: InventoryConfig,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig {
+            kind: ProviderKind::Static,
+            equinix: EquinixProviderConfig::default(),
+            inventory: InventoryConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EquinixProviderConfig {
+    /// Devices whose hostname starts with this are shepherd's.
+    pub hostname_prefix: String,
+    /// Plan of created devices. Unset: the reservation's own plan.
+    pub plan: Option<String>,
+    pub operating_system: String,
+    /// Where devices are created: a metro, or (deprecated) a facility.
+    pub metro: Option<String>,
+    pub facility: Option<String>,
+    /// Tags put on created devices.
+    pub tags: Vec<String>,
+    /// Label of shepherd's SSH key in the project.
+    pub ssh_key_label: String,
+    /// How long a listing of hardware reservations is reused.
+    #[serde(with = "humantime_serde")]
+    pub reservation_cache_ttl: Duration,
+    /// How long a reservation that failed to provision is left alone.
+    #[serde(with = "humantime_serde")]
+    pub failed_reservation_penalty: Duration,
+}
+
+impl Default for EquinixProviderConfig {
+    fn default() -> Self {
+        EquinixProviderConfig {
+            hostname_prefix: "shepherd-".into(),
+            plan: None,
+            operating_system: "ubuntu_22_04".into(),
+            metro: None,
+            facility: None,
+            tags: Vec::new(),
+            ssh_key_label: "shepherd".into(),
+            reservation_cache_ttl: Duration::from_secs(300),
+            failed_reservation_penalty: Duration::from_secs(3600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InventoryConfig {
+    /// Hosts listed here...
+    pub machines: Vec<InventoryMachine>,
+    /// ...and in this TOML file (`[[machines]]` tables), read every round.
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryMachine {
+    pub id: String,
+    pub address: std::net::IpAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProvisionerConfig {
+    /// Time between reconciliation rounds.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Machines to manage at most (0: no limit).
+    pub max_machines: u32,
+    /// Machines created per round at most.
+    pub chunk_size: u32,
+    /// Time between two machine creations.
+    #[serde(with = "humantime_serde")]
+    pub creation_interval: Duration,
+}
+
+impl Default for ProvisionerConfig {
+    fn default() -> Self {
+        ProvisionerConfig {
+            interval: Duration::from_secs(60),
+            max_machines: 50,
+            chunk_size: 20,
+            creation_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisorConfig {
+    /// On SIGINT/SIGTERM, how long running takeovers may finish.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// First wait before restarting a failed part; doubles up to a minute.
+    #[serde(with = "humantime_serde")]
+    pub restart_backoff: Duration,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        SupervisorConfig {
+            drain_timeout: Duration::from_secs(30),
+            restart_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ProviderConfig {
+    fn validate(&self, equinix: &EquinixConfig) -> Result<(), ConfigError> {
+        match self.kind {
+            ProviderKind::Equinix => {
+                equinix.credentials()?;
+                let e = &self.equinix;
+                if e.hostname_prefix.is_empty() {
+                    return Err(ConfigError::key(
+                        "provider.equinix.hostname_prefix",
+                        "must not be empty",
+                    ));
+                }
+                if e.metro.is_none() && e.facility.is_none() {
+                    return Err(ConfigError::key(
+                        "provider.equinix.metro",
+                        "a metro (or a facility) must be set",
+                    ));
+                }
+                if e.operating_system.is_empty() {
+                    return Err(ConfigError::key(
+                        "provider.equinix.operating_system",
+                        "must not be empty",
+                    ));
+                }
+            }
+            ProviderKind::Static => {
+                let mut seen = std::collections::HashSet::new();
+                for (i, m) in self.inventory.machines.iter().enumerate() {
+                    if m.id.trim().is_empty() || m.id.len() > 128 {
+                        return Err(ConfigError::key(
+                            format!("provider.inventory.machines[{i}].id"),
+                            "must be 1 to 128 characters",
+                        ));
+                    }
+                    if !seen.insert(&m.id) {
+                        return Err(ConfigError::key(
+                            format!("provider.inventory.machines[{i}].id"),
+                            format!("{} is listed twice", m.id),
+                        ));
+                    }
+                }
+                if let Some(f) = &self.inventory.file {
+                    crate::provider::inventory::read_file(f)
+                        .map_err(|m| ConfigError::key("provider.inventory.file", m))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
     Json,
@@ -565,6 +749,22 @@ impl Config {
         self.equinix.validate()?;
         self.ssh.validate()?;
         self.initializer.validate()?;
+        self.provider.validate(&self.equinix)?;
+        if self.provisioner.interval.is_zero() {
+            return Err(ConfigError::key("provisioner.interval", "must be positive"));
+        }
+        if self.provisioner.chunk_size == 0 {
+            return Err(ConfigError::key(
+                "provisioner.chunk_size",
+                "must be at least 1",
+            ));
+        }
+        if self.supervisor.restart_backoff.is_zero() {
+            return Err(ConfigError::key(
+                "supervisor.restart_backoff",
+                "must be positive",
+            ));
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::key(
                 "log.level",

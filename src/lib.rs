@@ -15,8 +15,11 @@ pub mod config;
 pub mod control;
 pub mod equinix;
 pub mod initializer;
+pub mod provider;
+pub mod provisioner;
 pub mod secret;
 pub mod ssh;
+pub mod supervisor;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod testing;

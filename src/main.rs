@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use shepherd::bmdb::{Bmdb, BmdbSession, CloseSession, GetSession};
+use shepherd::bmdb::Bmdb;
+use shepherd::bmdb::machines::{self, MachineState};
 use shepherd::config::Config;
 
 /// Exit status for invalid configuration (as for a usage error).
@@ -41,6 +42,34 @@ enum Command {
     Migrate,
     /// Validate the configuration and print it, secrets redacted.
     CheckConfig,
+    /// Look at the fleet in the BMDB.
+    #[command(subcommand)]
+    Machines(MachinesCommand),
+}
+
+#[derive(Subcommand)]
+enum MachinesCommand {
+    /// One line per machine: ID, provider, provider ID, address, state.
+    List {
+        /// Only machines in this state.
+        #[arg(long, value_parser = parse_state)]
+        state: Option<MachineState>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+    },
+    /// A machine's tags, lease, backoffs and history.
+    Show {
+        /// The BMDB machine ID.
+        id: uuid::Uuid,
+    },
+}
+
+fn parse_state(s: &str) -> Result<MachineState, String> {
+    MachineState::parse(s).ok_or_else(|| {
+        let all: Vec<&str> = MachineState::ALL.iter().map(|m| m.as_str()).collect();
+        format!("not a state; one of: {}", all.join(", "))
+    })
 }
 
 fn main() -> ExitCode {
@@ -61,13 +90,19 @@ fn main() -> ExitCode {
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         match cli.command {
-            Command::Run => run(cfg).await,
+            Command::Run => shepherd::supervisor::run(cfg).await,
             Command::Migrate => migrate(cfg).await,
+            Command::Machines(m) => machines_command(cfg, m).await,
             Command::CheckConfig => unreachable!(),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Configuration found wrong only at start (an unreadable file it names).
+        Err(e) if e.downcast_ref::<shepherd::ConfigError>().is_some() => {
+            eprintln!("shepherd: invalid configuration: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("shepherd: {e:#}");
@@ -94,21 +129,121 @@ async fn migrate(mut cfg: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(cfg: Config) -> anyhow::Result<()> {
+async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
+    cfg.bmdb.pool_size = 2;
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
-    let session = BmdbSession::open(&bmdb, "shepherd").await?;
-    let id = session.send(GetSession).await?.id();
-    tracing::info!(session_id = %id, "shepherd running; stop with SIGINT or SIGTERM");
-
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let handle = session.send(GetSession).await?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = handle.expired() => anyhow::bail!("BMDB session {id} ended"),
-    }
-    if let Err(e) = session.send(CloseSession).await? {
-        tracing::warn!(error = %e, "could not close the BMDB session; it will expire");
+    match cmd {
+        MachinesCommand::List { state, limit } => {
+            let list = bmdb
+                .transact(async |tx| machines::fleet(tx, state, limit, 0).await)
+                .await?;
+            println!(
+                "{:<36}  {:<8} {:<38} {:<16} {:<14}",
+                "MACHINE", "PROVIDER", "PROVIDER ID", "ADDRESS", "STATE"
+            );
+            for m in &list {
+                println!(
+                    "{:<36}  {:<8} {:<38} {:<16} {:<14}",
+                    m.machine_id,
+                    m.provider.map(|p| p.to_string()).unwrap_or_default(),
+                    m.provider_id.as_deref().unwrap_or("-"),
+                    m.address.as_deref().unwrap_or("-"),
+                    m.state
+                );
+            }
+            let counts = bmdb
+                .transact(async |tx| machines::fleet_counts(tx).await)
+                .await?;
+            let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{s} {n}")).collect();
+            println!(
+                "{} shown; fleet: {}",
+                list.len(),
+                if counts.is_empty() {
+                    "empty".into()
+                } else {
+                    counts.join(", ")
+                }
+            );
+        }
+        MachinesCommand::Show { id } => {
+            let Some(d) = bmdb
+                .transact(async |tx| machines::detail(tx, id).await)
+                .await?
+            else {
+                anyhow::bail!("machine {id} is not in the BMDB");
+            };
+            let t = |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+            println!("machine   {}", d.summary.machine_id);
+            println!("state     {}", d.summary.state);
+            println!("created   {}", t(d.created_at));
+            println!("tags:");
+            match &d.provided {
+                Some(p) => println!(
+                    "  provided         {} {} address {} location {} reservation {} status {}",
+                    p.provider,
+                    p.provider_id,
+                    p.ip_address.as_deref().unwrap_or("-"),
+                    p.location.as_deref().unwrap_or("-"),
+                    p.reservation_id.as_deref().unwrap_or("-"),
+                    p.status
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "-".into())
+                ),
+                None => println!("  provided         -"),
+            }
+            match &d.agent_started {
+                Some((at, key)) => println!(
+                    "  agent started    {} key {}",
+                    t(*at),
+                    key.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                ),
+                None => println!("  agent started    -"),
+            }
+            println!(
+                "  agent heartbeat  {}",
+                d.agent_heartbeat.map(t).unwrap_or_else(|| "-".into())
+            );
+            println!(
+                "  hardware report  {}",
+                if d.hardware_report { "yes" } else { "-" }
+            );
+            println!(
+                "  installation     request {} report {}",
+                d.installation_request
+                    .map(|g| g.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                d.installation_report
+                    .map(|(g, r)| format!("{g} {r}"))
+                    .unwrap_or_else(|| "-".into())
+            );
+            println!(
+                "  ssh host key     {}",
+                d.ssh_host_key.as_deref().unwrap_or("-")
+            );
+            println!("leases:");
+            for l in &d.leases {
+                println!(
+                    "  {} by {} (session {})",
+                    l.process, l.component, l.session_id
+                );
+            }
+            println!("backoffs:");
+            for (p, b) in &d.backoffs {
+                println!(
+                    "  {p} until {} (interval {}s): {}",
+                    t(b.until),
+                    b.last_interval_seconds.unwrap_or(0),
+                    b.cause
+                );
+            }
+            println!("history:");
+            for h in &d.history {
+                match &h.failed_cause {
+                    Some(c) => println!("  {} {} {}: {c}", t(h.timestamp), h.process, h.event),
+                    None => println!("  {} {} {}", t(h.timestamp), h.process, h.event),
+                }
+            }
+        }
     }
     Ok(())
 }

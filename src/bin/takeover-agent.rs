@@ -4,7 +4,8 @@
 //!
 //! It can be told to misbehave, by `--mode MODE`, `TAKEOVER_AGENT_MODE`, or a
 //! file next to the executable named `<executable>.mode` (which is how a
-//! test reaches an agent started over SSH): `ok`, `error`, `garbage`,
+//! test reaches an agent started over SSH), or `takeover-agent.mode` in the
+//! executable's directory (for every agent there): `ok`, `error`, `garbage`,
 //! `wrong-echo`, `short-key`, `nothing`, `huge`, `hang`, `crash` (non-zero
 //! exit), `slow:SECONDS` (then ok). Every run appends the machine ID to
 //! `<executable>.runs`.
@@ -42,6 +43,12 @@ fn mode(exe: &Option<PathBuf>) -> String {
         sidecar.push(".mode");
         if let Ok(m) = std::fs::read_to_string(sidecar) {
             return m.trim().to_string();
+        }
+        // One mode for every agent in the directory.
+        if let Some(dir) = exe.parent() {
+            if let Ok(m) = std::fs::read_to_string(dir.join("takeover-agent.mode")) {
+                return m.trim().to_string();
+            }
         }
     }
     "ok".into()

@@ -193,3 +193,219 @@ pub async fn set_address(
     tx.execute(ADDRESS_SET, &[&machine_id, &address]).await?;
     Ok(())
 }
+
+/// Where a machine is in shepherd's eyes, derived from its tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MachineState {
+    /// Provided, waiting for its agent.
+    Pending,
+    /// Its last takeover failed; waiting out the backoff.
+    Backoff,
+    /// A shepherd process is working on it.
+    Leased,
+    /// The agent runs.
+    AgentStarted,
+    /// Its OS installation is done.
+    Installed,
+    /// No provider record.
+    Unprovided,
+}
+
+impl MachineState {
+    pub const ALL: [MachineState; 6] = [
+        MachineState::Pending,
+        MachineState::Backoff,
+        MachineState::Leased,
+        MachineState::AgentStarted,
+        MachineState::Installed,
+        MachineState::Unprovided,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineState::Pending => "pending",
+            MachineState::Backoff => "backoff",
+            MachineState::Leased => "leased",
+            MachineState::AgentStarted => "agent-started",
+            MachineState::Installed => "installed",
+            MachineState::Unprovided => "unprovided",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<MachineState> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for MachineState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of the fleet listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineSummary {
+    pub machine_id: Uuid,
+    pub provider: Option<Provider>,
+    pub provider_id: Option<String>,
+    pub address: Option<String>,
+    pub provider_status: Option<ProviderStatus>,
+    pub state: MachineState,
+}
+
+/// A machine's `MachineState`, from `machine_summary s` and
+/// `machine_provided p`.
+macro_rules! state_column {
+    () => {
+        "CASE WHEN s.shepherd_work THEN 'leased' \
+              WHEN s.installation_fulfilled THEN 'installed' \
+              WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
+              WHEN p.machine_id IS NULL THEN 'unprovided' \
+              WHEN s.agent_start_not_before > now() THEN 'backoff' \
+              ELSE 'pending' END AS state"
+    };
+}
+
+macro_rules! fleet_query {
+    ($filter:literal) => {
+        concat!(
+            "SELECT * FROM (SELECT m.machine_id, p.provider, p.provider_id, p.provider_ip_address, p.provider_status, ",
+            state_column!(),
+            " FROM machines m \
+             JOIN machine_summary s ON s.machine_id = m.machine_id \
+             LEFT JOIN machine_provided p ON p.machine_id = m.machine_id) f ",
+            $filter,
+            " ORDER BY provider_id NULLS LAST, machine_id LIMIT $1 OFFSET $2"
+        )
+    };
+}
+const FLEET_ALL: &str = fleet_query!("");
+const FLEET_IN_STATE: &str = fleet_query!("WHERE state = $3");
+const FLEET_COUNTS: &str = concat!(
+    "SELECT state, count(*) FROM (SELECT ",
+    state_column!(),
+    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id) f GROUP BY state"
+);
+
+/// A page of the fleet, in provider ID order, optionally in one state.
+pub async fn fleet(
+    tx: &mut Tx<'_>,
+    state: Option<MachineState>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<MachineSummary>, BmdbError> {
+    let rows = match state {
+        Some(s) => {
+            tx.query(FLEET_IN_STATE, &[&limit, &offset, &s.as_str()])
+                .await?
+        }
+        None => tx.query(FLEET_ALL, &[&limit, &offset]).await?,
+    };
+    Ok(rows
+        .iter()
+        .map(|r| MachineSummary {
+            machine_id: r.get(0),
+            provider: r.get(1),
+            provider_id: r.get(2),
+            address: r.get(3),
+            provider_status: r.get(4),
+            state: MachineState::parse(r.get(5)).unwrap_or(MachineState::Unprovided),
+        })
+        .collect())
+}
+
+/// Machines per state.
+pub async fn fleet_counts(tx: &mut Tx<'_>) -> Result<Vec<(MachineState, i64)>, BmdbError> {
+    let rows = tx.query(FLEET_COUNTS, &[]).await?;
+    let mut out: Vec<(MachineState, i64)> = rows
+        .iter()
+        .filter_map(|r| Some((MachineState::parse(r.get(0))?, r.get(1))))
+        .collect();
+    out.sort_by_key(|(s, _)| MachineState::ALL.iter().position(|x| x == s));
+    Ok(out)
+}
+
+/// Everything the BMDB says about one machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineDetail {
+    pub summary: MachineSummary,
+    pub created_at: SystemTime,
+    pub provided: Option<ProvidedMachine>,
+    pub agent_started: Option<(SystemTime, Vec<u8>)>,
+    pub agent_heartbeat: Option<SystemTime>,
+    pub hardware_report: bool,
+    pub installation_request: Option<i32>,
+    pub installation_report: Option<(i32, crate::bmdb::InstallationResult)>,
+    pub ssh_host_key: Option<String>,
+    pub leases: Vec<Lease>,
+    pub backoffs: Vec<(Process, BackoffState)>,
+    pub history: Vec<HistoryEntry>,
+}
+
+const DETAIL: &str = "SELECT m.machine_created_at, \
+       a.agent_started_at, a.agent_public_key, h.agent_heartbeat_at, \
+       (hr.machine_id IS NOT NULL), rq.generation, rp.generation, rp.os_installation_result, k.host_key \
+     FROM machines m \
+     LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id \
+     LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id \
+     LEFT JOIN machine_hardware_report hr ON hr.machine_id = m.machine_id \
+     LEFT JOIN machine_os_installation_request rq ON rq.machine_id = m.machine_id \
+     LEFT JOIN machine_os_installation_report rp ON rp.machine_id = m.machine_id \
+     LEFT JOIN machine_ssh_host_key k ON k.machine_id = m.machine_id \
+     WHERE m.machine_id = $1";
+const BACKOFFS: &str = "SELECT process, until, cause, last_interval_seconds FROM work_backoff \
+     WHERE machine_id = $1 ORDER BY process";
+const SUMMARY_ONE: &str = fleet_query!("WHERE machine_id = $3");
+
+/// A machine's tags, leases, backoffs and history; None if unknown.
+pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineDetail>, BmdbError> {
+    let Some(r) = tx.query_opt(DETAIL, &[&machine_id]).await? else {
+        return Ok(None);
+    };
+    let summary = tx
+        .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
+        .await?;
+    let summary = MachineSummary {
+        machine_id,
+        provider: summary.get(1),
+        provider_id: summary.get(2),
+        address: summary.get(3),
+        provider_status: summary.get(4),
+        state: MachineState::parse(summary.get(5)).unwrap_or(MachineState::Unprovided),
+    };
+    let started: Option<SystemTime> = r.get(1);
+    let key: Option<Vec<u8>> = r.get(2);
+    let report_gen: Option<i32> = r.get(6);
+    let report_result: Option<crate::bmdb::InstallationResult> = r.get(7);
+    let backoffs = tx
+        .query(BACKOFFS, &[&machine_id])
+        .await?
+        .iter()
+        .map(|b| {
+            (
+                b.get(0),
+                BackoffState {
+                    until: b.get(1),
+                    cause: b.get(2),
+                    last_interval_seconds: b.get(3),
+                },
+            )
+        })
+        .collect();
+    Ok(Some(MachineDetail {
+        summary,
+        created_at: r.get(0),
+        provided: provided(tx, machine_id).await?,
+        agent_started: started.zip(key),
+        agent_heartbeat: r.get(3),
+        hardware_report: r.get(4),
+        installation_request: r.get(5),
+        installation_report: report_gen.zip(report_result),
+        ssh_host_key: r.get(8),
+        leases: leases(tx, machine_id).await?,
+        backoffs,
+        history: history(tx, machine_id).await?,
+    }))
+}

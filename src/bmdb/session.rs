@@ -50,7 +50,13 @@ const SESSION_POKE: &str = "UPDATE sessions SET session_deadline = now() + make_
 /// How many times a lease runs its selector when the pick is taken.
 const LEASE_SELECTIONS: u32 = 3;
 
-const SESSION_DELETE: &str = "DELETE FROM sessions WHERE session_id = $1";
+/// Ends a session: work still held is released and recorded as canceled.
+const SESSION_DELETE: &str = "WITH released AS ( \
+         DELETE FROM work WHERE session_id = $1 RETURNING machine_id, process), \
+     history AS ( \
+         INSERT INTO work_history (machine_id, process, event, \"timestamp\", failed_cause) \
+         SELECT machine_id, process, 'Canceled', now(), 'session closed' FROM released) \
+     DELETE FROM sessions WHERE session_id = $1";
 
 /// Deletes sessions expired for longer than the grace period, recording the
 /// work they held as canceled; deleting the session releases the work.

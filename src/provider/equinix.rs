@@ -1,0 +1,205 @@
+//! Equinix Metal as a provider: devices whose hostname carries the
+//! configured prefix are ours; free hardware reservations (provisionable,
+//! no device, not penalized) are capacity. The reservation list is cached
+//! for `reservation_cache_ttl`; a reservation that failed to provision is
+//! left alone for `failed_reservation_penalty`. shepherd's SSH key is
+//! ensured in the project at start and given to every device created.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::{Fut, MachineKind, Provider, ProviderError, ProviderMachine};
+use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
+use crate::config::EquinixProviderConfig;
+use crate::equinix::model::{Device, DeviceCreateRequest, DeviceState, HardwareReservation};
+use crate::equinix::{EquinixApi, EquinixError};
+
+pub struct Equinix {
+    api: EquinixApi,
+    cfg: EquinixProviderConfig,
+    ssh_key_id: String,
+    /// One actor's state (`Rc<dyn Provider>` lives on one arbiter).
+    reservations: RefCell<Option<(Instant, Vec<HardwareReservation>)>>,
+    penalized: RefCell<HashMap<String, Instant>>,
+}
+
+impl Equinix {
+    /// Ensures shepherd's SSH key (by label) in the project, then returns
+    /// the provider.
+    pub async fn start(
+        api: EquinixApi,
+        cfg: EquinixProviderConfig,
+        ssh_public_key: &str,
+    ) -> Result<Equinix, EquinixError> {
+        let key = api
+            .ensure_ssh_key(&cfg.ssh_key_label, ssh_public_key)
+            .await?;
+        tracing::info!(label = %cfg.ssh_key_label, key_id = %key.id, "SSH key ensured in the Equinix project");
+        Ok(Equinix {
+            api,
+            cfg,
+            ssh_key_id: key.id,
+            reservations: RefCell::new(None),
+            penalized: RefCell::new(HashMap::new()),
+        })
+    }
+
+    fn is_ours(&self, d: &Device) -> bool {
+        d.hostname.starts_with(&self.cfg.hostname_prefix)
+    }
+
+    async fn reservations(&self) -> Result<Vec<HardwareReservation>, EquinixError> {
+        if let Some((at, list)) = self.reservations.borrow().as_ref() {
+            if at.elapsed() < self.cfg.reservation_cache_ttl {
+                return Ok(list.clone());
+            }
+        }
+        let list = self.api.list_reservations().await?;
+        *self.reservations.borrow_mut() = Some((Instant::now(), list.clone()));
+        Ok(list)
+    }
+
+    fn penalize(&self, reservation: &str) {
+        self.penalized.borrow_mut().insert(
+            reservation.to_string(),
+            Instant::now() + self.cfg.failed_reservation_penalty,
+        );
+        // The listing is stale too.
+        *self.reservations.borrow_mut() = None;
+    }
+
+    fn is_penalized(&self, reservation: &str) -> bool {
+        let mut p = self.penalized.borrow_mut();
+        match p.get(reservation) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                p.remove(reservation);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// The BMDB's view of a device state.
+pub fn status_of(state: DeviceState) -> ProviderStatus {
+    match state {
+        DeviceState::Queued | DeviceState::Provisioning | DeviceState::Reinstalling => {
+            ProviderStatus::Provisioning
+        }
+        DeviceState::Active | DeviceState::PoweringOn => ProviderStatus::Running,
+        DeviceState::Inactive | DeviceState::PoweringOff => ProviderStatus::Stopped,
+        DeviceState::Failed => ProviderStatus::ProvisioningFailedPermanent,
+        DeviceState::Deprovisioning | DeviceState::Deleted => ProviderStatus::Missing,
+        DeviceState::Unknown => ProviderStatus::Unknown,
+    }
+}
+
+pub fn machine_of(d: &Device) -> ProviderMachine {
+    ProviderMachine {
+        provider_id: d.id.clone(),
+        address: d.public_address(),
+        location: d.location().map(str::to_string),
+        reservation_id: d.reservation_id().map(str::to_string),
+        status: status_of(d.state),
+        kind: MachineKind::Ours,
+    }
+}
+
+impl Provider for Equinix {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Equinix
+    }
+
+    fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
+        Box::pin(async move {
+            let devices = self.api.list_devices().await?;
+            let mut out: Vec<ProviderMachine> = devices
+                .iter()
+                .filter(|d| self.is_ours(d))
+                .map(machine_of)
+                .collect();
+            for r in self.reservations().await? {
+                if r.provisionable && !r.is_occupied() && !self.is_penalized(&r.id) {
+                    out.push(ProviderMachine {
+                        provider_id: r.id.clone(),
+                        address: None,
+                        location: r.facility.as_ref().map(|f| f.code.clone()),
+                        reservation_id: Some(r.id.clone()),
+                        status: ProviderStatus::Missing,
+                        kind: MachineKind::Capacity,
+                    });
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>> {
+        Box::pin(async move {
+            match self.api.get_device(provider_id).await {
+                Ok(d) => Ok(Some(machine_of(&d))),
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    fn create_machine<'a>(&'a self, capacity: &'a ProviderMachine) -> Fut<'a, ProviderMachine> {
+        Box::pin(async move {
+            let reservation = capacity
+                .reservation_id
+                .clone()
+                .unwrap_or_else(|| capacity.provider_id.clone());
+            let plan =
+                match &self.cfg.plan {
+                    Some(p) => p.clone(),
+                    None => {
+                        let r = self
+                            .reservations()
+                            .await?
+                            .into_iter()
+                            .find(|r| r.id == reservation);
+                        r.and_then(|r| r.plan).and_then(|p| p.slug.or(p.name)).ok_or_else(|| {
+                        ProviderError::Unsupported(format!(
+                            "reservation {reservation} has no plan; set provider.equinix.plan"
+                        ))
+                    })?
+                    }
+                };
+            let short: String = reservation.chars().filter(|c| *c != '-').take(12).collect();
+            let mut tags = self.cfg.tags.clone();
+            tags.push("shepherd".into());
+            let request = DeviceCreateRequest {
+                hostname: format!("{}{short}", self.cfg.hostname_prefix),
+                plan,
+                operating_system: self.cfg.operating_system.clone(),
+                metro: self.cfg.metro.clone(),
+                facility: if self.cfg.metro.is_none() {
+                    self.cfg.facility.clone().map(|f| vec![f])
+                } else {
+                    None
+                },
+                hardware_reservation_id: reservation.clone(),
+                project_ssh_keys: vec![self.ssh_key_id.clone()],
+                tags,
+            };
+            match self.api.create_device(request).await {
+                Ok(d) => {
+                    // The cached listing still shows the reservation free.
+                    *self.reservations.borrow_mut() = None;
+                    Ok(machine_of(&d))
+                }
+                Err(e) => {
+                    self.penalize(&reservation);
+                    Err(e.into())
+                }
+            }
+        })
+    }
+
+    fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()> {
+        Box::pin(async move { Ok(self.api.reboot_device(provider_id).await?) })
+    }
+}

@@ -1,0 +1,68 @@
+//! Providers: where machines come from. Equinix Metal (devices created from
+//! hardware reservations) or a static inventory of an operator's own hosts.
+//!
+//! A provider lists the machines that are ours and the capacity we could
+//! turn into machines, creates a machine from capacity, reboots one, and
+//! looks one up. The Provisioner reconciles that with the BMDB; the
+//! Initializer asks it for an address the BMDB lacks; the Recoverer reboots.
+
+pub mod equinix;
+pub mod inventory;
+
+use std::net::IpAddr;
+use std::rc::Rc;
+
+use futures::future::LocalBoxFuture;
+
+use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
+
+/// A machine as the provider sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderMachine {
+    /// The provider's ID: a device ID, an inventory host ID, or (for
+    /// capacity) a hardware reservation ID.
+    pub provider_id: String,
+    pub address: Option<IpAddr>,
+    pub location: Option<String>,
+    pub reservation_id: Option<String>,
+    pub status: ProviderStatus,
+    pub kind: MachineKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineKind {
+    /// A machine that is ours (a device with our prefix, an inventory host).
+    Ours,
+    /// Capacity: something we could create a machine from.
+    Capacity,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    #[error("{0}")]
+    Api(#[from] crate::equinix::EquinixError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Inventory(String),
+}
+
+type Fut<'a, T> = LocalBoxFuture<'a, Result<T, ProviderError>>;
+
+/// Object-safe, so one `Rc<dyn Provider>` serves every actor.
+pub trait Provider {
+    fn kind(&self) -> ProviderKind;
+
+    /// Ours and capacity, every one.
+    fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>>;
+
+    /// One of ours, or None if the provider does not know it.
+    fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>>;
+
+    /// Turns capacity into one of ours.
+    fn create_machine<'a>(&'a self, capacity: &'a ProviderMachine) -> Fut<'a, ProviderMachine>;
+
+    fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()>;
+}
+
+pub type SharedProvider = Rc<dyn Provider>;

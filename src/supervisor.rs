@@ -1,0 +1,324 @@
+//! The Supervisor: owns the BMDB pool, the session, the provider (and its
+//! EquinixClient), the Provisioner and the Initializer's mailbox.
+//!
+//! - It opens a session and hands it to its children; when the session
+//!   dies it takes it from them, opens a new one (with backoff) and hands
+//!   that over.
+//! - A child that stops is restarted, with backoff.
+//! - On SIGINT or SIGTERM it stops leasing and provisioning, lets running
+//!   takeovers finish for up to `supervisor.drain_timeout`, then closes the
+//!   session (which cancels what is left, in the history) and stops.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+
+use crate::bmdb::{Bmdb, BmdbSession, CloseSession, GetSession, SessionEnded, Subscribe};
+use crate::config::{Config, ProviderKind};
+use crate::control::{GetStatus, SetSession, StopLeasing, WorkMailbox};
+use crate::equinix::{ApiMetrics, ClientSettings, EquinixApi};
+use crate::initializer::{Initializer, TakeoverSettings};
+use crate::provider::SharedProvider;
+use crate::provider::equinix::Equinix;
+use crate::provider::inventory::Inventory;
+use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
+
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Everything built from the configuration before the actors start.
+pub struct Parts {
+    pub bmdb: Bmdb,
+    pub provider: SharedProvider,
+    pub api: Option<EquinixApi>,
+    /// None when `initializer.agent_endpoint` is unset: no takeovers.
+    pub takeover: Option<TakeoverSettings>,
+}
+
+impl Parts {
+    /// Opens the BMDB (migrating it), builds the provider (for Equinix:
+    /// ensures shepherd's SSH key in the project) and the takeover settings.
+    pub async fn build(cfg: &Config) -> anyhow::Result<Parts> {
+        let takeover = if cfg.initializer.agent_endpoint.is_some() {
+            Some(TakeoverSettings::from_config(cfg)?)
+        } else {
+            tracing::warn!(
+                "initializer.agent_endpoint is not set: the Initializer is off, no machine will be taken over"
+            );
+            None
+        };
+        let bmdb = Bmdb::open(&cfg.bmdb).await?;
+        let (provider, api): (SharedProvider, Option<EquinixApi>) = match cfg.provider.kind {
+            ProviderKind::Static => (Rc::new(Inventory::new(&cfg.provider.inventory)), None),
+            ProviderKind::Equinix => {
+                let api = EquinixApi::start(
+                    ClientSettings::from_config(&cfg.equinix)?,
+                    ApiMetrics::default(),
+                )?;
+                let identity = crate::ssh::SshIdentity::load_or_generate(&cfg.ssh.key_file)
+                    .map_err(|e| crate::ConfigError::key("ssh.key_file", e.to_string()))?;
+                let p = Equinix::start(
+                    api.clone(),
+                    cfg.provider.equinix.clone(),
+                    identity.public_key(),
+                )
+                .await?;
+                (Rc::new(p), Some(api))
+            }
+        };
+        Ok(Parts {
+            bmdb,
+            provider,
+            api,
+            takeover,
+        })
+    }
+}
+
+pub struct Supervisor {
+    cfg: Config,
+    bmdb: Bmdb,
+    provider: SharedProvider,
+    takeover: Option<TakeoverSettings>,
+    session: Option<Addr<BmdbSession>>,
+    provisioner: Option<Addr<Provisioner>>,
+    initializer: Option<Addr<WorkMailbox<Initializer>>>,
+    session_backoff: Duration,
+    shutting_down: bool,
+}
+
+/// Drain and stop. Resolves when the session is closed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+#[derive(Message)]
+#[rtype(result = "SupervisorStatus")]
+pub struct GetSupervisorStatus;
+
+#[derive(Debug, Clone)]
+pub struct SupervisorStatus {
+    pub session: Option<uuid::Uuid>,
+    pub initializer: Option<crate::control::MailboxStatus>,
+}
+
+impl Supervisor {
+    pub fn new(cfg: Config, parts: Parts) -> Supervisor {
+        Supervisor {
+            cfg,
+            bmdb: parts.bmdb,
+            provider: parts.provider,
+            takeover: parts.takeover,
+            session: None,
+            provisioner: None,
+            initializer: None,
+            session_backoff: Duration::ZERO,
+            shutting_down: false,
+        }
+    }
+
+    fn start_children(&mut self, ctx: &mut Context<Self>) {
+        self.start_provisioner(ctx);
+        if let Some(takeover) = self.takeover.take() {
+            let initializer = Initializer::new(
+                self.provider.kind(),
+                takeover,
+                self.cfg.initializer.backoff(),
+                Some(crate::provisioner::address_lookup(self.provider.clone())),
+            );
+            let mailbox = WorkMailbox::new(
+                initializer,
+                self.cfg.initializer.parallelism as usize,
+                self.cfg.initializer.poll_interval,
+            )
+            .start();
+            self.initializer = Some(mailbox);
+        }
+    }
+
+    fn start_provisioner(&mut self, ctx: &mut Context<Self>) {
+        let p = Provisioner::new(self.provider.clone(), self.cfg.provisioner.clone())
+            .supervised_by(ctx.address().recipient())
+            .start();
+        self.provisioner = Some(p);
+    }
+
+    fn open_session(&mut self, ctx: &mut Context<Self>) {
+        if self.shutting_down {
+            return;
+        }
+        let bmdb = self.bmdb.clone();
+        let me = ctx.address();
+        ctx.spawn(
+            async move {
+                let addr = BmdbSession::open(&bmdb, "shepherd").await?;
+                addr.send(Subscribe(me.recipient())).await.map_err(|e| crate::BmdbError::Invalid(e.to_string()))?;
+                let session = addr.send(GetSession).await.map_err(|e| crate::BmdbError::Invalid(e.to_string()))?;
+                Ok::<_, crate::BmdbError>((addr, session))
+            }
+            .into_actor(self)
+            .map(|r, act, ctx| match r {
+                Ok((addr, session)) => {
+                    tracing::info!(session_id = %session.id(), "session open; provisioning and taking over");
+                    act.session_backoff = Duration::ZERO;
+                    act.session = Some(addr);
+                    if let Some(p) = &act.provisioner {
+                        p.do_send(SetSession(Some(session.clone())));
+                    }
+                    if let Some(i) = &act.initializer {
+                        i.do_send(SetSession(Some(session)));
+                    }
+                }
+                Err(e) => {
+                    act.session_backoff = next_backoff(act.session_backoff, act.cfg.supervisor.restart_backoff);
+                    tracing::warn!(error = %e, retry_in = ?act.session_backoff, "could not open a session");
+                    ctx.run_later(act.session_backoff, |act, ctx| act.open_session(ctx));
+                }
+            }),
+        );
+    }
+}
+
+fn next_backoff(last: Duration, initial: Duration) -> Duration {
+    if last.is_zero() {
+        initial
+    } else {
+        (last * 2).min(MAX_RESTART_BACKOFF)
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.start_children(ctx);
+        self.open_session(ctx);
+    }
+}
+
+impl Handler<SessionEnded> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SessionEnded, ctx: &mut Context<Self>) {
+        if self.shutting_down {
+            return;
+        }
+        tracing::warn!(session_id = %msg.session_id, reason = ?msg.reason, "session ended; opening a new one");
+        self.session = None;
+        if let Some(p) = &self.provisioner {
+            p.do_send(SetSession(None));
+        }
+        if let Some(i) = &self.initializer {
+            i.do_send(SetSession(None));
+        }
+        self.session_backoff =
+            next_backoff(self.session_backoff, self.cfg.supervisor.restart_backoff);
+        ctx.run_later(self.session_backoff, |act, ctx| act.open_session(ctx));
+    }
+}
+
+impl Handler<ProvisionerStopped> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: ProvisionerStopped, ctx: &mut Context<Self>) {
+        if self.shutting_down {
+            return;
+        }
+        let wait = self.cfg.supervisor.restart_backoff;
+        tracing::error!(restart_in = ?wait, "the provisioner stopped; restarting it");
+        self.provisioner = None;
+        ctx.run_later(wait, |act, ctx| {
+            act.start_provisioner(ctx);
+            let (Some(s), Some(p)) = (act.session.clone(), act.provisioner.clone()) else {
+                return;
+            };
+            actix_rt::spawn(async move {
+                if let Ok(session) = s.send(GetSession).await {
+                    p.do_send(SetSession(Some(session)));
+                }
+            });
+        });
+    }
+}
+
+impl Handler<GetSupervisorStatus> for Supervisor {
+    type Result = ResponseFuture<SupervisorStatus>;
+
+    fn handle(&mut self, _: GetSupervisorStatus, _: &mut Context<Self>) -> Self::Result {
+        let session = self.session.clone();
+        let init = self.initializer.clone();
+        Box::pin(async move {
+            let session = match session {
+                Some(s) => s.send(GetSession).await.ok().map(|s| s.id()),
+                None => None,
+            };
+            let initializer = match init {
+                Some(i) => i.send(GetStatus).await.ok(),
+                None => None,
+            };
+            SupervisorStatus {
+                session,
+                initializer,
+            }
+        })
+    }
+}
+
+impl Handler<Shutdown> for Supervisor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+        self.shutting_down = true;
+        let provisioner = self.provisioner.take();
+        let initializer = self.initializer.clone();
+        let session = self.session.take();
+        let drain = self.cfg.supervisor.drain_timeout;
+        Box::pin(
+            async move {
+                if let Some(p) = provisioner {
+                    let _ = p.send(StopProvisioner).await;
+                }
+                if let Some(i) = &initializer {
+                    let _ = i.send(StopLeasing).await;
+                    let deadline = Instant::now() + drain;
+                    loop {
+                        let running = i.send(GetStatus).await.map(|s| s.running).unwrap_or(0);
+                        if running == 0 {
+                            tracing::info!("drained: no takeover running");
+                            break;
+                        }
+                        if Instant::now() >= deadline {
+                            tracing::warn!(running, "drain timeout: cancelling the takeovers still running");
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                if let Some(s) = session {
+                    match s.send(CloseSession).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "could not close the session; it will expire"),
+                        Err(e) => tracing::warn!(error = %e, "session actor gone"),
+                    }
+                }
+            }
+            .into_actor(self),
+        )
+    }
+}
+
+/// `shepherd run`: builds everything, runs until SIGINT or SIGTERM, drains.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let parts = Parts::build(&cfg).await?;
+    let bmdb = parts.bmdb.clone();
+    let supervisor = Supervisor::new(cfg, parts).start();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+    }
+    supervisor.send(Shutdown).await?;
+    drop(bmdb);
+    tracing::info!("stopped");
+    Ok(())
+}

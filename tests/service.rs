@@ -388,7 +388,7 @@ fn inventory(hosts: impl Iterator<Item = usize>) -> String {
 }
 
 #[actix_rt::test]
-async fn a_static_inventory_is_taken_over_and_a_removed_host_reported_not_deleted() {
+async fn a_static_inventory_is_taken_over_survives_a_lost_session_and_reports_a_removed_host() {
     let rig = Rig::new().await;
     let inventory_file = rig.dir.path().join("inventory.toml");
     std::fs::write(&inventory_file, inventory(1..=20)).unwrap();
@@ -402,7 +402,107 @@ async fn a_static_inventory_is_taken_over_and_a_removed_host_reported_not_delete
     rig.wait_for("20 agents", AGENTS, 20, Duration::from_secs(90), &mut s)
         .await;
 
-    std::fs::write(&inventory_file, inventory((1..=20).filter(|i| *i != 7))).unwrap();
+    // The fleet through the CLI.
+    let cli = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let list = cli(&["machines", "list", "--state", "agent-started"]);
+    for i in 1..=20 {
+        assert!(
+            list.contains(&format!("host-{i:02}")),
+            "host-{i:02} missing:\n{list}"
+        );
+    }
+    assert!(list.contains("20 shown; fleet: agent-started 20"), "{list}");
+    assert!(cli(&["machines", "list", "--state", "pending"]).contains("0 shown"));
+    let id = list
+        .lines()
+        .find(|l| l.contains("host-01"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let show = cli(&["machines", "show", &id]);
+    for want in [
+        "state     agent-started",
+        "provided         None host-01 address 127.0.0.1 location rack-1",
+        "agent started    ",
+        "ShepherdAgentStart Started",
+        "ShepherdAgentStart Finished",
+        "ssh host key     ssh-ed25519",
+    ] {
+        assert!(show.contains(want), "{want:?} missing:\n{show}");
+    }
+
+    // The session dies under shepherd: a new one is opened, work goes on.
+    let old: uuid::Uuid = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one("SELECT session_id FROM sessions", &[])
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "UPDATE sessions SET session_deadline = now() - interval '1 second'",
+                &[],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let live: Vec<uuid::Uuid> = rig
+            .bmdb
+            .transact(async |tx| {
+                let rows = tx
+                    .query(
+                        "SELECT session_id FROM sessions WHERE session_deadline > now()",
+                        &[],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+            .await
+            .unwrap();
+        if live.len() == 1 && live[0] != old {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new session:\n{}",
+            s.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&inventory_file, inventory(1..=21)).unwrap();
+    rig.wait_for(
+        "host-21 under the new session",
+        AGENTS,
+        21,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+
+    std::fs::write(&inventory_file, inventory((1..=21).filter(|i| *i != 7))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let log = std::fs::read_to_string(&s.log).unwrap();
@@ -421,10 +521,10 @@ async fn a_static_inventory_is_taken_over_and_a_removed_host_reported_not_delete
     }
     assert_eq!(
         rig.count(MACHINES).await,
-        20,
+        21,
         "a removed host must not be deleted"
     );
-    assert_eq!(rig.count(AGENTS).await, 20);
+    assert_eq!(rig.count(AGENTS).await, 21);
     s.signal(Signal::SIGTERM);
     assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
 }

@@ -40,7 +40,13 @@ impl Parts {
     /// ensures shepherd's SSH key in the project) and the takeover settings.
     pub async fn build(cfg: &Config) -> anyhow::Result<Parts> {
         let takeover = if cfg.initializer.agent_endpoint.is_some() {
-            Some(TakeoverSettings::from_config(cfg)?)
+            let t = TakeoverSettings::from_config(cfg)?;
+            tracing::info!(
+                public_key = %t.identity.public_key(),
+                "shepherd's SSH public key: machines must accept it for {}",
+                cfg.ssh.user
+            );
+            Some(t)
         } else {
             tracing::warn!(
                 "initializer.agent_endpoint is not set: the Initializer is off, no machine will be taken over"

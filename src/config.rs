@@ -52,6 +52,8 @@ pub struct Config {
     pub initializer: InitializerConfig,
     pub provider: ProviderConfig,
     pub provisioner: ProvisionerConfig,
+    pub recoverer: RecovererConfig,
+    pub updater: UpdaterConfig,
     pub supervisor: SupervisorConfig,
     pub log: LogConfig,
 }
@@ -532,6 +534,112 @@ impl Default for ProvisionerConfig {
     }
 }
 
+/// The Recoverer: reboots machines whose agent went quiet.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecovererConfig {
+    pub enabled: bool,
+    /// Recoveries at once.
+    pub parallelism: u32,
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// An agent with no heartbeat this long after it started is quiet.
+    #[serde(with = "humantime_serde")]
+    pub silent_after_start: Duration,
+    /// An agent whose last heartbeat is older than this is quiet.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_stale_after: Duration,
+    /// How long a rebooted machine may take to come back.
+    #[serde(with = "humantime_serde")]
+    pub reboot_timeout: Duration,
+    /// Time between looks at a rebooting machine.
+    #[serde(with = "humantime_serde")]
+    pub reboot_poll: Duration,
+    /// A machine never seen going down counts as back after this long.
+    #[serde(with = "humantime_serde")]
+    pub reboot_settle: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    pub backoff_exponent: f64,
+    pub backoff_jitter: f64,
+}
+
+impl Default for RecovererConfig {
+    fn default() -> Self {
+        RecovererConfig {
+            enabled: true,
+            parallelism: 4,
+            poll_interval: Duration::from_secs(5),
+            silent_after_start: Duration::from_secs(30 * 60),
+            heartbeat_stale_after: Duration::from_secs(10 * 60),
+            reboot_timeout: Duration::from_secs(10 * 60),
+            reboot_poll: Duration::from_secs(5),
+            reboot_settle: Duration::from_secs(60),
+            backoff_initial: Duration::from_secs(60),
+            backoff_max: Duration::from_secs(3600),
+            backoff_exponent: 1.2,
+            backoff_jitter: 0.1,
+        }
+    }
+}
+
+impl RecovererConfig {
+    pub fn backoff(&self) -> crate::bmdb::Backoff {
+        crate::bmdb::Backoff {
+            initial: self.backoff_initial,
+            maximum: Some(self.backoff_max),
+            exponent: self.backoff_exponent,
+            jitter: self.backoff_jitter,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1024).contains(&self.parallelism) {
+            return Err(ConfigError::key(
+                "recoverer.parallelism",
+                "must be within 1 and 1024",
+            ));
+        }
+        for (k, d) in [
+            ("recoverer.poll_interval", self.poll_interval),
+            ("recoverer.silent_after_start", self.silent_after_start),
+            (
+                "recoverer.heartbeat_stale_after",
+                self.heartbeat_stale_after,
+            ),
+            ("recoverer.reboot_timeout", self.reboot_timeout),
+            ("recoverer.reboot_poll", self.reboot_poll),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::key(k, "must be positive"));
+            }
+        }
+        self.backoff()
+            .validate()
+            .map_err(|m| ConfigError::key("recoverer.backoff", m))
+    }
+}
+
+/// The Updater: refreshes provider records in the BMDB.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpdaterConfig {
+    pub enabled: bool,
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+impl Default for UpdaterConfig {
+    fn default() -> Self {
+        UpdaterConfig {
+            enabled: true,
+            interval: Duration::from_secs(60),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisorConfig {
@@ -758,6 +866,10 @@ impl Config {
                 "provisioner.chunk_size",
                 "must be at least 1",
             ));
+        }
+        self.recoverer.validate()?;
+        if self.updater.interval.is_zero() {
+            return Err(ConfigError::key("updater.interval", "must be positive"));
         }
         if self.supervisor.restart_backoff.is_zero() {
             return Err(ConfigError::key(

@@ -17,12 +17,14 @@ pub mod equinix;
 pub mod initializer;
 pub mod provider;
 pub mod provisioner;
+pub mod recoverer;
 pub mod secret;
 pub mod ssh;
 pub mod supervisor;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod testing;
+pub mod updater;
 
 pub use bmdb::{Bmdb, BmdbError};
 pub use config::{Config, ConfigError};

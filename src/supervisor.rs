@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use crate::bmdb::selectors::RecoveryThresholds;
 use crate::bmdb::{Bmdb, BmdbSession, CloseSession, GetSession, SessionEnded, Subscribe};
 use crate::config::{Config, ProviderKind};
 use crate::control::{GetStatus, SetSession, StopLeasing, WorkMailbox};
@@ -23,6 +24,8 @@ use crate::provider::SharedProvider;
 use crate::provider::equinix::Equinix;
 use crate::provider::inventory::Inventory;
 use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
+use crate::recoverer::{RebootWait, Recoverer};
+use crate::updater::Updater;
 
 const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -89,6 +92,8 @@ pub struct Supervisor {
     session: Option<Addr<BmdbSession>>,
     provisioner: Option<Addr<Provisioner>>,
     initializer: Option<Addr<WorkMailbox<Initializer>>>,
+    recoverer: Option<Addr<WorkMailbox<Recoverer>>>,
+    updater: Option<Addr<Updater>>,
     session_backoff: Duration,
     shutting_down: bool,
 }
@@ -118,6 +123,8 @@ impl Supervisor {
             session: None,
             provisioner: None,
             initializer: None,
+            recoverer: None,
+            updater: None,
             session_backoff: Duration::ZERO,
             shutting_down: false,
         }
@@ -139,6 +146,44 @@ impl Supervisor {
             )
             .start();
             self.initializer = Some(mailbox);
+        }
+        let r = &self.cfg.recoverer;
+        if r.enabled {
+            let recoverer = Recoverer::new(
+                self.provider.clone(),
+                RecoveryThresholds {
+                    silent_after_start: r.silent_after_start,
+                    heartbeat_stale_after: r.heartbeat_stale_after,
+                },
+                r.backoff(),
+                RebootWait {
+                    timeout: r.reboot_timeout,
+                    poll: r.reboot_poll,
+                    settle: r.reboot_settle,
+                },
+            );
+            self.recoverer =
+                Some(WorkMailbox::new(recoverer, r.parallelism as usize, r.poll_interval).start());
+        }
+        if self.cfg.updater.enabled {
+            self.updater =
+                Some(Updater::new(self.provider.clone(), self.cfg.updater.interval).start());
+        }
+    }
+
+    /// Hands `session` (or None) to every part that works under one.
+    fn hand_over(&self, session: Option<crate::bmdb::Session>) {
+        if let Some(p) = &self.provisioner {
+            p.do_send(SetSession(session.clone()));
+        }
+        if let Some(i) = &self.initializer {
+            i.do_send(SetSession(session.clone()));
+        }
+        if let Some(r) = &self.recoverer {
+            r.do_send(SetSession(session.clone()));
+        }
+        if let Some(u) = &self.updater {
+            u.do_send(SetSession(session));
         }
     }
 
@@ -168,12 +213,7 @@ impl Supervisor {
                     tracing::info!(session_id = %session.id(), "session open; provisioning and taking over");
                     act.session_backoff = Duration::ZERO;
                     act.session = Some(addr);
-                    if let Some(p) = &act.provisioner {
-                        p.do_send(SetSession(Some(session.clone())));
-                    }
-                    if let Some(i) = &act.initializer {
-                        i.do_send(SetSession(Some(session)));
-                    }
+                    act.hand_over(Some(session));
                 }
                 Err(e) => {
                     act.session_backoff = next_backoff(act.session_backoff, act.cfg.supervisor.restart_backoff);
@@ -211,12 +251,7 @@ impl Handler<SessionEnded> for Supervisor {
         }
         tracing::warn!(session_id = %msg.session_id, reason = ?msg.reason, "session ended; opening a new one");
         self.session = None;
-        if let Some(p) = &self.provisioner {
-            p.do_send(SetSession(None));
-        }
-        if let Some(i) = &self.initializer {
-            i.do_send(SetSession(None));
-        }
+        self.hand_over(None);
         self.session_backoff =
             next_backoff(self.session_backoff, self.cfg.supervisor.restart_backoff);
         ctx.run_later(self.session_backoff, |act, ctx| act.open_session(ctx));
@@ -276,7 +311,19 @@ impl Handler<Shutdown> for Supervisor {
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
         self.shutting_down = true;
         let provisioner = self.provisioner.take();
-        let initializer = self.initializer.clone();
+        let mailboxes: Vec<Recipient<StopLeasing>> = self
+            .initializer
+            .iter()
+            .map(|a| a.clone().recipient())
+            .chain(self.recoverer.iter().map(|a| a.clone().recipient()))
+            .collect();
+        let statuses: Vec<Recipient<GetStatus>> = self
+            .initializer
+            .iter()
+            .map(|a| a.clone().recipient())
+            .chain(self.recoverer.iter().map(|a| a.clone().recipient()))
+            .collect();
+        let updater = self.updater.take();
         let session = self.session.take();
         let drain = self.cfg.supervisor.drain_timeout;
         Box::pin(
@@ -284,11 +331,17 @@ impl Handler<Shutdown> for Supervisor {
                 if let Some(p) = provisioner {
                     let _ = p.send(StopProvisioner).await;
                 }
-                if let Some(i) = &initializer {
-                    let _ = i.send(StopLeasing).await;
+                drop(updater);
+                for m in &mailboxes {
+                    let _ = m.send(StopLeasing).await;
+                }
+                {
                     let deadline = Instant::now() + drain;
                     loop {
-                        let running = i.send(GetStatus).await.map(|s| s.running).unwrap_or(0);
+                        let mut running = 0;
+                        for s in &statuses {
+                            running += s.send(GetStatus).await.map(|s| s.running).unwrap_or(0);
+                        }
                         if running == 0 {
                             tracing::info!("drained: no takeover running");
                             break;

@@ -603,3 +603,160 @@ async fn bad_configuration_exits_2_naming_the_key() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("initializer.agent_binary"));
 }
+
+#[actix_rt::test]
+async fn a_machine_gone_quiet_is_rebooted_and_taken_over_again() {
+    let rig = Rig::new().await;
+    let sim = Sim::start(3, &["--reboot-delay", "1s"]);
+    let text = rig.equinix_config(&sim)
+        + "\n[recoverer]\nsilent_after_start = \"1h\"\nheartbeat_stale_after = \"30s\"\npoll_interval = \"200ms\"\n\
+           reboot_poll = \"100ms\"\nreboot_settle = \"3s\"\n";
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for("3 agents", AGENTS, 3, Duration::from_secs(60), &mut s)
+        .await;
+    // The agents report in (the BMDB server's part), then one goes quiet.
+    let quiet: uuid::Uuid = rig
+        .bmdb
+        .transact(async |tx| {
+            tx.execute("INSERT INTO machine_agent_heartbeat SELECT machine_id, now() FROM machine_agent_started", &[])
+                .await?;
+            let r = tx
+                .query_one(
+                    "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '1 minute' \
+                     WHERE machine_id = (SELECT machine_id FROM machine_agent_heartbeat ORDER BY machine_id LIMIT 1) RETURNING machine_id",
+                    &[],
+                )
+                .await?;
+            Ok(r.get(0))
+        })
+        .await
+        .unwrap();
+    let device: String = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT provider_id FROM machine_provided WHERE machine_id = $1",
+                    &[&quiet],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    let history = async || {
+        rig.bmdb
+            .transact(async |tx| shepherd::bmdb::machines::history(tx, quiet).await)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| format!("{} {}", h.process, h.event))
+            .collect::<Vec<_>>()
+    };
+    let want = [
+        "ShepherdAgentStart Started",
+        "ShepherdAgentStart Finished",
+        "ShepherdRecovery Started",
+        "ShepherdRecovery Finished",
+        "ShepherdAgentStart Started",
+        "ShepherdAgentStart Finished",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = history().await;
+        if h == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "history {h:?}\n{}", s.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = sim.stats().await;
+    assert_eq!(stats["reboots"][device.as_str()], 1, "{}", stats["reboots"]);
+    assert_eq!(
+        stats["reboots"].as_object().unwrap().len(),
+        1,
+        "only the quiet machine is rebooted"
+    );
+    // Taken over anew: agent started again, the stale heartbeat gone.
+    assert_eq!(rig.count(AGENTS).await, 3);
+    assert_eq!(
+        rig.count("SELECT count(*) FROM machine_agent_heartbeat")
+            .await,
+        2
+    );
+    s.signal(Signal::SIGTERM);
+    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+}
+
+#[actix_rt::test]
+async fn the_updater_brings_provider_changes_in_and_leaves_the_rest_alone() {
+    let rig = Rig::new().await;
+    let sim = Sim::start(3, &[]);
+    let text = rig.equinix_config(&sim) + "\n[updater]\ninterval = \"500ms\"\n";
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for("3 agents", AGENTS, 3, Duration::from_secs(60), &mut s)
+        .await;
+    rig.wait_for(
+        "3 devices running in the BMDB",
+        "SELECT count(*) FROM machine_provided WHERE provider_status = 'Running'",
+        3,
+        Duration::from_secs(20),
+        &mut s,
+    )
+    .await;
+    let versions = async || -> Vec<(String, String)> {
+        rig.bmdb
+            .transact(async |tx| {
+                let rows = tx
+                    .query(
+                        "SELECT provider_id, xmin::text FROM machine_provided ORDER BY provider_id",
+                        &[],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            })
+            .await
+            .unwrap()
+    };
+    let before = versions().await;
+    let changed = before[0].0.clone();
+    let mut r = awc::Client::default()
+        .patch(format!("http://{}/_sim/devices/{changed}", sim.addr))
+        .send_json(&serde_json::json!({"state": "inactive", "address": "127.0.0.9"}))
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.body().await);
+    let t = Instant::now();
+    loop {
+        let (status, address): (String, String) = rig
+            .bmdb
+            .transact(async |tx| {
+                let r = tx
+                    .query_one(
+                        "SELECT provider_status::text, provider_ip_address FROM machine_provided WHERE provider_id = $1",
+                        &[&changed],
+                    )
+                    .await?;
+                Ok((r.get(0), r.get(1)))
+            })
+            .await
+            .unwrap();
+        if status == "Stopped" && address == "127.0.0.9" {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "not updated within a period: {status} {address}\n{}",
+            s.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await; // three more rounds
+    let after = versions().await;
+    assert_ne!(after[0], before[0]);
+    assert_eq!(after[1..], before[1..], "unchanged machines were written");
+    s.signal(Signal::SIGTERM);
+    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+}

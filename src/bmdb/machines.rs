@@ -409,3 +409,22 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         history: history(tx, machine_id).await?,
     }))
 }
+
+const PROVIDED_UPDATE: &str = "UPDATE machine_provided SET provider_ip_address = $2, provider_location = $3, \
+     provider_reservation_id = $4, provider_status = $5 WHERE machine_id = $1";
+
+/// Overwrites what the provider says about a machine.
+pub async fn update_provided(tx: &mut Tx<'_>, m: &ProvidedMachine) -> Result<(), BmdbError> {
+    tx.execute(
+        PROVIDED_UPDATE,
+        &[
+            &m.machine_id,
+            &m.ip_address,
+            &m.location,
+            &m.reservation_id,
+            &m.status,
+        ],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! The Updater: on a timer, refreshes what the BMDB knows from the provider
+//! (status, address, location, reservation) for every provided machine,
+//! from one paginated list call per round (the reference made one GET per
+//! machine), writing only the rows that changed. A machine the provider no
+//! longer lists gets the status `Missing`; nothing is deleted.
+
+use std::collections::HashMap;
+
+use actix::prelude::*;
+
+use crate::bmdb::machines;
+use crate::bmdb::selectors::ProvidedMachine;
+use crate::bmdb::{ProviderStatus, Session};
+use crate::control::SetSession;
+use crate::provider::{MachineKind, ProviderMachine, SharedProvider};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpdaterStatus {
+    pub rounds: u64,
+    pub failed_rounds: u64,
+    /// Rows written, over all rounds.
+    pub updated: u64,
+}
+
+#[derive(Message)]
+#[rtype(result = "UpdaterStatus")]
+pub struct GetUpdaterStatus;
+
+pub struct Updater {
+    provider: SharedProvider,
+    interval: std::time::Duration,
+    session: Option<Session>,
+    in_round: bool,
+    status: UpdaterStatus,
+}
+
+impl Updater {
+    pub fn new(provider: SharedProvider, interval: std::time::Duration) -> Self {
+        Updater {
+            provider,
+            interval,
+            session: None,
+            in_round: false,
+            status: UpdaterStatus::default(),
+        }
+    }
+
+    fn round(&mut self, ctx: &mut Context<Self>) {
+        if self.in_round {
+            return;
+        }
+        let Some(session) = self.session.clone() else {
+            return;
+        };
+        self.in_round = true;
+        let provider = self.provider.clone();
+        ctx.spawn(update(provider, session).into_actor(self).map(|r, act, _| {
+            act.in_round = false;
+            act.status.rounds += 1;
+            match r {
+                Ok(n) => act.status.updated += n,
+                Err(e) => {
+                    act.status.failed_rounds += 1;
+                    tracing::warn!(error = %e, "update round failed");
+                }
+            }
+        }));
+    }
+}
+
+/// The row `recorded` should become given what the provider lists.
+fn refreshed(recorded: &ProvidedMachine, listed: Option<&ProviderMachine>) -> ProvidedMachine {
+    let mut m = recorded.clone();
+    match listed {
+        Some(l) => {
+            m.ip_address = l.address.map(|a| a.to_string()).or(m.ip_address);
+            m.location = l.location.clone().or(m.location);
+            m.reservation_id = l.reservation_id.clone().or(m.reservation_id);
+            m.status = Some(l.status);
+        }
+        None => m.status = Some(ProviderStatus::Missing),
+    }
+    m
+}
+
+async fn update(provider: SharedProvider, session: Session) -> Result<u64, String> {
+    let kind = provider.kind();
+    let (listed, recorded) = futures::join!(
+        provider.list_machines(),
+        session.transact(async |tx| machines::provided_by(tx, kind).await)
+    );
+    let listed = listed.map_err(|e| format!("listing the provider: {e}"))?;
+    let recorded = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
+    let by_id: HashMap<&str, &ProviderMachine> = listed
+        .iter()
+        .filter(|m| m.kind == MachineKind::Ours)
+        .map(|m| (m.provider_id.as_str(), m))
+        .collect();
+    let changed: Vec<ProvidedMachine> = recorded
+        .iter()
+        .map(|r| (r, refreshed(r, by_id.get(r.provider_id.as_str()).copied())))
+        .filter(|(r, new)| *r != new)
+        .map(|(_, new)| new)
+        .collect();
+    if changed.is_empty() {
+        return Ok(0);
+    }
+    session
+        .transact(async |tx| {
+            for m in &changed {
+                machines::update_provided(tx, m).await?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("writing {} changed machines: {e}", changed.len()))?;
+    for m in &changed {
+        tracing::info!(machine_id = %m.machine_id, provider_id = %m.provider_id, status = ?m.status,
+            address = ?m.ip_address, "provider record updated");
+    }
+    Ok(changed.len() as u64)
+}
+
+impl Actor for Updater {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.interval, |act, ctx| act.round(ctx));
+    }
+}
+
+impl Handler<SetSession> for Updater {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetSession, _: &mut Context<Self>) {
+        self.session = msg.0;
+    }
+}
+
+impl Handler<GetUpdaterStatus> for Updater {
+    type Result = MessageResult<GetUpdaterStatus>;
+
+    fn handle(&mut self, _: GetUpdaterStatus, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.status.clone())
+    }
+}

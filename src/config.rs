@@ -55,6 +55,7 @@ pub struct Config {
     pub recoverer: RecovererConfig,
     pub updater: UpdaterConfig,
     pub supervisor: SupervisorConfig,
+    pub admin: AdminConfig,
     pub log: LogConfig,
 }
 
@@ -622,6 +623,45 @@ impl RecovererConfig {
     }
 }
 
+/// The admin HTTP server.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub enabled: bool,
+    pub listen: std::net::SocketAddr,
+    /// Bearer token; required when `listen` is not a loopback address.
+    pub token: Option<Secret>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            listen: ([127, 0, 0, 1], 9090).into(),
+            token: None,
+        }
+    }
+}
+
+impl AdminConfig {
+    fn validate(&mut self) -> Result<(), ConfigError> {
+        if let Some(t) = &mut self.token {
+            t.resolve()
+                .map_err(|m| ConfigError::key("admin.token", m))?;
+        }
+        if self.enabled && !self.listen.ip().is_loopback() && self.token.is_none() {
+            return Err(ConfigError::key(
+                "admin.token",
+                format!(
+                    "must be set when admin.listen ({}) is not a loopback address",
+                    self.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The Updater: refreshes provider records in the BMDB.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -868,6 +908,7 @@ impl Config {
             ));
         }
         self.recoverer.validate()?;
+        self.admin.validate()?;
         if self.updater.interval.is_zero() {
             return Err(ConfigError::key("updater.interval", "must be positive"));
         }

@@ -9,6 +9,7 @@
 //! Used as a service (`shepherd run --config …`) or as a library inside an
 //! existing actix application.
 
+pub mod admin;
 pub mod agent;
 pub mod bmdb;
 pub mod config;

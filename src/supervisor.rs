@@ -107,10 +107,13 @@ pub struct Shutdown;
 #[rtype(result = "SupervisorStatus")]
 pub struct GetSupervisorStatus;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SupervisorStatus {
     pub session: Option<uuid::Uuid>,
     pub initializer: Option<crate::control::MailboxStatus>,
+    pub recoverer: Option<crate::control::MailboxStatus>,
+    pub provisioner: Option<crate::provisioner::ProvisionerStatus>,
+    pub updater: Option<crate::updater::UpdaterStatus>,
 }
 
 impl Supervisor {
@@ -288,19 +291,32 @@ impl Handler<GetSupervisorStatus> for Supervisor {
     fn handle(&mut self, _: GetSupervisorStatus, _: &mut Context<Self>) -> Self::Result {
         let session = self.session.clone();
         let init = self.initializer.clone();
+        let rec = self.recoverer.clone();
+        let prov = self.provisioner.clone();
+        let upd = self.updater.clone();
         Box::pin(async move {
-            let session = match session {
-                Some(s) => s.send(GetSession).await.ok().map(|s| s.id()),
-                None => None,
-            };
-            let initializer = match init {
-                Some(i) => i.send(GetStatus).await.ok(),
-                None => None,
-            };
-            SupervisorStatus {
-                session,
-                initializer,
+            let mut st = SupervisorStatus::default();
+            if let Some(s) = session {
+                st.session = s
+                    .send(GetSession)
+                    .await
+                    .ok()
+                    .filter(|s| !s.is_expired())
+                    .map(|s| s.id());
             }
+            if let Some(i) = init {
+                st.initializer = i.send(GetStatus).await.ok();
+            }
+            if let Some(r) = rec {
+                st.recoverer = r.send(GetStatus).await.ok();
+            }
+            if let Some(p) = prov {
+                st.provisioner = p.send(crate::provisioner::GetProvisionerStatus).await.ok();
+            }
+            if let Some(u) = upd {
+                st.updater = u.send(crate::updater::GetUpdaterStatus).await.ok();
+            }
+            st
         })
     }
 }
@@ -370,7 +386,20 @@ impl Handler<Shutdown> for Supervisor {
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let parts = Parts::build(&cfg).await?;
     let bmdb = parts.bmdb.clone();
+    let api_metrics = parts.api.as_ref().map(|a| a.metrics().clone());
+    let admin_cfg = cfg.admin.clone();
     let supervisor = Supervisor::new(cfg, parts).start();
+    if admin_cfg.enabled {
+        let admin = crate::admin::Admin {
+            bmdb: bmdb.clone(),
+            supervisor: Some(supervisor.clone()),
+            api_metrics,
+            token: admin_cfg.token.clone(),
+        };
+        let addr = crate::admin::serve(admin, admin_cfg.listen)
+            .map_err(|e| anyhow::anyhow!("admin.listen {}: {e}", admin_cfg.listen))?;
+        tracing::info!("admin server: http://{addr}/");
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),

@@ -13,6 +13,7 @@ pub fn init(cfg: &LogConfig) {
         .unwrap_or_else(|| EnvFilter::new(&cfg.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match cfg.format {
         LogFormat::Text => builder.try_init(),

@@ -128,6 +128,11 @@ fn ill_typed_keys_are_named() {
         &check_config("", &[("SHEPHERD__EQUINIX__API_INTERVAL", "often")]),
         "equinix.api_interval",
     );
+    // The admin server beyond loopback needs a token.
+    assert_rejected(
+        &check_config("[admin]\nlisten = \"0.0.0.0:9090\"\n", &[]),
+        "admin.token",
+    );
 }
 
 #[test]

@@ -73,6 +73,9 @@ creation_interval = "0s"
 [supervisor]
 drain_timeout = "15s"
 
+[admin]
+listen = "127.0.0.1:0"
+
 [log]
 level = "info,tokio_postgres=warn,refinery_core=warn"
 "#,
@@ -304,6 +307,42 @@ async fn thirty_reservations_become_thirty_taken_over_devices_and_sigterm_drains
     // shepherd's key was ensured in the project, once.
     let stats = sim.stats().await;
     assert_eq!(stats["requests"]["create_ssh_key"], 1);
+    // The admin server, where the log says it is.
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    let url = log
+        .lines()
+        .find_map(|l| l.split("admin server: ").nth(1))
+        .expect("the admin URL is logged")
+        .trim()
+        .to_string();
+    let mut r = awc::Client::default()
+        .get(format!("{url}readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.body().await);
+    let mut r = awc::Client::default()
+        .get(format!("{url}metrics"))
+        .send()
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&r.body().await.unwrap()).into_owned();
+    assert!(
+        metrics.contains("shepherd_machines{state=\"agent-started\"} 30"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "shepherd_leases_total{process=\"ShepherdAgentStart\",event=\"finished\"} 30"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "shepherd_equinix_requests_total{operation=\"create_device\",status=\"201\"}"
+        ),
+        "{metrics}"
+    );
 
     s.signal(Signal::SIGTERM);
     let (code, took) = s.exit(Duration::from_secs(20)).await;

@@ -1,0 +1,622 @@
+//! The admin HTTP server: health, readiness, Prometheus metrics, a JSON API
+//! over the fleet, and server-rendered pages (the fleet by state, a page per
+//! machine with its history).
+//!
+//! Mount it in any actix-web application with `App::configure(routes)` and
+//! an [`Admin`] in the app data; `shepherd run` serves it on `admin.listen`.
+//! With `admin.token` set, every route but `/healthz` wants
+//! `Authorization: Bearer <token>`; the token is required when the server
+//! listens beyond loopback.
+
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+use actix::Addr;
+use actix_web::body::BoxBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::bmdb::Bmdb;
+use crate::bmdb::machines::{self, MachineDetail, MachineState, MachineSummary};
+use crate::control::MailboxStatus;
+use crate::equinix::ApiMetrics;
+use crate::equinix::metrics::LATENCY_BUCKETS;
+use crate::secret::Secret;
+use crate::supervisor::{GetSupervisorStatus, Supervisor, SupervisorStatus};
+
+/// What the admin routes read from.
+#[derive(Clone)]
+pub struct Admin {
+    pub bmdb: Bmdb,
+    pub supervisor: Option<Addr<Supervisor>>,
+    pub api_metrics: Option<ApiMetrics>,
+    pub token: Option<Secret>,
+}
+
+/// The admin routes, for `App::configure`. Needs `web::Data<Admin>`.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz)).service(
+        web::scope("")
+            .wrap(from_fn(require_token))
+            .route("/readyz", web::get().to(readyz))
+            .route("/metrics", web::get().to(metrics))
+            .route("/api/v1/machines", web::get().to(api_machines))
+            .route("/api/v1/machines/{id}", web::get().to(api_machine))
+            .route("/", web::get().to(fleet_page))
+            .route("/machines/{id}", web::get().to(machine_page)),
+    );
+}
+
+async fn require_token(
+    req: ServiceRequest,
+    next: Next<BoxBody>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let admin = req.app_data::<web::Data<Admin>>().cloned();
+    if let Some(token) = admin.as_ref().and_then(|a| a.token.clone()) {
+        let given = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // Constant-time enough for a token compare: no early exit on length.
+        let ok = given.is_some_and(|g| {
+            let (a, b) = (g.as_bytes(), token.expose().as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        });
+        if !ok {
+            let (r, _) = req.into_parts();
+            return Ok(ServiceResponse::new(
+                r,
+                HttpResponse::Unauthorized()
+                    .insert_header(("WWW-Authenticate", "Bearer"))
+                    .json(json!({"error": "a bearer token is required"})),
+            ));
+        }
+    }
+    next.call(req).await
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/plain").body("ok\n")
+}
+
+async fn status(admin: &Admin) -> SupervisorStatus {
+    match &admin.supervisor {
+        Some(s) => s.send(GetSupervisorStatus).await.unwrap_or_default(),
+        None => SupervisorStatus::default(),
+    }
+}
+
+async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
+    let db = admin
+        .bmdb
+        .transact(async |tx| tx.query_one("SELECT 1", &[]).await.map(|_| ()))
+        .await;
+    let st = status(&admin).await;
+    let session_ok = admin.supervisor.is_none() || st.session.is_some();
+    let body = json!({
+        "database": match &db { Ok(()) => "ok".to_string(), Err(e) => e.to_string() },
+        "session": st.session.map(|s| s.to_string()),
+    });
+    if db.is_ok() && session_ok {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn summary_json(m: &MachineSummary) -> serde_json::Value {
+    json!({
+        "machine_id": m.machine_id,
+        "provider": m.provider.map(|p| p.to_string()),
+        "provider_id": m.provider_id,
+        "address": m.address,
+        "provider_status": m.provider_status.map(|s| s.to_string()),
+        "state": m.state.as_str(),
+    })
+}
+
+fn detail_json(d: &MachineDetail) -> serde_json::Value {
+    json!({
+        "machine": summary_json(&d.summary),
+        "created_at": rfc3339(d.created_at),
+        "tags": {
+            "provided": d.provided.as_ref().map(|p| json!({
+                "provider": p.provider.to_string(),
+                "provider_id": p.provider_id,
+                "reservation_id": p.reservation_id,
+                "address": p.ip_address,
+                "location": p.location,
+                "status": p.status.map(|s| s.to_string()),
+            })),
+            "agent_started": d.agent_started.as_ref().map(|(at, key)| json!({"at": rfc3339(*at), "public_key": hex(key)})),
+            "agent_heartbeat": d.agent_heartbeat.map(rfc3339),
+            "hardware_report": d.hardware_report,
+            "installation_request": d.installation_request,
+            "installation_report": d.installation_report.map(|(g, r)| json!({"generation": g, "result": r.to_string()})),
+            "ssh_host_key": d.ssh_host_key,
+        },
+        "leases": d.leases.iter().map(|l| json!({
+            "process": l.process.to_string(), "session_id": l.session_id, "component": l.component,
+        })).collect::<Vec<_>>(),
+        "backoffs": d.backoffs.iter().map(|(p, b)| json!({
+            "process": p.to_string(), "until": rfc3339(b.until), "cause": b.cause,
+            "last_interval_seconds": b.last_interval_seconds,
+        })).collect::<Vec<_>>(),
+        "history": d.history.iter().map(|h| json!({
+            "process": h.process.to_string(), "event": h.event.to_string(),
+            "timestamp": rfc3339(h.timestamp), "cause": h.failed_cause,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[derive(Deserialize)]
+struct Page {
+    state: Option<String>,
+    limit: Option<i64>,
+    offset: Option<i64>,
+}
+
+fn bad_request(msg: String) -> HttpResponse {
+    HttpResponse::BadRequest().json(json!({ "error": msg }))
+}
+
+fn parse_state(s: &Option<String>) -> Result<Option<MachineState>, HttpResponse> {
+    match s.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => MachineState::parse(s).map(Some).ok_or_else(|| {
+            let all: Vec<&str> = MachineState::ALL.iter().map(|m| m.as_str()).collect();
+            bad_request(format!("state must be one of {}", all.join(", ")))
+        }),
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> HttpResponse {
+    HttpResponse::InternalServerError().json(json!({ "error": e.to_string() }))
+}
+
+async fn api_machines(admin: web::Data<Admin>, q: web::Query<Page>) -> HttpResponse {
+    let state = match parse_state(&q.state) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let offset = q.offset.unwrap_or(0).max(0);
+    let r = admin
+        .bmdb
+        .transact(async |tx| {
+            Ok((
+                machines::fleet(tx, state, limit, offset).await?,
+                machines::fleet_counts(tx).await?,
+            ))
+        })
+        .await;
+    match r {
+        Ok((list, counts)) => HttpResponse::Ok().json(json!({
+            "machines": list.iter().map(summary_json).collect::<Vec<_>>(),
+            "counts": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "limit": limit,
+            "offset": offset,
+        })),
+        Err(e) => internal(e),
+    }
+}
+
+async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpResponse> {
+    let id: uuid::Uuid = id
+        .parse()
+        .map_err(|_| bad_request(format!("{id} is not a machine ID")))?;
+    match admin
+        .bmdb
+        .transact(async |tx| machines::detail(tx, id).await)
+        .await
+    {
+        Ok(Some(d)) => Ok(d),
+        Ok(None) => Err(HttpResponse::NotFound()
+            .json(json!({ "error": format!("machine {id} is not in the BMDB") }))),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
+    match load_detail(&admin, &id).await {
+        Ok(d) => HttpResponse::Ok().json(detail_json(&d)),
+        Err(r) => r,
+    }
+}
+
+// ---- metrics ----
+
+struct Prom(String);
+
+impl Prom {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}=\"{}\"",
+                    v.replace('\\', r"\\")
+                        .replace('"', "\\\"")
+                        .replace('\n', r"\n")
+                )
+            })
+            .collect();
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {value}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{}}} {value}", labels.join(","));
+        }
+    }
+}
+
+fn mailbox_samples(p: &mut Prom, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
+    p.family(
+        "shepherd_leases_total",
+        "counter",
+        "Work leases by process and how they ended (this process).",
+    );
+    for (process, m) in mailboxes {
+        if let Some(m) = m {
+            for (event, n) in [
+                ("started", m.leased),
+                ("finished", m.finished),
+                ("failed", m.failed),
+                ("canceled", m.aborted),
+            ] {
+                p.sample(
+                    "shepherd_leases_total",
+                    &[("process", process), ("event", event)],
+                    n as f64,
+                );
+            }
+        }
+    }
+    p.family(
+        "shepherd_mailbox_running",
+        "gauge",
+        "Workers running now, per control loop.",
+    );
+    for (process, m) in mailboxes {
+        if let Some(m) = m {
+            p.sample(
+                "shepherd_mailbox_running",
+                &[("process", process)],
+                m.running as f64,
+            );
+        }
+    }
+    p.family(
+        "shepherd_mailbox_parallelism",
+        "gauge",
+        "Workers allowed at once, per control loop.",
+    );
+    for (process, m) in mailboxes {
+        if let Some(m) = m {
+            p.sample(
+                "shepherd_mailbox_parallelism",
+                &[("process", process)],
+                m.parallelism as f64,
+            );
+        }
+    }
+}
+
+const SESSIONS_ALIVE: &str = "SELECT count(*) FROM sessions WHERE session_deadline > now()";
+const ACTIVE_BACKOFFS: &str =
+    "SELECT process::text, count(*) FROM work_backoff WHERE until > now() GROUP BY process";
+
+async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
+    let db = admin
+        .bmdb
+        .transact(async |tx| {
+            let sessions: i64 = tx.query_one(SESSIONS_ALIVE, &[]).await?.get(0);
+            let backoffs: Vec<(String, i64)> = tx
+                .query(ACTIVE_BACKOFFS, &[])
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let counts = machines::fleet_counts(tx).await?;
+            Ok((sessions, backoffs, counts))
+        })
+        .await;
+    let (sessions, backoffs, counts) = match db {
+        Ok(v) => v,
+        Err(e) => {
+            return HttpResponse::ServiceUnavailable().body(format!("BMDB unreachable: {e}\n"));
+        }
+    };
+    let st = status(&admin).await;
+    let mut p = Prom(String::new());
+    p.family(
+        "shepherd_bmdb_sessions",
+        "gauge",
+        "BMDB sessions alive (all shepherd processes).",
+    );
+    p.sample("shepherd_bmdb_sessions", &[], sessions as f64);
+    p.family(
+        "shepherd_session_up",
+        "gauge",
+        "Whether this process holds a live session.",
+    );
+    p.sample(
+        "shepherd_session_up",
+        &[],
+        if st.session.is_some() { 1.0 } else { 0.0 },
+    );
+    mailbox_samples(
+        &mut p,
+        &[
+            ("ShepherdAgentStart", &st.initializer),
+            ("ShepherdRecovery", &st.recoverer),
+        ],
+    );
+    p.family(
+        "shepherd_active_backoffs",
+        "gauge",
+        "Machines backed off now, per process.",
+    );
+    for (process, n) in &backoffs {
+        p.sample(
+            "shepherd_active_backoffs",
+            &[("process", process)],
+            *n as f64,
+        );
+    }
+    p.family("shepherd_machines", "gauge", "Machines per state.");
+    for s in MachineState::ALL {
+        let n = counts
+            .iter()
+            .find(|(c, _)| *c == s)
+            .map(|(_, n)| *n)
+            .unwrap_or(0);
+        p.sample("shepherd_machines", &[("state", s.as_str())], n as f64);
+    }
+    if let Some(prov) = &st.provisioner {
+        p.family(
+            "shepherd_provisioner_discrepancies",
+            "gauge",
+            "Machines in the BMDB the provider no longer lists.",
+        );
+        p.sample(
+            "shepherd_provisioner_discrepancies",
+            &[],
+            prov.missing_in_provider.len() as f64,
+        );
+        p.family(
+            "shepherd_provisioner_machines_total",
+            "counter",
+            "Machines created or adopted by the provisioner.",
+        );
+        p.sample(
+            "shepherd_provisioner_machines_total",
+            &[("how", "created")],
+            prov.created as f64,
+        );
+        p.sample(
+            "shepherd_provisioner_machines_total",
+            &[("how", "adopted")],
+            prov.adopted as f64,
+        );
+    }
+    if let Some(m) = &admin.api_metrics {
+        let snap = m.snapshot();
+        p.family(
+            "shepherd_equinix_requests_total",
+            "counter",
+            "Equinix API requests by operation and status.",
+        );
+        for (op, status, s) in &snap {
+            p.sample(
+                "shepherd_equinix_requests_total",
+                &[("operation", op.as_str()), ("status", status)],
+                s.count as f64,
+            );
+        }
+        p.family(
+            "shepherd_equinix_request_duration_seconds",
+            "histogram",
+            "Equinix API request latency.",
+        );
+        for (op, status, s) in &snap {
+            let bucket = "shepherd_equinix_request_duration_seconds_bucket";
+            for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+                let le = bound.to_string();
+                p.sample(
+                    bucket,
+                    &[("operation", op.as_str()), ("status", status), ("le", &le)],
+                    s.buckets[i] as f64,
+                );
+            }
+            p.sample(
+                bucket,
+                &[
+                    ("operation", op.as_str()),
+                    ("status", status),
+                    ("le", "+Inf"),
+                ],
+                s.count as f64,
+            );
+            let base = [("operation", op.as_str()), ("status", status.as_str())];
+            p.sample(
+                "shepherd_equinix_request_duration_seconds_sum",
+                &base,
+                s.seconds_total,
+            );
+            p.sample(
+                "shepherd_equinix_request_duration_seconds_count",
+                &base,
+                s.count as f64,
+            );
+        }
+    }
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(p.0)
+}
+
+// ---- pages ----
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+fn page(title: &str, body: &str) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(format!(
+            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}th{{background:#f4f4f4}}\
+         .failed{{color:#a00}}</style></head><body><h1>{t}</h1>{body}</body></html>",
+            t = esc(title)
+        ))
+}
+
+async fn fleet_page(admin: web::Data<Admin>, q: web::Query<Page>) -> HttpResponse {
+    let state = match parse_state(&q.state) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let r = admin
+        .bmdb
+        .transact(async |tx| {
+            Ok((
+                machines::fleet(tx, state, 500, 0).await?,
+                machines::fleet_counts(tx).await?,
+            ))
+        })
+        .await;
+    let (list, counts) = match r {
+        Ok(v) => v,
+        Err(e) => return internal(e),
+    };
+    let total: i64 = counts.iter().map(|(_, n)| n).sum();
+    let mut b = String::new();
+    let _ = write!(
+        b,
+        "<p id=\"total\">{total} machines</p><table id=\"counts\"><tr><th>state</th><th>machines</th></tr>"
+    );
+    for s in MachineState::ALL {
+        let n = counts
+            .iter()
+            .find(|(c, _)| *c == s)
+            .map(|(_, n)| *n)
+            .unwrap_or(0);
+        let _ = write!(
+            b,
+            "<tr data-state=\"{s}\"><td><a href=\"?state={s}\">{s}</a></td><td class=\"count\">{n}</td></tr>"
+        );
+    }
+    b.push_str("</table><h2>Machines</h2><table id=\"machines\"><tr><th>machine</th><th>provider ID</th><th>address</th><th>provider status</th><th>state</th></tr>");
+    for m in &list {
+        let _ = write!(
+            b,
+            "<tr class=\"machine\"><td><a href=\"machines/{id}\">{id}</a></td><td>{pid}</td><td>{addr}</td><td>{ps}</td><td>{st}</td></tr>",
+            id = m.machine_id,
+            pid = esc(m.provider_id.as_deref().unwrap_or("-")),
+            addr = esc(m.address.as_deref().unwrap_or("-")),
+            ps = m
+                .provider_status
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            st = m.state,
+        );
+    }
+    b.push_str("</table>");
+    page("shepherd: fleet", &b)
+}
+
+async fn machine_page(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
+    let d = match load_detail(&admin, &id).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let mut b = String::new();
+    let s = &d.summary;
+    let _ = write!(
+        b,
+        "<p><a href=\"../\">fleet</a></p><table id=\"machine\"><tr><th>state</th><td id=\"state\">{}</td></tr>\
+         <tr><th>provider ID</th><td>{}</td></tr><tr><th>address</th><td>{}</td></tr>\
+         <tr><th>created</th><td>{}</td></tr><tr><th>agent started</th><td>{}</td></tr>\
+         <tr><th>agent heartbeat</th><td>{}</td></tr><tr><th>SSH host key</th><td>{}</td></tr></table>",
+        s.state,
+        esc(s.provider_id.as_deref().unwrap_or("-")),
+        esc(s.address.as_deref().unwrap_or("-")),
+        rfc3339(d.created_at),
+        d.agent_started
+            .as_ref()
+            .map(|(t, k)| format!("{} key {}", rfc3339(*t), hex(k)))
+            .unwrap_or_else(|| "-".into()),
+        d.agent_heartbeat.map(rfc3339).unwrap_or_else(|| "-".into()),
+        esc(d.ssh_host_key.as_deref().unwrap_or("-")),
+    );
+    b.push_str("<h2>Leases</h2><ul id=\"leases\">");
+    for l in &d.leases {
+        let _ = write!(b, "<li>{} by {}</li>", l.process, esc(&l.component));
+    }
+    b.push_str("</ul><h2>Backoffs</h2><ul id=\"backoffs\">");
+    for (p, bo) in &d.backoffs {
+        let _ = write!(
+            b,
+            "<li>{p} until {}: {}</li>",
+            rfc3339(bo.until),
+            esc(&bo.cause)
+        );
+    }
+    b.push_str("</ul><h2>History</h2><table id=\"history\"><tr><th>time</th><th>process</th><th>event</th><th>cause</th></tr>");
+    for h in &d.history {
+        let class = if h.failed_cause.is_some() {
+            " failed"
+        } else {
+            ""
+        };
+        let _ = write!(
+            b,
+            "<tr class=\"event{class}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            rfc3339(h.timestamp),
+            h.process,
+            h.event,
+            esc(h.failed_cause.as_deref().unwrap_or(""))
+        );
+    }
+    b.push_str("</table>");
+    page(&format!("shepherd: machine {}", s.machine_id), &b)
+}
+
+/// Serves the admin routes on `listen` until the system stops. Returns the
+/// bound address (for port 0).
+pub fn serve(admin: Admin, listen: std::net::SocketAddr) -> std::io::Result<std::net::SocketAddr> {
+    let data = web::Data::new(admin);
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(data.clone())
+            .configure(routes)
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(listen)?;
+    let addr = server.addrs()[0];
+    actix_rt::spawn(server.run());
+    Ok(addr)
+}

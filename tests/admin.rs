@@ -1,0 +1,373 @@
+//! The admin server: JSON endpoints, Prometheus metrics, the token, and the
+//! HTML pages as a browser renders them (headless Chromium).
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use shepherd::admin::{self, Admin};
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::bmdb::{Backoff, Bmdb, Process, Provider};
+use shepherd::equinix::{ApiMetrics, Operation};
+use shepherd::secret::Secret;
+use shepherd::testing::TestDb;
+use uuid::Uuid;
+
+struct Fleet {
+    _db: TestDb,
+    bmdb: Bmdb,
+    pending: Uuid,
+    started: Uuid,
+    backed_off: Uuid,
+    leased: Uuid,
+    _session: shepherd::bmdb::Session,
+}
+
+async fn fleet() -> Fleet {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let mut ids = Vec::new();
+    for name in ["pending", "started", "backed-off", "leased"] {
+        let m = NewProvidedMachine {
+            provider: Provider::Equinix,
+            provider_id: format!("device-{name}"),
+            reservation_id: Some(format!("reservation-{name}")),
+            ip_address: Some("127.0.0.1".into()),
+            location: Some("sv".into()),
+            status: Some(shepherd::bmdb::ProviderStatus::Running),
+        };
+        ids.push(
+            bmdb.transact(async |tx| machines::create_provided(tx, &m).await)
+                .await
+                .unwrap(),
+        );
+    }
+    let session = bmdb
+        .start_session("admin-test", Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let pick = |id: Uuid| async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ())));
+    let mut w = session
+        .lease(Process::ShepherdAgentStart, pick(ids[1]))
+        .await
+        .unwrap()
+        .unwrap();
+    let started = ids[1];
+    w.finish(async |tx| machines::set_agent_started(tx, started, &[0xab; 32]).await)
+        .await
+        .unwrap();
+    let mut w = session
+        .lease(Process::ShepherdAgentStart, pick(ids[2]))
+        .await
+        .unwrap()
+        .unwrap();
+    w.fail(
+        &Backoff::constant(Duration::from_secs(600)),
+        "connect to <127.0.0.2>: refused & gone",
+    )
+    .await
+    .unwrap();
+    let w = session
+        .lease(Process::ShepherdAgentStart, pick(ids[3]))
+        .await
+        .unwrap()
+        .unwrap();
+    std::mem::forget(w); // held for the test's duration
+    Fleet {
+        _db: db,
+        bmdb,
+        pending: ids[0],
+        started: ids[1],
+        backed_off: ids[2],
+        leased: ids[3],
+        _session: session,
+    }
+}
+
+fn metrics() -> ApiMetrics {
+    let m = ApiMetrics::default();
+    m.record(Operation::ListDevices, "200", Duration::from_millis(12));
+    m.record(Operation::ListDevices, "200", Duration::from_millis(30));
+    m.record(Operation::CreateDevice, "503", Duration::from_millis(4));
+    m
+}
+
+fn serve(f: &Fleet, token: Option<&str>) -> SocketAddr {
+    let a = Admin {
+        bmdb: f.bmdb.clone(),
+        supervisor: None,
+        api_metrics: Some(metrics()),
+        token: token.map(Secret::inline),
+    };
+    admin::serve(a, "127.0.0.1:0".parse().unwrap()).unwrap()
+}
+
+async fn get(url: String, token: Option<&str>) -> (u16, String) {
+    let mut req = awc::Client::default().get(url);
+    if let Some(t) = token {
+        req = req.insert_header(("Authorization", format!("Bearer {t}")));
+    }
+    let mut r = req.send().await.unwrap();
+    let body = r.body().limit(16 << 20).await.unwrap();
+    (
+        r.status().as_u16(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+async fn json(url: String) -> serde_json::Value {
+    let (status, body) = get(url, None).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[actix_rt::test]
+async fn the_json_api_shows_the_fleet() {
+    let f = fleet().await;
+    let a = serve(&f, None);
+    assert_eq!(
+        get(format!("http://{a}/healthz"), None).await,
+        (200, "ok\n".into())
+    );
+    let ready = json(format!("http://{a}/readyz")).await;
+    assert_eq!(ready["database"], "ok");
+
+    let all = json(format!("http://{a}/api/v1/machines")).await;
+    let states: Vec<(String, String)> = all["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["provider_id"].as_str().unwrap().to_string(),
+                m["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("device-backed-off".into(), "backoff".into()),
+            ("device-leased".into(), "leased".into()),
+            ("device-pending".into(), "pending".into()),
+            ("device-started".into(), "agent-started".into()),
+        ]
+    );
+    assert_eq!(all["counts"]["pending"], 1);
+    assert_eq!(all["counts"]["agent-started"], 1);
+    let pending = json(format!("http://{a}/api/v1/machines?state=pending")).await;
+    assert_eq!(pending["machines"].as_array().unwrap().len(), 1);
+    assert_eq!(pending["machines"][0]["machine_id"], f.pending.to_string());
+    let page = json(format!("http://{a}/api/v1/machines?limit=2&offset=2")).await;
+    assert_eq!(page["machines"][0]["provider_id"], "device-pending");
+    assert_eq!(
+        get(format!("http://{a}/api/v1/machines?state=bogus"), None)
+            .await
+            .0,
+        400
+    );
+
+    let one = json(format!("http://{a}/api/v1/machines/{}", f.backed_off)).await;
+    assert_eq!(one["machine"]["state"], "backoff");
+    assert_eq!(
+        one["tags"]["provided"]["reservation_id"],
+        "reservation-backed-off"
+    );
+    assert_eq!(one["backoffs"][0]["process"], "ShepherdAgentStart");
+    assert_eq!(one["backoffs"][0]["last_interval_seconds"], 600);
+    let events: Vec<&str> = one["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["Started", "Failed"]);
+    assert_eq!(
+        one["history"][1]["cause"],
+        "connect to <127.0.0.2>: refused & gone"
+    );
+    let started = json(format!("http://{a}/api/v1/machines/{}", f.started)).await;
+    assert_eq!(
+        started["tags"]["agent_started"]["public_key"],
+        "ab".repeat(32)
+    );
+    let leased = json(format!("http://{a}/api/v1/machines/{}", f.leased)).await;
+    assert_eq!(leased["leases"][0]["component"], "admin-test");
+    assert_eq!(
+        get(
+            format!("http://{a}/api/v1/machines/{}", Uuid::new_v4()),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    assert_eq!(
+        get(format!("http://{a}/api/v1/machines/not-an-id"), None)
+            .await
+            .0,
+        400
+    );
+}
+
+#[actix_rt::test]
+async fn metrics_parse_as_prometheus_text() {
+    let f = fleet().await;
+    let a = serve(&f, None);
+    let (status, body) = get(format!("http://{a}/metrics"), None).await;
+    assert_eq!(status, 200);
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{body}"));
+        match s.value {
+            prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => panic!("{name} is not a number"),
+        }
+    };
+    assert_eq!(value("shepherd_machines", &[("state", "pending")]), 1.0);
+    assert_eq!(value("shepherd_machines", &[("state", "leased")]), 1.0);
+    assert_eq!(value("shepherd_machines", &[("state", "installed")]), 0.0);
+    assert_eq!(value("shepherd_bmdb_sessions", &[]), 1.0);
+    assert_eq!(
+        value(
+            "shepherd_active_backoffs",
+            &[("process", "ShepherdAgentStart")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "shepherd_equinix_requests_total",
+            &[("operation", "list_devices"), ("status", "200")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            "shepherd_equinix_requests_total",
+            &[("operation", "create_device"), ("status", "503")]
+        ),
+        1.0
+    );
+    let histogram = scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == "shepherd_equinix_request_duration_seconds"
+                && s.labels.get("operation") == Some("list_devices")
+        })
+        .expect("the latency histogram");
+    match &histogram.value {
+        prometheus_parse::Value::Histogram(buckets) => {
+            let le_25ms = buckets
+                .iter()
+                .find(|b| (b.less_than - 0.025).abs() < 1e-9)
+                .unwrap();
+            assert_eq!(le_25ms.count, 1.0);
+        }
+        v => panic!("not a histogram: {v:?}"),
+    }
+}
+
+#[actix_rt::test]
+async fn the_token_is_enforced() {
+    let f = fleet().await;
+    let token = "s3cret-admin-token";
+    let a = serve(&f, Some(token));
+    assert_eq!(get(format!("http://{a}/healthz"), None).await.0, 200);
+    for path in ["/readyz", "/metrics", "/api/v1/machines", "/"] {
+        assert_eq!(
+            get(format!("http://{a}{path}"), None).await.0,
+            401,
+            "{path} without a token"
+        );
+        assert_eq!(
+            get(format!("http://{a}{path}"), Some("wrong")).await.0,
+            401,
+            "{path} with a wrong token"
+        );
+        assert_eq!(
+            get(format!("http://{a}{path}"), Some(token)).await.0,
+            200,
+            "{path} with the token"
+        );
+    }
+    let (_, body) = get(format!("http://{a}/api/v1/machines"), Some("wrong")).await;
+    assert!(!body.contains(token));
+}
+
+/// The page as headless Chromium renders it (its DOM, serialized).
+async fn rendered(url: String) -> String {
+    tokio::task::spawn_blocking(move || {
+        let profile = tempfile::tempdir().unwrap();
+        let out = Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--virtual-time-budget=2000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("--dump-dom")
+            .arg(&url)
+            .output()
+            .expect("Debian's chromium is installed (scripts/test installs it)");
+        assert!(
+            out.status.success(),
+            "chromium: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+fn count_cell(dom: &str, state: &str) -> String {
+    let row = dom
+        .split(&format!("data-state=\"{state}\""))
+        .nth(1)
+        .expect("a row per state");
+    let cell = row.split("class=\"count\">").nth(1).unwrap();
+    cell.split('<').next().unwrap().to_string()
+}
+
+#[actix_rt::test]
+async fn the_pages_render_in_a_browser() {
+    let f = fleet().await;
+    let a = serve(&f, None);
+    let dom = rendered(format!("http://{a}/")).await;
+    assert!(dom.contains("<p id=\"total\">4 machines</p>"), "{dom}");
+    for (state, n) in [
+        ("pending", "1"),
+        ("backoff", "1"),
+        ("leased", "1"),
+        ("agent-started", "1"),
+        ("installed", "0"),
+    ] {
+        assert_eq!(count_cell(&dom, state), n, "{state}");
+    }
+    assert_eq!(dom.matches("<tr class=\"machine\">").count(), 4);
+    assert!(dom.contains(&format!("href=\"machines/{}\"", f.started)));
+
+    let dom = rendered(format!("http://{a}/machines/{}", f.backed_off)).await;
+    assert!(dom.contains("<td id=\"state\">backoff</td>"), "{dom}");
+    assert_eq!(dom.matches("<tr class=\"event").count(), 2, "{dom}");
+    assert_eq!(dom.matches("<tr class=\"event failed\">").count(), 1);
+    // The cause is text, not markup.
+    assert!(
+        dom.contains("connect to &lt;127.0.0.2&gt;: refused &amp; gone"),
+        "{dom}"
+    );
+}

@@ -382,21 +382,50 @@ impl Handler<Shutdown> for Supervisor {
     }
 }
 
-/// `shepherd run`: builds everything, runs until SIGINT or SIGTERM, drains.
-pub async fn run(cfg: Config) -> anyhow::Result<()> {
+/// A running shepherd: the Supervisor and what the admin routes need.
+pub struct Running {
+    pub supervisor: Addr<Supervisor>,
+    pub admin: crate::admin::Admin,
+}
+
+impl Running {
+    /// Drains (as on SIGTERM) and closes the session.
+    pub async fn shutdown(self) {
+        if let Err(e) = self.supervisor.send(Shutdown).await {
+            tracing::warn!(error = %e, "supervisor gone before shutdown");
+        }
+    }
+}
+
+/// Starts shepherd in the current actix system: the BMDB (migrated), the
+/// provider, and the Supervisor with its parts. For embedding: mount
+/// `admin::routes` with `Running::admin` as app data, and call
+/// `Running::shutdown` when the application stops.
+pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     let parts = Parts::build(&cfg).await?;
-    let bmdb = parts.bmdb.clone();
-    let api_metrics = parts.api.as_ref().map(|a| a.metrics().clone());
-    let admin_cfg = cfg.admin.clone();
+    let admin = crate::admin::Admin {
+        bmdb: parts.bmdb.clone(),
+        supervisor: None,
+        api_metrics: parts.api.as_ref().map(|a| a.metrics().clone()),
+        token: cfg.admin.token.clone(),
+    };
     let supervisor = Supervisor::new(cfg, parts).start();
-    if admin_cfg.enabled {
-        let admin = crate::admin::Admin {
-            bmdb: bmdb.clone(),
+    Ok(Running {
+        admin: crate::admin::Admin {
             supervisor: Some(supervisor.clone()),
-            api_metrics,
-            token: admin_cfg.token.clone(),
-        };
-        let addr = crate::admin::serve(admin, admin_cfg.listen)
+            ..admin
+        },
+        supervisor,
+    })
+}
+
+/// `shepherd run`: starts, serves the admin routes on `admin.listen`, runs
+/// until SIGINT or SIGTERM, drains.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let admin_cfg = cfg.admin.clone();
+    let running = start(cfg).await?;
+    if admin_cfg.enabled {
+        let addr = crate::admin::serve(running.admin.clone(), admin_cfg.listen)
             .map_err(|e| anyhow::anyhow!("admin.listen {}: {e}", admin_cfg.listen))?;
         tracing::info!("admin server: http://{addr}/");
     }
@@ -405,8 +434,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
     }
-    supervisor.send(Shutdown).await?;
-    drop(bmdb);
+    running.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }

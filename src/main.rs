@@ -45,6 +45,23 @@ enum Command {
     /// Look at the fleet in the BMDB.
     #[command(subcommand)]
     Machines(MachinesCommand),
+    /// Run the whole system locally, with no configuration: an embedded
+    /// PostgreSQL, the Equinix Metal simulator, simulated machines on
+    /// 127.0.1.x, and shepherd taking them all over.
+    Demo {
+        /// How many machines.
+        #[arg(long, default_value_t = 20)]
+        machines: usize,
+        /// Where the admin pages are served (an ephemeral port if taken).
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        admin_listen: std::net::SocketAddr,
+        /// Stay up after every machine is taken over, until Ctrl-C.
+        #[arg(long)]
+        keep_running: bool,
+        /// Give up (exit 1) if not every machine is taken over by then.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 #[derive(Subcommand)]
@@ -86,13 +103,32 @@ fn main() -> ExitCode {
         eprintln!("shepherd: configuration is valid");
         return ExitCode::SUCCESS;
     }
-    shepherd::telemetry::init(&cfg.log);
+    let mut log = cfg.log.clone();
+    if matches!(cli.command, Command::Demo { .. }) && std::env::var_os("RUST_LOG").is_none() {
+        // The demo's own progress lines are the output; logs only for trouble.
+        log.level = "warn".into();
+    }
+    shepherd::telemetry::init(&log);
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         match cli.command {
             Command::Run => shepherd::supervisor::run(cfg).await,
             Command::Migrate => migrate(cfg).await,
             Command::Machines(m) => machines_command(cfg, m).await,
+            Command::Demo {
+                machines,
+                admin_listen,
+                keep_running,
+                timeout,
+            } => {
+                let opts = shepherd::demo::DemoOptions {
+                    machines,
+                    admin_listen,
+                    keep_running,
+                    timeout,
+                };
+                shepherd::demo::run(cfg, opts).await
+            }
             Command::CheckConfig => unreachable!(),
         }
     });

@@ -341,6 +341,10 @@ impl Handler<Shutdown> for Supervisor {
             .collect();
         let updater = self.updater.take();
         let session = self.session.take();
+        // Nothing may start under the session once the drain begins.
+        if let Some(u) = &updater {
+            u.do_send(SetSession(None));
+        }
         let drain = self.cfg.supervisor.drain_timeout;
         Box::pin(
             async move {

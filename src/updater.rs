@@ -59,6 +59,10 @@ impl Updater {
             act.status.rounds += 1;
             match r {
                 Ok(n) => act.status.updated += n,
+                // A round cut short by a shutdown is not worth a warning.
+                Err(e) if act.session.is_none() => {
+                    tracing::debug!(error = %e, "update round stopped")
+                }
                 Err(e) => {
                     act.status.failed_rounds += 1;
                     tracing::warn!(error = %e, "update round failed");

@@ -799,3 +799,51 @@ async fn the_updater_brings_provider_changes_in_and_leaves_the_rest_alone() {
     s.signal(Signal::SIGTERM);
     assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
 }
+
+#[actix_rt::test]
+async fn the_demo_takes_twenty_machines_over_and_exits_0() {
+    use std::os::unix::fs::PermissionsExt;
+    // The embedded PostgreSQL may run as another user: a traversable dir.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tokio::task::spawn_blocking({
+        let cwd = dir.path().to_path_buf();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_shepherd"))
+                .args([
+                    "demo",
+                    "--machines",
+                    "20",
+                    "--admin-listen",
+                    "127.0.0.1:0",
+                    "--timeout",
+                    "2m",
+                ])
+                .current_dir(cwd)
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("all 20 machines taken over in"), "{stdout}");
+    assert!(
+        stdout.contains("admin page               http://127.0.0.1:"),
+        "{stdout}"
+    );
+    // Every simulated machine ran the agent it was given.
+    for i in 1..=20 {
+        let runs = dir
+            .path()
+            .join(format!("var/demo/machines/127.0.1.{i}/root/agent.runs"));
+        assert!(runs.is_file(), "{}", runs.display());
+    }
+}

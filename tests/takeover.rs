@@ -594,3 +594,38 @@ async fn known_hosts_mode_accepts_listed_keys_only() {
         0
     );
 }
+
+#[actix_rt::test]
+async fn simulated_machines_on_their_own_addresses_are_taken_over() {
+    use shepherd::machinesim::MachineSim;
+    let rig = Rig::new().await;
+    let port = Sshd::free_port();
+    let key = russh::keys::PublicKey::from_openssh(rig.identity.public_key()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sim = MachineSim::start([127, 0, 1, 1].into(), 20, port, key, dir.path())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for a in &sim.addresses {
+        ids.push(rig.machines(1, &a.to_string()).await[0]);
+    }
+    let mut settings = rig.settings(Duration::from_secs(30));
+    settings.port = port;
+    settings.agent_path = "/root/agent".into();
+    let (_mailbox, _s) = rig.initializer(settings, 8).await;
+    rig.wait_for(
+        "20 simulated machines",
+        "SELECT count(*) FROM machine_agent_started",
+        20,
+        Duration::from_secs(60),
+    )
+    .await;
+    // Each machine got its own copy of the agent, which ran there once.
+    for a in &sim.addresses {
+        let agent = dir.path().join(a.to_string()).join("root/agent");
+        assert!(agent.is_file(), "{}", agent.display());
+        let runs = std::fs::read_to_string(dir.path().join(a.to_string()).join("root/agent.runs"))
+            .unwrap();
+        assert_eq!(runs.lines().count(), 1);
+    }
+}

@@ -1,0 +1,388 @@
+//! Simulated machines for the demo and for scale runs: an SSH endpoint per
+//! machine on its own loopback address (127.0.1.1, 127.0.1.2, …, all on one
+//! port), served in-process on russh's server side. Each accepts shepherd's
+//! key only, keeps what is uploaded (over SFTP) in a directory of its own,
+//! and runs an uploaded file with the channel's stdin when asked to exec
+//! it. The takeover tests keep using OpenSSH's sshd; this is for numbers of
+//! machines no sshd setup would give.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use russh::keys::{PrivateKey, PublicKey};
+use russh::server::{Auth, Msg, Session};
+use russh::{Channel, ChannelId, ChannelMsg};
+use russh_sftp::protocol::{Attrs, FileAttributes, Handle, OpenFlags, Status, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A running set of simulated machines.
+pub struct MachineSim {
+    pub port: u16,
+    pub addresses: Vec<IpAddr>,
+    pub root: PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for MachineSim {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Raises the open-files limit to its hard maximum: a listener per machine.
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+impl MachineSim {
+    /// `count` machines from `first` (a 127.x address) on `port`, letting in
+    /// `authorized`, keeping their files under `root/<address>/`.
+    pub async fn start(
+        first: Ipv4Addr,
+        count: usize,
+        port: u16,
+        authorized: PublicKey,
+        root: &Path,
+    ) -> std::io::Result<MachineSim> {
+        if !IpAddr::V4(first).is_loopback() {
+            return Err(std::io::Error::other(format!(
+                "simulated machines live on loopback, not {first}"
+            )));
+        }
+        raise_nofile();
+        let seed: [u8; 32] = rand::random();
+        let host_key = PrivateKey::from(russh::keys::ssh_key::private::Ed25519Keypair::from_seed(
+            &seed,
+        ));
+        let config = Arc::new(russh::server::Config {
+            keys: vec![host_key],
+            auth_rejection_time: std::time::Duration::from_millis(10),
+            auth_rejection_time_initial: Some(std::time::Duration::ZERO),
+            inactivity_timeout: Some(std::time::Duration::from_secs(300)),
+            ..Default::default()
+        });
+        let mut tasks = Vec::new();
+        let mut addresses = Vec::new();
+        for i in 0..count {
+            let ip = Ipv4Addr::from(u32::from(first) + i as u32);
+            let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), port)).await?;
+            let dir = root.join(ip.to_string());
+            std::fs::create_dir_all(&dir)?;
+            let (config, authorized) = (config.clone(), authorized.clone());
+            addresses.push(IpAddr::V4(ip));
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let handler = Machine {
+                        root: dir.clone(),
+                        authorized: authorized.clone(),
+                        channels: HashMap::new(),
+                    };
+                    let config = config.clone();
+                    tokio::spawn(async move {
+                        if let Ok(session) =
+                            russh::server::run_stream(config, stream, handler).await
+                        {
+                            let _ = session.await;
+                        }
+                    });
+                }
+            }));
+        }
+        Ok(MachineSim {
+            port,
+            addresses,
+            root: root.to_path_buf(),
+            tasks,
+        })
+    }
+}
+
+/// One SSH connection to one simulated machine.
+struct Machine {
+    root: PathBuf,
+    authorized: PublicKey,
+    channels: HashMap<ChannelId, Channel<Msg>>,
+}
+
+/// A remote absolute path, inside the machine's directory.
+fn local(root: &Path, remote: &str) -> PathBuf {
+    let rel: PathBuf = Path::new(remote)
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .collect();
+    root.join(rel)
+}
+
+/// The program of an exec request: a single, possibly single-quoted, path.
+fn program(command: &str) -> String {
+    let c = command.trim();
+    match c.strip_prefix('\'').and_then(|c| c.strip_suffix('\'')) {
+        Some(inner) => inner.replace(r"'\''", "'"),
+        None => c.to_string(),
+    }
+}
+
+impl russh::server::Handler for Machine {
+    type Error = russh::Error;
+
+    async fn auth_publickey_offered(
+        &mut self,
+        _user: &str,
+        key: &PublicKey,
+    ) -> Result<Auth, Self::Error> {
+        Ok(if key.key_data() == self.authorized.key_data() {
+            Auth::Accept
+        } else {
+            Auth::reject()
+        })
+    }
+
+    async fn auth_publickey(&mut self, _user: &str, key: &PublicKey) -> Result<Auth, Self::Error> {
+        Ok(if key.key_data() == self.authorized.key_data() {
+            Auth::Accept
+        } else {
+            Auth::reject()
+        })
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: russh::server::ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.channels.insert(channel.id(), channel);
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        id: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        match (name, self.channels.remove(&id)) {
+            ("sftp", Some(channel)) => {
+                session.channel_success(id)?;
+                let sftp = Sftp {
+                    root: self.root.clone(),
+                    files: HashMap::new(),
+                    next: 0,
+                };
+                tokio::spawn(russh_sftp::server::run(channel.into_stream(), sftp));
+            }
+            _ => session.channel_failure(id)?,
+        }
+        Ok(())
+    }
+
+    async fn exec_request(
+        &mut self,
+        id: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(channel) = self.channels.remove(&id) else {
+            return session.channel_failure(id);
+        };
+        let path = local(&self.root, &program(&String::from_utf8_lossy(data)));
+        session.channel_success(id)?;
+        tokio::spawn(run(channel, path));
+        Ok(())
+    }
+}
+
+/// Runs `path` with the channel's data as stdin; its output back.
+async fn run(mut channel: Channel<Msg>, path: PathBuf) {
+    let spawned = tokio::process::Command::new(&path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = channel
+                .extended_data_bytes(1, format!("exec {}: {e}\n", path.display()).into_bytes())
+                .await;
+            let _ = channel.exit_status(127).await;
+            let _ = channel.eof().await;
+            let _ = channel.close().await;
+            return;
+        }
+    };
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reading = async move {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let _ = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+        (out, err)
+    };
+    let mut reading = std::pin::pin!(reading);
+    let (out, err) = loop {
+        tokio::select! {
+            msg = channel.wait() => match msg {
+                Some(ChannelMsg::Data { data }) => {
+                    if let Some(s) = stdin.as_mut() {
+                        let _ = s.write_all(&data).await;
+                    }
+                }
+                Some(ChannelMsg::Eof) => stdin = None,
+                None => return,
+                _ => {}
+            },
+            r = &mut reading => break r,
+        }
+    };
+    let status = child
+        .wait()
+        .await
+        .ok()
+        .and_then(|s| s.code())
+        .unwrap_or(255);
+    if !out.is_empty() {
+        let _ = channel.data_bytes(out).await;
+    }
+    if !err.is_empty() {
+        let _ = channel.extended_data_bytes(1, err).await;
+    }
+    let _ = channel.exit_status(status as u32).await;
+    let _ = channel.eof().await;
+    let _ = channel.close().await;
+}
+
+/// The little SFTP a takeover needs: create, write, close, chmod, remove,
+/// rename.
+struct Sftp {
+    root: PathBuf,
+    files: HashMap<String, std::fs::File>,
+    next: u64,
+}
+
+fn ok(id: u32) -> Status {
+    Status {
+        id,
+        status_code: StatusCode::Ok,
+        error_message: "Ok".into(),
+        language_tag: "en-US".into(),
+    }
+}
+
+impl russh_sftp::server::Handler for Sftp {
+    type Error = StatusCode;
+
+    fn unimplemented(&self) -> Self::Error {
+        StatusCode::OpUnsupported
+    }
+
+    async fn open(
+        &mut self,
+        id: u32,
+        filename: String,
+        _flags: OpenFlags,
+        attrs: FileAttributes,
+    ) -> Result<Handle, Self::Error> {
+        let path = local(&self.root, &filename);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|_| StatusCode::Failure)?;
+        }
+        let f = std::fs::File::create(&path).map_err(|_| StatusCode::Failure)?;
+        if let Some(mode) = attrs.permissions {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o7777));
+        }
+        self.next += 1;
+        let handle = self.next.to_string();
+        self.files.insert(handle.clone(), f);
+        Ok(Handle { id, handle })
+    }
+
+    async fn write(
+        &mut self,
+        id: u32,
+        handle: String,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<Status, Self::Error> {
+        use std::os::unix::fs::FileExt;
+        let f = self.files.get(&handle).ok_or(StatusCode::Failure)?;
+        f.write_all_at(&data, offset)
+            .map_err(|_| StatusCode::Failure)?;
+        Ok(ok(id))
+    }
+
+    async fn close(&mut self, id: u32, handle: String) -> Result<Status, Self::Error> {
+        self.files.remove(&handle);
+        Ok(ok(id))
+    }
+
+    async fn setstat(
+        &mut self,
+        id: u32,
+        path: String,
+        attrs: FileAttributes,
+    ) -> Result<Status, Self::Error> {
+        if let Some(mode) = attrs.permissions {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                local(&self.root, &path),
+                std::fs::Permissions::from_mode(mode & 0o7777),
+            )
+            .map_err(|_| StatusCode::NoSuchFile)?;
+        }
+        Ok(ok(id))
+    }
+
+    async fn stat(&mut self, id: u32, path: String) -> Result<Attrs, Self::Error> {
+        let m = std::fs::metadata(local(&self.root, &path)).map_err(|_| StatusCode::NoSuchFile)?;
+        let mut attrs = FileAttributes::empty();
+        attrs.size = Some(m.len());
+        Ok(Attrs { id, attrs })
+    }
+
+    async fn remove(&mut self, id: u32, filename: String) -> Result<Status, Self::Error> {
+        std::fs::remove_file(local(&self.root, &filename)).map_err(|_| StatusCode::NoSuchFile)?;
+        Ok(ok(id))
+    }
+
+    async fn rename(
+        &mut self,
+        id: u32,
+        oldpath: String,
+        newpath: String,
+    ) -> Result<Status, Self::Error> {
+        std::fs::rename(local(&self.root, &oldpath), local(&self.root, &newpath))
+            .map_err(|_| StatusCode::Failure)?;
+        Ok(ok(id))
+    }
+
+    async fn realpath(
+        &mut self,
+        id: u32,
+        path: String,
+    ) -> Result<russh_sftp::protocol::Name, Self::Error> {
+        Ok(russh_sftp::protocol::Name {
+            id,
+            files: vec![russh_sftp::protocol::File::dummy(if path.is_empty() {
+                "/".to_string()
+            } else {
+                path
+            })],
+        })
+    }
+}

@@ -230,3 +230,48 @@ impl<C: ControlLoop> Handler<GetStatus> for WorkMailbox<C> {
         MessageResult(s)
     }
 }
+
+/// One actor per leased machine: runs its control loop's job (which ends
+/// the work) to an outcome, tells the mailbox, and stops. The Initializer's
+/// and the Recoverer's workers are this actor with their own job.
+pub struct Worker {
+    job: Option<futures::future::LocalBoxFuture<'static, WorkOutcome>>,
+    machine_id: Uuid,
+    done: Recipient<WorkerDone>,
+    outcome: WorkOutcome,
+}
+
+impl Worker {
+    pub fn start(
+        machine_id: Uuid,
+        job: impl Future<Output = WorkOutcome> + 'static,
+        done: Recipient<WorkerDone>,
+    ) -> Addr<Worker> {
+        Worker {
+            job: Some(Box::pin(job)),
+            machine_id,
+            done,
+            outcome: WorkOutcome::Aborted,
+        }
+        .start()
+    }
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let job = self.job.take().expect("a worker starts with its job");
+        ctx.spawn(job.into_actor(self).map(|outcome, act, ctx| {
+            act.outcome = outcome;
+            ctx.stop();
+        }));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.done.do_send(WorkerDone {
+            machine_id: self.machine_id,
+            outcome: self.outcome.clone(),
+        });
+    }
+}

@@ -1,6 +1,6 @@
 //! The Initializer: starts the agent on every provided machine that needs
 //! it. A [`ControlLoop`] for the work-lease mailbox: the selector is "needs
-//! agent start", the worker is [`InitializerWorker`], which runs the takeover
+//! agent start", each leased machine's worker (a `control::Worker`) runs the takeover
 //! over SSH and finishes the work with `machine_agent_started`, or fails it
 //! with a cause naming the step and a backoff.
 
@@ -19,7 +19,7 @@ use crate::agent;
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, Provider, Tx, Work, machines};
 use crate::config::{Config, ConfigError, UploadMethod};
-use crate::control::{ControlLoop, WorkOutcome, WorkerDone};
+use crate::control::{ControlLoop, WorkOutcome, Worker, WorkerDone};
 use crate::ssh::{self, HostKeyPolicy, SshIdentity, SshSettings};
 
 /// Asks the provider for a machine's address when the BMDB has none.
@@ -268,50 +268,12 @@ impl ControlLoop for Initializer {
     }
 
     fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
-        InitializerWorker {
-            work: Some(work),
-            shared: self.shared.clone(),
-            done,
-            outcome: WorkOutcome::Aborted,
-            machine_id: Uuid::nil(),
-        }
-        .start();
-    }
-}
-
-/// One actor per leased machine: takes it over, records the result, stops.
-pub struct InitializerWorker {
-    work: Option<Work<ProvidedMachine>>,
-    shared: Rc<Shared>,
-    done: Recipient<WorkerDone>,
-    outcome: WorkOutcome,
-    machine_id: Uuid,
-}
-
-impl Actor for InitializerWorker {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        let work = self.work.take().expect("a worker is started with its work");
-        self.machine_id = work.machine_id();
         let span = tracing::info_span!("takeover", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
-        let shared = self.shared.clone();
-        ctx.spawn(
-            run(work, shared)
-                .instrument(span)
-                .into_actor(self)
-                .map(|outcome, act, ctx| {
-                    act.outcome = outcome;
-                    ctx.stop();
-                }),
+        Worker::start(
+            work.machine_id(),
+            run(work, self.shared.clone()).instrument(span),
+            done,
         );
-    }
-
-    fn stopped(&mut self, _: &mut Context<Self>) {
-        self.done.do_send(WorkerDone {
-            machine_id: self.machine_id,
-            outcome: self.outcome.clone(),
-        });
     }
 }
 

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::bmdb::selectors::{self, ProvidedMachine, RecoveryThresholds};
 use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Tx, Work};
-use crate::control::{ControlLoop, WorkOutcome, WorkerDone};
+use crate::control::{ControlLoop, WorkOutcome, Worker, WorkerDone};
 use crate::provider::SharedProvider;
 
 const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1) \
@@ -82,50 +82,12 @@ impl ControlLoop for Recoverer {
     }
 
     fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
-        RecovererWorker {
-            work: Some(work),
-            shared: self.shared.clone(),
-            done,
-            outcome: WorkOutcome::Aborted,
-            machine_id: Uuid::nil(),
-        }
-        .start();
-    }
-}
-
-/// One actor per machine being recovered.
-pub struct RecovererWorker {
-    work: Option<Work<ProvidedMachine>>,
-    shared: Rc<Shared>,
-    done: Recipient<WorkerDone>,
-    outcome: WorkOutcome,
-    machine_id: Uuid,
-}
-
-impl Actor for RecovererWorker {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        let work = self.work.take().expect("a worker is started with its work");
-        self.machine_id = work.machine_id();
         let span = tracing::info_span!("recovery", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
-        let shared = self.shared.clone();
-        ctx.spawn(
-            run(work, shared)
-                .instrument(span)
-                .into_actor(self)
-                .map(|outcome, act, ctx| {
-                    act.outcome = outcome;
-                    ctx.stop();
-                }),
+        Worker::start(
+            work.machine_id(),
+            run(work, self.shared.clone()).instrument(span),
+            done,
         );
-    }
-
-    fn stopped(&mut self, _: &mut Context<Self>) {
-        self.done.do_send(WorkerDone {
-            machine_id: self.machine_id,
-            outcome: self.outcome.clone(),
-        });
     }
 }
 

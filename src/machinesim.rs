@@ -205,14 +205,31 @@ impl russh::server::Handler for Machine {
     }
 }
 
-/// Runs `path` with the channel's data as stdin; its output back.
-async fn run(mut channel: Channel<Msg>, path: PathBuf) {
-    let spawned = tokio::process::Command::new(&path)
+fn spawn(path: &Path) -> std::io::Result<tokio::process::Child> {
+    tokio::process::Command::new(path)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .spawn();
+        .spawn()
+}
+
+/// Runs `path` with the channel's data as stdin; its output back.
+async fn run(mut channel: Channel<Msg>, path: PathBuf) {
+    // While another thread forks to start a program, the child holds (until
+    // its exec) every descriptor open at that moment, including a file just
+    // uploaded over another connection: exec then fails with ETXTBSY for a
+    // moment. A real machine has no such neighbours; wait it out.
+    let mut spawned = spawn(&path);
+    for _ in 0..50 {
+        match &spawned {
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                spawned = spawn(&path);
+            }
+            _ => break,
+        }
+    }
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {

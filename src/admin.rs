@@ -287,32 +287,23 @@ fn mailbox_samples(p: &mut Prom, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
             }
         }
     }
-    p.family(
-        "shepherd_mailbox_running",
-        "gauge",
-        "Workers running now, per control loop.",
-    );
-    for (process, m) in mailboxes {
-        if let Some(m) = m {
-            p.sample(
-                "shepherd_mailbox_running",
-                &[("process", process)],
-                m.running as f64,
-            );
-        }
-    }
-    p.family(
-        "shepherd_mailbox_parallelism",
-        "gauge",
-        "Workers allowed at once, per control loop.",
-    );
-    for (process, m) in mailboxes {
-        if let Some(m) = m {
-            p.sample(
-                "shepherd_mailbox_parallelism",
-                &[("process", process)],
-                m.parallelism as f64,
-            );
+    for (name, help, value) in [
+        (
+            "shepherd_mailbox_running",
+            "Workers running now, per control loop.",
+            (|m: &MailboxStatus| m.running) as fn(&MailboxStatus) -> usize,
+        ),
+        (
+            "shepherd_mailbox_parallelism",
+            "Workers allowed at once, per control loop.",
+            |m: &MailboxStatus| m.parallelism,
+        ),
+    ] {
+        p.family(name, "gauge", help);
+        for (process, m) in mailboxes {
+            if let Some(m) = m {
+                p.sample(name, &[("process", process)], value(m) as f64);
+            }
         }
     }
 }

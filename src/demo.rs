@@ -7,7 +7,6 @@
 //! every machine is taken over (or keeps running with `--keep-running`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::bmdb::Bmdb;
@@ -171,6 +170,5 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
     running.shutdown().await;
     sim.stop().await;
     drop(machines);
-    let _: PathBuf = root;
     Ok(())
 }

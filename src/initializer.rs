@@ -5,7 +5,7 @@
 //! with a cause naming the step and a backoff.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -437,9 +437,4 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// For tests and tools: the takeover settings for a local agent binary.
-pub fn read_agent(path: &Path) -> std::io::Result<Rc<[u8]>> {
-    Ok(std::fs::read(path)?.into())
 }

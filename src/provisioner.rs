@@ -153,12 +153,7 @@ async fn reconcile(
     known_missing: BTreeSet<String>,
 ) -> Result<RoundOutcome, String> {
     let kind = provider.kind();
-    let (listed, recorded) = futures::join!(
-        provider.list_machines(),
-        session.transact(async |tx| machines::provided_by(tx, kind).await)
-    );
-    let listed = listed.map_err(|e| format!("listing the provider: {e}"))?;
-    let recorded = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
+    let (listed, recorded) = crate::provider::listings(provider.as_ref(), &session).await?;
     let in_bmdb: HashSet<&str> = recorded.iter().map(|m| m.provider_id.as_str()).collect();
     let ours: Vec<&ProviderMachine> = listed
         .iter()

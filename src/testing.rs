@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::bmdb::{Bmdb, BmdbOptions, EmbeddedPostgres};
-use crate::config::{BmdbConfig, EmbeddedConfig, Isolation};
+use crate::config::{EmbeddedConfig, Isolation};
 
 enum Server {
     External(tokio_postgres::Config),
@@ -176,14 +176,6 @@ impl TestDb {
         )
         .await
         .expect("connect to test database")
-    }
-
-    /// A `BmdbConfig` pointing at this database (for code that takes config).
-    pub fn bmdb_config(&self) -> BmdbConfig {
-        BmdbConfig {
-            url: Some(self.url()),
-            ..BmdbConfig::default()
-        }
     }
 
     /// This database as a key/value connection string.

@@ -88,13 +88,7 @@ fn refreshed(recorded: &ProvidedMachine, listed: Option<&ProviderMachine>) -> Pr
 }
 
 async fn update(provider: SharedProvider, session: Session) -> Result<u64, String> {
-    let kind = provider.kind();
-    let (listed, recorded) = futures::join!(
-        provider.list_machines(),
-        session.transact(async |tx| machines::provided_by(tx, kind).await)
-    );
-    let listed = listed.map_err(|e| format!("listing the provider: {e}"))?;
-    let recorded = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
+    let (listed, recorded) = crate::provider::listings(provider.as_ref(), &session).await?;
     let by_id: HashMap<&str, &ProviderMachine> = listed
         .iter()
         .filter(|m| m.kind == MachineKind::Ours)

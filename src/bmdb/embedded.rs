@@ -398,15 +398,6 @@ impl EmbeddedPostgres {
         self.config_for(EMBEDDED_DATABASE)
     }
 
-    /// A libpq-style connection string for the shepherd database.
-    pub fn url(&self) -> String {
-        format!(
-            "host={} port={} user={SUPERUSER} dbname={EMBEDDED_DATABASE}",
-            self.socket_dir.display(),
-            self.port
-        )
-    }
-
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }

@@ -245,12 +245,6 @@ impl Bmdb {
         Ok(self.inner.pool.get().await?)
     }
 
-    /// Pool occupancy: (connections open, connections idle).
-    pub fn pool_state(&self) -> (u32, u32) {
-        let s = self.inner.pool.state();
-        (s.connections, s.idle_connections)
-    }
-
     /// Runs `f` in a transaction outside any session (reads, fixtures,
     /// administration). Retries on serialization failure.
     pub async fn transact<T>(

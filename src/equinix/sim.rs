@@ -223,6 +223,32 @@ impl State {
         DeviceState::Active
     }
 
+    /// Zeroes the counters and the log (the device count stays true).
+    fn reset_stats(&mut self) {
+        self.stats = Stats {
+            devices: self.devices.len() as u64,
+            ..Stats::default()
+        };
+    }
+
+    /// Another user of the project takes free reservation `id`. Err: the
+    /// response the API would give.
+    fn steal(&mut self, id: &str) -> Result<Device, HttpResponse> {
+        let ri = self.find_reservation(id).ok_or_else(not_found)?;
+        if self.reservations[ri].device.is_some() {
+            return Err(errors(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &["already in use"],
+            ));
+        }
+        Ok(self.new_device(
+            ri,
+            "someone-else".into(),
+            vec!["not-shepherd".into()],
+            "ubuntu_22_04".into(),
+        ))
+    }
+
     fn render(&self, d: &SimDevice) -> Device {
         let mut out = d.device.clone();
         out.state = self.device_state(d);
@@ -651,12 +677,7 @@ async fn stats(s: Data<Shared>) -> HttpResponse {
 }
 
 async fn reset_stats(s: Data<Shared>) -> HttpResponse {
-    let mut st = s.lock().unwrap();
-    let devices = st.devices.len() as u64;
-    st.stats = Stats {
-        devices,
-        ..Stats::default()
-    };
+    s.lock().unwrap().reset_stats();
     HttpResponse::NoContent().finish()
 }
 
@@ -667,20 +688,10 @@ async fn set_faults(s: Data<Shared>, f: Json<Faults>) -> HttpResponse {
 
 /// Another user of the project takes a free reservation.
 async fn steal_reservation(s: Data<Shared>, id: Path<String>) -> HttpResponse {
-    let mut st = s.lock().unwrap();
-    let Some(ri) = st.find_reservation(&id) else {
-        return not_found();
-    };
-    if st.reservations[ri].device.is_some() {
-        return errors(StatusCode::UNPROCESSABLE_ENTITY, &["already in use"]);
+    match s.lock().unwrap().steal(&id) {
+        Ok(d) => HttpResponse::Created().json(d),
+        Err(r) => r,
     }
-    let d = st.new_device(
-        ri,
-        "someone-else".into(),
-        vec!["not-shepherd".into()],
-        "ubuntu_22_04".into(),
-    );
-    HttpResponse::Created().json(d)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -968,12 +979,7 @@ impl Simulator {
     }
 
     pub fn reset_stats(&self) {
-        let mut st = self.state.lock().unwrap();
-        let devices = st.devices.len() as u64;
-        st.stats = Stats {
-            devices,
-            ..Stats::default()
-        };
+        self.state.lock().unwrap().reset_stats();
     }
 
     pub fn set_faults(&self, f: Faults) {
@@ -998,17 +1004,7 @@ impl Simulator {
 
     /// Another user takes reservation `id`; returns the device.
     pub fn steal_reservation(&self, id: &str) -> Option<Device> {
-        let mut st = self.state.lock().unwrap();
-        let ri = st.find_reservation(id)?;
-        if st.reservations[ri].device.is_some() {
-            return None;
-        }
-        Some(st.new_device(
-            ri,
-            "someone-else".into(),
-            vec!["not-shepherd".into()],
-            "ubuntu_22_04".into(),
-        ))
+        self.state.lock().unwrap().steal(id).ok()
     }
 
     pub fn ssh_keys(&self) -> Vec<SshKey> {

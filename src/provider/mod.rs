@@ -66,3 +66,25 @@ pub trait Provider {
 }
 
 pub type SharedProvider = Rc<dyn Provider>;
+
+/// What the provider lists and what the BMDB records for it, fetched
+/// concurrently: the start of every Provisioner and Updater round.
+pub async fn listings(
+    provider: &dyn Provider,
+    session: &crate::bmdb::Session,
+) -> Result<
+    (
+        Vec<ProviderMachine>,
+        Vec<crate::bmdb::selectors::ProvidedMachine>,
+    ),
+    String,
+> {
+    let kind = provider.kind();
+    let (listed, recorded) = futures::join!(
+        provider.list_machines(),
+        session.transact(async |tx| crate::bmdb::machines::provided_by(tx, kind).await)
+    );
+    let listed = listed.map_err(|e| format!("listing the provider: {e}"))?;
+    let recorded = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
+    Ok((listed, recorded))
+}

@@ -686,7 +686,8 @@ pub struct SupervisorConfig {
     /// On SIGINT/SIGTERM, how long running takeovers may finish.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
-    /// First wait before restarting a failed part; doubles up to a minute.
+    /// Wait before restarting a failed part; first wait before reopening a
+    /// lost session (attempts then double up to 2 s, or this if longer).
     #[serde(with = "humantime_serde")]
     pub restart_backoff: Duration,
 }
@@ -728,10 +729,10 @@ impl ProviderConfig {
             ProviderKind::Static => {
                 let mut seen = std::collections::HashSet::new();
                 for (i, m) in self.inventory.machines.iter().enumerate() {
-                    if m.id.trim().is_empty() || m.id.len() > 128 {
+                    if let Err(e) = crate::provider::inventory::check_id(&m.id) {
                         return Err(ConfigError::key(
                             format!("provider.inventory.machines[{i}].id"),
-                            "must be 1 to 128 characters",
+                            e,
                         ));
                     }
                     if !seen.insert(&m.id) {

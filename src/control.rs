@@ -232,32 +232,35 @@ impl<C: ControlLoop> Handler<GetStatus> for WorkMailbox<C> {
 }
 
 /// One actor per leased machine: runs its control loop's job (which ends
-/// the work) to an outcome, tells the mailbox, and stops. The Initializer's
-/// and the Recoverer's workers are this actor with their own job.
-pub struct Worker {
+/// the work) to an outcome, tells the mailbox, and stops. Generic over the
+/// control loop it works for, so each loop's worker is a type of its own
+/// (`InitializerWorker`, `RecovererWorker`) on one shared runner.
+pub struct Worker<C: ControlLoop> {
     job: Option<futures::future::LocalBoxFuture<'static, WorkOutcome>>,
     machine_id: Uuid,
     done: Recipient<WorkerDone>,
     outcome: WorkOutcome,
+    _loop: std::marker::PhantomData<fn() -> C>,
 }
 
-impl Worker {
+impl<C: ControlLoop> Worker<C> {
     pub fn start(
         machine_id: Uuid,
         job: impl Future<Output = WorkOutcome> + 'static,
         done: Recipient<WorkerDone>,
-    ) -> Addr<Worker> {
+    ) -> Addr<Worker<C>> {
         Worker {
             job: Some(Box::pin(job)),
             machine_id,
             done,
             outcome: WorkOutcome::Aborted,
+            _loop: std::marker::PhantomData,
         }
         .start()
     }
 }
 
-impl Actor for Worker {
+impl<C: ControlLoop> Actor for Worker<C> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {

@@ -51,6 +51,9 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
         "--machines must be within 1 and 60000"
     );
     let root = std::env::current_dir()?.join("var/demo");
+    // The database may live elsewhere (root from a directory the database
+    // user cannot enter): wipe it through its link.
+    crate::bmdb::embedded::remove_data_dir(&root.join("bmdb"))?;
     if root.exists() {
         std::fs::remove_dir_all(&root)?;
     }

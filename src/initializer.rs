@@ -1,6 +1,6 @@
 //! The Initializer: starts the agent on every provided machine that needs
 //! it. A [`ControlLoop`] for the work-lease mailbox: the selector is "needs
-//! agent start", each leased machine's worker (a `control::Worker`) runs the takeover
+//! agent start", each leased machine's worker (an [`InitializerWorker`]) runs the takeover
 //! over SSH and finishes the work with `machine_agent_started`, or fails it
 //! with a cause naming the step and a backoff.
 
@@ -177,11 +177,14 @@ pub async fn take_over(
         let out = conn
             .run(&ssh::shell_quote(&path), &init.encode_to_vec(), &s.ssh)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                ssh::SshError::Exec { .. } => e.to_string(),
+                e => format!("run agent: {e}"),
+            })?;
         conn.close().await;
         if let Some(sig) = &out.exit_signal {
             return Err(format!(
-                "agent killed by signal {sig}: {}",
+                "run agent: agent killed by signal {sig}: {}",
                 out.stderr_text()
             ));
         }
@@ -189,19 +192,19 @@ pub async fn take_over(
             Some(0) => {}
             Some(code) => {
                 return Err(format!(
-                    "agent exited with status {code}: {}",
+                    "run agent: agent exited with status {code}: {}",
                     out.stderr_text()
                 ));
             }
             None => {
                 return Err(format!(
-                    "agent ended without an exit status: {}",
+                    "run agent: agent ended without an exit status: {}",
                     out.stderr_text()
                 ));
             }
         }
         step = "agent reply";
-        agent::check_reply(&init, &out.stdout).map_err(|e| e.to_string())
+        agent::check_reply(&init, &out.stdout).map_err(|e| format!("agent reply: {e}"))
     };
     let result = tokio::time::timeout(s.exchange_timeout, exchange).await;
     match result {
@@ -220,6 +223,10 @@ pub async fn take_over(
         }),
     }
 }
+
+/// The actor that takes one leased machine over: the shared worker
+/// running the Initializer's job.
+pub type InitializerWorker = Worker<Initializer>;
 
 /// The Initializer control loop.
 pub struct Initializer {
@@ -269,7 +276,7 @@ impl ControlLoop for Initializer {
 
     fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
         let span = tracing::info_span!("takeover", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
-        Worker::start(
+        InitializerWorker::start(
             work.machine_id(),
             run(work, self.shared.clone()).instrument(span),
             done,
@@ -308,9 +315,15 @@ async fn fail(
             tracing::warn!(%cause, retry_in_s = wait.as_secs(), "takeover failed");
             WorkOutcome::Failed(cause)
         }
-        Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
+        Err(BmdbError::SessionExpired(_)) => {
+            tracing::warn!(%cause, "takeover failed; the session ended before that was recorded");
+            WorkOutcome::Aborted
+        }
         Err(e) => {
-            tracing::error!(%cause, error = %e, "takeover failed and the failure could not be recorded");
+            // Not recordable at all (the database refused it): the lease
+            // must still end, so give the machine back untouched.
+            tracing::error!(%cause, error = %e, "takeover failed and the failure could not be recorded; cancelling the lease");
+            let _ = work.cancel().await;
             WorkOutcome::Failed(cause)
         }
     }
@@ -420,8 +433,15 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
                     tracing::info!(agent_key = %hex(&t.agent_key), "agent started");
                     WorkOutcome::Finished
                 }
-                Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
+                Err(BmdbError::SessionExpired(_)) => {
+                    tracing::warn!(agent_key = %hex(&t.agent_key), "the agent started, but the session ended before it was recorded; the machine will be taken over again");
+                    WorkOutcome::Aborted
+                }
                 Err(e) => {
+                    // The database refused the record (not an outage: that
+                    // is retried until recorded). Fail the work so that the
+                    // takeover runs again after the backoff.
+                    tracing::error!(agent_key = %hex(&t.agent_key), error = %e, "the agent started, but recording it failed");
                     fail(
                         work,
                         shared,

@@ -35,6 +35,10 @@ pub struct RebootWait {
     pub settle: Duration,
 }
 
+/// The actor that recovers one leased machine: the shared worker running
+/// the Recoverer's job.
+pub type RecovererWorker = Worker<Recoverer>;
+
 pub struct Recoverer {
     shared: Rc<Shared>,
 }
@@ -83,7 +87,7 @@ impl ControlLoop for Recoverer {
 
     fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
         let span = tracing::info_span!("recovery", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
-        Worker::start(
+        RecovererWorker::start(
             work.machine_id(),
             run(work, self.shared.clone()).instrument(span),
             done,

@@ -27,7 +27,10 @@ use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
 use crate::recoverer::{RebootWait, Recoverer};
 use crate::updater::Updater;
 
-const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(60);
+/// A new session is tried at most this far apart while the database is
+/// away (or `restart_backoff`, if longer): an attempt costs one connection
+/// attempt, and shepherd should be back within seconds of the database.
+const MAX_SESSION_RETRY: Duration = Duration::from_secs(2);
 
 /// Everything built from the configuration before the actors start.
 pub struct Parts {
@@ -232,7 +235,7 @@ fn next_backoff(last: Duration, initial: Duration) -> Duration {
     if last.is_zero() {
         initial
     } else {
-        (last * 2).min(MAX_RESTART_BACKOFF)
+        (last * 2).min(MAX_SESSION_RETRY.max(initial))
     }
 }
 

@@ -7,6 +7,7 @@
 //! round trip more than its statements: the COMMIT.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
@@ -20,9 +21,22 @@ pub struct PgConn {
     client: Client,
     statements: HashMap<&'static str, Statement>,
     in_transaction: bool,
+    /// When a transaction last ended on it: an idle connection is tested
+    /// before it is handed out.
+    last_used: Instant,
+    /// Lost mid-use: the pool must not hand it out again.
+    broken: bool,
 }
 
+/// A connection idle for longer than this is pinged at checkout (a server
+/// restart or failover kills idle connections without our knowing).
+const IDLE_CHECK_AFTER: Duration = Duration::from_secs(1);
+
 impl PgConn {
+    pub(crate) fn mark_broken(&mut self) {
+        self.broken = true;
+    }
+
     pub(crate) fn client_mut(&mut self) -> &mut Client {
         &mut self.client
     }
@@ -119,12 +133,14 @@ impl Tx<'_> {
     pub(crate) async fn commit(self) -> Result<(), BmdbError> {
         let r = self.conn.client.batch_execute("COMMIT").await;
         self.conn.in_transaction = false;
+        self.conn.last_used = Instant::now();
         Ok(r?)
     }
 
     pub(crate) async fn rollback(self) -> Result<(), BmdbError> {
         let r = self.conn.client.batch_execute("ROLLBACK").await;
         self.conn.in_transaction = false;
+        self.conn.last_used = Instant::now();
         Ok(r?)
     }
 }
@@ -155,14 +171,22 @@ impl bb8::ManageConnection for PgManager {
             client,
             statements: HashMap::new(),
             in_transaction: false,
+            last_used: Instant::now(),
+            broken: false,
         })
     }
 
+    /// At checkout: a closed connection fails at once (no round trip); one
+    /// idle for a while is pinged; a busy one is trusted.
     async fn is_valid(&self, conn: &mut PgConn) -> Result<(), tokio_postgres::Error> {
-        conn.client.batch_execute("").await
+        if conn.client.is_closed() || conn.last_used.elapsed() >= IDLE_CHECK_AFTER {
+            conn.client.batch_execute("").await?;
+            conn.last_used = Instant::now();
+        }
+        Ok(())
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        conn.client.is_closed()
+        conn.broken || conn.client.is_closed()
     }
 }

@@ -8,7 +8,11 @@
 //! used as it is and left running.
 //!
 //! PostgreSQL refuses to run as root; when we are root, the server runs as
-//! the `postgres` system user, which then owns the data directory.
+//! the `postgres` system user, which then owns the data directory. That user
+//! must be able to reach it: when the configured directory lies below one
+//! it cannot enter (root's 0700 home, a `mktemp -d`), the data lives under
+//! [`RELOCATED_BASE`] instead, with a symbolic link at the configured path,
+//! and the log says so. Nothing about the operator's directories changes.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -23,6 +27,10 @@ use nix::unistd::{Pid, Uid, User};
 
 use super::BmdbError;
 use crate::config::EmbeddedConfig;
+
+/// Where the data of an embedded server run as `postgres` lives when that
+/// user cannot reach the configured directory.
+pub const RELOCATED_BASE: &str = "/var/lib/shepherd/embedded";
 
 /// The database shepherd uses inside the embedded server.
 pub const EMBEDDED_DATABASE: &str = "shepherd";
@@ -143,6 +151,118 @@ fn chown_tree(path: &Path, user: &User) -> Result<(), BmdbError> {
     Ok(())
 }
 
+/// Whether `user` can enter `dir` (search permission on it and every
+/// directory above it, ACLs included): asked of the kernel, as that user.
+fn can_enter(dir: &Path, user: &User) -> bool {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "cd -- \"$1\"", "sh"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    run_as(&mut cmd, &Some(user.clone()));
+    cmd.status().map(|s| s.success()).unwrap_or(false)
+}
+
+/// The data directory the server will really use for `configured`: itself
+/// if `user` can reach it, else a directory under [`RELOCATED_BASE`] named
+/// after it, linked from `configured`.
+fn reachable_data_dir(configured: &Path, user: &User) -> Result<PathBuf, BmdbError> {
+    let parent = configured.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(parent).map_err(|e| {
+        err(format!(
+            "bmdb.embedded.data_dir {}: {e}",
+            configured.display()
+        ))
+    })?;
+    if let Ok(target) = std::fs::read_link(configured) {
+        // Relocated by an earlier start (or linked by the operator).
+        let target = if target.is_absolute() {
+            target
+        } else {
+            parent.join(target)
+        };
+        std::fs::create_dir_all(&target)
+            .map_err(|e| err(format!("bmdb.embedded.data_dir {}: {e}", target.display())))?;
+        return Ok(target);
+    }
+    if can_enter(parent, user) {
+        return Ok(configured.to_path_buf());
+    }
+    if configured.join("PG_VERSION").exists() {
+        return Err(err(format!(
+            "bmdb.embedded.data_dir {} holds a database, but the `{}` user the server runs as \
+             cannot reach it: let it search the directories above, or move the data",
+            configured.display(),
+            user.name
+        )));
+    }
+    if configured.is_dir() {
+        // Empty, or what a failed start left: nothing of value.
+        std::fs::remove_dir_all(configured)
+            .map_err(|e| err(format!("{}: {e}", configured.display())))?;
+    }
+    let name: String = configured
+        .to_string_lossy()
+        .trim_start_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = if name.len() > 60 {
+        format!("{}-{:016x}", &name[name.len() - 40..], fxhash(configured))
+    } else {
+        name
+    };
+    let target = Path::new(RELOCATED_BASE).join(name);
+    std::fs::create_dir_all(&target).map_err(|e| {
+        err(format!(
+            "relocating the embedded database to {}: {e}",
+            target.display()
+        ))
+    })?;
+    std::os::unix::fs::symlink(&target, configured).map_err(|e| {
+        err(format!(
+            "linking {} to {}: {e}",
+            configured.display(),
+            target.display()
+        ))
+    })?;
+    tracing::info!(
+        configured = %configured.display(),
+        data_dir = %target.display(),
+        "the embedded PostgreSQL runs as {}, which cannot reach the configured data directory; \
+         its data lives in {} instead (linked from the configured path)",
+        user.name,
+        target.display()
+    );
+    Ok(target)
+}
+
+/// Removes an embedded server's data directory, and the relocated data a
+/// symbolic link there points to (the demo's wipe).
+pub fn remove_data_dir(path: &Path) -> std::io::Result<()> {
+    if let Ok(target) = std::fs::read_link(path) {
+        let target = match path.parent() {
+            Some(p) if !target.is_absolute() => p.join(target),
+            _ => target,
+        };
+        if target.exists() {
+            std::fs::remove_dir_all(&target)?;
+        }
+        return std::fs::remove_file(path);
+    }
+    if path.exists() {
+        std::fs::remove_dir_all(path)?;
+    }
+    Ok(())
+}
+
 /// The PID in `postmaster.pid`, if that process is alive.
 fn running_postmaster(data_dir: &Path) -> Option<Pid> {
     let f = std::fs::File::open(data_dir.join("postmaster.pid")).ok()?;
@@ -187,6 +307,10 @@ impl EmbeddedPostgres {
         let cwd = std::env::current_dir().map_err(|e| err(e.to_string()))?;
         let data_dir = cwd.join(&cfg.data_dir);
         let user = server_user()?;
+        let data_dir = match &user {
+            Some(u) => reachable_data_dir(&data_dir, u)?,
+            None => data_dir,
+        };
         std::fs::create_dir_all(&data_dir).map_err(|e| {
             err(format!(
                 "bmdb.embedded.data_dir {}: {e}",

@@ -52,6 +52,14 @@ pub enum BmdbError {
         message: String,
         code: Option<SqlState>,
     },
+    /// The connection was refused, lost or shut down by the server before
+    /// the transaction committed: nothing was written.
+    #[error("database unreachable: {0}")]
+    Unreachable(String),
+    /// The connection was lost while COMMIT was under way: the transaction
+    /// may or may not have been written.
+    #[error("database connection lost during commit, outcome unknown: {0}")]
+    CommitUnknown(String),
     #[error("database pool: {0}")]
     Pool(String),
     #[error("transaction gave up after {attempts} attempts on serialization failures: {last}")]
@@ -84,6 +92,38 @@ impl BmdbError {
     pub fn is_unique_violation(&self) -> bool {
         self.code() == Some(&SqlState::UNIQUE_VIOLATION)
     }
+
+    /// The database could not be reached or did not answer: the same call
+    /// may succeed once it is back (database restarts, network blips, an
+    /// exhausted pool). A `CommitUnknown` may have been written.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            BmdbError::Unreachable(_) | BmdbError::CommitUnknown(_) | BmdbError::Pool(_)
+        )
+    }
+}
+
+/// Whether `e` means the connection is gone (refused, reset, closed, or the
+/// server shutting it down), as opposed to an answer from a working server.
+fn is_connection_error(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        let c = code.code();
+        // 08: connection exception; 57P01-57P03: admin/crash shutdown,
+        // cannot connect now (starting up or shutting down).
+        return c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03");
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        if inner.is::<std::io::Error>() {
+            return true;
+        }
+        src = inner.source();
+    }
+    false
 }
 
 /// tokio-postgres shows a server error as "db error"; say what it was.
@@ -113,6 +153,9 @@ pub(crate) fn describe_pg_error(e: &tokio_postgres::Error) -> String {
 
 impl From<tokio_postgres::Error> for BmdbError {
     fn from(e: tokio_postgres::Error) -> Self {
+        if is_connection_error(&e) {
+            return BmdbError::Unreachable(describe_pg_error(&e));
+        }
         BmdbError::Database {
             message: describe_pg_error(&e),
             code: e.code().cloned(),
@@ -120,11 +163,46 @@ impl From<tokio_postgres::Error> for BmdbError {
     }
 }
 
-impl From<bb8::RunError<tokio_postgres::Error>> for BmdbError {
-    fn from(e: bb8::RunError<tokio_postgres::Error>) -> Self {
-        match e {
-            bb8::RunError::User(e) => e.into(),
-            bb8::RunError::TimedOut => BmdbError::Pool("timed out waiting for a connection".into()),
+/// The pool's last failure to open a connection, so that a checkout that
+/// times out can say why.
+#[derive(Clone, Default)]
+struct LastConnectError(Arc<std::sync::Mutex<Option<(std::time::Instant, String)>>>);
+
+impl std::fmt::Debug for LastConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LastConnectError")
+    }
+}
+
+impl bb8::ErrorSink<tokio_postgres::Error> for LastConnectError {
+    fn sink(&self, e: tokio_postgres::Error) {
+        let message = describe_pg_error(&e);
+        tracing::debug!(error = %message, "opening a BMDB connection failed");
+        *self.0.lock().unwrap() = Some((std::time::Instant::now(), message));
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<tokio_postgres::Error>> {
+        Box::new(self.clone())
+    }
+}
+
+impl LastConnectError {
+    /// The error behind a checkout timeout: a recent connect failure.
+    fn pool_error(&self, waited: Duration, pool_size: u32) -> BmdbError {
+        let recent = self
+            .0
+            .lock()
+            .unwrap()
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() <= waited + Duration::from_secs(1))
+            .map(|(_, m)| m.clone());
+        match recent {
+            Some(m) => BmdbError::Unreachable(format!(
+                "no connection within {waited:?}; last attempt: {m}"
+            )),
+            None => BmdbError::Pool(format!(
+                "no free connection within {waited:?} (all {pool_size} in use)"
+            )),
         }
     }
 }
@@ -158,6 +236,9 @@ pub struct Bmdb {
 struct Inner {
     pool: bb8::Pool<PgManager>,
     options: BmdbOptions,
+    acquire_timeout: Duration,
+    pool_size: u32,
+    connect_errors: LastConnectError,
     /// Kept alive as long as any handle is: the embedded server, if any.
     _embedded: Option<Arc<EmbeddedPostgres>>,
 }
@@ -211,12 +292,18 @@ impl Bmdb {
         if pg.get_application_name().is_none() {
             pg.application_name("shepherd");
         }
+        let connect_errors = LastConnectError::default();
+        // Checkout tests a connection only when it is closed or has been
+        // idle (a database restart leaves the pool full of dead ones); a
+        // busy connection is handed out without a round trip.
         let pool = bb8::Pool::builder()
             .max_size(pool_size)
             .connection_timeout(acquire_timeout)
-            .test_on_check_out(false)
+            .test_on_check_out(true)
+            .error_sink(Box::new(connect_errors.clone()))
             .build(PgManager::new(pg.clone()))
-            .await?;
+            .await
+            .map_err(BmdbError::from)?;
         // Fail now, with the server's reason, rather than at first use.
         drop(pool.dedicated_connection().await.map_err(|e| {
             let where_ = describe_target(&pg);
@@ -225,6 +312,9 @@ impl Bmdb {
                     message: format!("cannot connect to {where_}: {message}"),
                     code,
                 },
+                BmdbError::Unreachable(m) => {
+                    BmdbError::Unreachable(format!("cannot connect to {where_}: {m}"))
+                }
                 other => other,
             }
         })?);
@@ -232,6 +322,9 @@ impl Bmdb {
             inner: Arc::new(Inner {
                 pool,
                 options,
+                acquire_timeout,
+                pool_size,
+                connect_errors,
                 _embedded: None,
             }),
         })
@@ -242,7 +335,14 @@ impl Bmdb {
     }
 
     pub(crate) async fn conn(&self) -> Result<bb8::PooledConnection<'_, PgManager>, BmdbError> {
-        Ok(self.inner.pool.get().await?)
+        match self.inner.pool.get().await {
+            Ok(c) => Ok(c),
+            Err(bb8::RunError::User(e)) => Err(e.into()),
+            Err(bb8::RunError::TimedOut) => Err(self
+                .inner
+                .connect_errors
+                .pool_error(self.inner.acquire_timeout, self.inner.pool_size)),
+        }
     }
 
     /// Runs `f` in a transaction outside any session (reads, fixtures,
@@ -263,9 +363,12 @@ impl Bmdb {
         mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
     ) -> Result<T, BmdbError> {
         let opts = &self.inner.options;
-        let mut conn = self.conn().await?;
         let mut attempt = 0u32;
+        let mut lost = 0u32;
         loop {
+            // A fresh checkout each attempt: a lost connection is discarded
+            // by the pool and the next one is tested.
+            let mut conn = self.conn().await?;
             attempt += 1;
             let result = attempt_tx(&mut conn, opts.isolation, session, &mut f).await;
             match result {
@@ -277,13 +380,29 @@ impl Bmdb {
                         });
                     }
                     tracing::debug!(attempt, error = %e, "retrying transaction");
+                    drop(conn);
                     tokio::time::sleep(retry_delay(attempt)).await;
+                }
+                // Lost before COMMIT: nothing was written, run it again on
+                // another connection (a server restart kills every pooled
+                // connection at once).
+                Err(BmdbError::Unreachable(m)) if lost < LOST_CONNECTION_RETRIES => {
+                    lost += 1;
+                    attempt -= 1;
+                    tracing::debug!(lost, error = %m, "connection lost mid-transaction; retrying");
+                    conn.mark_broken();
+                    drop(conn);
+                    tokio::time::sleep(Duration::from_millis(50 << lost.min(4))).await;
                 }
                 other => return other,
             }
         }
     }
 }
+
+/// Times a transaction is re-run on another connection after its own was
+/// lost before COMMIT.
+const LOST_CONNECTION_RETRIES: u32 = 3;
 
 const SESSION_CHECK: &str =
     "SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now() FOR KEY SHARE";
@@ -311,10 +430,11 @@ async fn attempt_tx<T>(
         }
     }
     match f(&mut tx).await {
-        Ok(v) => {
-            tx.commit().await?;
-            Ok(v)
-        }
+        Ok(v) => match tx.commit().await {
+            Ok(()) => Ok(v),
+            Err(BmdbError::Unreachable(m)) => Err(BmdbError::CommitUnknown(m)),
+            Err(e) => Err(e),
+        },
         Err(e) => {
             // The connection stays usable: a failed rollback marks it for
             // rollback at its next use.

@@ -29,6 +29,10 @@ struct SessionInner {
     component: String,
     interval: Duration,
     expired: watch::Sender<bool>,
+    /// The deadline by our clock: when the last successful poke (or the
+    /// start) was sent, plus the interval. Never later than the database's,
+    /// so past it the session is dead whatever the database is doing.
+    deadline: std::sync::Mutex<Instant>,
 }
 
 impl std::fmt::Debug for Session {
@@ -81,6 +85,7 @@ impl Bmdb {
         let interval = interval.unwrap_or(self.options().session_interval);
         let secs = interval.as_secs().max(1) as i32;
         let id = Uuid::new_v4();
+        let sent = Instant::now();
         let runtime_info = format!(
             "shepherd {} pid {} host {}",
             env!("CARGO_PKG_VERSION"),
@@ -103,6 +108,7 @@ impl Bmdb {
                 component: component.to_string(),
                 interval: Duration::from_secs(secs as u64),
                 expired: watch::channel(false).0,
+                deadline: std::sync::Mutex::new(sent + Duration::from_secs(secs as u64)),
             }),
         })
     }
@@ -169,6 +175,7 @@ impl Session {
         mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
     ) -> Result<Option<Work<T>>, BmdbError> {
         let sid = self.id();
+        let mut picked = None;
         let leased = self
             .transact(async |tx| {
                 let mut selections = 0;
@@ -177,6 +184,7 @@ impl Session {
                         return Ok(None);
                     };
                     if super::work::start(tx, machine_id, sid, process).await? {
+                        picked = Some(machine_id);
                         return Ok(Some((machine_id, item)));
                     }
                     selections += 1;
@@ -188,7 +196,21 @@ impl Session {
                     }
                 }
             })
-            .await?;
+            .await;
+        let leased = match leased {
+            Ok(l) => l,
+            // The lease may have been written with nobody to work it: give
+            // it back (a no-op if it was not), so no machine stays leased
+            // without a worker.
+            Err(BmdbError::CommitUnknown(m)) => {
+                if let Some(machine_id) = picked {
+                    tracing::warn!(%machine_id, %process, error = %m, "lease outcome unknown; releasing it");
+                    let _ = super::work::release_unknown(self, machine_id, process).await;
+                }
+                return Err(BmdbError::CommitUnknown(m));
+            }
+            Err(e) => return Err(e),
+        };
         Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item)))
     }
 
@@ -196,6 +218,7 @@ impl Session {
     /// already passed (or the row is gone).
     pub async fn poke(&self) -> Result<(), BmdbError> {
         let id = self.id();
+        let sent = Instant::now();
         let n = self
             .inner
             .bmdb
@@ -205,7 +228,14 @@ impl Session {
             self.mark_expired();
             return Err(BmdbError::SessionExpired(id));
         }
+        let mut d = self.inner.deadline.lock().unwrap();
+        *d = (*d).max(sent + self.inner.interval);
         Ok(())
+    }
+
+    /// When the session dies unless poked before, by our clock.
+    pub fn deadline(&self) -> Instant {
+        *self.inner.deadline.lock().unwrap()
     }
 
     /// Ends the session: deletes its row, which releases its work.
@@ -220,14 +250,32 @@ impl Session {
         Ok(())
     }
 
+    /// Dead: marked so, or past its deadline by our clock.
     pub fn is_expired(&self) -> bool {
-        *self.inner.expired.borrow()
+        if *self.inner.expired.borrow() {
+            return true;
+        }
+        if Instant::now() >= self.deadline() {
+            self.mark_expired();
+            return true;
+        }
+        false
     }
 
-    /// Resolves once the session is known to be dead.
+    /// Resolves once the session is known to be dead (marked, or past its
+    /// deadline by our clock).
     pub async fn expired(&self) {
         let mut rx = self.inner.expired.subscribe();
-        let _ = rx.wait_for(|e| *e).await;
+        loop {
+            if self.is_expired() {
+                return;
+            }
+            let deadline = tokio::time::Instant::from_std(self.deadline());
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
     }
 
     pub(crate) fn mark_expired(&self) {
@@ -274,9 +322,11 @@ pub struct CloseSession;
 pub struct BmdbSession {
     session: Session,
     subscribers: Vec<Recipient<SessionEnded>>,
-    /// When the deadline we last set runs out, by our clock.
-    deadline: Instant,
     poking: bool,
+    /// Heartbeats failed in a row; the next is retried sooner than the
+    /// regular tick, so a short outage does not cost the session.
+    failures: u32,
+    retry: Option<SpawnHandle>,
     ended: Option<SessionEndReason>,
 }
 
@@ -288,12 +338,12 @@ impl BmdbSession {
     }
 
     pub fn new(session: Session) -> Self {
-        let deadline = Instant::now() + session.interval();
         BmdbSession {
             session,
             subscribers: Vec::new(),
-            deadline,
             poking: false,
+            failures: 0,
+            retry: None,
             ended: None,
         }
     }
@@ -321,16 +371,23 @@ impl BmdbSession {
         if self.poking || self.ended.is_some() {
             return;
         }
+        if let Some(h) = self.retry.take() {
+            ctx.cancel_future(h);
+        }
         self.poking = true;
         let session = self.session.clone();
         let grace = session.bmdb().options().session_gc_grace;
-        let sent = Instant::now();
-        let timeout = session.interval() / 2;
+        // A poke that cannot land before the deadline is useless: give up on
+        // it in time to try again.
+        let left = session.deadline().saturating_duration_since(Instant::now());
+        let timeout = (session.interval() / 2)
+            .min(left)
+            .max(Duration::from_millis(100));
         let fut = async move {
             match tokio::time::timeout(timeout, session.poke()).await {
                 Ok(r) => r?,
                 Err(_) => {
-                    return Err(BmdbError::Pool(format!(
+                    return Err(BmdbError::Unreachable(format!(
                         "heartbeat took longer than {timeout:?}"
                     )));
                 }
@@ -344,13 +401,29 @@ impl BmdbSession {
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
             act.poking = false;
             match r {
-                Ok(()) => act.deadline = sent + act.session.interval(),
+                Ok(()) => {
+                    if act.failures > 0 {
+                        tracing::info!(session_id = %act.session.id(), failures = act.failures, "session heartbeat succeeded again");
+                    }
+                    act.failures = 0;
+                }
                 Err(BmdbError::SessionExpired(_)) => act.end(SessionEndReason::Expired, ctx),
-                Err(e) if Instant::now() >= act.deadline => {
+                Err(e) if act.session.is_expired() => {
                     act.end(SessionEndReason::Unreachable(e.to_string()), ctx)
                 }
                 Err(e) => {
-                    tracing::warn!(session_id = %act.session.id(), error = %e, "session heartbeat failed, will retry")
+                    act.failures += 1;
+                    // 250 ms, 500 ms, then every second until the deadline.
+                    let wait = Duration::from_millis(250 << (act.failures - 1).min(2));
+                    if act.failures == 1 {
+                        tracing::warn!(session_id = %act.session.id(), error = %e, "session heartbeat failed; retrying until the deadline");
+                    } else {
+                        tracing::debug!(session_id = %act.session.id(), error = %e, failures = act.failures, "session heartbeat failed again");
+                    }
+                    act.retry = Some(ctx.run_later(wait, |act, ctx| {
+                        act.retry = None;
+                        act.heartbeat(ctx);
+                    }));
                 }
             }
         }));
@@ -367,7 +440,7 @@ impl Actor for BmdbSession {
         // interval) is never later than the database's: once it passes, the
         // session is dead to us, whatever a heartbeat in flight may say.
         ctx.run_interval(Duration::from_millis(250).min(period), |act, ctx| {
-            if Instant::now() >= act.deadline && act.ended.is_none() {
+            if act.ended.is_none() && act.session.is_expired() {
                 act.end(
                     SessionEndReason::Unreachable(
                         "no successful heartbeat before the deadline".into(),

@@ -37,6 +37,84 @@ const BACKOFF_SET: &str = "INSERT INTO work_backoff (machine_id, process, until,
      ON CONFLICT (machine_id, process) DO UPDATE \
      SET until = EXCLUDED.until, cause = EXCLUDED.cause, last_interval_seconds = EXCLUDED.last_interval_seconds";
 
+/// Releases the lease as `Canceled`, retried until recorded or the session
+/// is gone.
+async fn cancel(
+    session: &Session,
+    mid: Uuid,
+    process: Process,
+    cause: Option<&str>,
+) -> Result<(), BmdbError> {
+    let sid = session.id();
+    until_recorded(session, mid, process, "cancel", async || {
+        session
+            .transact(async |tx| {
+                release(tx, mid, process, sid, HistoryEvent::Canceled, cause).await
+            })
+            .await
+    })
+    .await?;
+    Ok(())
+}
+
+/// Releases a lease whose creation may or may not have committed (its
+/// answer was lost): cancelled if it exists, nothing if it does not.
+pub(super) async fn release_unknown(
+    session: &Session,
+    mid: Uuid,
+    process: Process,
+) -> Result<(), BmdbError> {
+    match cancel(session, mid, process, Some("lease outcome unknown")).await {
+        Err(BmdbError::LeaseLost { .. }) => Ok(()),
+        r => r,
+    }
+}
+
+/// Runs `end` (a transaction that ends a lease) until the database answers:
+/// errors that mean it could not be reached are retried, with a growing
+/// pause, for as long as the session lives, so that a lease always ends
+/// with its outcome recorded, or with its session. `Ok(None)`: an earlier
+/// attempt whose answer was lost had written it (the lease is gone while
+/// the session is alive).
+async fn until_recorded<R>(
+    session: &Session,
+    mid: Uuid,
+    process: Process,
+    what: &str,
+    mut end: impl AsyncFnMut() -> Result<R, BmdbError>,
+) -> Result<Option<R>, BmdbError> {
+    let mut maybe_written = false;
+    let mut failures = 0u32;
+    loop {
+        match end().await {
+            Ok(r) => {
+                if failures > 0 {
+                    tracing::info!(machine_id = %mid, %process, failures, "recorded the {what} once the database answered");
+                }
+                return Ok(Some(r));
+            }
+            Err(BmdbError::LeaseLost { .. }) if maybe_written => return Ok(None),
+            Err(e) if e.is_transient() => {
+                maybe_written |= matches!(e, BmdbError::CommitUnknown(_));
+                failures += 1;
+                if failures == 1 {
+                    tracing::warn!(machine_id = %mid, %process, error = %e,
+                        "could not record the {what}; retrying until it is recorded or the session ends");
+                }
+                if session.is_expired() {
+                    return Err(BmdbError::SessionExpired(session.id()));
+                }
+                let pause = Duration::from_millis(100 << failures.min(4));
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = session.expired() => return Err(BmdbError::SessionExpired(session.id())),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Inserts the work row and its `Started` history; false if the machine is
 /// already leased for this or a conflicting process.
 pub(super) async fn start(
@@ -123,26 +201,32 @@ impl<T> Work<T> {
 
     /// Success: runs `f` in the transaction that releases the lease, clears
     /// the process's backoff and records `Finished`. If `f` fails nothing is
-    /// written and the lease is still held (fail or cancel it).
+    /// written and the lease is still held (fail or cancel it). A database
+    /// that cannot be reached is retried until the result is recorded or the
+    /// session is gone.
     pub async fn finish(
         &mut self,
         mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<(), BmdbError>,
     ) -> Result<(), BmdbError> {
         let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
-        self.session
-            .transact(async |tx| {
-                release(tx, mid, process, sid, HistoryEvent::Finished, None).await?;
-                tx.execute(BACKOFF_CLEAR, &[&mid, &process]).await?;
-                f(tx).await
-            })
-            .await?;
+        let session = self.session.clone();
+        until_recorded(&session, mid, process, "finish", async || {
+            session
+                .transact(async |tx| {
+                    release(tx, mid, process, sid, HistoryEvent::Finished, None).await?;
+                    tx.execute(BACKOFF_CLEAR, &[&mid, &process]).await?;
+                    f(tx).await
+                })
+                .await
+        })
+        .await?;
         self.ended = true;
         Ok(())
     }
 
     /// Failure: releases the lease, records `Failed` with `cause`, and backs
     /// the process off on this machine. Returns the wait until the next
-    /// attempt.
+    /// attempt. Retried like `finish` while the database cannot be reached.
     pub async fn fail(&mut self, backoff: &Backoff, cause: &str) -> Result<Duration, BmdbError> {
         self.fail_with(backoff, cause, async |_| Ok(())).await
     }
@@ -156,37 +240,40 @@ impl<T> Work<T> {
         mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<(), BmdbError>,
     ) -> Result<Duration, BmdbError> {
         let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
-        let wait = self
-            .session
-            .transact(async |tx| {
-                release(tx, mid, process, sid, HistoryEvent::Failed, Some(cause)).await?;
-                let last: Option<i64> = tx
-                    .query_opt(BACKOFF_LAST, &[&mid, &process])
-                    .await?
-                    .and_then(|r| r.get(0));
-                let interval = backoff.next_interval_seconds(last);
-                let wait = backoff.wait_for(interval);
-                tx.execute(
-                    BACKOFF_SET,
-                    &[&mid, &process, &wait.as_secs_f64(), &cause, &interval],
-                )
-                .await?;
-                f(tx).await?;
-                Ok(wait)
-            })
-            .await?;
+        let session = self.session.clone();
+        let wait = until_recorded(&session, mid, process, "failure", async || {
+            session
+                .transact(async |tx| {
+                    release(tx, mid, process, sid, HistoryEvent::Failed, Some(cause)).await?;
+                    let last: Option<i64> = tx
+                        .query_opt(BACKOFF_LAST, &[&mid, &process])
+                        .await?
+                        .and_then(|r| r.get(0));
+                    let interval = backoff.next_interval_seconds(last);
+                    let wait = backoff.wait_for(interval);
+                    tx.execute(
+                        BACKOFF_SET,
+                        &[&mid, &process, &wait.as_secs_f64(), &cause, &interval],
+                    )
+                    .await?;
+                    f(tx).await?;
+                    Ok(wait)
+                })
+                .await
+        })
+        .await?
+        // Written by an attempt whose answer was lost: the backoff it set is
+        // at least the first interval.
+        .unwrap_or(backoff.initial);
         self.ended = true;
         tracing::info!(machine_id = %mid, process = %process, wait_s = wait.as_secs(), cause, "work failed, backing off");
         Ok(wait)
     }
 
     /// Gives the machine back untouched: releases the lease, records
-    /// `Canceled`. The backoff, if any, stays.
+    /// `Canceled`. The backoff, if any, stays. Retried like `finish`.
     pub async fn cancel(&mut self) -> Result<(), BmdbError> {
-        let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
-        self.session
-            .transact(async |tx| release(tx, mid, process, sid, HistoryEvent::Canceled, None).await)
-            .await?;
+        cancel(&self.session, self.machine_id, self.process, None).await?;
         self.ended = true;
         Ok(())
     }
@@ -204,24 +291,17 @@ impl<T> Drop for Work<T> {
         }
         tracing::warn!(machine_id = %self.machine_id, process = %self.process,
             "work dropped without finish, fail or cancel; cancelling");
-        let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
+        let (mid, process) = (self.machine_id, self.process);
         let session = self.session.clone();
         let cancel = async move {
-            let r = session
-                .transact(async |tx| {
-                    release(
-                        tx,
-                        mid,
-                        process,
-                        sid,
-                        HistoryEvent::Canceled,
-                        Some("work dropped"),
-                    )
-                    .await
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::warn!(machine_id = %mid, error = %e, "could not cancel dropped work; it ends with its session");
+            match cancel(&session, mid, process, Some("work dropped")).await {
+                Ok(()) => {}
+                Err(BmdbError::SessionExpired(_)) => {
+                    tracing::warn!(machine_id = %mid, "the session ended before the dropped work was cancelled; the lease ends with it");
+                }
+                Err(e) => {
+                    tracing::error!(machine_id = %mid, error = %e, "could not cancel dropped work; it ends with its session");
+                }
             }
         };
         // Actors run on actix arbiters (a LocalSet); elsewhere the lease is

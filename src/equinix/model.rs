@@ -70,6 +70,9 @@ pub struct IpAssignment {
     pub href: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// The device the address is assigned to (Equinix's SDKs require it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_to: Option<Href>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

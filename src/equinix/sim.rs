@@ -350,8 +350,8 @@ impl State {
             state: DeviceState::Queued,
             tags,
             ip_addresses: vec![
-                ip(&address.to_string(), 4, true, 31),
-                ip("::1", 6, true, 127),
+                ip(&mut self.rng, &id, &address.to_string(), 4, true, 31),
+                ip(&mut self.rng, &id, "::1", 6, true, 127),
             ],
             metro: Some(Metro {
                 id: None,
@@ -392,7 +392,15 @@ impl State {
     }
 }
 
-fn ip(address: &str, family: i64, public: bool, cidr: i64) -> IpAssignment {
+fn ip(
+    rng: &mut impl Rng,
+    device: &str,
+    address: &str,
+    family: i64,
+    public: bool,
+    cidr: i64,
+) -> IpAssignment {
+    let id = uuid_from(rng);
     IpAssignment {
         address: address.to_string(),
         address_family: Some(family),
@@ -401,9 +409,12 @@ fn ip(address: &str, family: i64, public: bool, cidr: i64) -> IpAssignment {
         cidr: Some(cidr),
         gateway: None,
         netmask: None,
-        id: None,
-        href: None,
+        href: Some(format!("{BASE_PATH}/ips/{id}")),
+        id: Some(id),
         enabled: Some(true),
+        assigned_to: Some(Href {
+            href: format!("{BASE_PATH}/devices/{device}"),
+        }),
     }
 }
 

@@ -3,38 +3,136 @@
 //! edit takes effect without a restart). Every host is ours; there is no
 //! capacity to create machines from, and no way to reboot one.
 
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
-
-use serde::Deserialize;
 
 use super::{Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::{InventoryConfig, InventoryMachine};
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InventoryFile {
-    #[serde(default)]
-    machines: Vec<InventoryMachine>,
+/// The longest provider ID the BMDB holds (`machine_provided.provider_id`).
+pub const MAX_ID_LEN: usize = 128;
+
+/// What is wrong with a host's ID, if anything. Shared by the inline list
+/// (a configuration error) and the file (the entry is skipped).
+pub fn check_id(id: &str) -> Result<(), String> {
+    if id.trim().is_empty() {
+        return Err("id is empty".into());
+    }
+    if id.chars().count() > MAX_ID_LEN {
+        return Err(format!(
+            "id is {} characters long, at most {MAX_ID_LEN} are allowed",
+            id.chars().count()
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err("id contains control characters".into());
+    }
+    Ok(())
 }
 
-/// Reads an inventory file; the error names the file and what is wrong.
-pub fn read_file(path: &Path) -> Result<Vec<InventoryMachine>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let parsed: InventoryFile =
-        toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.message()))?;
-    let mut seen = std::collections::HashSet::new();
-    for m in &parsed.machines {
-        if !seen.insert(m.id.clone()) {
-            return Err(format!("{}: host {} is listed twice", path.display(), m.id));
+/// An inventory file, read: the hosts that are valid, and a message for
+/// each entry that is not (file, line, host, what is wrong).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct FileHosts {
+    pub hosts: Vec<InventoryMachine>,
+    pub problems: Vec<String>,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Reads an inventory file. Err: the file as a whole is unusable (unreadable,
+/// not TOML, no `machines` array), naming the file and, for syntax, the
+/// line. Each bad entry is skipped and described in `problems`.
+pub fn read_file(path: &Path) -> Result<FileHosts, String> {
+    let file = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{file}: {e}"))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| format!(" line {}:", line_of(&text, s.start)))
+            .unwrap_or_default();
+        format!("{file}:{at} {}", e.message())
+    })?;
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        machines: Vec<toml::Spanned<toml::Table>>,
+    }
+    if let Some(other) = table.keys().find(|k| *k != "machines") {
+        return Err(format!(
+            "{file}: unknown key `{other}` (an inventory file holds `[[machines]]` entries)"
+        ));
+    }
+    let entries = match table.remove("machines") {
+        None => Vec::new(),
+        Some(_) => {
+            // Parsed again for spans: a `Table`'s values carry none.
+            toml::from_str::<Doc>(&text)
+                .map_err(|e| format!("{file}: machines: {}", e.message()))?
+                .machines
+        }
+    };
+    let mut out = FileHosts::default();
+    let mut seen = HashSet::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let line = line_of(&text, entry.span().start);
+        let entry = entry.into_inner();
+        let name = entry
+            .get("id")
+            .and_then(|v| v.as_str())
+            .filter(|id| !id.is_empty() && id.len() <= 80)
+            .map(|id| format!("host {id}"))
+            .unwrap_or_else(|| format!("machines[{i}]"));
+        let problem = |what: String| format!("{file}:{line}: {name}: {what}; skipped");
+        match parse_entry(entry) {
+            Ok(m) if !seen.insert(m.id.clone()) => out
+                .problems
+                .push(problem("listed more than once in the file".into())),
+            Ok(m) => out.hosts.push(m),
+            Err(what) => out.problems.push(problem(what)),
         }
     }
-    Ok(parsed.machines)
+    Ok(out)
+}
+
+fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
+    let text = |entry: &mut toml::Table, key: &str| -> Result<Option<String>, String> {
+        match entry.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(format!("{key} must be a string, not {}", other.type_str())),
+        }
+    };
+    let id = text(&mut entry, "id")?.ok_or("id is missing")?;
+    check_id(&id)?;
+    let address = text(&mut entry, "address")?.ok_or("address is missing")?;
+    let address = address
+        .parse()
+        .map_err(|_| format!("address {address:?} is not an IP address"))?;
+    let location = text(&mut entry, "location")?;
+    if let Some(k) = entry.keys().next() {
+        return Err(format!("unknown key `{k}`"));
+    }
+    Ok(InventoryMachine {
+        id,
+        address,
+        location,
+    })
 }
 
 pub struct Inventory {
     listed: Vec<InventoryMachine>,
     file: Option<PathBuf>,
+    /// The file's hosts as last read successfully: a file that cannot be
+    /// read for a while (mid-edit, a syntax error) does not make its hosts
+    /// disappear.
+    last_good: RefCell<Vec<InventoryMachine>>,
+    /// Problems already reported: each is logged once, when it appears.
+    reported: RefCell<BTreeSet<String>>,
 }
 
 impl Inventory {
@@ -42,25 +140,58 @@ impl Inventory {
         Inventory {
             listed: cfg.machines.clone(),
             file: cfg.file.clone(),
+            last_good: RefCell::new(Vec::new()),
+            reported: RefCell::new(BTreeSet::new()),
         }
     }
 
-    fn hosts(&self) -> Result<Vec<InventoryMachine>, ProviderError> {
-        let mut all = self.listed.clone();
-        if let Some(f) = &self.file {
-            let from_file = read_file(f).map_err(ProviderError::Inventory)?;
-            for m in from_file {
-                if all.iter().any(|x| x.id == m.id) {
-                    return Err(ProviderError::Inventory(format!(
-                        "host {} is in both the configuration and {}",
-                        m.id,
-                        f.display()
-                    )));
-                }
-                all.push(m);
-            }
+    /// Logs the problems not reported yet; forgets the ones that are gone
+    /// (so they are reported again if they come back).
+    fn report(&self, problems: BTreeSet<String>) {
+        let mut reported = self.reported.borrow_mut();
+        for p in problems.difference(&reported) {
+            tracing::warn!(problem = %p, "inventory file");
         }
-        Ok(all)
+        for p in reported.difference(&problems) {
+            tracing::info!(problem = %p, "inventory file problem resolved");
+        }
+        *reported = problems;
+    }
+
+    fn hosts(&self) -> Vec<InventoryMachine> {
+        let mut all = self.listed.clone();
+        let Some(f) = &self.file else {
+            return all;
+        };
+        let mut problems = BTreeSet::new();
+        let from_file = match read_file(f) {
+            Ok(read) => {
+                problems.extend(read.problems);
+                *self.last_good.borrow_mut() = read.hosts.clone();
+                read.hosts
+            }
+            Err(e) => {
+                let kept = self.last_good.borrow().clone();
+                problems.insert(format!(
+                    "{e}; keeping the {} hosts last read from it",
+                    kept.len()
+                ));
+                kept
+            }
+        };
+        for m in from_file {
+            if all.iter().any(|x| x.id == m.id) {
+                problems.insert(format!(
+                    "{}: host {} is also in the configuration; the file's entry is skipped",
+                    f.display(),
+                    m.id
+                ));
+                continue;
+            }
+            all.push(m);
+        }
+        self.report(problems);
+        all
     }
 }
 
@@ -81,13 +212,13 @@ impl Provider for Inventory {
     }
 
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
-        Box::pin(async move { Ok(self.hosts()?.iter().map(machine).collect()) })
+        Box::pin(async move { Ok(self.hosts().iter().map(machine).collect()) })
     }
 
     fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>> {
         Box::pin(async move {
             Ok(self
-                .hosts()?
+                .hosts()
                 .iter()
                 .find(|m| m.id == provider_id)
                 .map(machine))
@@ -108,5 +239,105 @@ impl Provider for Inventory {
                 "host {provider_id}: a static inventory cannot reboot hosts"
             )))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_entry_is_skipped_and_named_by_line_and_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("inventory.toml");
+        let long = "x".repeat(200);
+        std::fs::write(
+            &f,
+            format!(
+                r#"[[machines]]
+id = "good-1"
+address = "192.0.2.1"
+
+[[machines]]
+id = "{long}"
+address = "192.0.2.2"
+
+[[machines]]
+id = ""
+address = "192.0.2.3"
+
+[[machines]]
+id = "bad-address"
+address = "192.0.2.300"
+
+[[machines]]
+id = "good-2"
+address = "2001:db8::2"
+location = "rack 2"
+
+[[machines]]
+id = "good-1"
+address = "192.0.2.9"
+
+[[machines]]
+id = "typo"
+adress = "192.0.2.10"
+"#
+            ),
+        )
+        .unwrap();
+        let read = read_file(&f).unwrap();
+        let ids: Vec<&str> = read.hosts.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["good-1", "good-2"]);
+        let p = &read.problems;
+        assert_eq!(p.len(), 5, "{p:#?}");
+        let file = f.display().to_string();
+        assert!(
+            p[0].starts_with(&format!("{file}:5: machines[1]: id is 200 characters long")),
+            "{}",
+            p[0]
+        );
+        assert!(
+            p[1].starts_with(&format!("{file}:9: machines[2]: id is empty")),
+            "{}",
+            p[1]
+        );
+        assert!(
+            p[2].starts_with(&format!(
+                "{file}:13: host bad-address: address \"192.0.2.300\" is not an IP address"
+            )),
+            "{}",
+            p[2]
+        );
+        assert!(
+            p[3].starts_with(&format!("{file}:22: host good-1: listed more than once")),
+            "{}",
+            p[3]
+        );
+        assert!(
+            p[4].starts_with(&format!("{file}:26: host typo: address is missing")),
+            "{}",
+            p[4]
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_names_the_line_and_keeps_the_hosts_read_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("inventory.toml");
+        std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = \"192.0.2.1\"\n").unwrap();
+        let inv = Inventory::new(&InventoryConfig {
+            machines: vec![],
+            file: Some(f.clone()),
+        });
+        assert_eq!(inv.hosts().len(), 1);
+        std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = 192.0.2.1\n").unwrap();
+        let e = read_file(&f).unwrap_err();
+        assert!(e.contains(":3:") || e.contains("line 3:"), "{e}");
+        // The hosts read before stay; the problem is reported (once).
+        assert_eq!(inv.hosts().len(), 1);
+        assert_eq!(inv.reported.borrow().len(), 1);
+        assert_eq!(inv.hosts().len(), 1);
+        assert_eq!(inv.reported.borrow().len(), 1);
     }
 }

@@ -17,14 +17,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
         vec![
             "V1__bmdb",
             "V2__machine_summary",
-            "V3__machine_ssh_host_key"
+            "V3__machine_ssh_host_key",
+            "V4__id_defaults"
         ]
     );
-    assert_eq!(first.version, Some(3));
+    assert_eq!(first.version, Some(4));
     assert_eq!(count(&bmdb, TABLES).await, 12);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(3));
+    assert_eq!(again.version, Some(4));
 }
 
 #[actix_rt::test]
@@ -37,13 +38,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 3],
+        [0, 4],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 12);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        3
+        4
     );
 }
 
@@ -68,7 +69,11 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
     .unwrap();
     assert_eq!(
         bmdb.migrate().await.unwrap().applied,
-        vec!["V2__machine_summary", "V3__machine_ssh_host_key"]
+        vec![
+            "V2__machine_summary",
+            "V3__machine_ssh_host_key",
+            "V4__id_defaults"
+        ]
     );
     let (start, recovery) = bmdb
         .transact(async |tx| {
@@ -87,5 +92,59 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
     assert_eq!(
         recovery.iter().map(|m| m.machine_id).collect::<Vec<_>>(),
         vec![stale]
+    );
+}
+
+/// The reference created rows without naming the key; those statements,
+/// verbatim, work against the schema, on a fresh database and on one
+/// migrated before the defaults existed.
+#[actix_rt::test]
+async fn the_reference_inserts_without_ids_succeed() {
+    const MACHINE: &str = "INSERT INTO machines (machine_created_at) VALUES (now()) RETURNING *";
+    const SESSION: &str = "INSERT INTO sessions (session_component_name, session_runtime_info, \
+        session_created_at, session_interval_seconds, session_deadline) \
+        VALUES ($1, $2, now(), $3, now() + $3 * interval '1 second') RETURNING *";
+    let db = TestDb::new_unmigrated().await;
+    let bmdb = db.bmdb().await;
+    bmdb.migrate_to(Some(3)).await.unwrap();
+    let before = bmdb
+        .transact(async |tx| tx.query_one(MACHINE, &[]).await.map(|_| ()))
+        .await;
+    assert!(
+        before.is_err(),
+        "without the defaults the reference's insert fails"
+    );
+    assert_eq!(
+        bmdb.migrate().await.unwrap().applied,
+        vec!["V4__id_defaults"]
+    );
+    let (machine, session) = bmdb
+        .transact(async |tx| {
+            let m = tx.query_one(MACHINE, &[]).await?;
+            let s = tx
+                .query_one(SESSION, &[&"reference-tool", &"pid 1", &30i32])
+                .await?;
+            Ok((
+                m.get::<_, uuid::Uuid>("machine_id"),
+                s.get::<_, uuid::Uuid>("session_id"),
+            ))
+        })
+        .await
+        .unwrap();
+    assert_eq!(machine.get_version_num(), 4);
+    assert_eq!(session.get_version_num(), 4);
+    // The machine has its summary row, like every other.
+    assert_eq!(
+        count(&bmdb, "SELECT count(*) FROM machine_summary").await,
+        1
+    );
+    // And a session made that way is a session like ours: alive.
+    assert_eq!(
+        count(
+            &bmdb,
+            "SELECT count(*) FROM sessions WHERE session_deadline > now()"
+        )
+        .await,
+        1
     );
 }

@@ -1,6 +1,7 @@
 //! The EquinixClient actor against the simulator, over HTTP on loopback.
 
 mod openapi;
+mod sdk;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;

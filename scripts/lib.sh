@@ -1,0 +1,50 @@
+# Shared by scripts/demo and scripts/test: install what is missing, from
+# Debian's packages and PyPI, as root or through sudo.
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=
+# need_package PACKAGE WHY TEST...: installs PACKAGE unless TEST succeeds.
+need_package() {
+  local package=$1 why=$2
+  shift 2
+  if "$@" >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "shepherd: installing Debian's $package ($why)" >&2
+  if [ -z "$apt_updated" ]; then
+    as_root apt-get update -qq
+    apt_updated=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
+}
+
+has_postgres_server() {
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1
+}
+
+need_postgres_server() {
+  need_package postgresql "the embedded BMDB runs PostgreSQL's server binaries" has_postgres_server
+}
+
+need_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "shepherd: cargo is missing: install Rust (https://rustup.rs), then run this again" >&2
+    exit 1
+  fi
+}
+
+# Equinix's Python SDK; 0.19.0 is the last release with equinix.services.metalv1.
+need_metal_sdk() {
+  if python3 -c "import equinix.services.metalv1" >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "shepherd: installing Equinix's Python SDK (the simulator is checked against it)" >&2
+  local user=
+  [ "$(id -u)" = 0 ] || user=--user
+  # Debian's own python3 refuses pip installs (PEP 668) unless told.
+  python3 -m pip install -q $user --disable-pip-version-check 'equinix==0.19.0' 2>/dev/null ||
+    python3 -m pip install -q $user --disable-pip-version-check --break-system-packages 'equinix==0.19.0'
+}

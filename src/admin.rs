@@ -38,16 +38,65 @@ pub struct Admin {
 
 /// The admin routes, for `App::configure`. Needs `web::Data<Admin>`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz)).service(
+    cfg.service(read_only("/healthz", healthz)).service(
         web::scope("")
             .wrap(from_fn(require_token))
-            .route("/readyz", web::get().to(readyz))
-            .route("/metrics", web::get().to(metrics))
-            .route("/api/v1/machines", web::get().to(api_machines))
-            .route("/api/v1/machines/{id}", web::get().to(api_machine))
-            .route("/", web::get().to(fleet_page))
-            .route("/machines/{id}", web::get().to(machine_page)),
+            // Malformed paths answer JSON like the rest (queries: `Query`).
+            .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
+            .service(read_only("/readyz", readyz))
+            .service(read_only("/metrics", metrics))
+            .service(read_only("/api/v1/machines", api_machines))
+            .service(read_only("/api/v1/machines/{id}", api_machine))
+            .service(read_only("/", fleet_page))
+            .service(read_only("/machines/{id}", machine_page)),
     );
+}
+
+/// A resource that answers GET (and HEAD); any other method is 405 with
+/// `Allow`.
+fn read_only<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    use actix_web::guard;
+    web::resource(path)
+        .route(
+            web::route()
+                .guard(guard::Any(guard::Get()).or(guard::Head()))
+                .to(handler),
+        )
+        .default_service(web::to(|req: actix_web::HttpRequest| async move {
+            HttpResponse::MethodNotAllowed()
+                .insert_header(("Allow", "GET, HEAD"))
+                .json(json!({ "error": format!("{} is not allowed here; use GET", req.method()) }))
+        }))
+}
+
+/// A query string, deserialized; a bad one is a JSON 400 naming the field
+/// (`limit: invalid digit found in string`).
+struct Query<T>(T);
+
+impl<T: serde::de::DeserializeOwned> actix_web::FromRequest for Query<T> {
+    type Error = actix_web::Error;
+    type Future = std::future::Ready<Result<Self, actix_web::Error>>;
+
+    fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(
+            req.query_string().as_bytes(),
+        ));
+        std::future::ready(
+            serde_path_to_error::deserialize(de)
+                .map(Query)
+                .map_err(|e| json_error(format!("query {}: {}", e.path(), e.inner()))),
+        )
+    }
+}
+
+fn json_error(e: impl std::fmt::Display + std::fmt::Debug + 'static) -> actix_web::Error {
+    let body = HttpResponse::BadRequest().json(json!({ "error": e.to_string() }));
+    actix_web::error::InternalError::from_response(e, body).into()
 }
 
 async fn require_token(
@@ -186,7 +235,7 @@ fn internal(e: impl std::fmt::Display) -> HttpResponse {
     HttpResponse::InternalServerError().json(json!({ "error": e.to_string() }))
 }
 
-async fn api_machines(admin: web::Data<Admin>, q: web::Query<Page>) -> HttpResponse {
+async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
     let state = match parse_state(&q.state) {
         Ok(s) => s,
         Err(r) => return r,
@@ -484,7 +533,7 @@ fn page(title: &str, body: &str) -> HttpResponse {
         ))
 }
 
-async fn fleet_page(admin: web::Data<Admin>, q: web::Query<Page>) -> HttpResponse {
+async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
     let state = match parse_state(&q.state) {
         Ok(s) => s,
         Err(r) => return r,

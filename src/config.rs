@@ -199,11 +199,13 @@ impl EquinixConfig {
         if let Some(p) = &self.project_id {
             if p.trim().is_empty() {
                 self.project_id = None;
-            } else if p.contains(['/', '?', '#', ' ']) {
+            } else if uuid::Uuid::try_parse(p.trim()).is_err() {
                 return Err(ConfigError::key(
                     "equinix.project_id",
-                    "is not a project ID",
+                    "is not a project ID (a UUID, as the Equinix console shows it)",
                 ));
+            } else {
+                self.project_id = Some(p.trim().to_ascii_lowercase());
             }
         }
         if let Some(k) = &mut self.api_key {

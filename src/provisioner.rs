@@ -17,6 +17,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::rc::Rc;
 
 use actix::prelude::*;
+use rand::seq::SliceRandom;
 
 use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
@@ -103,7 +104,7 @@ impl Provisioner {
                 }
                 Err(e) => {
                     act.status.failed_rounds += 1;
-                    tracing::warn!(error = %e, "provisioning round failed; next round in {:?}", act.cfg.interval);
+                    tracing::warn!(error = %e, "provisioning round failed; next round in {}", humantime::format_duration(act.cfg.interval));
                 }
             }
         }));
@@ -164,7 +165,10 @@ async fn reconcile(
         .iter()
         .filter(|m| m.kind == MachineKind::Capacity)
         .collect();
-    capacity.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
+    // In a random order: shepherds sharing a project then rarely reach for
+    // the same free reservation at once (in one order, one of two lost
+    // nearly every race).
+    capacity.shuffle(&mut rand::rng());
 
     // In the BMDB, gone from the provider: report, keep.
     let missing: BTreeSet<String> = recorded
@@ -236,7 +240,7 @@ async fn reconcile(
                     .map_err(|e| format!("recording new machine {}: {e}", m.provider_id))?;
                 out.created += 1;
                 out.managed += 1;
-                tracing::info!(provider_id = %m.provider_id, reservation = ?m.reservation_id, "created a machine");
+                tracing::info!(provider_id = %m.provider_id, reservation = m.reservation_id.as_deref().unwrap_or("none"), "created a machine");
             }
             Err(e) => {
                 out.failed_creations += 1;

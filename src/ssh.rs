@@ -489,7 +489,10 @@ impl Connection {
         if out.exit_status != Some(0) {
             return Err(SshError::Upload {
                 path: path.to_string(),
-                message: format!("exit status {:?}: {}", out.exit_status, out.stderr_text()),
+                message: match out.exit_status {
+                    Some(code) => format!("exit status {code}: {}", out.stderr_text()),
+                    None => format!("no exit status: {}", out.stderr_text()),
+                },
             });
         }
         Ok(())

@@ -74,7 +74,23 @@ impl Parts {
                     cfg.provider.equinix.clone(),
                     identity.public_key(),
                 )
-                .await?;
+                .await
+                .map_err(|e| -> anyhow::Error {
+                    // Refusals at start are configuration problems: exit 2,
+                    // naming the key to fix.
+                    use crate::equinix::EquinixError as E;
+                    match &e {
+                        E::Unauthorized { .. } | E::Forbidden { .. } => {
+                            crate::ConfigError::key("equinix.api_key", e.to_string()).into()
+                        }
+                        E::NotFound { .. } => crate::ConfigError::key(
+                            "equinix.project_id",
+                            format!("{e} (is the project ID right, and does the key reach it?)"),
+                        )
+                        .into(),
+                        _ => e.into(),
+                    }
+                })?;
                 (Rc::new(p), Some(api))
             }
         };
@@ -223,7 +239,7 @@ impl Supervisor {
                 }
                 Err(e) => {
                     act.session_backoff = next_backoff(act.session_backoff, act.cfg.supervisor.restart_backoff);
-                    tracing::warn!(error = %e, retry_in = ?act.session_backoff, "could not open a session");
+                    tracing::warn!(error = %e, retry_in = %humantime::format_duration(act.session_backoff), "could not open a session");
                     ctx.run_later(act.session_backoff, |act, ctx| act.open_session(ctx));
                 }
             }),
@@ -255,7 +271,7 @@ impl Handler<SessionEnded> for Supervisor {
         if self.shutting_down {
             return;
         }
-        tracing::warn!(session_id = %msg.session_id, reason = ?msg.reason, "session ended; opening a new one");
+        tracing::warn!(session_id = %msg.session_id, reason = %msg.reason, "session ended; opening a new one");
         self.session = None;
         self.hand_over(None);
         self.session_backoff =
@@ -272,7 +288,7 @@ impl Handler<ProvisionerStopped> for Supervisor {
             return;
         }
         let wait = self.cfg.supervisor.restart_backoff;
-        tracing::error!(restart_in = ?wait, "the provisioner stopped; restarting it");
+        tracing::error!(restart_in = %humantime::format_duration(wait), "the provisioner stopped; restarting it");
         self.provisioner = None;
         ctx.run_later(wait, |act, ctx| {
             act.start_provisioner(ctx);

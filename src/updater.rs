@@ -113,8 +113,9 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
         .await
         .map_err(|e| format!("writing {} changed machines: {e}", changed.len()))?;
     for m in &changed {
-        tracing::info!(machine_id = %m.machine_id, provider_id = %m.provider_id, status = ?m.status,
-            address = ?m.ip_address, "provider record updated");
+        tracing::info!(machine_id = %m.machine_id, provider_id = %m.provider_id, 
+            status = %m.status.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
+            address = m.ip_address.as_deref().unwrap_or("none"), "provider record updated");
     }
     Ok(changed.len() as u64)
 }

@@ -302,6 +302,39 @@ async fn the_token_is_enforced() {
     assert!(!body.contains(token));
 }
 
+#[actix_rt::test]
+async fn a_wrong_method_is_405_with_allow_and_errors_are_json() {
+    let f = fleet().await;
+    let a = serve(&f, None);
+    let client = awc::Client::default();
+    for path in ["/healthz", "/metrics", "/api/v1/machines", "/"] {
+        let mut r = client
+            .post(format!("http://{a}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 405, "POST {path}");
+        assert_eq!(
+            r.headers().get("allow").and_then(|v| v.to_str().ok()),
+            Some("GET, HEAD"),
+            "POST {path}"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&r.body().await.unwrap()).unwrap();
+        assert!(body["error"].as_str().unwrap().contains("POST"), "{body}");
+    }
+    let r = client
+        .head(format!("http://{a}/api/v1/machines"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // A query that does not parse: 400, JSON, naming the field.
+    let (status, body) = get(format!("http://{a}/api/v1/machines?limit=lots"), None).await;
+    assert_eq!(status, 400, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error body");
+    assert!(v["error"].as_str().unwrap().contains("limit"), "{v}");
+}
+
 /// The page as headless Chromium renders it (its DOM, serialized).
 async fn rendered(url: String) -> String {
     tokio::task::spawn_blocking(move || {

@@ -294,6 +294,20 @@ pub enum SessionEndReason {
     Closed,
 }
 
+impl std::fmt::Display for SessionEndReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionEndReason::Expired => {
+                f.write_str("expired (the deadline passed or the row is gone)")
+            }
+            SessionEndReason::Unreachable(e) => {
+                write!(f, "database unreachable until the deadline: {e}")
+            }
+            SessionEndReason::Closed => f.write_str("closed"),
+        }
+    }
+}
+
 /// Sent to subscribers when the session dies.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
@@ -354,7 +368,7 @@ impl BmdbSession {
         }
         match &reason {
             SessionEndReason::Closed => {}
-            r => tracing::warn!(session_id = %self.session.id(), reason = ?r, "BMDB session ended"),
+            r => tracing::warn!(session_id = %self.session.id(), reason = %r, "BMDB session ended"),
         }
         self.session.mark_expired();
         for s in &self.subscribers {

@@ -152,22 +152,29 @@ impl Provider for Equinix {
                 .reservation_id
                 .clone()
                 .unwrap_or_else(|| capacity.provider_id.clone());
-            let plan =
-                match &self.cfg.plan {
-                    Some(p) => p.clone(),
-                    None => {
-                        let r = self
-                            .reservations()
-                            .await?
-                            .into_iter()
-                            .find(|r| r.id == reservation);
-                        r.and_then(|r| r.plan).and_then(|p| p.slug.or(p.name)).ok_or_else(|| {
-                        ProviderError::Unsupported(format!(
-                            "reservation {reservation} has no plan; set provider.equinix.plan"
-                        ))
-                    })?
+            let plan = match &self.cfg.plan {
+                Some(p) => p.clone(),
+                None => {
+                    let listed = self
+                        .reservations()
+                        .await?
+                        .into_iter()
+                        .find(|r| r.id == reservation);
+                    match listed {
+                        None => {
+                            return Err(ProviderError::Unsupported(format!(
+                                "reservation {reservation} is no longer listed in the project \
+                                 (gone since it was chosen)"
+                            )));
+                        }
+                        Some(r) => r.plan.and_then(|p| p.slug.or(p.name)).ok_or_else(|| {
+                            ProviderError::Unsupported(format!(
+                                "reservation {reservation} has no plan; set provider.equinix.plan"
+                            ))
+                        })?,
                     }
-                };
+                }
+            };
             let short: String = reservation.chars().filter(|c| *c != '-').take(12).collect();
             let mut tags = self.cfg.tags.clone();
             tags.push("shepherd".into());

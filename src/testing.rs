@@ -109,6 +109,77 @@ fn server() -> &'static Server {
     })
 }
 
+/// A PostgreSQL server of the test's own (the embedded server's code: unix
+/// socket, fsync off), for fault tests that stop and start it under a
+/// running shepherd. Stopped and removed on drop.
+pub struct OwnPostgres {
+    cfg: EmbeddedConfig,
+    server: Option<EmbeddedPostgres>,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnPostgres {
+    pub async fn start() -> OwnPostgres {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        // The server may run as `postgres` (we are root): let it in.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg = EmbeddedConfig {
+            data_dir: dir.path().join("data"),
+            fsync: false,
+            ..EmbeddedConfig::default()
+        };
+        let server = EmbeddedPostgres::start(&cfg)
+            .await
+            .expect("start a PostgreSQL of the test's own");
+        OwnPostgres {
+            socket: server.socket_dir().to_path_buf(),
+            cfg,
+            server: Some(server),
+            _dir: dir,
+        }
+    }
+
+    /// The shepherd database on it, as a key/value connection string.
+    pub fn url(&self) -> String {
+        format!(
+            "host={} port=5432 user=postgres dbname={}",
+            self.socket.display(),
+            crate::bmdb::embedded::EMBEDDED_DATABASE
+        )
+    }
+
+    /// A pool on it (retrying through restarts like shepherd's own).
+    pub async fn bmdb(&self) -> Bmdb {
+        Bmdb::connect(
+            self.url().parse().unwrap(),
+            4,
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+            TestDb::options(Isolation::ReadCommitted),
+        )
+        .await
+        .expect("connect to the test's own PostgreSQL")
+    }
+
+    /// Fast shutdown (clients are disconnected), as a restart begins.
+    pub fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+
+    /// Starts it again on the same data and socket.
+    pub async fn start_again(&mut self) {
+        assert!(self.server.is_none(), "already running");
+        let server = EmbeddedPostgres::start(&self.cfg)
+            .await
+            .expect("restart the test's own PostgreSQL");
+        self.server = Some(server);
+    }
+}
+
 /// A database of one's own, migrated, dropped on drop.
 pub struct TestDb {
     name: String,

@@ -11,13 +11,36 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shepherd::bmdb::Bmdb;
 use shepherd::ssh::SshIdentity;
-use shepherd::testing::{Sshd, TestDb};
+use shepherd::testing::{OwnPostgres, Sshd, TestDb};
 
 const PROJECT: &str = "6b4d2a9e-6f1a-4c1e-9b9a-3d1f5e7c0a01";
 const TOKEN: &str = "sim-token-for-tests";
 
+/// The BMDB of a test: a database on the shared server, or a PostgreSQL of
+/// the test's own that it can stop and start.
+enum Db {
+    Shared(TestDb),
+    Own(OwnPostgres),
+}
+
+impl Db {
+    fn url(&self) -> String {
+        match self {
+            Db::Shared(d) => d.url(),
+            Db::Own(o) => o.url(),
+        }
+    }
+
+    fn own(&mut self) -> &mut OwnPostgres {
+        match self {
+            Db::Own(o) => o,
+            Db::Shared(_) => panic!("not a PostgreSQL of the test's own"),
+        }
+    }
+}
+
 struct Rig {
-    db: TestDb,
+    db: Db,
     bmdb: Bmdb,
     sshd: Sshd,
     dir: tempfile::TempDir,
@@ -27,6 +50,18 @@ impl Rig {
     async fn new() -> Rig {
         let db = TestDb::new().await;
         let bmdb = db.bmdb().await;
+        Self::with(Db::Shared(db), bmdb)
+    }
+
+    /// With a PostgreSQL of the test's own (migrated by shepherd at start).
+    async fn with_own_postgres() -> Rig {
+        let own = OwnPostgres::start().await;
+        let bmdb = own.bmdb().await;
+        bmdb.migrate().await.unwrap();
+        Self::with(Db::Own(own), bmdb)
+    }
+
+    fn with(db: Db, bmdb: Bmdb) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let identity = SshIdentity::load_or_generate(&dir.path().join("id_ed25519")).unwrap();
         let sshd = Sshd::start(
@@ -39,6 +74,73 @@ impl Rig {
             sshd,
             dir,
         }
+    }
+
+    /// The configuration for a static inventory of `hosts` hosts on the
+    /// rig's sshd, with these `[bmdb]` keys added.
+    fn inventory_config(&self, hosts: usize, bmdb: &str) -> String {
+        format!(
+            "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [{}]\n",
+            self.base_config()
+                .replace("[bmdb]\n", &format!("[bmdb]\n{bmdb}\n"))
+                .replace("session_interval = \"2s\"\n", ""),
+            (1..=hosts)
+                .map(|i| format!("{{ id = \"host-{i}\", address = \"127.0.0.1\" }}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    /// How many times each machine's agent ran (the agent counts its runs).
+    fn agent_runs(&self) -> Vec<usize> {
+        let mut runs: Vec<usize> = std::fs::read_dir(self.sshd.dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("agent-") && n.ends_with(".runs")
+            })
+            .map(|e| std::fs::read_to_string(e.path()).unwrap().lines().count())
+            .collect();
+        runs.sort();
+        runs
+    }
+
+    async fn sessions_alive(&self) -> Vec<uuid::Uuid> {
+        self.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query(
+                        "SELECT session_id FROM sessions WHERE session_deadline > now() ORDER BY 1",
+                        &[],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect())
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Each event in the history, with how often it happened.
+    async fn history_events(&self) -> std::collections::BTreeMap<String, i64> {
+        self.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query(
+                        "SELECT event::text || coalesce(': ' || failed_cause, ''), count(*) \
+                         FROM work_history GROUP BY 1",
+                        &[],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect())
+            })
+            .await
+            .unwrap()
     }
 
     /// The parts of the configuration every test shares.
@@ -261,18 +363,28 @@ impl Sim {
     }
 
     /// Devices of the project, and how many distinct reservations they use.
+    /// Asked until answered: the simulator may be injecting faults.
     async fn devices(&self) -> (usize, usize) {
-        let mut r = awc::Client::default()
-            .get(format!(
-                "http://{}/metal/v1/projects/{PROJECT}/devices?per_page=1000",
-                self.addr
-            ))
-            .insert_header(("X-Auth-Token", TOKEN))
-            .send()
-            .await
-            .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_slice(&r.body().limit(64 << 20).await.unwrap()).unwrap();
+        let v: serde_json::Value = loop {
+            let mut r = awc::Client::default()
+                .get(format!(
+                    "http://{}/metal/v1/projects/{PROJECT}/devices?per_page=1000",
+                    self.addr
+                ))
+                .insert_header(("X-Auth-Token", TOKEN))
+                .send()
+                .await
+                .unwrap();
+            let Ok(body) = r.body().limit(64 << 20).await else {
+                continue;
+            };
+            if r.status().is_success() {
+                if let Ok(v) = serde_json::from_slice(&body) {
+                    break v;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         let devices = v["devices"].as_array().unwrap();
         let reservations: std::collections::BTreeSet<&str> = devices
             .iter()
@@ -641,6 +753,37 @@ async fn bad_configuration_exits_2_naming_the_key() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("initializer.agent_binary"));
+
+    // The provider refuses the key at start: a configuration error too.
+    let sim = Sim::start(1, &[]);
+    let wrong_key = rig.write_config("bad3.toml", &rig.equinix_config(&sim));
+    let o = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(&wrong_key)
+        .arg("run")
+        .env("SIM_TOKEN", "not-the-token-4f9e")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("equinix.api_key"), "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    assert!(!stderr.contains("not-the-token-4f9e"), "{stderr}");
+
+    // A project ID that is not one.
+    let bad_project = rig.write_config(
+        "bad4.toml",
+        &rig.equinix_config(&sim).replace(PROJECT, "my-project"),
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(&bad_project)
+        .arg("check-config")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("equinix.project_id"), "{stderr}");
 }
 
 #[actix_rt::test]
@@ -801,11 +944,12 @@ async fn the_updater_brings_provider_changes_in_and_leaves_the_rest_alone() {
 }
 
 #[actix_rt::test]
-async fn the_demo_takes_twenty_machines_over_and_exits_0() {
+async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_exits_0() {
     use std::os::unix::fs::PermissionsExt;
-    // The embedded PostgreSQL may run as another user: a traversable dir.
+    // Where a newcomer clones: a directory only its owner may enter (as
+    // root, the embedded PostgreSQL runs as `postgres`, which may not).
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let out = tokio::task::spawn_blocking({
         let cwd = dir.path().to_path_buf();
         move || {
@@ -846,4 +990,264 @@ async fn the_demo_takes_twenty_machines_over_and_exits_0() {
             .join(format!("var/demo/machines/127.0.1.{i}/root/agent.runs"));
         assert!(runs.is_file(), "{}", runs.display());
     }
+    let bmdb = dir.path().join("var/demo/bmdb");
+    if nix::unistd::Uid::effective().is_root() {
+        // Its data went where `postgres` can reach it, linked from var/demo.
+        let target = std::fs::read_link(&bmdb).expect("var/demo/bmdb is a link");
+        assert!(
+            target.starts_with(shepherd::bmdb::embedded::RELOCATED_BASE),
+            "{}",
+            target.display()
+        );
+        assert!(target.join("PG_VERSION").is_file());
+    }
+    shepherd::bmdb::embedded::remove_data_dir(&bmdb).unwrap();
+}
+
+// ---- the BMDB under faults: a PostgreSQL of the test's own, restarted ----
+
+#[actix_rt::test]
+async fn a_sub_second_database_restart_keeps_the_session_and_the_takeovers() {
+    let mut rig = Rig::with_own_postgres().await;
+    std::fs::write(rig.sshd.dir().join("takeover-agent.mode"), "slow:3").unwrap();
+    let config = rig.write_config(
+        "shepherd.toml",
+        &rig.inventory_config(6, "session_interval = \"5s\""),
+    );
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for(
+        "6 takeovers under way",
+        WORK,
+        6,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    let before = rig.sessions_alive().await;
+    assert_eq!(before.len(), 1);
+    let t = Instant::now();
+    rig.db.own().stop();
+    rig.db.own().start_again().await;
+    let restart = t.elapsed();
+    assert!(
+        restart < Duration::from_secs(1),
+        "the restart took {restart:?}"
+    );
+    rig.wait_for(
+        "6 agents started",
+        AGENTS,
+        6,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    assert_eq!(rig.count(WORK).await, 0, "{}", s.log_text());
+    assert_eq!(
+        rig.sessions_alive().await,
+        before,
+        "the session must survive a {restart:?} restart:\n{}",
+        s.log_text()
+    );
+    let events = rig.history_events().await;
+    assert_eq!(
+        events,
+        [("Finished".to_string(), 6), ("Started".to_string(), 6)].into(),
+        "no takeover aborted, failed or redone"
+    );
+    assert_eq!(rig.agent_runs(), vec![1; 6], "each agent ran once");
+    s.signal(Signal::SIGTERM);
+    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+}
+
+#[actix_rt::test]
+async fn an_outage_during_takeovers_leaves_no_lease_without_a_worker() {
+    let mut rig = Rig::with_own_postgres().await;
+    // The agents finish while the database is away: their results wait.
+    std::fs::write(rig.sshd.dir().join("takeover-agent.mode"), "slow:2").unwrap();
+    let config = rig.write_config(
+        "shepherd.toml",
+        &rig.inventory_config(
+            6,
+            "session_interval = \"30s\"\nacquire_timeout = \"1s\"\nconnect_timeout = \"1s\"",
+        ),
+    );
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for(
+        "6 takeovers under way",
+        WORK,
+        6,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    let before = rig.sessions_alive().await;
+    rig.db.own().stop();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    rig.db.own().start_again().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Every takeover ended during the outage: no lease may be left.
+    assert_eq!(
+        rig.count(WORK).await,
+        0,
+        "leases left 5 s after the database came back:\n{}",
+        s.log_text()
+    );
+    assert_eq!(rig.count(AGENTS).await, 6, "{}", s.log_text());
+    assert_eq!(rig.sessions_alive().await, before, "{}", s.log_text());
+    let events = rig.history_events().await;
+    assert_eq!(
+        events,
+        [("Finished".to_string(), 6), ("Started".to_string(), 6)].into(),
+        "{}",
+        s.log_text()
+    );
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(log.contains("retrying until it is recorded"), "{log}");
+    assert!(!log.contains("takeover failed"), "{log}");
+    s.signal(Signal::SIGTERM);
+    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+}
+
+#[actix_rt::test]
+async fn after_a_long_outage_a_new_session_comes_within_seconds() {
+    let mut rig = Rig::with_own_postgres().await;
+    let config = rig.write_config(
+        "shepherd.toml",
+        &rig.inventory_config(2, "session_interval = \"5s\""),
+    );
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for(
+        "2 agents started",
+        AGENTS,
+        2,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    let before = rig.sessions_alive().await;
+    assert_eq!(before.len(), 1);
+    rig.db.own().stop();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "shepherd must ride out the outage"
+    );
+    rig.db.own().start_again().await;
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(20);
+    let after = loop {
+        let alive = rig.sessions_alive().await;
+        if !alive.is_empty() && alive != before {
+            break alive;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new session:\n{}",
+            s.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = back.elapsed();
+    println!("new session {took:?} after the database came back");
+    assert!(
+        took < Duration::from_secs(5),
+        "the new session came {took:?} after the database:\n{}",
+        s.log_text()
+    );
+    assert_eq!(after.len(), 1);
+    // And it works under it: machines whose agent tag is dropped are taken
+    // over again.
+    std::fs::write(rig.sshd.dir().join("takeover-agent.mode"), "ok").unwrap();
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute("DELETE FROM machine_agent_started", &[]).await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    rig.wait_for(
+        "2 agents started again",
+        AGENTS,
+        2,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    s.signal(Signal::SIGTERM);
+    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+}
+
+// ---- bad input and small faults ----
+
+#[actix_rt::test]
+async fn a_bad_inventory_file_adopts_the_good_hosts_and_reports_each_bad_one_once() {
+    let rig = Rig::new().await;
+    let file = rig.dir.path().join("inventory.toml");
+    let long = "y".repeat(200);
+    std::fs::write(
+        &file,
+        format!(
+            "[[machines]]\nid = \"good-1\"\naddress = \"127.0.0.1\"\n\n\
+             [[machines]]\nid = \"{long}\"\naddress = \"127.0.0.1\"\n\n\
+             [[machines]]\nid = \"\"\naddress = \"127.0.0.1\"\n\n\
+             [[machines]]\nid = \"bad-address\"\naddress = \"127.0.0.300\"\n\n\
+             [[machines]]\nid = \"good-2\"\naddress = \"127.0.0.1\"\n"
+        ),
+    )
+    .unwrap();
+    let text = format!(
+        "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nfile = \"{}\"\n",
+        rig.base_config(),
+        file.display()
+    );
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for(
+        "the 2 good hosts taken over",
+        AGENTS,
+        2,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    // Several more rounds (every 500 ms): still reported once each.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rig.count(MACHINES).await, 2);
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    let f = file.display();
+    for problem in [
+        format!("{f}:5: machines[1]: id is 200 characters long"),
+        format!("{f}:9: machines[2]: id is empty"),
+        format!("{f}:13: host bad-address: address \"127.0.0.300\" is not an IP address"),
+    ] {
+        assert_eq!(
+            log.matches(problem.as_str()).count(),
+            1,
+            "{problem} must be reported once:\n{log}"
+        );
+    }
+    assert!(!log.contains("provisioning round failed"), "{log}");
+    s.signal(Signal::SIGTERM);
+    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+}
+
+#[actix_rt::test]
+async fn two_shepherds_share_forty_reservations_with_few_lost_races() {
+    let rig = Rig::new().await;
+    let sim = Sim::start(40, &[]);
+    let config = rig.write_config("shepherd.toml", &rig.equinix_config(&sim));
+    let mut a = rig.shepherd(&config, "a.log");
+    let _b = rig.shepherd(&config, "b.log");
+    rig.wait_for("40 machines", MACHINES, 40, Duration::from_secs(60), &mut a)
+        .await;
+    // A little longer: nothing more may be created.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sim.devices().await, (40, 40), "one device per reservation");
+    let stats = sim.stats().await;
+    let creates = stats["requests"]["create_device"].as_u64().unwrap();
+    assert!(
+        creates <= 44,
+        "{creates} create requests for 40 devices: {}",
+        stats["statuses"]
+    );
 }

@@ -526,6 +526,11 @@ impl EmbeddedPostgres {
         &self.data_dir
     }
 
+    /// Where its unix socket is (the `host` of a connection string).
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
+    }
+
     /// Fast shutdown of a server we started; waits up to 30 s, then
     /// immediate shutdown. A no-op for a server we attached to.
     pub fn stop(&self) {

@@ -296,9 +296,14 @@ impl Bmdb {
         // Checkout tests a connection only when it is closed or has been
         // idle (a database restart leaves the pool full of dead ones); a
         // busy connection is handed out without a round trip.
+        // bb8 uses one setting both for a checkout's wait and for how long
+        // (and how sparsely: up to half of it between attempts) it retries
+        // a connection that failed. A short slice keeps reconnecting brisk
+        // after a database outage; `conn` waits slice after slice up to
+        // `acquire_timeout`.
         let pool = bb8::Pool::builder()
             .max_size(pool_size)
-            .connection_timeout(acquire_timeout)
+            .connection_timeout(acquire_timeout.min(POOL_WAIT_SLICE))
             .test_on_check_out(true)
             .error_sink(Box::new(connect_errors.clone()))
             .build(PgManager::new(pg.clone()))
@@ -335,13 +340,19 @@ impl Bmdb {
     }
 
     pub(crate) async fn conn(&self) -> Result<bb8::PooledConnection<'_, PgManager>, BmdbError> {
-        match self.inner.pool.get().await {
-            Ok(c) => Ok(c),
-            Err(bb8::RunError::User(e)) => Err(e.into()),
-            Err(bb8::RunError::TimedOut) => Err(self
-                .inner
-                .connect_errors
-                .pool_error(self.inner.acquire_timeout, self.inner.pool_size)),
+        let deadline = std::time::Instant::now() + self.inner.acquire_timeout;
+        loop {
+            match self.inner.pool.get().await {
+                Ok(c) => return Ok(c),
+                Err(bb8::RunError::User(e)) => return Err(e.into()),
+                Err(bb8::RunError::TimedOut) if std::time::Instant::now() < deadline => {}
+                Err(bb8::RunError::TimedOut) => {
+                    return Err(self
+                        .inner
+                        .connect_errors
+                        .pool_error(self.inner.acquire_timeout, self.inner.pool_size));
+                }
+            }
         }
     }
 
@@ -399,6 +410,10 @@ impl Bmdb {
         }
     }
 }
+
+/// One wait of a checkout, and the window in which the pool retries a
+/// failed connection (at most half of it apart).
+const POOL_WAIT_SLICE: Duration = Duration::from_secs(1);
 
 /// Times a transaction is re-run on another connection after its own was
 /// lost before COMMIT.

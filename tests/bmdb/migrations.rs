@@ -103,7 +103,7 @@ async fn the_reference_inserts_without_ids_succeed() {
     const MACHINE: &str = "INSERT INTO machines (machine_created_at) VALUES (now()) RETURNING *";
     const SESSION: &str = "INSERT INTO sessions (session_component_name, session_runtime_info, \
         session_created_at, session_interval_seconds, session_deadline) \
-        VALUES ($1, $2, now(), $3, now() + $3 * interval '1 second') RETURNING *";
+        VALUES ($1, $2, now(), $3, now() + $3::int * interval '1 second') RETURNING *";
     let db = TestDb::new_unmigrated().await;
     let bmdb = db.bmdb().await;
     bmdb.migrate_to(Some(3)).await.unwrap();

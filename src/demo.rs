@@ -123,6 +123,16 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
         machines.addresses[n - 1]
     );
     println!("  admin page               http://{admin}/");
+    let data = root.join("bmdb");
+    match std::fs::read_link(&data) {
+        // Relocated: the database user could not enter this directory.
+        Ok(target) => println!(
+            "  BMDB (embedded)          {} -> {}",
+            data.display(),
+            target.display()
+        ),
+        Err(_) => println!("  BMDB (embedded)          {}", data.display()),
+    }
     let bmdb: Bmdb = running.admin.bmdb.clone();
     let deadline = started + opts.timeout;
     let mut done_at = None;

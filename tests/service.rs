@@ -91,6 +91,14 @@ impl Rig {
         )
     }
 
+    /// Starts shepherd on a static inventory of `hosts` hosts whose agents
+    /// behave as `mode`, with these `[bmdb]` keys.
+    fn run_inventory(&self, hosts: usize, bmdb: &str, mode: &str) -> Shepherd {
+        std::fs::write(self.sshd.dir().join("takeover-agent.mode"), mode).unwrap();
+        let config = self.write_config("shepherd.toml", &self.inventory_config(hosts, bmdb));
+        self.shepherd(&config, "shepherd.log")
+    }
+
     /// How many times each machine's agent ran (the agent counts its runs).
     fn agent_runs(&self) -> Vec<usize> {
         let mut runs: Vec<usize> = std::fs::read_dir(self.sshd.dir())
@@ -290,6 +298,13 @@ impl Shepherd {
 
     fn signal(&self, sig: Signal) {
         kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// SIGTERM, then an orderly exit 0.
+    async fn terminate(&mut self) {
+        self.signal(Signal::SIGTERM);
+        let (code, _) = self.exit(Duration::from_secs(20)).await;
+        assert_eq!(code, Some(0), "{}", self.log_text());
     }
 
     /// Waits for the process to exit; its exit code and how long it took.
@@ -1009,12 +1024,7 @@ async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_exits_0()
 #[actix_rt::test]
 async fn a_sub_second_database_restart_keeps_the_session_and_the_takeovers() {
     let mut rig = Rig::with_own_postgres().await;
-    std::fs::write(rig.sshd.dir().join("takeover-agent.mode"), "slow:3").unwrap();
-    let config = rig.write_config(
-        "shepherd.toml",
-        &rig.inventory_config(6, "session_interval = \"5s\""),
-    );
-    let mut s = rig.shepherd(&config, "shepherd.log");
+    let mut s = rig.run_inventory(6, "session_interval = \"5s\"", "slow:3");
     rig.wait_for(
         "6 takeovers under way",
         WORK,
@@ -1055,23 +1065,18 @@ async fn a_sub_second_database_restart_keeps_the_session_and_the_takeovers() {
         "no takeover aborted, failed or redone"
     );
     assert_eq!(rig.agent_runs(), vec![1; 6], "each agent ran once");
-    s.signal(Signal::SIGTERM);
-    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+    s.terminate().await;
 }
 
 #[actix_rt::test]
 async fn an_outage_during_takeovers_leaves_no_lease_without_a_worker() {
     let mut rig = Rig::with_own_postgres().await;
     // The agents finish while the database is away: their results wait.
-    std::fs::write(rig.sshd.dir().join("takeover-agent.mode"), "slow:2").unwrap();
-    let config = rig.write_config(
-        "shepherd.toml",
-        &rig.inventory_config(
-            6,
-            "session_interval = \"30s\"\nacquire_timeout = \"1s\"\nconnect_timeout = \"1s\"",
-        ),
+    let mut s = rig.run_inventory(
+        6,
+        "session_interval = \"30s\"\nacquire_timeout = \"1s\"\nconnect_timeout = \"1s\"",
+        "slow:2",
     );
-    let mut s = rig.shepherd(&config, "shepherd.log");
     rig.wait_for(
         "6 takeovers under way",
         WORK,
@@ -1104,18 +1109,13 @@ async fn an_outage_during_takeovers_leaves_no_lease_without_a_worker() {
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(log.contains("retrying until it is recorded"), "{log}");
     assert!(!log.contains("takeover failed"), "{log}");
-    s.signal(Signal::SIGTERM);
-    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+    s.terminate().await;
 }
 
 #[actix_rt::test]
 async fn after_a_long_outage_a_new_session_comes_within_seconds() {
     let mut rig = Rig::with_own_postgres().await;
-    let config = rig.write_config(
-        "shepherd.toml",
-        &rig.inventory_config(2, "session_interval = \"5s\""),
-    );
-    let mut s = rig.shepherd(&config, "shepherd.log");
+    let mut s = rig.run_inventory(2, "session_interval = \"5s\"", "ok");
     rig.wait_for(
         "2 agents started",
         AGENTS,
@@ -1157,7 +1157,6 @@ async fn after_a_long_outage_a_new_session_comes_within_seconds() {
     assert_eq!(after.len(), 1);
     // And it works under it: machines whose agent tag is dropped are taken
     // over again.
-    std::fs::write(rig.sshd.dir().join("takeover-agent.mode"), "ok").unwrap();
     rig.bmdb
         .transact(async |tx| {
             tx.execute("DELETE FROM machine_agent_started", &[]).await?;
@@ -1173,8 +1172,7 @@ async fn after_a_long_outage_a_new_session_comes_within_seconds() {
         &mut s,
     )
     .await;
-    s.signal(Signal::SIGTERM);
-    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+    s.terminate().await;
 }
 
 // ---- bad input and small faults ----
@@ -1227,8 +1225,7 @@ async fn a_bad_inventory_file_adopts_the_good_hosts_and_reports_each_bad_one_onc
         );
     }
     assert!(!log.contains("provisioning round failed"), "{log}");
-    s.signal(Signal::SIGTERM);
-    assert_eq!(s.exit(Duration::from_secs(20)).await.0, Some(0));
+    s.terminate().await;
 }
 
 #[actix_rt::test]

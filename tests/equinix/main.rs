@@ -385,3 +385,35 @@ async fn devices_provision_reboot_and_delete() {
     // The reservation is free again.
     assert!(!api.get_reservation(&r).await.unwrap().is_occupied());
 }
+
+/// A reservation that vanished from the project between being chosen and
+/// being used is named as such, not as a missing plan.
+#[actix_rt::test]
+async fn a_vanished_reservation_is_named_as_gone() {
+    use shepherd::bmdb::ProviderStatus;
+    use shepherd::provider::{MachineKind, Provider, ProviderMachine};
+    let sim = simulator(2).await;
+    let api = client(settings(&sim));
+    let cfg = shepherd::config::EquinixProviderConfig {
+        metro: Some("sv".into()),
+        ..Default::default()
+    };
+    let provider = shepherd::provider::equinix::Equinix::start(api, cfg, "ssh-ed25519 AAAA test")
+        .await
+        .unwrap();
+    let gone = ProviderMachine {
+        provider_id: "0b7c2c8e-0000-4000-8000-000000000000".into(),
+        address: None,
+        location: None,
+        reservation_id: Some("0b7c2c8e-0000-4000-8000-000000000000".into()),
+        status: ProviderStatus::Missing,
+        kind: MachineKind::Capacity,
+    };
+    let e = provider
+        .create_machine(&gone)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no longer listed") && !e.contains("plan"), "{e}");
+    assert_eq!(count(&sim.stats(), Operation::CreateDevice), 0);
+}

@@ -100,6 +100,15 @@ fn main() -> ExitCode {
     };
     if let Command::CheckConfig = cli.command {
         print!("{}", cfg.to_redacted_toml());
+        // Bad inventory file entries are skipped at run time, not fatal:
+        // show them here.
+        if let Some(f) = &cfg.provider.inventory.file {
+            if let Ok(read) = shepherd::provider::inventory::read_file(f) {
+                for p in &read.problems {
+                    eprintln!("shepherd: warning: {p}");
+                }
+            }
+        }
         eprintln!("shepherd: configuration is valid");
         return ExitCode::SUCCESS;
     }

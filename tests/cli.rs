@@ -295,3 +295,30 @@ async fn run_holds_a_session_and_stops_cleanly_on_sigterm() {
         "the session row was not deleted on an orderly stop"
     );
 }
+
+#[test]
+fn check_config_warns_about_bad_inventory_file_entries_and_rejects_a_broken_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = dir.path().join("inventory.toml");
+    std::fs::write(
+        &inv,
+        "[[machines]]\nid = \"ok\"\naddress = \"192.0.2.1\"\n\n[[machines]]\nid = \"bad\"\naddress = \"nowhere\"\n",
+    )
+    .unwrap();
+    let text = format!("[provider.inventory]\nfile = \"{}\"\n", inv.display());
+    let o = check_config(&text, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "warning: {}:5: host bad: address \"nowhere\" is not an IP address; skipped",
+            inv.display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+    // A file that is not TOML at all: exit 2, naming the key and the line.
+    std::fs::write(&inv, "[[machines]]\nid = \"ok\"\naddress = 192.0.2.1\n").unwrap();
+    let o = check_config(&text, &[]);
+    assert_rejected(&o, "provider.inventory.file");
+    assert!(stderr(&o).contains("line 3"), "{}", stderr(&o));
+}

@@ -16,7 +16,8 @@ use super::BmdbError;
 use crate::config::Isolation;
 
 /// A pooled connection: the client, its statement cache, and whether a
-/// transaction was left open by a cancelled future.
+/// transaction is open on it (if so when it goes back to the pool, its user
+/// was cancelled, and the connection is discarded).
 pub struct PgConn {
     client: Client,
     statements: HashMap<&'static str, Statement>,
@@ -57,11 +58,6 @@ impl PgConn {
         isolation: Isolation,
         first: Option<(&'static str, &[&(dyn ToSql + Sync)])>,
     ) -> Result<(Tx<'_>, Vec<Row>), BmdbError> {
-        if self.in_transaction {
-            // A previous user was cancelled mid-transaction.
-            self.client.batch_execute("ROLLBACK").await?;
-            self.in_transaction = false;
-        }
         let begin = match isolation {
             Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
             Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
@@ -186,7 +182,13 @@ impl bb8::ManageConnection for PgManager {
         Ok(())
     }
 
+    /// On return to the pool. A connection whose user was cancelled in the
+    /// middle of a transaction (an actor stopped, a timeout) still holds
+    /// that transaction's locks, such as the KEY SHARE on its session row
+    /// that closing the session waits for: it is closed, so the server
+    /// rolls back and releases them now, not whenever the pool next hands
+    /// that connection out.
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        conn.broken || conn.client.is_closed()
+        conn.broken || conn.in_transaction || conn.client.is_closed()
     }
 }

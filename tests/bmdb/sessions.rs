@@ -284,3 +284,42 @@ async fn the_session_actor_reports_an_unreachable_database_after_the_deadline() 
         .await
         .ok();
 }
+
+/// A transaction cancelled midway (its actor stopped, a timeout) must not
+/// leave its locks behind in an idle pooled connection: closing the session
+/// (which waits for every KEY SHARE lock on its row) finishes at once.
+#[actix_rt::test]
+async fn a_cancelled_transaction_leaves_no_lock_behind() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let session = bmdb
+        .start_session("cancel-test", Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    // Two idle connections in the pool, so that the one left behind is not
+    // simply the next one handed out.
+    let slow = async || {
+        bmdb.transact(async |tx| tx.execute("SELECT pg_sleep(0.1)", &[]).await)
+            .await
+    };
+    let (a, b) = futures::join!(slow(), slow());
+    a.unwrap();
+    b.unwrap();
+    // Checks the session (KEY SHARE on its row), then never finishes.
+    let stuck = session.transact(async |tx| {
+        tx.query("SELECT 1", &[]).await?;
+        futures::future::pending::<()>().await;
+        Ok(())
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stuck)
+            .await
+            .is_err()
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(10), session.close()).await;
+    assert!(
+        matches!(closed, Ok(Ok(()))),
+        "closing the session waited on a cancelled transaction's lock: {closed:?}"
+    );
+    assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 0);
+}

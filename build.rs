@@ -2,7 +2,10 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(["agent.proto"], ["proto"])?;
+    let descriptors = protox::compile(
+        ["agent.proto", "callback.proto", "bmaas_server.proto"],
+        ["proto"],
+    )?;
     prost_build::Config::new().compile_fds(descriptors)?;
     Ok(())
 }

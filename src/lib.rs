@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod agent;
 pub mod bmdb;
+pub mod callback;
 pub mod config;
 pub mod control;
 pub mod demo;

@@ -19,6 +19,7 @@ use prost::Message;
 /// The protocol types, generated from proto/agent.proto. Included directly
 /// rather than through the shepherd library, so the agent stays small: it is
 /// the payload every takeover uploads.
+#[allow(dead_code)] // the callback messages: used by the resident agent to come
 mod api {
     include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
 }

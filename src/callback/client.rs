@@ -1,0 +1,66 @@
+//! A client of the agent callback: what the resident agent does, for the
+//! tests and the benchmark (the agent binary carries its own copy, to stay
+//! small). gRPC over TLS 1.3 with ALPN `h2`, trusting only shepherd's CA and
+//! presenting a self-signed certificate of the agent's ed25519 key.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+/// Connects to the callback at `addr`, verifying the server as
+/// `server_name` against `ca_der`, authenticating with the key of `seed`.
+pub async fn connect(
+    addr: SocketAddr,
+    server_name: &str,
+    ca_der: &[u8],
+    seed: &[u8; 32],
+) -> Result<Channel, String> {
+    let cfg: Arc<rustls::ClientConfig> =
+        super::tls::agent_client_config(ca_der, seed).map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+        .map_err(|e| format!("server name {server_name}: {e}"))?;
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(std::time::Duration::from_secs(10));
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let (cfg, name) = (cfg.clone(), name.clone());
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                tcp.set_nodelay(true)?;
+                let tls = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(name, tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|e| format!("connect to {addr}: {e}"))
+}
+
+/// One unary call of `path` with request `Req`, answer decoded as `Resp`
+/// (a `…Raw` type keeps the answer's bytes as they came).
+pub async fn call<Req, Resp>(
+    channel: Channel,
+    path: &'static str,
+    request: Req,
+) -> Result<Resp, Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    grpc.unary(
+        tonic::Request::new(request),
+        http::uri::PathAndQuery::from_static(path),
+        codec,
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}

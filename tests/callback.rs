@@ -1,0 +1,432 @@
+//! The agent callback over real TLS (CONTRACTS.md §4): what it answers and
+//! what it writes, for good and bad callers, and through a database outage.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use prost::Message;
+use shepherd::agent::api::{
+    AgentHardwareReport, BlockDevice, Cpu, HeartbeatRequest, HeartbeatResponseRaw,
+    NetworkInterface, Node, OsInstallationReport, OsInstallationRequest, cpu,
+    os_installation_report,
+};
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::bmdb::{Bmdb, Provider};
+use shepherd::callback::{Callback, client};
+use shepherd::callback::{CertFiles, HEARTBEAT_PATHS, ServerIdentity};
+use shepherd::testing::{OwnPostgres, TestDb};
+use tonic::Code;
+use uuid::Uuid;
+
+const SERVER_NAME: &str = "bmaas.test";
+
+struct Rig {
+    bmdb: Bmdb,
+    callback: Callback,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    async fn new(bmdb: Bmdb) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = ServerIdentity::load_or_generate(
+            &CertFiles::in_dir(dir.path()),
+            &[SERVER_NAME.to_string(), "127.0.0.1".to_string()],
+        )
+        .unwrap();
+        let callback = Callback::start(
+            bmdb.clone(),
+            &identity,
+            "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+            1000,
+            4,
+        )
+        .await
+        .unwrap();
+        Rig {
+            bmdb,
+            callback,
+            _dir: dir,
+        }
+    }
+
+    /// A machine whose agent started with the key of `seed`.
+    async fn machine(&self, seed: [u8; 32]) -> Uuid {
+        let key = ed25519_dalek::SigningKey::from_bytes(&seed)
+            .verifying_key()
+            .to_bytes();
+        let m = NewProvidedMachine {
+            provider: Provider::None,
+            provider_id: format!("host-{}", Uuid::new_v4()),
+            reservation_id: None,
+            ip_address: Some("192.0.2.1".into()),
+            location: None,
+            status: None,
+        };
+        self.bmdb
+            .transact(async |tx| {
+                let id = machines::create_provided(tx, &m).await?;
+                machines::set_agent_started(tx, id, &key).await?;
+                Ok(id)
+            })
+            .await
+            .unwrap()
+    }
+
+    async fn heartbeat(
+        &self,
+        seed: [u8; 32],
+        path: &'static str,
+        req: HeartbeatRequest,
+    ) -> Result<HeartbeatResponseRaw, tonic::Status> {
+        let channel = client::connect(
+            self.callback.addr,
+            SERVER_NAME,
+            &self.callback.ca_der,
+            &seed,
+        )
+        .await
+        .map_err(tonic::Status::unavailable)?;
+        client::call(channel, path, req).await
+    }
+
+    async fn rows(&self, sql: &'static str, id: Uuid) -> i64 {
+        self.bmdb
+            .transact(async |tx| Ok(tx.query_one(sql, &[&id]).await?.get::<_, i64>(0)))
+            .await
+            .unwrap()
+    }
+}
+
+const HEARTBEATS: &str = "SELECT count(*) FROM machine_agent_heartbeat WHERE machine_id = $1";
+
+fn plain(id: Uuid) -> HeartbeatRequest {
+    HeartbeatRequest {
+        machine_id: id.to_string(),
+        ..Default::default()
+    }
+}
+
+#[actix_rt::test]
+async fn an_authenticated_heartbeat_is_written_under_both_paths() {
+    let db = TestDb::new().await;
+    let rig = Rig::new(db.bmdb().await).await;
+    let seed = [1u8; 32];
+    let id = rig.machine(seed).await;
+    for path in HEARTBEAT_PATHS {
+        let r = rig.heartbeat(seed, path, plain(id)).await.unwrap();
+        assert_eq!(r.installation_request, None);
+    }
+    assert_eq!(rig.rows(HEARTBEATS, id).await, 1);
+    // Any usual spelling of the UUID.
+    let mut upper = plain(id);
+    upper.machine_id = id.to_string().to_uppercase();
+    rig.heartbeat(seed, HEARTBEAT_PATHS[1], upper)
+        .await
+        .unwrap();
+}
+
+#[actix_rt::test]
+async fn bad_callers_get_the_contracts_codes_and_write_nothing() {
+    let db = TestDb::new().await;
+    let rig = Rig::new(db.bmdb().await).await;
+    let (seed, other) = ([2u8; 32], [3u8; 32]);
+    let id = rig.machine(seed).await;
+    let path = HEARTBEAT_PATHS[0];
+
+    let wrong_key = rig.heartbeat(other, path, plain(id)).await.unwrap_err();
+    assert_eq!(wrong_key.code(), Code::Unauthenticated, "{wrong_key:?}");
+    let unknown = rig
+        .heartbeat(seed, path, plain(Uuid::new_v4()))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::Unauthenticated);
+    assert_eq!(
+        unknown.message(),
+        wrong_key.message(),
+        "the same message for an unknown machine and a wrong key"
+    );
+    let mut malformed = plain(id);
+    malformed.machine_id = "not-a-uuid".into();
+    let e = rig.heartbeat(seed, path, malformed).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let mut no_result = plain(id);
+    no_result.installation_report = Some(OsInstallationReport {
+        generation: 1,
+        result: None,
+    });
+    let e = rig.heartbeat(seed, path, no_result).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let mut huge = plain(id);
+    huge.installation_report = Some(OsInstallationReport {
+        generation: i64::from(i32::MAX) + 1,
+        result: Some(os_installation_report::Result::Success(
+            os_installation_report::Success {},
+        )),
+    });
+    let e = rig.heartbeat(seed, path, huge).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // No client certificate at all: refused.
+    let cfg = {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(
+                rig.callback.ca_der.clone(),
+            ))
+            .unwrap();
+        let mut c = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        c.alpn_protocols = vec![b"h2".to_vec()];
+        std::sync::Arc::new(c)
+    };
+    let addr = rig.callback.addr;
+    let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let cfg = cfg.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let tls = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(SERVER_NAME.try_into().unwrap(), tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await;
+    if let Ok(channel) = channel {
+        let r = client::call::<_, HeartbeatResponseRaw>(channel, path, plain(id)).await;
+        assert!(
+            r.is_err(),
+            "a call without a client certificate went through"
+        );
+    }
+    assert_eq!(rig.rows(HEARTBEATS, id).await, 0, "nothing written");
+}
+
+#[actix_rt::test]
+async fn reports_are_stored_as_sent_and_requests_answered_until_reported() {
+    let db = TestDb::new().await;
+    let rig = Rig::new(db.bmdb().await).await;
+    let seed = [4u8; 32];
+    let id = rig.machine(seed).await;
+    let path = HEARTBEAT_PATHS[1];
+
+    let report = AgentHardwareReport {
+        report: Some(Node {
+            manufacturer: "Simulated".into(),
+            product: "Box 9000".into(),
+            serial_number: "SN-1".into(),
+            memory_installed_bytes: 64 << 30,
+            memory_usable_ratio: 0.97,
+            cpu: vec![Cpu {
+                architecture: Some(cpu::Architecture::X8664(cpu::X8664 {
+                    family: 6,
+                    model: 85,
+                    stepping: 4,
+                })),
+                cores: 16,
+                hardware_threads: 32,
+                vendor: "GenuineIntel".into(),
+                model: "Xeon".into(),
+            }],
+            block_device: vec![BlockDevice {
+                device_model: "NVMe 1".into(),
+                capacity_bytes: 1 << 40,
+                protocol: 3,
+                media_errors: Some(0),
+                ..Default::default()
+            }],
+            network_interface: vec![NetworkInterface {
+                mac: vec![2, 0, 0, 0, 0, 1],
+                driver: "ixgbe".into(),
+                link_up: true,
+                current_speed_bytes: 1_250_000_000,
+                ..Default::default()
+            }],
+            efi_support: 4,
+        }),
+        warning: vec!["no IPMI".into()],
+    };
+    let mut req = plain(id);
+    req.hardware_report = Some(report.clone());
+    rig.heartbeat(seed, path, req).await.unwrap();
+    let stored: Vec<u8> = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1",
+                    &[&id],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    assert_eq!(stored, report.encode_to_vec(), "stored exactly as sent");
+    assert_eq!(
+        AgentHardwareReport::decode(stored.as_slice()).unwrap(),
+        report
+    );
+
+    // A pending request, with fields shepherd does not know: returned byte
+    // for byte.
+    let mut request = OsInstallationRequest {
+        generation: 7,
+        r#type: None,
+    }
+    .encode_to_vec();
+    request.extend_from_slice(&[0x12, 0x03, 0x0a, 0x01, 0x41]); // metropolis { field 1: "A" }
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "INSERT INTO machine_os_installation_request VALUES ($1, 7, $2)",
+                &[&id, &request],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let r = rig.heartbeat(seed, path, plain(id)).await.unwrap();
+    assert_eq!(r.installation_request.as_deref(), Some(request.as_slice()));
+
+    // An older generation's report does not answer it...
+    let mut old = plain(id);
+    old.installation_report = Some(OsInstallationReport {
+        generation: 6,
+        result: Some(os_installation_report::Result::Error(
+            os_installation_report::Error {
+                error: "disk on fire".into(),
+            },
+        )),
+    });
+    let r = rig.heartbeat(seed, path, old.clone()).await.unwrap();
+    assert_eq!(r.installation_request.as_deref(), Some(request.as_slice()));
+    // ...its own generation's does, at once, and the report is upserted.
+    let mut done = plain(id);
+    done.installation_report = Some(OsInstallationReport {
+        generation: 7,
+        result: Some(os_installation_report::Result::Success(
+            os_installation_report::Success {},
+        )),
+    });
+    let r = rig.heartbeat(seed, path, done.clone()).await.unwrap();
+    assert_eq!(r.installation_request, None);
+    let (generation, result, raw): (i32, String, Vec<u8>) = rig
+        .bmdb
+        .transact(async |tx| {
+            let r = tx
+                .query_one(
+                    "SELECT generation, os_installation_result::text, os_installation_report_raw \
+                     FROM machine_os_installation_report WHERE machine_id = $1",
+                    &[&id],
+                )
+                .await?;
+            Ok((r.get(0), r.get(1), r.get(2)))
+        })
+        .await
+        .unwrap();
+    assert_eq!((generation, result.as_str()), (7, "Success"));
+    assert_eq!(raw, done.installation_report.unwrap().encode_to_vec());
+    let r = rig.heartbeat(seed, path, plain(id)).await.unwrap();
+    assert_eq!(
+        r.installation_request, None,
+        "answered requests stay answered"
+    );
+}
+
+#[actix_rt::test]
+async fn a_key_removed_by_another_process_stops_being_accepted() {
+    let db = TestDb::new().await;
+    let rig = Rig::new(db.bmdb().await).await;
+    let seed = [5u8; 32];
+    let id = rig.machine(seed).await;
+    let path = HEARTBEAT_PATHS[0];
+    rig.heartbeat(seed, path, plain(id)).await.unwrap();
+    // Another shepherd's Recoverer drops the tag.
+    let other = db.bmdb().await;
+    other
+        .transact(async |tx| {
+            tx.execute(
+                "DELETE FROM machine_agent_started WHERE machine_id = $1",
+                &[&id],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let e = rig.heartbeat(seed, path, plain(id)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+}
+
+#[actix_rt::test]
+async fn many_agents_at_once_are_written_in_batches() {
+    let db = TestDb::new().await;
+    let rig = Rig::new(db.bmdb().await).await;
+    let mut agents = Vec::new();
+    for i in 0..200u32 {
+        let mut seed = [0u8; 32];
+        seed[..4].copy_from_slice(&i.to_le_bytes());
+        seed[31] = 9;
+        agents.push((seed, rig.machine(seed).await));
+    }
+    let calls = agents.iter().map(|(seed, id)| {
+        let rig = &rig;
+        async move { rig.heartbeat(*seed, HEARTBEAT_PATHS[1], plain(*id)).await }
+    });
+    for r in futures::future::join_all(calls).await {
+        r.unwrap();
+    }
+    let stats = rig
+        .callback
+        .writer
+        .send(shepherd::callback::GetWriterStats)
+        .await
+        .unwrap();
+    assert_eq!(stats.accepted, 200);
+    assert!(stats.batches < 200, "{stats:?}");
+    let n: i64 = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one("SELECT count(*) FROM machine_agent_heartbeat", &[])
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 200);
+}
+
+#[actix_rt::test]
+async fn a_database_outage_answers_unavailable_and_the_server_recovers() {
+    let mut own = OwnPostgres::start().await;
+    let bmdb = own.bmdb().await;
+    bmdb.migrate().await.unwrap();
+    let rig = Rig::new(bmdb).await;
+    let seed = [6u8; 32];
+    let id = rig.machine(seed).await;
+    let path = HEARTBEAT_PATHS[1];
+    rig.heartbeat(seed, path, plain(id)).await.unwrap();
+    own.stop();
+    let e = rig.heartbeat(seed, path, plain(id)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    own.start_again().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match rig.heartbeat(seed, path, plain(id)).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+                assert!(std::time::Instant::now() < deadline, "not back: {e:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert_eq!(rig.rows(HEARTBEATS, id).await, 1);
+}

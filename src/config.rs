@@ -56,6 +56,7 @@ pub struct Config {
     pub updater: UpdaterConfig,
     pub supervisor: SupervisorConfig,
     pub admin: AdminConfig,
+    pub bmaas: BmaasConfig,
     pub log: LogConfig,
 }
 
@@ -625,6 +626,76 @@ impl RecovererConfig {
     }
 }
 
+/// The agent callback server (CONTRACTS.md §4): resident agents call it
+/// with heartbeats over gRPC and mutual TLS.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BmaasConfig {
+    pub enabled: bool,
+    pub listen: std::net::SocketAddr,
+    /// The address agents are told to call (`TakeoverInit.bmaas_endpoint`),
+    /// `host:port`. Unset: `initializer.agent_endpoint` (older
+    /// configurations); the Initializer runs only when one is set.
+    pub endpoint: Option<String>,
+    /// Where the callback's CA and server certificate live (generated on
+    /// first start; put your own there under the same names). Unset: the
+    /// directory of `ssh.key_file`.
+    pub tls_dir: Option<PathBuf>,
+    /// Heartbeats written in one statement at most.
+    pub max_batch: u32,
+    /// Heartbeat batches written at once at most.
+    pub max_writes_in_flight: u32,
+}
+
+impl Default for BmaasConfig {
+    fn default() -> Self {
+        BmaasConfig {
+            enabled: true,
+            listen: ([127, 0, 0, 1], 7830).into(),
+            endpoint: None,
+            tls_dir: None,
+            max_batch: 2000,
+            max_writes_in_flight: 4,
+        }
+    }
+}
+
+impl BmaasConfig {
+    fn validate(&mut self) -> Result<(), ConfigError> {
+        if let Some(e) = &self.endpoint {
+            if e.trim().is_empty() {
+                self.endpoint = None;
+            } else if endpoint_host(e).is_none() {
+                return Err(ConfigError::key(
+                    "bmaas.endpoint",
+                    "must be host:port (the address agents call)",
+                ));
+            }
+        }
+        if !(1..=100_000).contains(&self.max_batch) {
+            return Err(ConfigError::key(
+                "bmaas.max_batch",
+                "must be within 1 and 100000",
+            ));
+        }
+        if !(1..=64).contains(&self.max_writes_in_flight) {
+            return Err(ConfigError::key(
+                "bmaas.max_writes_in_flight",
+                "must be within 1 and 64",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The host of a `host:port` endpoint (`[v6]:port` too).
+pub fn endpoint_host(endpoint: &str) -> Option<&str> {
+    let (host, port) = endpoint.trim().rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then_some(host)
+}
+
 /// The admin HTTP server.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -912,6 +983,7 @@ impl Config {
         }
         self.recoverer.validate()?;
         self.admin.validate()?;
+        self.bmaas.validate()?;
         if self.updater.interval.is_zero() {
             return Err(ConfigError::key("updater.interval", "must be positive"));
         }
@@ -1086,6 +1158,8 @@ mod documented_defaults {
             "agent_binary",
             "agent_endpoint",
             "agent_ca_certificate",
+            "endpoint",
+            "tls_dir",
             "plan",
             "metro",
             "facility",

@@ -47,6 +47,8 @@ pub enum WorkOutcome {
     Failed(String),
     /// The session died: nothing could be recorded.
     Aborted,
+    /// Given back untouched (history `Canceled`, no backoff), with why.
+    Canceled(String),
 }
 
 #[derive(Debug, Clone, Message)]
@@ -204,7 +206,7 @@ impl<C: ControlLoop> Handler<WorkerDone> for WorkMailbox<C> {
         match &msg.outcome {
             WorkOutcome::Finished => self.status.finished += 1,
             WorkOutcome::Failed(_) => self.status.failed += 1,
-            WorkOutcome::Aborted => self.status.aborted += 1,
+            WorkOutcome::Aborted | WorkOutcome::Canceled(_) => self.status.aborted += 1,
         }
         self.fill(ctx);
     }

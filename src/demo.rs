@@ -106,6 +106,7 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
     cfg.initializer.poll_interval = Duration::from_millis(200);
     cfg.initializer.backoff_initial = Duration::from_secs(5);
     cfg.updater.interval = Duration::from_secs(5);
+    cfg.bmaas.listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
     cfg.validate()?;
 
     let running = crate::supervisor::start(cfg).await?;

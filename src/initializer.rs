@@ -54,8 +54,14 @@ impl std::fmt::Debug for TakeoverSettings {
 
 impl TakeoverSettings {
     /// From `[ssh]` and `[initializer]`: loads (or generates) shepherd's SSH
-    /// key and reads the agent executable. Errors name the key.
-    pub fn from_config(cfg: &Config) -> Result<TakeoverSettings, ConfigError> {
+    /// key and reads the agent executable. Agents are told `endpoint` and,
+    /// unless `initializer.agent_ca_certificate` names another, trust
+    /// `callback_ca` (the agent callback's own CA). Errors name the key.
+    pub fn from_config(
+        cfg: &Config,
+        endpoint: String,
+        callback_ca: Option<Vec<u8>>,
+    ) -> Result<TakeoverSettings, ConfigError> {
         let key_err = |key: &str, m: String| ConfigError::Key {
             key: key.to_string(),
             message: m,
@@ -83,11 +89,6 @@ impl TakeoverSettings {
                 format!("{} is empty", binary.display()),
             ));
         }
-        let endpoint = cfg
-            .initializer
-            .agent_endpoint
-            .clone()
-            .ok_or_else(|| key_err("initializer.agent_endpoint", "must be set".into()))?;
         let ca_certificate = match &cfg.initializer.agent_ca_certificate {
             Some(p) => Some(std::fs::read(p).map_err(|e| {
                 key_err(
@@ -95,7 +96,7 @@ impl TakeoverSettings {
                     format!("{}: {e}", p.display()),
                 )
             })?),
-            None => None,
+            None => callback_ca,
         };
         Ok(TakeoverSettings {
             ssh: SshSettings {
@@ -342,6 +343,15 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
         {
             Ok(k) => k,
             Err(BmdbError::SessionExpired(_)) => return WorkOutcome::Aborted,
+            // The BMDB is away before anything was done to the machine: not
+            // the machine's fault, so no backoff; give the lease back.
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "the BMDB did not answer before the takeover began; giving the machine back");
+                return match work.cancel().await {
+                    Ok(()) => WorkOutcome::Canceled(format!("reading the recorded host key: {e}")),
+                    Err(_) => WorkOutcome::Aborted,
+                };
+            }
             Err(e) => {
                 return fail(
                     work,

@@ -37,16 +37,76 @@ pub struct Parts {
     pub bmdb: Bmdb,
     pub provider: SharedProvider,
     pub api: Option<EquinixApi>,
-    /// None when `initializer.agent_endpoint` is unset: no takeovers.
+    /// None when no endpoint for agents is set: no takeovers.
     pub takeover: Option<TakeoverSettings>,
+    /// The agent callback's certificates, when it is enabled.
+    pub callback: Option<crate::callback::ServerIdentity>,
+}
+
+/// The agent callback's certificates: loaded, or generated on first start
+/// beside shepherd's SSH key (or in `bmaas.tls_dir`).
+fn callback_identity(
+    cfg: &Config,
+    endpoint: Option<&str>,
+) -> Result<crate::callback::ServerIdentity, crate::ConfigError> {
+    let dir = match &cfg.bmaas.tls_dir {
+        Some(d) => d.clone(),
+        None => cfg
+            .ssh
+            .key_file
+            .parent()
+            .map(|p| p.to_path_buf())
+            .unwrap_or_default(),
+    };
+    let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
+    if let Some(host) = endpoint.and_then(crate::config::endpoint_host) {
+        names.insert(0, host.to_string());
+    }
+    let ip = cfg.bmaas.listen.ip();
+    if !ip.is_unspecified() && !names.contains(&ip.to_string()) {
+        names.push(ip.to_string());
+    }
+    crate::callback::ServerIdentity::load_or_generate(
+        &crate::callback::CertFiles::in_dir(&dir),
+        &names,
+    )
+    .map_err(|e| {
+        crate::ConfigError::key(
+            if cfg.bmaas.tls_dir.is_some() {
+                "bmaas.tls_dir"
+            } else {
+                "ssh.key_file"
+            },
+            e.to_string(),
+        )
+    })
 }
 
 impl Parts {
     /// Opens the BMDB (migrating it), builds the provider (for Equinix:
     /// ensures shepherd's SSH key in the project) and the takeover settings.
     pub async fn build(cfg: &Config) -> anyhow::Result<Parts> {
-        let takeover = if cfg.initializer.agent_endpoint.is_some() {
-            let t = TakeoverSettings::from_config(cfg)?;
+        let endpoint = match (&cfg.bmaas.endpoint, &cfg.initializer.agent_endpoint) {
+            (Some(e), _) => Some(e.clone()),
+            (None, Some(e)) => {
+                tracing::warn!(
+                    "initializer.agent_endpoint is the older name of bmaas.endpoint; using it"
+                );
+                Some(e.clone())
+            }
+            (None, None) => None,
+        };
+        let callback = if cfg.bmaas.enabled {
+            Some(callback_identity(cfg, endpoint.as_deref())?)
+        } else {
+            None
+        };
+        let takeover = if let Some(endpoint) = endpoint {
+            let t = TakeoverSettings::from_config(
+                cfg,
+                endpoint,
+                callback.as_ref().map(|c| c.ca_der.clone()),
+            )?;
             tracing::info!(
                 public_key = %t.identity.public_key(),
                 "shepherd's SSH public key: machines must accept it for {}",
@@ -55,7 +115,7 @@ impl Parts {
             Some(t)
         } else {
             tracing::warn!(
-                "initializer.agent_endpoint is not set: the Initializer is off, no machine will be taken over"
+                "bmaas.endpoint is not set: the Initializer is off, no machine will be taken over"
             );
             None
         };
@@ -99,6 +159,7 @@ impl Parts {
             provider,
             api,
             takeover,
+            callback,
         })
     }
 }
@@ -409,6 +470,8 @@ impl Handler<Shutdown> for Supervisor {
 pub struct Running {
     pub supervisor: Addr<Supervisor>,
     pub admin: crate::admin::Admin,
+    /// The agent callback server, when enabled.
+    pub callback: Option<crate::callback::Callback>,
 }
 
 impl Running {
@@ -425,7 +488,21 @@ impl Running {
 /// `admin::routes` with `Running::admin` as app data, and call
 /// `Running::shutdown` when the application stops.
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {
-    let parts = Parts::build(&cfg).await?;
+    let mut parts = Parts::build(&cfg).await?;
+    let callback = match parts.callback.take() {
+        Some(identity) => Some(
+            crate::callback::Callback::start(
+                parts.bmdb.clone(),
+                &identity,
+                cfg.bmaas.listen,
+                cfg.bmaas.max_batch as usize,
+                cfg.bmaas.max_writes_in_flight as usize,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("bmaas.listen {e}"))?,
+        ),
+        None => None,
+    };
     let admin = crate::admin::Admin {
         bmdb: parts.bmdb.clone(),
         supervisor: None,
@@ -439,6 +516,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             ..admin
         },
         supervisor,
+        callback,
     })
 }
 

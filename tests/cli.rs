@@ -246,9 +246,13 @@ async fn an_unreachable_database_is_a_clear_error() {
 async fn run_holds_a_session_and_stops_cleanly_on_sigterm() {
     let db = TestDb::new().await;
     let bmdb = db.bmdb().await;
+    let dir = tempfile::tempdir().unwrap();
     let mut child = shepherd()
         .arg("run")
+        .current_dir(dir.path())
         .env("SHEPHERD__BMDB__URL", db.url())
+        .env("SHEPHERD__BMAAS__LISTEN", "127.0.0.1:0")
+        .env("SHEPHERD__ADMIN__LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

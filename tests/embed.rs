@@ -34,7 +34,8 @@ async fn the_embedding_example_serves_its_routes_and_shepherds() {
         &config,
         format!(
             "[bmdb]\nurl = \"{}\"\nsession_interval = \"2s\"\n[provider]\nkind = \"static\"\n\
-             [ssh]\nkey_file = \"{}/id\"\n[log]\nlevel = \"warn\"\n",
+             [ssh]\nkey_file = \"{}/id\"\n[bmaas]\nlisten = \"127.0.0.1:0\"\n\
+             [log]\nlevel = \"warn\"\n",
             db.url(),
             dir.path().display()
         ),

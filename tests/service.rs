@@ -186,6 +186,9 @@ drain_timeout = "15s"
 [admin]
 listen = "127.0.0.1:0"
 
+[bmaas]
+listen = "127.0.0.1:0"
+
 [log]
 level = "info,tokio_postgres=warn,refinery_core=warn"
 "#,
@@ -1099,13 +1102,16 @@ async fn an_outage_during_takeovers_leaves_no_lease_without_a_worker() {
     );
     assert_eq!(rig.count(AGENTS).await, 6, "{}", s.log_text());
     assert_eq!(rig.sessions_alive().await, before, "{}", s.log_text());
+    // Each machine finished once; none failed (a takeover that only began
+    // as the database went away is given back, not backed off).
     let events = rig.history_events().await;
-    assert_eq!(
-        events,
-        [("Finished".to_string(), 6), ("Started".to_string(), 6)].into(),
-        "{}",
+    assert_eq!(events.get("Finished"), Some(&6), "{events:?}");
+    assert!(
+        events.keys().all(|e| !e.starts_with("Failed")),
+        "{events:?}\n{}",
         s.log_text()
     );
+    assert_eq!(rig.agent_runs(), vec![1; 6], "each agent ran once");
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(log.contains("retrying until it is recorded"), "{log}");
     assert!(!log.contains("takeover failed"), "{log}");

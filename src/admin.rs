@@ -33,6 +33,8 @@ pub struct Admin {
     pub bmdb: Bmdb,
     pub supervisor: Option<Addr<Supervisor>>,
     pub api_metrics: Option<ApiMetrics>,
+    /// The agent callback's counters, when it runs.
+    pub callback: Option<crate::callback::CallbackMetrics>,
     pub token: Option<Secret>,
 }
 
@@ -191,7 +193,10 @@ fn detail_json(d: &MachineDetail) -> serde_json::Value {
             })),
             "agent_started": d.agent_started.as_ref().map(|(at, key)| json!({"at": rfc3339(*at), "public_key": hex(key)})),
             "agent_heartbeat": d.agent_heartbeat.map(rfc3339),
-            "hardware_report": d.hardware_report,
+            "hardware_report": d.hardware_report.as_deref().map(|raw| match crate::hardware::summarize(raw) {
+                Ok(h) => json!(h),
+                Err(e) => json!({ "error": e }),
+            }),
             "installation_request": d.installation_request,
             "installation_report": d.installation_report.map(|(g, r)| json!({"generation": g, "result": r.to_string()})),
             "ssh_host_key": d.ssh_host_key,
@@ -357,6 +362,52 @@ fn mailbox_samples(p: &mut Prom, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
     }
 }
 
+async fn heartbeat_samples(p: &mut Prom, c: &crate::callback::CallbackMetrics) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Ok(w) = c.writer.send(crate::callback::GetWriterStats).await else {
+        return;
+    };
+    let name = "shepherd_heartbeats_total";
+    p.family(name, "counter", "Agent heartbeats by outcome.");
+    for (result, n) in [
+        ("accepted", w.accepted),
+        ("unauthenticated", w.unauthenticated),
+        ("no_certificate", c.refusals.no_certificate.load(Relaxed)),
+        ("invalid", c.refusals.invalid.load(Relaxed)),
+        ("unavailable", c.refusals.unavailable.load(Relaxed)),
+    ] {
+        p.sample(name, &[("result", result)], n as f64);
+    }
+    let name = "shepherd_heartbeat_batch_size";
+    p.family(name, "histogram", "Heartbeats written per statement.");
+    let mut cumulative = 0;
+    for (le, n) in ["1", "10", "100", "1000", "+Inf"].iter().zip(w.batch_sizes) {
+        cumulative += n;
+        p.sample(&format!("{name}_bucket"), &[("le", le)], cumulative as f64);
+    }
+    p.sample(&format!("{name}_sum"), &[], w.beats as f64);
+    p.sample(&format!("{name}_count"), &[], w.batches as f64);
+    let name = "shepherd_heartbeat_write_seconds";
+    p.family(name, "histogram", "Time to write one batch of heartbeats.");
+    for (le, n) in crate::callback::writer::WRITE_BUCKETS
+        .iter()
+        .zip(w.write_buckets)
+    {
+        p.sample(
+            &format!("{name}_bucket"),
+            &[("le", &le.to_string())],
+            n as f64,
+        );
+    }
+    p.sample(
+        &format!("{name}_bucket"),
+        &[("le", "+Inf")],
+        w.batches as f64,
+    );
+    p.sample(&format!("{name}_sum"), &[], w.write_seconds);
+    p.sample(&format!("{name}_count"), &[], w.batches as f64);
+}
+
 const SESSIONS_ALIVE: &str = "SELECT count(*) FROM sessions WHERE session_deadline > now()";
 const ACTIVE_BACKOFFS: &str =
     "SELECT process::text, count(*) FROM work_backoff WHERE until > now() GROUP BY process";
@@ -454,6 +505,9 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             &[("how", "adopted")],
             prov.adopted as f64,
         );
+    }
+    if let Some(c) = &admin.callback {
+        heartbeat_samples(&mut p, c).await;
     }
     if let Some(m) = &admin.api_metrics {
         let snap = m.snapshot();
@@ -611,6 +665,54 @@ async fn machine_page(admin: web::Data<Admin>, id: web::Path<String>) -> HttpRes
         d.agent_heartbeat.map(rfc3339).unwrap_or_else(|| "-".into()),
         esc(d.ssh_host_key.as_deref().unwrap_or("-")),
     );
+    b.push_str("<h2>Hardware</h2>");
+    match d.hardware_report.as_deref().map(crate::hardware::summarize) {
+        None => b.push_str("<p id=\"hardware\">no report yet</p>"),
+        Some(Err(e)) => {
+            let _ = write!(b, "<p id=\"hardware\">{}</p>", esc(&e));
+        }
+        Some(Ok(h)) => {
+            let _ = write!(
+                b,
+                "<table id=\"hardware\"><tr><th>system</th><td>{} {} (serial {})</td></tr>\
+                 <tr><th>memory</th><td>{}</td></tr><tr><th>EFI</th><td>{}</td></tr>",
+                esc(&h.manufacturer),
+                esc(&h.product),
+                esc(&h.serial_number),
+                crate::hardware::bytes(h.memory_bytes),
+                esc(&h.efi)
+            );
+            for c in &h.cpus {
+                let _ = write!(
+                    b,
+                    "<tr><th>CPU</th><td>{} {}: {} cores, {} threads</td></tr>",
+                    esc(&c.vendor),
+                    esc(&c.model),
+                    c.cores,
+                    c.threads
+                );
+            }
+            for x in &h.disks {
+                let _ = write!(
+                    b,
+                    "<tr><th>disk</th><td>{} {} {}</td></tr>",
+                    esc(&x.protocol),
+                    esc(&x.model),
+                    crate::hardware::bytes(x.capacity_bytes)
+                );
+            }
+            for n in &h.nics {
+                let _ = write!(
+                    b,
+                    "<tr><th>NIC</th><td>{} {} link {}</td></tr>",
+                    esc(&n.mac),
+                    esc(&n.driver),
+                    if n.link_up { "up" } else { "down" }
+                );
+            }
+            b.push_str("</table>");
+        }
+    }
     b.push_str("<h2>Leases</h2><ul id=\"leases\">");
     for l in &d.leases {
         let _ = write!(b, "<li>{} by {}</li>", l.process, esc(&l.component));

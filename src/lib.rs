@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod equinix;
+pub mod hardware;
 pub mod initializer;
 pub mod machinesim;
 pub mod provider;

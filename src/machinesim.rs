@@ -207,6 +207,9 @@ impl russh::server::Handler for Machine {
 
 fn spawn(path: &Path) -> std::io::Result<tokio::process::Child> {
     tokio::process::Command::new(path)
+        // One-shot: a simulated fleet of thousands cannot keep a resident
+        // agent process per machine.
+        .env("TAKEOVER_AGENT_RESIDENT", "0")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

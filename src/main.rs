@@ -248,10 +248,22 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                 "  agent heartbeat  {}",
                 d.agent_heartbeat.map(t).unwrap_or_else(|| "-".into())
             );
-            println!(
-                "  hardware report  {}",
-                if d.hardware_report { "yes" } else { "-" }
-            );
+            match d
+                .hardware_report
+                .as_deref()
+                .map(shepherd::hardware::summarize)
+            {
+                None => println!("  hardware report  -"),
+                Some(Err(e)) => println!("  hardware report  {e}"),
+                Some(Ok(h)) => {
+                    let text = h.to_string();
+                    let mut lines = text.lines();
+                    println!("  hardware report  {}", lines.next().unwrap_or(""));
+                    for l in lines {
+                        println!("                   {l}");
+                    }
+                }
+            }
             println!(
                 "  installation     request {} report {}",
                 d.installation_request

@@ -507,6 +507,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         bmdb: parts.bmdb.clone(),
         supervisor: None,
         api_metrics: parts.api.as_ref().map(|a| a.metrics().clone()),
+        callback: callback.as_ref().map(|c| c.metrics()),
         token: cfg.admin.token.clone(),
     };
     let supervisor = Supervisor::new(cfg, parts).start();

@@ -97,6 +97,7 @@ fn serve(f: &Fleet, token: Option<&str>) -> SocketAddr {
         bmdb: f.bmdb.clone(),
         supervisor: None,
         api_metrics: Some(metrics()),
+        callback: None,
         token: token.map(Secret::inline),
     };
     admin::serve(a, "127.0.0.1:0".parse().unwrap()).unwrap()

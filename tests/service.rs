@@ -303,6 +303,30 @@ impl Shepherd {
         kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 
+    /// The admin server's URL, where the log says it is.
+    fn admin_url(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        log.lines()
+            .find_map(|l| l.split("admin server: ").nth(1))
+            .expect("the admin URL is logged")
+            .trim()
+            .to_string()
+    }
+
+    /// GET a path of the admin server: status and body.
+    async fn admin_get(&self, path: &str) -> (u16, String) {
+        let mut r = awc::Client::default()
+            .get(format!("{}{path}", self.admin_url()))
+            .send()
+            .await
+            .unwrap();
+        let body = r.body().limit(16 << 20).await.unwrap();
+        (
+            r.status().as_u16(),
+            String::from_utf8_lossy(&body).into_owned(),
+        )
+    }
+
     /// SIGTERM, then an orderly exit 0.
     async fn terminate(&mut self) {
         self.signal(Signal::SIGTERM);
@@ -437,14 +461,7 @@ async fn thirty_reservations_become_thirty_taken_over_devices_and_sigterm_drains
     // shepherd's key was ensured in the project, once.
     let stats = sim.stats().await;
     assert_eq!(stats["requests"]["create_ssh_key"], 1);
-    // The admin server, where the log says it is.
-    let log = std::fs::read_to_string(&s.log).unwrap();
-    let url = log
-        .lines()
-        .find_map(|l| l.split("admin server: ").nth(1))
-        .expect("the admin URL is logged")
-        .trim()
-        .to_string();
+    let url = s.admin_url();
     let mut r = awc::Client::default()
         .get(format!("{url}readyz"))
         .send()
@@ -1253,4 +1270,174 @@ async fn two_shepherds_share_forty_reservations_with_few_lost_races() {
         "{creates} create requests for 40 devices: {}",
         stats["statuses"]
     );
+}
+
+// ---- the whole life cycle: resident agents call back ----
+
+#[actix_rt::test]
+async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back() {
+    let rig = Rig::new().await;
+    let sim = Sim::start(2, &["--reboot-delay", "1s"]);
+    let port = Sshd::free_port();
+    std::fs::write(rig.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
+    let text = rig.equinix_config(&sim).replace(
+        "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
+        &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
+    ) + "\n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
+           reboot_poll = \"100ms\"\nreboot_settle = \"2s\"\n";
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for("2 agents", AGENTS, 2, Duration::from_secs(60), &mut s)
+        .await;
+    const FRESH: &str = "SELECT count(*) FROM machine_agent_heartbeat \
+                         WHERE agent_heartbeat_at > now() - interval '2 seconds'";
+    rig.wait_for("2 heartbeating", FRESH, 2, Duration::from_secs(30), &mut s)
+        .await;
+    // Well past the thresholds: heartbeating machines are left alone.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    const RECOVERIES: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery'";
+    assert_eq!(rig.count(RECOVERIES).await, 0, "{}", s.log_text());
+    assert_eq!(rig.count(FRESH).await, 2, "{}", s.log_text());
+    assert_eq!(
+        rig.count("SELECT count(*) FROM machine_hardware_report")
+            .await,
+        2,
+        "each agent sent its hardware report"
+    );
+    // Operators see it: /metrics, the JSON API, `machines show`.
+    let (_, metrics) = s.admin_get("metrics").await;
+    let heartbeats = |result: &str| {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "shepherd_heartbeats_total{{result=\"{result}\"}} "
+                ))
+            })
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    assert!(heartbeats("accepted") >= 20.0, "{metrics}");
+    // An agent calls as soon as it has answered, which may be before its
+    // key is recorded: at most its first call is refused.
+    assert!(heartbeats("unauthenticated") <= 2.0, "{metrics}");
+    for refused in ["no_certificate", "invalid", "unavailable"] {
+        assert_eq!(heartbeats(refused), 0.0, "{refused}: {metrics}");
+    }
+    assert!(
+        metrics.contains("shepherd_heartbeat_batch_size_count"),
+        "{metrics}"
+    );
+    let some: uuid::Uuid = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT machine_id FROM machine_hardware_report LIMIT 1",
+                    &[],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    let (status, body) = s.admin_get(&format!("api/v1/machines/{some}")).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let hw = &v["tags"]["hardware_report"];
+    assert!(hw["memory_bytes"].as_i64().unwrap_or(0) > 0, "{v}");
+    assert!(!hw["cpus"].as_array().unwrap().is_empty(), "{v}");
+    let show = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(&config)
+        .args(["machines", "show", &some.to_string()])
+        .env("SIM_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let (show, err) = (
+        String::from_utf8_lossy(&show.stdout),
+        String::from_utf8_lossy(&show.stderr),
+    );
+    assert!(
+        show.contains("hardware report") && show.contains("memory"),
+        "{show}{err}"
+    );
+    assert!(show.contains("cpu   "), "{show}");
+
+    // One agent dies.
+    let (quiet, device): (uuid::Uuid, String) = rig
+        .bmdb
+        .transact(async |tx| {
+            let r = tx
+                .query_one(
+                    "SELECT machine_id, provider_id FROM machine_provided ORDER BY machine_id LIMIT 1",
+                    &[],
+                )
+                .await?;
+            Ok((r.get(0), r.get(1)))
+        })
+        .await
+        .unwrap();
+    let pid_file = rig.sshd.dir().join(format!("agent-{quiet}.pid"));
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+
+    let history = async || {
+        rig.bmdb
+            .transact(async |tx| shepherd::bmdb::machines::history(tx, quiet).await)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| format!("{} {}", h.process, h.event))
+            .collect::<Vec<_>>()
+    };
+    let want = [
+        "ShepherdAgentStart Started",
+        "ShepherdAgentStart Finished",
+        "ShepherdRecovery Started",
+        "ShepherdRecovery Finished",
+        "ShepherdAgentStart Started",
+        "ShepherdAgentStart Finished",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = history().await;
+        if h == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "history {h:?}\n{}", s.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Heartbeating again, from its new agent.
+    rig.wait_for(
+        "2 heartbeating again",
+        FRESH,
+        2,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    let new_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(new_pid, pid);
+    let stats = sim.stats().await;
+    assert_eq!(stats["reboots"][device.as_str()], 1, "{}", stats["reboots"]);
+    assert_eq!(
+        stats["reboots"].as_object().unwrap().len(),
+        1,
+        "only the machine whose agent died is rebooted"
+    );
+    assert_eq!(
+        rig.count(RECOVERIES).await,
+        2,
+        "one recovery: Started, Finished"
+    );
+    s.terminate().await;
 }

@@ -9,6 +9,18 @@
 //! `wrong-echo`, `short-key`, `nothing`, `huge`, `hang`, `crash` (non-zero
 //! exit), `slow:SECONDS` (then ok). Every run appends the machine ID to
 //! `<executable>.runs`.
+//!
+//! After a successful takeover it stays as the resident agent (unless
+//! `TAKEOVER_AGENT_RESIDENT=0`, or the init names no endpoint or CA): it
+//! detaches (closing stdout and stderr, so the SSH exec ends), writes its
+//! PID to `<executable>.pid` and its log to `<executable>.log`, and calls
+//! `Heartbeat` on the endpoint every interval (30 s; `takeover-agent.interval`
+//! beside it, e.g. `500ms`, for tests), over TLS verified with the CA it was
+//! given, authenticated by a self-signed certificate of its key; its
+//! hardware report goes with the first heartbeat; an installation request
+//! is answered with a report of its generation (success, or an error if a
+//! `takeover-agent.install` file beside it says `error`). It backs off
+//! while the server is unreachable, and exits once its executable is gone.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -60,12 +72,15 @@ fn respond(r: takeover_response::Result) {
     std::io::stdout().write_all(&bytes).unwrap();
 }
 
-fn fresh_key() -> Vec<u8> {
-    let secret: [u8; 32] = rand::random();
-    ed25519_dalek::SigningKey::from_bytes(&secret)
+fn public_key(seed: &[u8; 32]) -> Vec<u8> {
+    ed25519_dalek::SigningKey::from_bytes(seed)
         .verifying_key()
         .to_bytes()
         .to_vec()
+}
+
+fn fresh_key() -> Vec<u8> {
+    public_key(&rand::random())
 }
 
 fn main() {
@@ -106,7 +121,11 @@ fn main() {
         })
     };
     match mode.as_str() {
-        "ok" => respond(success(init, fresh_key())),
+        "ok" => {
+            let seed: [u8; 32] = rand::random();
+            respond(success(init.clone(), public_key(&seed)));
+            resident::stay(init, seed, exe);
+        }
         "error" => respond(takeover_response::Result::Error(TakeoverError {
             message: "simulated failure: no disks found".into(),
         })),
@@ -141,11 +160,205 @@ fn main() {
         m if m.starts_with("slow:") => {
             let secs: f64 = m[5..].parse().unwrap_or(1.0);
             std::thread::sleep(Duration::from_secs_f64(secs));
-            respond(success(init, fresh_key()));
+            let seed: [u8; 32] = rand::random();
+            respond(success(init.clone(), public_key(&seed)));
+            resident::stay(init, seed, exe);
         }
         other => {
             eprintln!("takeover-agent: unknown mode {other}");
             std::process::exit(2);
+        }
+    }
+}
+
+/// The resident agent: heartbeats after the takeover.
+mod resident {
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use prost::Message as _;
+    use shepherd::agent::api::{
+        HeartbeatRequest, HeartbeatResponseRaw, OsInstallationReport, OsInstallationRequest,
+        os_installation_report,
+    };
+
+    use super::api::TakeoverInit;
+
+    fn sidecar(exe: &Path, name: &str) -> Option<String> {
+        let dir = exe.parent()?;
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    /// Detaches and heartbeats, if the init asks for a resident agent.
+    pub fn stay(init: TakeoverInit, seed: [u8; 32], exe: Option<PathBuf>) {
+        let _ = std::io::stdout().flush();
+        let Some(exe) = exe else { return };
+        if init.bmaas_endpoint.is_empty()
+            || init.ca_certificate.is_empty()
+            || std::env::var("TAKEOVER_AGENT_RESIDENT").as_deref() == Ok("0")
+        {
+            return;
+        }
+        // SAFETY: still single-threaded; the child only sets up and runs.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Parent { .. }) => return,
+            Ok(nix::unistd::ForkResult::Child) => {}
+            Err(e) => {
+                eprintln!("takeover-agent: cannot detach: {e}");
+                return;
+            }
+        }
+        let _ = nix::unistd::setsid();
+        let log_path = with_suffix(&exe, ".log");
+        detach_stdio(&log_path);
+        let _ = std::fs::write(
+            with_suffix(&exe, ".pid"),
+            format!("{}\n", std::process::id()),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(heartbeat_loop(init, seed, exe));
+        std::process::exit(0);
+    }
+
+    fn with_suffix(exe: &Path, suffix: &str) -> PathBuf {
+        let mut p = exe.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    }
+
+    /// stdin from /dev/null, stdout and stderr to the log: the SSH session
+    /// sees its pipes close.
+    fn detach_stdio(log: &Path) {
+        if let Ok(null) = std::fs::File::open("/dev/null") {
+            let _ = nix::unistd::dup2_stdin(&null);
+        }
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .or_else(|_| std::fs::OpenOptions::new().write(true).open("/dev/null"));
+        if let Ok(out) = out {
+            let _ = nix::unistd::dup2_stdout(&out);
+            let _ = nix::unistd::dup2_stderr(&out);
+        }
+    }
+
+    fn interval(exe: &Path) -> Duration {
+        sidecar(exe, "takeover-agent.interval")
+            .and_then(|s| humantime::parse_duration(&s).ok())
+            .unwrap_or(Duration::from_secs(30))
+    }
+
+    async fn heartbeat_loop(init: TakeoverInit, seed: [u8; 32], exe: PathBuf) {
+        let endpoint = init.bmaas_endpoint.clone();
+        let host = shepherd::config::endpoint_host(&endpoint)
+            .unwrap_or("localhost")
+            .to_string();
+        let mut report_sent = false;
+        let mut answer: Option<OsInstallationReport> = None;
+        let mut channel = None;
+        let mut backoff = Duration::from_millis(250);
+        eprintln!(
+            "takeover-agent: resident for machine {}, calling {endpoint}",
+            init.machine_id
+        );
+        loop {
+            if !exe.exists() {
+                eprintln!("takeover-agent: my executable is gone; exiting");
+                return;
+            }
+            let every = interval(&exe);
+            if channel.is_none() {
+                let addr = match tokio::net::lookup_host(&endpoint)
+                    .await
+                    .map(|mut a| a.next())
+                {
+                    Ok(Some(a)) => Some(a),
+                    Ok(None) | Err(_) => None,
+                };
+                if let Some(addr) = addr {
+                    match shepherd::callback::client::connect(
+                        addr,
+                        &host,
+                        &init.ca_certificate,
+                        &seed,
+                    )
+                    .await
+                    {
+                        Ok(c) => channel = Some(c),
+                        Err(e) => eprintln!("takeover-agent: {e}"),
+                    }
+                } else {
+                    eprintln!("takeover-agent: cannot resolve {endpoint}");
+                }
+            }
+            let ok = match channel.clone() {
+                None => false,
+                Some(c) => {
+                    let req = HeartbeatRequest {
+                        machine_id: init.machine_id.clone(),
+                        hardware_report: (!report_sent).then(shepherd::hardware::report),
+                        installation_report: answer.clone(),
+                    };
+                    let call = shepherd::callback::client::call::<_, HeartbeatResponseRaw>(
+                        c,
+                        shepherd::callback::HEARTBEAT_PATHS[1],
+                        req,
+                    );
+                    match tokio::time::timeout(Duration::from_secs(10), call).await {
+                        Ok(Ok(resp)) => {
+                            report_sent = true;
+                            answer = resp.installation_request.and_then(|raw| {
+                                let r = OsInstallationRequest::decode(raw.as_slice()).ok()?;
+                                let failed = sidecar(&exe, "takeover-agent.install").as_deref()
+                                    == Some("error");
+                                Some(OsInstallationReport {
+                                    generation: r.generation,
+                                    result: Some(if failed {
+                                        os_installation_report::Result::Error(
+                                            os_installation_report::Error {
+                                                error: "simulated installation failure".into(),
+                                            },
+                                        )
+                                    } else {
+                                        os_installation_report::Result::Success(
+                                            os_installation_report::Success {},
+                                        )
+                                    }),
+                                })
+                            });
+                            true
+                        }
+                        Ok(Err(status)) => {
+                            eprintln!("takeover-agent: heartbeat refused: {status}");
+                            if status.code() == tonic::Code::Unavailable {
+                                channel = None;
+                            }
+                            false
+                        }
+                        Err(_) => {
+                            eprintln!("takeover-agent: heartbeat timed out");
+                            channel = None;
+                            false
+                        }
+                    }
+                }
+            };
+            let wait = if ok {
+                backoff = Duration::from_millis(250);
+                every
+            } else {
+                let w = backoff.min(every);
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                w
+            };
+            tokio::time::sleep(wait).await;
         }
     }
 }

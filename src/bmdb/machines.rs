@@ -335,7 +335,8 @@ pub struct MachineDetail {
     pub provided: Option<ProvidedMachine>,
     pub agent_started: Option<(SystemTime, Vec<u8>)>,
     pub agent_heartbeat: Option<SystemTime>,
-    pub hardware_report: bool,
+    /// `machine_hardware_report.hardware_report_raw`, as the agent sent it.
+    pub hardware_report: Option<Vec<u8>>,
     pub installation_request: Option<i32>,
     pub installation_report: Option<(i32, crate::bmdb::InstallationResult)>,
     pub ssh_host_key: Option<String>,
@@ -346,7 +347,7 @@ pub struct MachineDetail {
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
        a.agent_started_at, a.agent_public_key, h.agent_heartbeat_at, \
-       (hr.machine_id IS NOT NULL), rq.generation, rp.generation, rp.os_installation_result, k.host_key \
+       hr.hardware_report_raw, rq.generation, rp.generation, rp.os_installation_result, k.host_key \
      FROM machines m \
      LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id \
      LEFT JOIN machine_agent_heartbeat h ON h.machine_id = m.machine_id \

@@ -85,7 +85,9 @@ fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
             .create(dir)
             .map_err(|e| tls_err(dir.display().to_string(), e))?;
     }
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -167,6 +169,36 @@ impl ServerIdentity {
     /// does not name every one of `names` (the host agents are told, and
     /// the addresses it is reached on).
     pub fn load_or_generate(
+        files: &CertFiles,
+        names: &[String],
+    ) -> Result<ServerIdentity, TlsError> {
+        // Shepherds started together on one directory take turns.
+        let dir = files
+            .ca_cert
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| tls_err(dir.display().to_string(), e))?;
+        }
+        let lock_path = dir.join("callback.lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| tls_err(lock_path.display().to_string(), e))?;
+        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| tls_err(lock_path.display().to_string(), e))?;
+        Self::load_or_generate_locked(files, names)
+    }
+
+    fn load_or_generate_locked(
         files: &CertFiles,
         names: &[String],
     ) -> Result<ServerIdentity, TlsError> {

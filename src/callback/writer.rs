@@ -70,7 +70,12 @@ pub struct WriterStats {
     pub batch_sizes: [u64; 5],
     /// Seconds spent writing, summed.
     pub write_seconds: f64,
+    /// Batches whose write took at most each of `WRITE_BUCKETS` seconds.
+    pub write_buckets: [u64; WRITE_BUCKETS.len()],
 }
+
+/// Upper bounds (seconds) of the write latency histogram.
+pub const WRITE_BUCKETS: [f64; 8] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 5.0];
 
 type Reply = oneshot::Sender<Result<BeatOutcome, String>>;
 
@@ -166,6 +171,11 @@ impl HeartbeatWriter {
         self.stats.batches += 1;
         self.stats.beats += size as u64;
         self.stats.write_seconds += took.as_secs_f64();
+        for (i, le) in WRITE_BUCKETS.iter().enumerate() {
+            if took.as_secs_f64() <= *le {
+                self.stats.write_buckets[i] += 1;
+            }
+        }
         let bucket = match size {
             0..=1 => 0,
             2..=10 => 1,

@@ -1,0 +1,481 @@
+//! The hardware report an agent sends (CONTRACTS.md §4, `cloud.agent.api.Node`),
+//! read from the Linux host it runs on: DMI identity, CPUs from
+//! /proc/cpuinfo, memory from /proc/meminfo, block devices and network
+//! interfaces from /sys, EFI from /sys/firmware/efi. What cannot be read is
+//! left empty and said in a warning; reading never fails.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use crate::agent::api::{
+    AgentHardwareReport, BlockDevice, Cpu, EfiSupport, NetworkInterface, Node, block_device, cpu,
+};
+
+fn read(root: &Path, path: &str) -> Option<String> {
+    std::fs::read_to_string(root.join(path.trim_start_matches('/')))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn read_num<T: std::str::FromStr>(root: &Path, path: &str) -> Option<T> {
+    read(root, path)?.parse().ok()
+}
+
+/// The report of the host whose /proc and /sys are mounted under `root`
+/// (`/` for the machine itself).
+pub fn report_from(root: &Path) -> AgentHardwareReport {
+    let mut warnings = Vec::new();
+    let node = Node {
+        manufacturer: read(root, "/sys/class/dmi/id/sys_vendor").unwrap_or_default(),
+        product: read(root, "/sys/class/dmi/id/product_name").unwrap_or_default(),
+        serial_number: read(root, "/sys/class/dmi/id/product_serial").unwrap_or_default(),
+        memory_installed_bytes: memory(root, &mut warnings),
+        memory_usable_ratio: 1.0,
+        cpu: cpus(root, &mut warnings),
+        block_device: block_devices(root),
+        network_interface: nics(root),
+        efi_support: if root.join("sys/firmware/efi").is_dir() {
+            EfiSupport::Enabled as i32
+        } else {
+            EfiSupport::Unknown as i32
+        },
+    };
+    AgentHardwareReport {
+        report: Some(node),
+        warning: warnings,
+    }
+}
+
+/// The report of this machine.
+pub fn report() -> AgentHardwareReport {
+    report_from(Path::new("/"))
+}
+
+fn memory(root: &Path, warnings: &mut Vec<String>) -> i64 {
+    let total = read(root, "/proc/meminfo").and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<i64>().ok())
+    });
+    match total {
+        Some(kb) => kb * 1024,
+        None => {
+            warnings.push("memory: /proc/meminfo has no MemTotal".into());
+            0
+        }
+    }
+}
+
+/// One `CPU` per physical package, with its cores and threads.
+fn cpus(root: &Path, warnings: &mut Vec<String>) -> Vec<Cpu> {
+    let Some(info) = read(root, "/proc/cpuinfo") else {
+        warnings.push("cpu: /proc/cpuinfo is unreadable".into());
+        return Vec::new();
+    };
+    #[derive(Default)]
+    struct Package {
+        vendor: String,
+        model_name: String,
+        family: i32,
+        model: i32,
+        stepping: i32,
+        threads: i32,
+        cores: BTreeSet<String>,
+    }
+    let mut packages: std::collections::BTreeMap<String, Package> = Default::default();
+    for block in info.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let field = |name: &str| {
+            block
+                .lines()
+                .find(|l| l.split(':').next().map(str::trim) == Some(name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        };
+        let package = field("physical id").unwrap_or_else(|| "0".into());
+        let p = packages.entry(package).or_default();
+        p.threads += 1;
+        p.cores
+            .insert(field("core id").unwrap_or_else(|| p.threads.to_string()));
+        p.vendor = field("vendor_id").unwrap_or_default();
+        p.model_name = field("model name").unwrap_or_default();
+        p.family = field("cpu family")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        p.model = field("model").and_then(|v| v.parse().ok()).unwrap_or(0);
+        p.stepping = field("stepping").and_then(|v| v.parse().ok()).unwrap_or(0);
+    }
+    packages
+        .into_values()
+        .map(|p| Cpu {
+            architecture: (cfg!(target_arch = "x86_64") || !p.vendor.is_empty()).then_some(
+                cpu::Architecture::X8664(cpu::X8664 {
+                    family: p.family,
+                    model: p.model,
+                    stepping: p.stepping,
+                }),
+            ),
+            cores: p.cores.len() as i32,
+            hardware_threads: p.threads,
+            vendor: p.vendor,
+            model: p.model_name,
+        })
+        .collect()
+}
+
+fn block_devices(root: &Path) -> Vec<BlockDevice> {
+    let Ok(entries) = std::fs::read_dir(root.join("sys/block")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, BlockDevice)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if ["loop", "ram", "zram", "dm-", "md", "sr"]
+                .iter()
+                .any(|p| name.starts_with(p))
+            {
+                return None;
+            }
+            let d = format!("/sys/block/{name}");
+            let protocol = if name.starts_with("nvme") {
+                block_device::Protocol::Nvme
+            } else if name.starts_with("mmcblk") {
+                block_device::Protocol::Mmc
+            } else if name.starts_with("sd") {
+                block_device::Protocol::Scsi
+            } else {
+                block_device::Protocol::Unknown
+            };
+            Some((
+                name.clone(),
+                BlockDevice {
+                    vendor: read(root, &format!("{d}/device/vendor")).unwrap_or_default(),
+                    device_model: read(root, &format!("{d}/device/model")).unwrap_or_default(),
+                    serial_number: read(root, &format!("{d}/device/serial")).unwrap_or_default(),
+                    rotational: read(root, &format!("{d}/queue/rotational")).as_deref()
+                        == Some("1"),
+                    capacity_bytes: read_num::<i64>(root, &format!("{d}/size")).unwrap_or(0) * 512,
+                    logical_block_size_bytes: read_num(
+                        root,
+                        &format!("{d}/queue/logical_block_size"),
+                    )
+                    .unwrap_or(0),
+                    physical_block_size_bytes: read_num(
+                        root,
+                        &format!("{d}/queue/physical_block_size"),
+                    )
+                    .unwrap_or(0),
+                    protocol: protocol as i32,
+                    ..Default::default()
+                },
+            ))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.into_iter().map(|(_, d)| d).collect()
+}
+
+fn nics(root: &Path) -> Vec<NetworkInterface> {
+    let Ok(entries) = std::fs::read_dir(root.join("sys/class/net")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, NetworkInterface)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let d = format!("/sys/class/net/{name}");
+            // Physical ones only: they have a device.
+            if !root.join(d.trim_start_matches('/')).join("device").exists() {
+                return None;
+            }
+            let mac: Vec<u8> = read(root, &format!("{d}/address"))
+                .unwrap_or_default()
+                .split(':')
+                .filter_map(|h| u8::from_str_radix(h, 16).ok())
+                .collect();
+            let driver =
+                std::fs::read_link(root.join(d.trim_start_matches('/')).join("device/driver"))
+                    .ok()
+                    .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .unwrap_or_default();
+            let mbps: i64 = read_num(root, &format!("{d}/speed")).unwrap_or(0).max(0);
+            Some((
+                name,
+                NetworkInterface {
+                    mac,
+                    driver,
+                    supported_speed_bytes: Vec::new(),
+                    link_up: read(root, &format!("{d}/operstate")).as_deref() == Some("up"),
+                    current_speed_bytes: mbps * 1_000_000 / 8,
+                },
+            ))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.into_iter().map(|(_, n)| n).collect()
+}
+
+/// A stored hardware report, decoded for operators (pages, JSON, CLI).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HardwareSummary {
+    pub manufacturer: String,
+    pub product: String,
+    pub serial_number: String,
+    pub memory_bytes: i64,
+    pub cpus: Vec<CpuSummary>,
+    pub disks: Vec<DiskSummary>,
+    pub nics: Vec<NicSummary>,
+    pub efi: String,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CpuSummary {
+    pub vendor: String,
+    pub model: String,
+    pub cores: i32,
+    pub threads: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DiskSummary {
+    pub model: String,
+    pub serial_number: String,
+    pub capacity_bytes: i64,
+    pub protocol: String,
+    pub rotational: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NicSummary {
+    pub mac: String,
+    pub driver: String,
+    pub link_up: bool,
+    pub speed_bytes: i64,
+}
+
+/// Decodes `hardware_report_raw` (an `AgentHardwareReport`).
+pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
+    use prost::Message;
+    let r = AgentHardwareReport::decode(raw).map_err(|e| format!("undecodable report: {e}"))?;
+    let n = r.report.unwrap_or_default();
+    Ok(HardwareSummary {
+        manufacturer: n.manufacturer,
+        product: n.product,
+        serial_number: n.serial_number,
+        memory_bytes: n.memory_installed_bytes,
+        cpus: n
+            .cpu
+            .into_iter()
+            .map(|c| CpuSummary {
+                vendor: c.vendor,
+                model: c.model,
+                cores: c.cores,
+                threads: c.hardware_threads,
+            })
+            .collect(),
+        disks: n
+            .block_device
+            .into_iter()
+            .map(|d| DiskSummary {
+                model: d.device_model,
+                serial_number: d.serial_number,
+                capacity_bytes: d.capacity_bytes,
+                protocol: block_device::Protocol::try_from(d.protocol)
+                    .map(|p| p.as_str_name().trim_start_matches("PROTOCOL_").to_string())
+                    .unwrap_or_else(|_| d.protocol.to_string()),
+                rotational: d.rotational,
+            })
+            .collect(),
+        nics: n
+            .network_interface
+            .into_iter()
+            .map(|i| NicSummary {
+                mac: i
+                    .mac
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+                driver: i.driver,
+                link_up: i.link_up,
+                speed_bytes: i.current_speed_bytes,
+            })
+            .collect(),
+        efi: EfiSupport::try_from(n.efi_support)
+            .map(|e| {
+                e.as_str_name()
+                    .trim_start_matches("EFI_SUPPORT_")
+                    .to_string()
+            })
+            .unwrap_or_else(|_| n.efi_support.to_string()),
+        warnings: r.warning,
+    })
+}
+
+/// `1.5 TiB`, `64 GiB`.
+pub fn bytes(n: i64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", units[u])
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+impl std::fmt::Display for HardwareSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} {} (serial {}), memory {}, EFI {}",
+            self.manufacturer,
+            self.product,
+            if self.serial_number.is_empty() {
+                "-"
+            } else {
+                &self.serial_number
+            },
+            bytes(self.memory_bytes),
+            self.efi
+        )?;
+        for c in &self.cpus {
+            writeln!(
+                f,
+                "cpu   {} {}: {} cores, {} threads",
+                c.vendor, c.model, c.cores, c.threads
+            )?;
+        }
+        for d in &self.disks {
+            writeln!(
+                f,
+                "disk  {} {} {}{}",
+                d.protocol,
+                d.model,
+                bytes(d.capacity_bytes),
+                if d.rotational { ", rotational" } else { "" }
+            )?;
+        }
+        for n in &self.nics {
+            writeln!(
+                f,
+                "nic   {} {} link {}{}",
+                n.mac,
+                n.driver,
+                if n.link_up { "up" } else { "down" },
+                if n.speed_bytes > 0 {
+                    format!(" {} Gbit/s", n.speed_bytes * 8 / 1_000_000_000)
+                } else {
+                    String::new()
+                }
+            )?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "warning {w}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(root: &Path, path: &str, text: &str) {
+        let p = root.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn a_host_is_read_from_proc_and_sys() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        put(r, "/sys/class/dmi/id/sys_vendor", "Acme\n");
+        put(r, "/sys/class/dmi/id/product_name", "Box 9000\n");
+        put(
+            r,
+            "/proc/meminfo",
+            "MemTotal:       65536 kB\nMemFree: 1 kB\n",
+        );
+        let cpu = |p: u32, c: u32| {
+            format!(
+                "processor\t: {}\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\nmodel name\t: Xeon\nstepping\t: 4\nphysical id\t: {p}\ncore id\t\t: {c}\n",
+                p * 10 + c
+            )
+        };
+        put(
+            r,
+            "/proc/cpuinfo",
+            &[
+                cpu(0, 0),
+                cpu(0, 0),
+                cpu(0, 1),
+                cpu(0, 1),
+                cpu(1, 0),
+                cpu(1, 0),
+            ]
+            .join("\n"),
+        );
+        put(r, "/sys/block/nvme0n1/size", "2000000\n");
+        put(r, "/sys/block/nvme0n1/queue/rotational", "0\n");
+        put(r, "/sys/block/nvme0n1/queue/logical_block_size", "512\n");
+        put(r, "/sys/block/nvme0n1/device/model", "Fast SSD\n");
+        put(r, "/sys/block/loop0/size", "8\n");
+        put(r, "/sys/class/net/eth0/address", "02:00:00:00:00:01\n");
+        put(r, "/sys/class/net/eth0/operstate", "up\n");
+        put(r, "/sys/class/net/eth0/speed", "10000\n");
+        std::fs::create_dir_all(r.join("sys/class/net/eth0/device")).unwrap();
+        put(r, "/sys/class/net/lo/address", "00:00:00:00:00:00\n");
+        std::fs::create_dir_all(r.join("sys/firmware/efi")).unwrap();
+
+        let report = report_from(r);
+        let n = report.report.clone().unwrap();
+        assert_eq!(
+            (n.manufacturer.as_str(), n.product.as_str()),
+            ("Acme", "Box 9000")
+        );
+        assert_eq!(n.memory_installed_bytes, 65536 * 1024);
+        assert_eq!(n.cpu.len(), 2, "two packages");
+        assert_eq!((n.cpu[0].cores, n.cpu[0].hardware_threads), (2, 4));
+        assert_eq!((n.cpu[1].cores, n.cpu[1].hardware_threads), (1, 2));
+        assert_eq!(n.block_device.len(), 1, "loop devices are not disks");
+        assert_eq!(n.block_device[0].capacity_bytes, 2_000_000 * 512);
+        assert_eq!(
+            n.block_device[0].protocol,
+            block_device::Protocol::Nvme as i32
+        );
+        assert_eq!(n.network_interface.len(), 1, "lo has no device");
+        assert_eq!(n.network_interface[0].mac, vec![2, 0, 0, 0, 0, 1]);
+        assert_eq!(n.network_interface[0].current_speed_bytes, 1_250_000_000);
+        assert_eq!(n.efi_support, EfiSupport::Enabled as i32);
+
+        use prost::Message;
+        let summary = summarize(&report.encode_to_vec()).unwrap();
+        assert_eq!(summary.memory_bytes, 64 << 20);
+        assert_eq!(summary.cpus[0].threads, 4);
+        assert_eq!(summary.disks[0].protocol, "NVME");
+        assert_eq!(summary.nics[0].mac, "02:00:00:00:00:01");
+        assert_eq!(summary.efi, "ENABLED");
+        let text = summary.to_string();
+        assert!(text.contains("memory 64 MiB"), "{text}");
+        assert!(
+            text.contains("nic   02:00:00:00:00:01  link up 10 Gbit/s"),
+            "{text}"
+        );
+        assert!(summarize(b"\xff\xff").is_err());
+    }
+
+    #[test]
+    fn this_machine_reads_without_failing() {
+        let n = report().report.unwrap();
+        assert!(n.memory_installed_bytes > 0);
+        assert!(!n.cpu.is_empty());
+    }
+}

@@ -99,6 +99,35 @@ impl Rig {
         self.shepherd(&config, "shepherd.log")
     }
 
+    /// Waits until `machine`'s history is one takeover, one recovery and
+    /// a takeover again.
+    async fn wait_for_recovery(&self, machine: uuid::Uuid, s: &Shepherd) {
+        let want = [
+            "ShepherdAgentStart Started",
+            "ShepherdAgentStart Finished",
+            "ShepherdRecovery Started",
+            "ShepherdRecovery Finished",
+            "ShepherdAgentStart Started",
+            "ShepherdAgentStart Finished",
+        ];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let h: Vec<String> = self
+                .bmdb
+                .transact(async |tx| shepherd::bmdb::machines::history(tx, machine).await)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|h| format!("{} {}", h.process, h.event))
+                .collect();
+            if h == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "history {h:?}\n{}", s.log_text());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// How many times each machine's agent ran (the agent counts its runs).
     fn agent_runs(&self) -> Vec<usize> {
         let mut runs: Vec<usize> = std::fs::read_dir(self.sshd.dir())
@@ -862,32 +891,7 @@ async fn a_machine_gone_quiet_is_rebooted_and_taken_over_again() {
         })
         .await
         .unwrap();
-    let history = async || {
-        rig.bmdb
-            .transact(async |tx| shepherd::bmdb::machines::history(tx, quiet).await)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|h| format!("{} {}", h.process, h.event))
-            .collect::<Vec<_>>()
-    };
-    let want = [
-        "ShepherdAgentStart Started",
-        "ShepherdAgentStart Finished",
-        "ShepherdRecovery Started",
-        "ShepherdRecovery Finished",
-        "ShepherdAgentStart Started",
-        "ShepherdAgentStart Finished",
-    ];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let h = history().await;
-        if h == want {
-            break;
-        }
-        assert!(Instant::now() < deadline, "history {h:?}\n{}", s.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rig.wait_for_recovery(quiet, &s).await;
     let stats = sim.stats().await;
     assert_eq!(stats["reboots"][device.as_str()], 1, "{}", stats["reboots"]);
     assert_eq!(
@@ -1386,32 +1390,7 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back
         .unwrap();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
 
-    let history = async || {
-        rig.bmdb
-            .transact(async |tx| shepherd::bmdb::machines::history(tx, quiet).await)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|h| format!("{} {}", h.process, h.event))
-            .collect::<Vec<_>>()
-    };
-    let want = [
-        "ShepherdAgentStart Started",
-        "ShepherdAgentStart Finished",
-        "ShepherdRecovery Started",
-        "ShepherdRecovery Finished",
-        "ShepherdAgentStart Started",
-        "ShepherdAgentStart Finished",
-    ];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let h = history().await;
-        if h == want {
-            break;
-        }
-        assert!(Instant::now() < deadline, "history {h:?}\n{}", s.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rig.wait_for_recovery(quiet, &s).await;
     // Heartbeating again, from its new agent.
     rig.wait_for(
         "2 heartbeating again",

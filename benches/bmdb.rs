@@ -8,7 +8,6 @@
 //! run, default 5), SHEPHERD_TEST_DATABASE_URL (else 127.0.0.1:5432, else an
 //! embedded server).
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -175,64 +174,13 @@ fn pgbench(
     clients: usize,
     seconds: u64,
 ) -> Option<f64> {
-    use tokio_postgres::config::Host;
-    let bin = shepherd::bmdb::embedded::find_bin_dir(None)
-        .ok()?
-        .join("pgbench");
-    let script = std::env::temp_dir().join(format!("shepherd-bench-{}.sql", std::process::id()));
-    std::fs::write(&script, PGBENCH_SCRIPT).ok()?;
-    let host = match &cfg.get_hosts()[0] {
-        Host::Tcp(h) => h.clone(),
-        Host::Unix(p) => p.display().to_string(),
-    };
-    let out = Command::new(bin)
-        .args(["-n", "-M", "prepared", "-j", "2", "-c"])
-        .arg(clients.to_string())
-        .arg("-T")
-        .arg(seconds.to_string())
-        .arg("-f")
-        .arg(&script)
-        .arg("-D")
-        .arg(format!("sid={session_id}"))
-        .args([
-            "-h",
-            &host,
-            "-p",
-            &cfg.get_ports().first().copied().unwrap_or(5432).to_string(),
-        ])
-        .args([
-            "-U",
-            cfg.get_user().unwrap_or("postgres"),
-            cfg.get_dbname().unwrap(),
-        ])
-        .output()
-        .ok()?;
-    let _ = std::fs::remove_file(&script);
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        eprintln!(
-            "pgbench failed: {}{}",
-            text,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
-    }
-    if text.contains("actually processed: 0") {
-        eprintln!(
-            "pgbench processed nothing: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
-    }
-    text.lines()
-        .find(|l| l.starts_with("tps = "))
-        .and_then(|l| {
-            l.trim_start_matches("tps = ")
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
+    shepherd::testing::pgbench(
+        cfg,
+        PGBENCH_SCRIPT,
+        clients,
+        seconds,
+        &[("sid", session_id.to_string())],
+    )
 }
 
 struct SelectorRow {

@@ -655,7 +655,7 @@ impl Default for BmaasConfig {
             endpoint: None,
             tls_dir: None,
             max_batch: 2000,
-            max_writes_in_flight: 4,
+            max_writes_in_flight: 2,
         }
     }
 }

@@ -401,3 +401,87 @@ impl Drop for Sshd {
         let _ = self.child.wait();
     }
 }
+
+/// Runs pgbench (the server's own, found like the embedded server's
+/// binaries) with `script` and `clients` clients for `seconds` against
+/// `cfg`'s database, `-D` variables `vars`: its transactions per second, or
+/// None (with the reason on stderr) if it could not run.
+pub fn pgbench(
+    cfg: &tokio_postgres::Config,
+    script: &str,
+    clients: usize,
+    seconds: u64,
+    vars: &[(&str, String)],
+) -> Option<f64> {
+    use tokio_postgres::config::Host;
+    let bin = crate::bmdb::embedded::find_bin_dir(None)
+        .ok()?
+        .join("pgbench");
+    let file = std::env::temp_dir().join(format!(
+        "shepherd-bench-{}-{}.sql",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, script).ok()?;
+    let host = match &cfg.get_hosts()[0] {
+        Host::Tcp(h) => h.clone(),
+        Host::Unix(p) => p.display().to_string(),
+    };
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(["-n", "-M", "prepared", "-j", "2", "-c"])
+        .arg(clients.to_string())
+        .arg("-T")
+        .arg(seconds.to_string())
+        .arg("-f")
+        .arg(&file);
+    for (k, v) in vars {
+        cmd.arg("-D").arg(format!("{k}={v}"));
+    }
+    let out = cmd
+        .args([
+            "-h",
+            &host,
+            "-p",
+            &cfg.get_ports().first().copied().unwrap_or(5432).to_string(),
+        ])
+        .args([
+            "-U",
+            cfg.get_user().unwrap_or("postgres"),
+            cfg.get_dbname().unwrap(),
+        ])
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_file(&file);
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || text.contains("actually processed: 0") {
+        eprintln!(
+            "pgbench did not run: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| {
+            l.trim_start_matches("tps = ")
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
+/// This process's peak resident set size, MB.
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}

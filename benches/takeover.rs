@@ -37,17 +37,6 @@ fn payload() -> std::path::PathBuf {
     out
 }
 
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
 /// One shepherd run (in a child process): prints "rate rss".
 fn child(machines: usize, parallelism: usize, agent: std::path::PathBuf) {
     actix_rt::System::new().block_on(async move {
@@ -112,7 +101,7 @@ fn child(machines: usize, parallelism: usize, agent: std::path::PathBuf) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let rate = machines as f64 / t.elapsed().as_secs_f64();
-        println!("{rate} {}", peak_rss_mb());
+        println!("{rate} {}", shepherd::telemetry::peak_rss_mb());
     });
 }
 

@@ -31,19 +31,6 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
 pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
     let n = opts.machines;
     anyhow::ensure!(
@@ -160,7 +147,7 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
             println!(
                 "all {n} machines taken over in {:.1}s (peak RSS {:.0} MB); admin page http://{admin}/",
                 started.elapsed().as_secs_f64(),
-                peak_rss_mb()
+                crate::telemetry::peak_rss_mb()
             );
             if !opts.keep_running {
                 break;

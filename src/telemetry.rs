@@ -20,3 +20,17 @@ pub fn init(cfg: &LogConfig) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+/// This process's peak resident set size in MB (`VmHWM`), 0 if unknown.
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}

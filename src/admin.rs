@@ -35,6 +35,9 @@ pub struct Admin {
     pub api_metrics: Option<ApiMetrics>,
     /// The agent callback's counters, when it runs.
     pub callback: Option<crate::callback::CallbackMetrics>,
+    /// An agent silent this long counts as silent (the Recoverer's
+    /// `heartbeat_stale_after`).
+    pub heartbeat_stale_after: std::time::Duration,
     pub token: Option<Secret>,
 }
 
@@ -253,13 +256,15 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
             Ok((
                 machines::fleet(tx, state, limit, offset).await?,
                 machines::fleet_counts(tx).await?,
+                machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
             ))
         })
         .await;
     match r {
-        Ok((list, counts)) => HttpResponse::Ok().json(json!({
+        Ok((list, counts, (heartbeating, silent))) => HttpResponse::Ok().json(json!({
             "machines": list.iter().map(summary_json).collect::<Vec<_>>(),
             "counts": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "agents": { "heartbeating": heartbeating, "silent": silent },
             "limit": limit,
             "offset": offset,
         })),
@@ -424,10 +429,11 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
             let counts = machines::fleet_counts(tx).await?;
-            Ok((sessions, backoffs, counts))
+            let agents = machines::agent_counts(tx, admin.heartbeat_stale_after).await?;
+            Ok((sessions, backoffs, counts, agents))
         })
         .await;
-    let (sessions, backoffs, counts) = match db {
+    let (sessions, backoffs, counts, (heartbeating, silent)) = match db {
         Ok(v) => v,
         Err(e) => {
             return HttpResponse::ServiceUnavailable().body(format!("BMDB unreachable: {e}\n"));
@@ -470,6 +476,17 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             *n as f64,
         );
     }
+    p.family(
+        "shepherd_agents",
+        "gauge",
+        "Machines with a started agent, heartbeating or silent.",
+    );
+    p.sample(
+        "shepherd_agents",
+        &[("state", "heartbeating")],
+        heartbeating as f64,
+    );
+    p.sample("shepherd_agents", &[("state", "silent")], silent as f64);
     p.family("shepherd_machines", "gauge", "Machines per state.");
     for s in MachineState::ALL {
         let n = counts
@@ -598,10 +615,11 @@ async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRespo
             Ok((
                 machines::fleet(tx, state, 500, 0).await?,
                 machines::fleet_counts(tx).await?,
+                machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
             ))
         })
         .await;
-    let (list, counts) = match r {
+    let (list, counts, (heartbeating, silent)) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
@@ -609,7 +627,11 @@ async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRespo
     let mut b = String::new();
     let _ = write!(
         b,
-        "<p id=\"total\">{total} machines</p><table id=\"counts\"><tr><th>state</th><th>machines</th></tr>"
+        "<p id=\"total\">{total} machines</p>\
+         <p id=\"agents\">agents: <span id=\"heartbeating\">{heartbeating}</span> heartbeating, \
+         <span id=\"silent\">{silent}</span> silent (no heartbeat within {})</p>\
+         <table id=\"counts\"><tr><th>state</th><th>machines</th></tr>",
+        humantime::format_duration(admin.heartbeat_stale_after)
     );
     for s in MachineState::ALL {
         let n = counts

@@ -508,6 +508,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         supervisor: None,
         api_metrics: parts.api.as_ref().map(|a| a.metrics().clone()),
         callback: callback.as_ref().map(|c| c.metrics()),
+        heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
         token: cfg.admin.token.clone(),
     };
     let supervisor = Supervisor::new(cfg, parts).start();

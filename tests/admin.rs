@@ -98,6 +98,7 @@ fn serve(f: &Fleet, token: Option<&str>) -> SocketAddr {
         supervisor: None,
         api_metrics: Some(metrics()),
         callback: None,
+        heartbeat_stale_after: Duration::from_secs(600),
         token: token.map(Secret::inline),
     };
     admin::serve(a, "127.0.0.1:0".parse().unwrap()).unwrap()
@@ -156,6 +157,30 @@ async fn the_json_api_shows_the_fleet() {
     );
     assert_eq!(all["counts"]["pending"], 1);
     assert_eq!(all["counts"]["agent-started"], 1);
+    // The one started agent has not called yet: silent.
+    assert_eq!(all["agents"]["heartbeating"], 0);
+    assert_eq!(all["agents"]["silent"], 1);
+    let started = f.started;
+    f.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "INSERT INTO machine_agent_heartbeat VALUES ($1, now())",
+                &[&started],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let all = json(format!("http://{a}/api/v1/machines")).await;
+    assert_eq!(all["agents"]["heartbeating"], 1);
+    assert_eq!(all["agents"]["silent"], 0);
+    let dom = rendered(format!("http://{a}/")).await;
+    assert!(
+        dom.contains(
+            "<span id=\"heartbeating\">1</span> heartbeating, <span id=\"silent\">0</span> silent"
+        ),
+        "{dom}"
+    );
     let pending = json(format!("http://{a}/api/v1/machines?state=pending")).await;
     assert_eq!(pending["machines"].as_array().unwrap().len(), 1);
     assert_eq!(pending["machines"][0]["machine_id"], f.pending.to_string());

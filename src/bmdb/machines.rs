@@ -317,6 +317,21 @@ pub async fn fleet(
 }
 
 /// Machines per state.
+const AGENT_COUNTS: &str = "SELECT \
+       count(*) FILTER (WHERE h.agent_heartbeat_at > now() - make_interval(secs => $1)), \
+       count(*) FILTER (WHERE h.agent_heartbeat_at IS NULL \
+                          OR h.agent_heartbeat_at <= now() - make_interval(secs => $1)) \
+     FROM machine_agent_started a LEFT JOIN machine_agent_heartbeat h ON h.machine_id = a.machine_id";
+
+/// Machines with a started agent: (heartbeating within `fresh`, silent).
+pub async fn agent_counts(
+    tx: &mut Tx<'_>,
+    fresh: std::time::Duration,
+) -> Result<(i64, i64), BmdbError> {
+    let r = tx.query_one(AGENT_COUNTS, &[&fresh.as_secs_f64()]).await?;
+    Ok((r.get(0), r.get(1)))
+}
+
 pub async fn fleet_counts(tx: &mut Tx<'_>) -> Result<Vec<(MachineState, i64)>, BmdbError> {
     let rows = tx.query(FLEET_COUNTS, &[]).await?;
     let mut out: Vec<(MachineState, i64)> = rows

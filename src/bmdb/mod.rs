@@ -376,6 +376,7 @@ impl Bmdb {
         let opts = &self.inner.options;
         let mut attempt = 0u32;
         let mut lost = 0u32;
+        let mut lost_since = None;
         loop {
             // A fresh checkout each attempt: a lost connection is discarded
             // by the pool and the next one is tested.
@@ -397,7 +398,10 @@ impl Bmdb {
                 // Lost before COMMIT: nothing was written, run it again on
                 // another connection (a server restart kills every pooled
                 // connection at once).
-                Err(BmdbError::Unreachable(m)) if lost < LOST_CONNECTION_RETRIES => {
+                Err(BmdbError::Unreachable(m))
+                    if lost_since.get_or_insert_with(std::time::Instant::now).elapsed()
+                        < LOST_CONNECTION_WINDOW =>
+                {
                     lost += 1;
                     attempt -= 1;
                     tracing::debug!(lost, error = %m, "connection lost mid-transaction; retrying");
@@ -415,9 +419,10 @@ impl Bmdb {
 /// failed connection (at most half of it apart).
 const POOL_WAIT_SLICE: Duration = Duration::from_secs(1);
 
-/// Times a transaction is re-run on another connection after its own was
-/// lost before COMMIT.
-const LOST_CONNECTION_RETRIES: u32 = 3;
+/// How long a transaction whose connection was lost before COMMIT is re-run
+/// on other connections (a server restart kills every pooled connection,
+/// and connections made while it shuts down die too).
+const LOST_CONNECTION_WINDOW: Duration = Duration::from_secs(5);
 
 const SESSION_CHECK: &str =
     "SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now() FOR KEY SHARE";

@@ -399,7 +399,9 @@ impl Bmdb {
                 // another connection (a server restart kills every pooled
                 // connection at once).
                 Err(BmdbError::Unreachable(m))
-                    if lost_since.get_or_insert_with(std::time::Instant::now).elapsed()
+                    if lost_since
+                        .get_or_insert_with(std::time::Instant::now)
+                        .elapsed()
                         < LOST_CONNECTION_WINDOW =>
                 {
                     lost += 1;

@@ -185,19 +185,7 @@ async fn bad_callers_get_the_contracts_codes_and_write_nothing() {
         c.alpn_protocols = vec![b"h2".to_vec()];
         std::sync::Arc::new(c)
     };
-    let addr = rig.callback.addr;
-    let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let cfg = cfg.clone();
-            async move {
-                let tcp = tokio::net::TcpStream::connect(addr).await?;
-                let tls = tokio_rustls::TlsConnector::from(cfg)
-                    .connect(SERVER_NAME.try_into().unwrap(), tcp)
-                    .await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
-            }
-        }))
-        .await;
+    let channel = client::connect_with(rig.callback.addr, SERVER_NAME, cfg).await;
     if let Ok(channel) = channel {
         let r = client::call::<_, HeartbeatResponseRaw>(channel, path, plain(id)).await;
         assert!(

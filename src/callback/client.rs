@@ -17,8 +17,17 @@ pub async fn connect(
     ca_der: &[u8],
     seed: &[u8; 32],
 ) -> Result<Channel, String> {
-    let cfg: Arc<rustls::ClientConfig> =
-        super::tls::agent_client_config(ca_der, seed).map_err(|e| e.to_string())?;
+    let cfg = super::tls::agent_client_config(ca_der, seed).map_err(|e| e.to_string())?;
+    connect_with(addr, server_name, cfg).await
+}
+
+/// Connects to `addr` over TLS with the client configuration `cfg` (which
+/// must offer ALPN `h2`).
+pub async fn connect_with(
+    addr: SocketAddr,
+    server_name: &str,
+    cfg: Arc<rustls::ClientConfig>,
+) -> Result<Channel, String> {
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
         .map_err(|e| format!("server name {server_name}: {e}"))?;
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))

@@ -123,7 +123,15 @@ impl HeartbeatWriter {
             batch.sort_by_key(|(b, _)| b.machine_id);
             self.in_flight += 1;
             let bmdb = self.bmdb.clone();
-            let beats: Vec<Beat> = batch.iter().map(|(b, _)| b.clone()).collect();
+            // The beats (reports and all) move into the write; the replies
+            // stay, with the machine each is for.
+            let (beats, replies): (Vec<Beat>, Vec<(Uuid, Reply)>) = batch
+                .into_iter()
+                .map(|(b, r)| {
+                    let id = b.machine_id;
+                    (b, (id, r))
+                })
+                .unzip();
             let started = Instant::now();
             ctx.spawn(
                 async move {
@@ -138,25 +146,25 @@ impl HeartbeatWriter {
                     .into_actor(self)
                     .map(move |r, act, ctx| {
                         act.in_flight -= 1;
-                        act.record(batch.len(), started.elapsed());
+                        act.record(replies.len(), started.elapsed());
                         match r {
                             Ok(answers) => {
-                                for ((beat, reply), answer) in batch.into_iter().zip(answers) {
+                                for ((machine_id, reply), answer) in replies.into_iter().zip(answers) {
                                     match &answer {
                                         BeatOutcome::Accepted { .. } => act.stats.accepted += 1,
                                         BeatOutcome::Unauthenticated => {
                                             act.stats.unauthenticated += 1;
-                                            tracing::debug!(machine_id = %beat.machine_id, "heartbeat not authenticated");
+                                            tracing::debug!(%machine_id, "heartbeat not authenticated");
                                         }
                                     }
                                     let _ = reply.send(Ok(answer));
                                 }
                             }
                             Err(e) => {
-                                act.stats.failed += batch.len() as u64;
+                                act.stats.failed += replies.len() as u64;
                                 let cause = e.to_string();
-                                tracing::warn!(heartbeats = batch.len(), error = %cause, "writing heartbeats failed");
-                                for (_, reply) in batch {
+                                tracing::warn!(heartbeats = replies.len(), error = %cause, "writing heartbeats failed");
+                                for (_, reply) in replies {
                                     let _ = reply.send(Err(cause.clone()));
                                 }
                             }

@@ -87,7 +87,7 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
     cfg.ssh.port = ssh_port;
     cfg.ssh.key_file = key_file;
     cfg.ssh.host_keys = HostKeyPolicy::AcceptNew;
-    cfg.initializer.agent_endpoint = Some("bmaas.demo.invalid:443".into());
+    cfg.bmaas.endpoint = Some("bmaas.demo.invalid:443".into());
     cfg.initializer.agent_path = "/root/agent".into();
     cfg.initializer.parallelism = 32;
     cfg.initializer.poll_interval = Duration::from_millis(200);

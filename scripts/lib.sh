@@ -36,15 +36,18 @@ need_rust() {
   fi
 }
 
-# Equinix's Python SDK; 0.19.0 is the last release with equinix.services.metalv1.
-need_metal_sdk() {
-  if python3 -c "import equinix.services.metalv1" >/dev/null 2>&1; then
+# The outside implementations the tests check against: Equinix's Python SDK
+# (0.19.0 is the last release with equinix.services.metalv1) and the
+# Prometheus project's Python client (its OpenMetrics parser reads /metrics).
+PYTHON_PACKAGES=('equinix==0.19.0' 'prometheus-client==0.26.0')
+need_python_packages() {
+  if python3 -c "import equinix.services.metalv1, prometheus_client.openmetrics.parser" >/dev/null 2>&1; then
     return 0
   fi
-  echo "shepherd: installing Equinix's Python SDK (the simulator is checked against it)" >&2
+  echo "shepherd: installing ${PYTHON_PACKAGES[*]} (outside implementations the tests check against)" >&2
   local user=
   [ "$(id -u)" = 0 ] || user=--user
   # Debian's own python3 refuses pip installs (PEP 668) unless told.
-  python3 -m pip install -q $user --disable-pip-version-check 'equinix==0.19.0' 2>/dev/null ||
-    python3 -m pip install -q $user --disable-pip-version-check --break-system-packages 'equinix==0.19.0'
+  python3 -m pip install -q $user --disable-pip-version-check "${PYTHON_PACKAGES[@]}" 2>/dev/null ||
+    python3 -m pip install -q $user --disable-pip-version-check --break-system-packages "${PYTHON_PACKAGES[@]}"
 }

@@ -9,6 +9,11 @@
 //! listens beyond loopback.
 
 use std::fmt::Write as _;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use std::time::SystemTime;
 
 use actix::Addr;
@@ -22,8 +27,6 @@ use serde_json::json;
 use crate::bmdb::Bmdb;
 use crate::bmdb::machines::{self, MachineDetail, MachineState, MachineSummary};
 use crate::control::MailboxStatus;
-use crate::equinix::ApiMetrics;
-use crate::equinix::metrics::LATENCY_BUCKETS;
 use crate::secret::Secret;
 use crate::supervisor::{GetSupervisorStatus, Supervisor, SupervisorStatus};
 
@@ -32,9 +35,9 @@ use crate::supervisor::{GetSupervisorStatus, Supervisor, SupervisorStatus};
 pub struct Admin {
     pub bmdb: Bmdb,
     pub supervisor: Option<Addr<Supervisor>>,
-    pub api_metrics: Option<ApiMetrics>,
-    /// The agent callback's counters, when it runs.
-    pub callback: Option<crate::callback::CallbackMetrics>,
+    /// The process's metric series (Equinix API requests, heartbeats);
+    /// `/metrics` adds the fleet's, read from the BMDB at each scrape.
+    pub registry: std::sync::Arc<Registry>,
     /// An agent silent this long counts as silent (the Recoverer's
     /// `heartbeat_stale_after`).
     pub heartbeat_stale_after: std::time::Duration,
@@ -297,39 +300,48 @@ async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResp
 
 // ---- metrics ----
 
-struct Prom(String);
+type Labels = Vec<(&'static str, String)>;
 
-impl Prom {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// Series read at scrape time, registered into a registry of the scrape's.
+struct Scrape(Registry);
+
+impl Scrape {
+    fn gauge(&mut self, name: &str, help: &str, value: i64) {
+        let g: Gauge = Gauge::default();
+        g.set(value);
+        self.0.register(name, help, g);
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        let labels: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| {
-                format!(
-                    "{k}=\"{}\"",
-                    v.replace('\\', r"\\")
-                        .replace('"', "\\\"")
-                        .replace('\n', r"\n")
-                )
-            })
-            .collect();
-        if labels.is_empty() {
-            let _ = writeln!(self.0, "{name} {value}");
-        } else {
-            let _ = writeln!(self.0, "{name}{{{}}} {value}", labels.join(","));
+    fn gauges(&mut self, name: &str, help: &str, values: impl IntoIterator<Item = (Labels, i64)>) {
+        let f: Family<Labels, Gauge> = Family::default();
+        for (l, v) in values {
+            f.get_or_create(&l).set(v);
         }
+        self.0.register(name, help, f);
+    }
+
+    /// Counters kept elsewhere (a mailbox's tallies), as of now. `name`
+    /// without `_total`.
+    fn counters(
+        &mut self,
+        name: &str,
+        help: &str,
+        values: impl IntoIterator<Item = (Labels, u64)>,
+    ) {
+        let f: Family<Labels, Counter> = Family::default();
+        for (l, v) in values {
+            f.get_or_create(&l).inc_by(v);
+        }
+        self.0.register(name, help, f);
     }
 }
 
-fn mailbox_samples(p: &mut Prom, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
-    p.family(
-        "shepherd_leases_total",
-        "counter",
-        "Work leases by process and how they ended (this process).",
-    );
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
+    let mut leases = Vec::new();
     for (process, m) in mailboxes {
         if let Some(m) = m {
             for (event, n) in [
@@ -338,14 +350,15 @@ fn mailbox_samples(p: &mut Prom, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
                 ("failed", m.failed),
                 ("canceled", m.aborted),
             ] {
-                p.sample(
-                    "shepherd_leases_total",
-                    &[("process", process), ("event", event)],
-                    n as f64,
-                );
+                leases.push((labels(&[("process", process), ("event", event)]), n));
             }
         }
     }
+    p.counters(
+        "shepherd_leases",
+        "Work leases by process and how they ended (this process).",
+        leases,
+    );
     for (name, help, value) in [
         (
             "shepherd_mailbox_running",
@@ -358,59 +371,12 @@ fn mailbox_samples(p: &mut Prom, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
             |m: &MailboxStatus| m.parallelism,
         ),
     ] {
-        p.family(name, "gauge", help);
-        for (process, m) in mailboxes {
-            if let Some(m) = m {
-                p.sample(name, &[("process", process)], value(m) as f64);
-            }
-        }
+        let values = mailboxes.iter().filter_map(|(process, m)| {
+            m.as_ref()
+                .map(|m| (labels(&[("process", process)]), value(m) as i64))
+        });
+        p.gauges(name, help, values);
     }
-}
-
-async fn heartbeat_samples(p: &mut Prom, c: &crate::callback::CallbackMetrics) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let Ok(w) = c.writer.send(crate::callback::GetWriterStats).await else {
-        return;
-    };
-    let name = "shepherd_heartbeats_total";
-    p.family(name, "counter", "Agent heartbeats by outcome.");
-    for (result, n) in [
-        ("accepted", w.accepted),
-        ("unauthenticated", w.unauthenticated),
-        ("no_certificate", c.refusals.no_certificate.load(Relaxed)),
-        ("invalid", c.refusals.invalid.load(Relaxed)),
-        ("unavailable", c.refusals.unavailable.load(Relaxed)),
-    ] {
-        p.sample(name, &[("result", result)], n as f64);
-    }
-    let name = "shepherd_heartbeat_batch_size";
-    p.family(name, "histogram", "Heartbeats written per statement.");
-    let mut cumulative = 0;
-    for (le, n) in ["1", "10", "100", "1000", "+Inf"].iter().zip(w.batch_sizes) {
-        cumulative += n;
-        p.sample(&format!("{name}_bucket"), &[("le", le)], cumulative as f64);
-    }
-    p.sample(&format!("{name}_sum"), &[], w.beats as f64);
-    p.sample(&format!("{name}_count"), &[], w.batches as f64);
-    let name = "shepherd_heartbeat_write_seconds";
-    p.family(name, "histogram", "Time to write one batch of heartbeats.");
-    for (le, n) in crate::callback::writer::WRITE_BUCKETS
-        .iter()
-        .zip(w.write_buckets)
-    {
-        p.sample(
-            &format!("{name}_bucket"),
-            &[("le", &le.to_string())],
-            n as f64,
-        );
-    }
-    p.sample(
-        &format!("{name}_bucket"),
-        &[("le", "+Inf")],
-        w.batches as f64,
-    );
-    p.sample(&format!("{name}_sum"), &[], w.write_seconds);
-    p.sample(&format!("{name}_count"), &[], w.batches as f64);
 }
 
 const SESSIONS_ALIVE: &str = "SELECT count(*) FROM sessions WHERE session_deadline > now()";
@@ -440,22 +406,16 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         }
     };
     let st = status(&admin).await;
-    let mut p = Prom(String::new());
-    p.family(
+    let mut p = Scrape(Registry::default());
+    p.gauge(
         "shepherd_bmdb_sessions",
-        "gauge",
         "BMDB sessions alive (all shepherd processes).",
+        sessions,
     );
-    p.sample("shepherd_bmdb_sessions", &[], sessions as f64);
-    p.family(
+    p.gauge(
         "shepherd_session_up",
-        "gauge",
         "Whether this process holds a live session.",
-    );
-    p.sample(
-        "shepherd_session_up",
-        &[],
-        if st.session.is_some() { 1.0 } else { 0.0 },
+        st.session.is_some() as i64,
     );
     mailbox_samples(
         &mut p,
@@ -464,122 +424,58 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             ("ShepherdRecovery", &st.recoverer),
         ],
     );
-    p.family(
+    p.gauges(
         "shepherd_active_backoffs",
-        "gauge",
         "Machines backed off now, per process.",
-    );
-    for (process, n) in &backoffs {
-        p.sample(
-            "shepherd_active_backoffs",
-            &[("process", process)],
-            *n as f64,
-        );
-    }
-    p.family(
-        "shepherd_agents",
-        "gauge",
-        "Machines with a started agent, heartbeating or silent.",
-    );
-    p.sample(
-        "shepherd_agents",
-        &[("state", "heartbeating")],
-        heartbeating as f64,
-    );
-    p.sample("shepherd_agents", &[("state", "silent")], silent as f64);
-    p.family("shepherd_machines", "gauge", "Machines per state.");
-    for s in MachineState::ALL {
-        let n = counts
+        backoffs
             .iter()
-            .find(|(c, _)| *c == s)
-            .map(|(_, n)| *n)
-            .unwrap_or(0);
-        p.sample("shepherd_machines", &[("state", s.as_str())], n as f64);
-    }
+            .map(|(process, n)| (labels(&[("process", process)]), *n)),
+    );
+    p.gauges(
+        "shepherd_agents",
+        "Machines with a started agent, heartbeating or silent.",
+        [
+            (labels(&[("state", "heartbeating")]), heartbeating),
+            (labels(&[("state", "silent")]), silent),
+        ],
+    );
+    p.gauges(
+        "shepherd_machines",
+        "Machines per state.",
+        MachineState::ALL.iter().map(|s| {
+            let n = counts
+                .iter()
+                .find(|(c, _)| c == s)
+                .map(|(_, n)| *n)
+                .unwrap_or(0);
+            (labels(&[("state", s.as_str())]), n)
+        }),
+    );
     if let Some(prov) = &st.provisioner {
-        p.family(
+        p.gauge(
             "shepherd_provisioner_discrepancies",
-            "gauge",
             "Machines in the BMDB the provider no longer lists.",
+            prov.missing_in_provider.len() as i64,
         );
-        p.sample(
-            "shepherd_provisioner_discrepancies",
-            &[],
-            prov.missing_in_provider.len() as f64,
-        );
-        p.family(
-            "shepherd_provisioner_machines_total",
-            "counter",
+        p.counters(
+            "shepherd_provisioner_machines",
             "Machines created or adopted by the provisioner.",
-        );
-        p.sample(
-            "shepherd_provisioner_machines_total",
-            &[("how", "created")],
-            prov.created as f64,
-        );
-        p.sample(
-            "shepherd_provisioner_machines_total",
-            &[("how", "adopted")],
-            prov.adopted as f64,
+            [
+                (labels(&[("how", "created")]), prov.created),
+                (labels(&[("how", "adopted")]), prov.adopted),
+            ],
         );
     }
-    if let Some(c) = &admin.callback {
-        heartbeat_samples(&mut p, c).await;
-    }
-    if let Some(m) = &admin.api_metrics {
-        let snap = m.snapshot();
-        p.family(
-            "shepherd_equinix_requests_total",
-            "counter",
-            "Equinix API requests by operation and status.",
-        );
-        for (op, status, s) in &snap {
-            p.sample(
-                "shepherd_equinix_requests_total",
-                &[("operation", op.as_str()), ("status", status)],
-                s.count as f64,
-            );
-        }
-        p.family(
-            "shepherd_equinix_request_duration_seconds",
-            "histogram",
-            "Equinix API request latency.",
-        );
-        for (op, status, s) in &snap {
-            let bucket = "shepherd_equinix_request_duration_seconds_bucket";
-            for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-                let le = bound.to_string();
-                p.sample(
-                    bucket,
-                    &[("operation", op.as_str()), ("status", status), ("le", &le)],
-                    s.buckets[i] as f64,
-                );
-            }
-            p.sample(
-                bucket,
-                &[
-                    ("operation", op.as_str()),
-                    ("status", status),
-                    ("le", "+Inf"),
-                ],
-                s.count as f64,
-            );
-            let base = [("operation", op.as_str()), ("status", status.as_str())];
-            p.sample(
-                "shepherd_equinix_request_duration_seconds_sum",
-                &base,
-                s.seconds_total,
-            );
-            p.sample(
-                "shepherd_equinix_request_duration_seconds_count",
-                &base,
-                s.count as f64,
-            );
-        }
+    let mut body = String::new();
+    let encoded = prometheus_client::encoding::text::encode_registry(&mut body, &admin.registry)
+        .and_then(|()| prometheus_client::encoding::text::encode_registry(&mut body, &p.0))
+        .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut body));
+    if let Err(e) = encoded {
+        return internal(format!("encoding metrics: {e}"));
     }
     HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(p.0)
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(body)
 }
 
 // ---- pages ----

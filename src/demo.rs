@@ -4,8 +4,13 @@
 //! addresses, N simulated machines answering SSH there, and shepherd
 //! provisioning and taking all of them over with the takeover-agent. It
 //! prints progress every second and the admin page's URL, and exits 0 once
-//! every machine is taken over (or keeps running with `--keep-running`).
+//! every machine is taken over and its agent heartbeating (or keeps running
+//! with `--keep-running`). With `--hold` it then watches that no
+//! heartbeating machine is recovered; with `--silence N` (or `silence N`
+//! typed while it keeps running) it stops N agents and shows those machines
+//! rebooted, taken over again and heartbeating.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -20,7 +25,15 @@ pub struct DemoOptions {
     pub machines: usize,
     pub admin_listen: SocketAddr,
     pub keep_running: bool,
+    /// Give up if a phase (all heartbeating; silenced ones back) takes
+    /// longer.
     pub timeout: Duration,
+    /// Once all heartbeat, watch this long that none is recovered.
+    pub hold: Duration,
+    /// Then silence this many agents and wait for them to be recovered.
+    pub silence: usize,
+    /// Set by `run`: an agent silent this long is stale.
+    pub heartbeat_stale_after: Duration,
 }
 
 const FIRST_MACHINE: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
@@ -31,7 +44,7 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
+pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     let n = opts.machines;
     anyhow::ensure!(
         (1..=60_000).contains(&n),
@@ -87,13 +100,27 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
     cfg.ssh.port = ssh_port;
     cfg.ssh.key_file = key_file;
     cfg.ssh.host_keys = HostKeyPolicy::AcceptNew;
-    cfg.bmaas.endpoint = Some("bmaas.demo.invalid:443".into());
     cfg.initializer.agent_path = "/root/agent".into();
     cfg.initializer.parallelism = 32;
     cfg.initializer.poll_interval = Duration::from_millis(200);
     cfg.initializer.backoff_initial = Duration::from_secs(5);
     cfg.updater.interval = Duration::from_secs(5);
-    cfg.bmaas.listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    // The agent callback, where the simulated machines' agents call.
+    let callback_port = free_port()?;
+    cfg.bmaas.listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), callback_port);
+    cfg.bmaas.endpoint = Some(format!("127.0.0.1:{callback_port}"));
+    // Agents call back often and silence is noticed in seconds (scaled so
+    // that large demos stay within what one process can take).
+    let every = Duration::from_secs(2).max(Duration::from_millis(10) * n as u32);
+    machines.agents.set_interval(every);
+    cfg.recoverer.heartbeat_stale_after = every * 5;
+    cfg.recoverer.silent_after_start = every * 5;
+    cfg.recoverer.poll_interval = Duration::from_secs(1);
+    cfg.recoverer.reboot_poll = Duration::from_millis(500);
+    cfg.recoverer.reboot_settle = Duration::from_secs(3);
+    cfg.recoverer.backoff_initial = Duration::from_secs(5);
+    cfg.recoverer.parallelism = 16;
+    opts.heartbeat_stale_after = cfg.recoverer.heartbeat_stale_after;
     cfg.validate()?;
 
     let running = crate::supervisor::start(cfg).await?;
@@ -110,6 +137,7 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
         machines.addresses[0],
         machines.addresses[n - 1]
     );
+    println!("  agent callback           127.0.0.1:{callback_port}");
     println!("  admin page               http://{admin}/");
     let data = root.join("bmdb");
     match std::fs::read_link(&data) {
@@ -122,54 +150,277 @@ pub async fn run(mut cfg: Config, opts: DemoOptions) -> anyhow::Result<()> {
         Err(_) => println!("  BMDB (embedded)          {}", data.display()),
     }
     let bmdb: Bmdb = running.admin.bmdb.clone();
-    let deadline = started + opts.timeout;
-    let mut done_at = None;
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let (created, taken, backoff): (i64, i64, i64) = bmdb
-            .transact(async |tx| {
-                let r = tx
-                    .query_one(
-                        "SELECT (SELECT count(*) FROM machine_provided), (SELECT count(*) FROM machine_agent_started), \
-                         (SELECT count(*) FROM work_backoff WHERE until > now())",
-                        &[],
-                    )
-                    .await?;
-                Ok((r.get(0), r.get(1), r.get(2)))
-            })
-            .await?;
-        println!(
-            "  {:>5.0}s  devices {created:>5}/{n}  taken over {taken:>5}/{n}  backing off {backoff}",
-            started.elapsed().as_secs_f64()
-        );
-        if taken as usize == n && done_at.is_none() {
-            done_at = Some(started.elapsed());
-            println!(
-                "all {n} machines taken over in {:.1}s (peak RSS {:.0} MB); admin page http://{admin}/",
-                started.elapsed().as_secs_f64(),
-                crate::telemetry::peak_rss_mb()
-            );
-            if !opts.keep_running {
-                break;
-            }
-        }
-        if done_at.is_none() && Instant::now() > deadline {
-            running.shutdown().await;
-            anyhow::bail!("not every machine was taken over within {:?}", opts.timeout);
-        }
-        if opts.keep_running && done_at.is_some() {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            println!("keeping the demo up; stop it with Ctrl-C");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            break;
-        }
-    }
+    let result = watch(&bmdb, &machines, &opts, started, admin).await;
     running.shutdown().await;
     sim.stop().await;
     drop(machines);
-    Ok(())
+    result
+}
+
+/// The fleet as the progress line shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Progress {
+    created: i64,
+    taken: i64,
+    heartbeating: i64,
+    recoveries: i64,
+    backing_off: i64,
+}
+
+const PROGRESS: &str = "SELECT (SELECT count(*) FROM machine_provided), \
+     (SELECT count(*) FROM machine_agent_started), \
+     (SELECT count(*) FROM machine_agent_heartbeat h JOIN machine_agent_started s USING (machine_id) \
+       WHERE h.agent_heartbeat_at > now() - $1 * interval '1 second'), \
+     (SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' AND event = 'Started'), \
+     (SELECT count(*) FROM work_backoff WHERE until > now())";
+
+async fn progress(bmdb: &Bmdb, fresh: Duration) -> anyhow::Result<Progress> {
+    let fresh = fresh.as_secs_f64();
+    Ok(bmdb
+        .transact(async |tx| {
+            let r = tx.query_one(PROGRESS, &[&fresh]).await?;
+            Ok(Progress {
+                created: r.get(0),
+                taken: r.get(1),
+                heartbeating: r.get(2),
+                recoveries: r.get(3),
+                backing_off: r.get(4),
+            })
+        })
+        .await?)
+}
+
+/// Machines whose recovery started, by ID.
+async fn recovered_machines(bmdb: &Bmdb) -> anyhow::Result<BTreeSet<String>> {
+    Ok(bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT DISTINCT machine_id::text FROM work_history \
+                     WHERE process = 'ShepherdRecovery' AND event = 'Started'",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        })
+        .await?)
+}
+
+/// Of `ids`, those that heartbeated after `since` (seconds ago).
+async fn heartbeating_since(
+    bmdb: &Bmdb,
+    ids: &[String],
+    since: Duration,
+) -> anyhow::Result<BTreeSet<String>> {
+    let (ids, since) = (ids.to_vec(), since.as_secs_f64());
+    Ok(bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT machine_id::text FROM machine_agent_heartbeat \
+                     JOIN machine_agent_started USING (machine_id) \
+                     WHERE machine_id::text = ANY($1) \
+                       AND agent_heartbeat_at > now() - $2 * interval '1 second'",
+                    &[&ids, &since],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        })
+        .await?)
+}
+
+/// Agents silenced and not yet back.
+struct Silenced {
+    at: Instant,
+    machines: Vec<(IpAddr, String)>,
+    back: BTreeSet<String>,
+}
+
+impl Silenced {
+    fn start(machines: &MachineSim, count: usize) -> Option<Silenced> {
+        let silenced = machines.agents.silence(count);
+        if silenced.is_empty() {
+            println!("  no agent is running to silence");
+            return None;
+        }
+        for (ip, id) in &silenced {
+            println!("  silenced the agent of machine {id} ({ip})");
+        }
+        Some(Silenced {
+            at: Instant::now(),
+            machines: silenced,
+            back: BTreeSet::new(),
+        })
+    }
+
+    /// Prints those newly back; true once all are.
+    async fn check(&mut self, bmdb: &Bmdb) -> anyhow::Result<bool> {
+        let ids: Vec<String> = self.machines.iter().map(|(_, id)| id.clone()).collect();
+        let now_back = heartbeating_since(bmdb, &ids, self.at.elapsed()).await?;
+        let recovered = recovered_machines(bmdb).await?;
+        for (ip, id) in &self.machines {
+            if now_back.contains(id) && recovered.contains(id) && self.back.insert(id.clone()) {
+                println!(
+                    "  machine {id} ({ip}) recovered: rebooted, taken over again, heartbeating ({:.1}s after it went silent)",
+                    self.at.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Ok(self.back.len() == self.machines.len())
+    }
+}
+
+/// What the operator may type while the demo keeps running.
+fn commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+async fn watch(
+    bmdb: &Bmdb,
+    machines: &MachineSim,
+    opts: &DemoOptions,
+    started: Instant,
+    admin: SocketAddr,
+) -> anyhow::Result<()> {
+    let n = opts.machines as i64;
+    let deadline = started + opts.timeout;
+    let fresh = opts.heartbeat_stale_after;
+    let mut all_at: Option<Instant> = None;
+    let mut hold_checked = opts.hold.is_zero();
+    let mut silenced: Option<Silenced> = None;
+    let mut silence_pending = opts.silence;
+    let mut last: Option<Progress> = None;
+    let mut input = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            line = async { input.as_mut().map(|rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>| rx.recv()).unwrap().await }, if input.is_some() => {
+                match line.as_deref().map(str::split_whitespace).map(|w| w.collect::<Vec<_>>()).as_deref() {
+                    None => input = None,
+                    Some(["silence", k]) => match k.parse::<usize>() {
+                        Ok(k) if silenced.is_none() => silenced = Silenced::start(machines, k),
+                        Ok(_) => println!("  still waiting for the last silenced machines"),
+                        Err(_) => println!("  silence wants a number of machines: silence 3"),
+                    },
+                    Some(["quit"] | ["exit"]) => return Ok(()),
+                    Some([]) => {}
+                    Some(_) => println!("  commands: silence N, quit"),
+                }
+                continue;
+            }
+            _ = shutdown_signal() => return Ok(()),
+        }
+        let p = progress(bmdb, fresh).await?;
+        if !opts.keep_running || last.map(|l| l != p).unwrap_or(true) {
+            println!(
+                "  {:>5.0}s  devices {:>5}/{n}  taken over {:>5}/{n}  heartbeating {:>5}/{n}  recoveries {}  backing off {}",
+                started.elapsed().as_secs_f64(),
+                p.created,
+                p.taken,
+                p.heartbeating,
+                p.recoveries,
+                p.backing_off,
+            );
+        }
+        last = Some(p);
+        if all_at.is_none() && p.taken == n && p.heartbeating == n {
+            all_at = Some(Instant::now());
+            println!(
+                "all {n} machines taken over in {:.1}s and heartbeating (peak RSS {:.0} MB); admin page http://{admin}/",
+                started.elapsed().as_secs_f64(),
+                crate::telemetry::peak_rss_mb()
+            );
+            if !opts.hold.is_zero() {
+                println!(
+                    "  holding {} to see that no heartbeating machine is recovered",
+                    humantime::format_duration(opts.hold)
+                );
+            }
+        }
+        let Some(all) = all_at else {
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "not every machine was taken over and heartbeating within {}",
+                    humantime::format_duration(opts.timeout)
+                );
+            }
+            continue;
+        };
+        if !hold_checked {
+            if p.recoveries > 0 {
+                anyhow::bail!(
+                    "{} heartbeating machines were recovered while holding",
+                    p.recoveries
+                );
+            }
+            if all.elapsed() < opts.hold {
+                continue;
+            }
+            println!(
+                "  held {}: no machine recovered",
+                humantime::format_duration(opts.hold)
+            );
+            hold_checked = true;
+        }
+        if silence_pending > 0 && silenced.is_none() {
+            silenced = Silenced::start(machines, silence_pending);
+            silence_pending = 0;
+        }
+        if let Some(s) = &mut silenced {
+            if s.check(bmdb).await? {
+                let ids: BTreeSet<String> = s.machines.iter().map(|(_, id)| id.clone()).collect();
+                let recovered = recovered_machines(bmdb).await?;
+                let others: Vec<&String> = recovered.difference(&ids).collect();
+                println!(
+                    "all {} silenced machines recovered and heartbeating again in {:.1}s; {} other machines recovered",
+                    ids.len(),
+                    s.at.elapsed().as_secs_f64(),
+                    others.len()
+                );
+                if !others.is_empty() && !opts.keep_running {
+                    anyhow::bail!("machines recovered that were never silenced: {others:?}");
+                }
+                silenced = None;
+            } else if s.at.elapsed() > opts.timeout {
+                anyhow::bail!(
+                    "silenced machines not back within {}",
+                    humantime::format_duration(opts.timeout)
+                );
+            }
+            continue;
+        }
+        if !opts.keep_running {
+            return Ok(());
+        }
+        if input.is_none() {
+            println!("keeping the demo up; type `silence N` to silence N agents, Ctrl-C to stop");
+            input = Some(commands());
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }

@@ -5,6 +5,12 @@
 //! and runs an uploaded file with the channel's stdin when asked to exec
 //! it. The takeover tests keep using OpenSSH's sshd; this is for numbers of
 //! machines no sshd setup would give.
+//!
+//! A thousand machines cannot each keep a resident agent process, so the
+//! agent a simulated machine runs hands its key over when its takeover
+//! succeeds (`TAKEOVER_AGENT_RESIDENT=handoff`) and the machine runs the
+//! same heartbeat loop (`agent::resident`) as a task; [`Agents`] holds them,
+//! and the demo silences some to see them recovered.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -23,6 +29,8 @@ pub struct MachineSim {
     pub port: u16,
     pub addresses: Vec<IpAddr>,
     pub root: PathBuf,
+    /// The machines' resident agents.
+    pub agents: Agents,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -31,6 +39,162 @@ impl Drop for MachineSim {
         for t in &self.tasks {
             t.abort();
         }
+        self.agents.stop_all();
+    }
+}
+
+/// The resident agents of the simulated machines: one heartbeat task per
+/// machine whose takeover succeeded. A new takeover of a machine replaces
+/// its agent, as a reboot would.
+#[derive(Clone)]
+pub struct Agents {
+    inner: Arc<std::sync::Mutex<AgentsInner>>,
+}
+
+struct AgentsInner {
+    interval: std::time::Duration,
+    running: HashMap<IpAddr, RunningAgent>,
+}
+
+struct RunningAgent {
+    machine_id: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Agents {
+    fn new() -> Agents {
+        Agents {
+            inner: Arc::new(std::sync::Mutex::new(AgentsInner {
+                interval: std::time::Duration::from_secs(30),
+                running: HashMap::new(),
+            })),
+        }
+    }
+
+    /// Time between heartbeats, for agents started from now on.
+    pub fn set_interval(&self, every: std::time::Duration) {
+        self.inner.lock().unwrap().interval = every;
+    }
+
+    /// Agents running now.
+    pub fn running(&self) -> usize {
+        self.inner.lock().unwrap().running.len()
+    }
+
+    /// Stops the agents of up to `count` machines (the lowest addresses
+    /// first), as if their processes were killed: their machines go silent.
+    /// Returns each silenced machine's address and ID.
+    pub fn silence(&self, count: usize) -> Vec<(IpAddr, String)> {
+        let mut inner = self.inner.lock().unwrap();
+        let mut ips: Vec<IpAddr> = inner.running.keys().copied().collect();
+        ips.sort();
+        ips.truncate(count);
+        ips.into_iter()
+            .filter_map(|ip| {
+                let a = inner.running.remove(&ip)?;
+                a.task.abort();
+                Some((ip, a.machine_id))
+            })
+            .collect()
+    }
+
+    /// The agent of the machine at `ip`, if one runs: its machine ID.
+    pub fn machine_id(&self, ip: IpAddr) -> Option<String> {
+        let inner = self.inner.lock().unwrap();
+        inner.running.get(&ip).map(|a| a.machine_id.clone())
+    }
+
+    fn start(&self, ip: IpAddr, resident: crate::agent::resident::Resident) {
+        let mut inner = self.inner.lock().unwrap();
+        let host = SimHost {
+            ip,
+            interval: inner.interval,
+        };
+        let machine_id = resident.machine_id.clone();
+        let task = tokio::spawn(crate::agent::resident::run(resident, host));
+        if let Some(old) = inner.running.insert(ip, RunningAgent { machine_id, task }) {
+            old.task.abort();
+        }
+    }
+
+    fn stop_all(&self) {
+        for (_, a) in self.inner.lock().unwrap().running.drain() {
+            a.task.abort();
+        }
+    }
+}
+
+/// A simulated machine as its resident agent sees it.
+struct SimHost {
+    ip: IpAddr,
+    interval: std::time::Duration,
+}
+
+impl crate::agent::resident::Host for SimHost {
+    fn interval(&self) -> std::time::Duration {
+        self.interval
+    }
+
+    fn install(&self, _generation: i64) -> crate::agent::api::os_installation_report::Result {
+        use crate::agent::api::os_installation_report::{Result, Success};
+        Result::Success(Success {})
+    }
+
+    fn hardware_report(&self) -> crate::agent::api::AgentHardwareReport {
+        simulated_hardware(self.ip)
+    }
+
+    fn log(&self, line: std::fmt::Arguments<'_>) {
+        tracing::debug!(machine = %self.ip, "agent: {line}");
+    }
+}
+
+/// A small server, the same for every simulated machine but for its serial
+/// number and MAC addresses (taken from its address).
+pub fn simulated_hardware(ip: IpAddr) -> crate::agent::api::AgentHardwareReport {
+    use crate::agent::api::{
+        AgentHardwareReport, BlockDevice, Cpu, EfiSupport, NetworkInterface, Node, block_device,
+    };
+    let octets = match ip {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => v6.octets()[12..].try_into().unwrap(),
+    };
+    let nic = |port: u8| NetworkInterface {
+        mac: vec![0x02, 0x5e, octets[2], octets[3], 0x00, port],
+        driver: "ixgbe".into(),
+        supported_speed_bytes: vec![1_250_000_000],
+        link_up: port == 0,
+        current_speed_bytes: if port == 0 { 1_250_000_000 } else { 0 },
+    };
+    let disk = |n: u8| BlockDevice {
+        vendor: "SIM".into(),
+        device_model: "SIMNVME 480G".into(),
+        serial_number: format!("S{}{}N{n}", octets[2], octets[3]),
+        capacity_bytes: 480_103_981_056,
+        logical_block_size_bytes: 512,
+        physical_block_size_bytes: 4096,
+        protocol: block_device::Protocol::Nvme as i32,
+        ..Default::default()
+    };
+    AgentHardwareReport {
+        report: Some(Node {
+            manufacturer: "Shepherd Simulated Metal".into(),
+            product: "s1.small.x86".into(),
+            serial_number: format!("SIM-{ip}"),
+            memory_installed_bytes: 32 << 30,
+            memory_usable_ratio: 0.97,
+            cpu: vec![Cpu {
+                cores: 8,
+                hardware_threads: 16,
+                vendor: "GenuineIntel".into(),
+                model: "Simulated Xeon E-2278G".into(),
+                ..Default::default()
+            }],
+            block_device: vec![disk(0), disk(1)],
+            network_interface: vec![nic(0), nic(1)],
+            efi_support: EfiSupport::Enabled as i32,
+        }),
+        warning: vec![],
     }
 }
 
@@ -71,12 +235,13 @@ impl MachineSim {
         });
         let mut tasks = Vec::new();
         let mut addresses = Vec::new();
+        let agents = Agents::new();
         for i in 0..count {
             let ip = Ipv4Addr::from(u32::from(first) + i as u32);
             let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), port)).await?;
             let dir = root.join(ip.to_string());
             std::fs::create_dir_all(&dir)?;
-            let (config, authorized) = (config.clone(), authorized.clone());
+            let (config, authorized, agents) = (config.clone(), authorized.clone(), agents.clone());
             addresses.push(IpAddr::V4(ip));
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -85,6 +250,8 @@ impl MachineSim {
                     };
                     let _ = stream.set_nodelay(true);
                     let handler = Machine {
+                        ip: IpAddr::V4(ip),
+                        agents: agents.clone(),
                         root: dir.clone(),
                         authorized: authorized.clone(),
                         channels: HashMap::new(),
@@ -104,6 +271,7 @@ impl MachineSim {
             port,
             addresses,
             root: root.to_path_buf(),
+            agents,
             tasks,
         })
     }
@@ -111,6 +279,8 @@ impl MachineSim {
 
 /// One SSH connection to one simulated machine.
 struct Machine {
+    ip: IpAddr,
+    agents: Agents,
     root: PathBuf,
     authorized: PublicKey,
     channels: HashMap<ChannelId, Channel<Msg>>,
@@ -200,16 +370,16 @@ impl russh::server::Handler for Machine {
         };
         let path = local(&self.root, &program(&String::from_utf8_lossy(data)));
         session.channel_success(id)?;
-        tokio::spawn(run(channel, path));
+        tokio::spawn(run(channel, path, self.ip, self.agents.clone()));
         Ok(())
     }
 }
 
 fn spawn(path: &Path) -> std::io::Result<tokio::process::Child> {
     tokio::process::Command::new(path)
-        // One-shot: a simulated fleet of thousands cannot keep a resident
-        // agent process per machine.
-        .env("TAKEOVER_AGENT_RESIDENT", "0")
+        // A simulated fleet of thousands cannot keep a resident agent
+        // process per machine: the agent hands its key over instead.
+        .env("TAKEOVER_AGENT_RESIDENT", "handoff")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -218,7 +388,8 @@ fn spawn(path: &Path) -> std::io::Result<tokio::process::Child> {
 }
 
 /// Runs `path` with the channel's data as stdin; its output back.
-async fn run(mut channel: Channel<Msg>, path: PathBuf) {
+/// A handoff the program leaves starts the machine's resident agent.
+async fn run(mut channel: Channel<Msg>, path: PathBuf, ip: IpAddr, agents: Agents) {
     // While another thread forks to start a program, the child holds (until
     // its exec) every descriptor open at that moment, including a file just
     // uploaded over another connection: exec then fails with ETXTBSY for a
@@ -275,6 +446,13 @@ async fn run(mut channel: Channel<Msg>, path: PathBuf) {
         .ok()
         .and_then(|s| s.code())
         .unwrap_or(255);
+    let mut handoff = path.clone().into_os_string();
+    handoff.push(".handoff");
+    match crate::agent::resident::take_handoff(Path::new(&handoff)) {
+        Ok(resident) => agents.start(ip, resident),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(machine = %ip, "agent handoff: {e}"),
+    }
     if !out.is_empty() {
         let _ = channel.data_bytes(out).await;
     }

@@ -58,9 +58,18 @@ enum Command {
         /// Stay up after every machine is taken over, until Ctrl-C.
         #[arg(long)]
         keep_running: bool,
-        /// Give up (exit 1) if not every machine is taken over by then.
+        /// Give up (exit 1) if not every machine is taken over and
+        /// heartbeating by then (or silenced machines not back).
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
+        /// Once every agent heartbeats, watch this long that no machine is
+        /// recovered (exit 1 if one is).
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        hold: std::time::Duration,
+        /// Then silence this many agents and wait until exactly those
+        /// machines are recovered and heartbeating again.
+        #[arg(long, default_value_t = 0)]
+        silence: usize,
     },
 }
 
@@ -129,12 +138,17 @@ fn main() -> ExitCode {
                 admin_listen,
                 keep_running,
                 timeout,
+                hold,
+                silence,
             } => {
                 let opts = shepherd::demo::DemoOptions {
                     machines,
                     admin_listen,
                     keep_running,
                     timeout,
+                    hold,
+                    silence,
+                    heartbeat_stale_after: std::time::Duration::ZERO,
                 };
                 shepherd::demo::run(cfg, opts).await
             }

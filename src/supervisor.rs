@@ -503,11 +503,19 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         ),
         None => None,
     };
+    // The process's metric series; the admin server adds the fleet's at
+    // each scrape.
+    let mut registry = prometheus_client::registry::Registry::default();
+    if let Some(api) = &parts.api {
+        api.metrics().register(&mut registry);
+    }
+    if let Some(c) = &callback {
+        c.metrics.register(&mut registry);
+    }
     let admin = crate::admin::Admin {
         bmdb: parts.bmdb.clone(),
         supervisor: None,
-        api_metrics: parts.api.as_ref().map(|a| a.metrics().clone()),
-        callback: callback.as_ref().map(|c| c.metrics()),
+        registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
         token: cfg.admin.token.clone(),
     };

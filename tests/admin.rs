@@ -1,6 +1,7 @@
 //! The admin server: JSON endpoints, Prometheus metrics, the token, and the
 //! HTML pages as a browser renders them (headless Chromium).
 
+use serde_json::json;
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
@@ -96,8 +97,11 @@ fn serve(f: &Fleet, token: Option<&str>) -> SocketAddr {
     let a = Admin {
         bmdb: f.bmdb.clone(),
         supervisor: None,
-        api_metrics: Some(metrics()),
-        callback: None,
+        registry: {
+            let mut r = prometheus_client::registry::Registry::default();
+            metrics().register(&mut r);
+            std::sync::Arc::new(r)
+        },
         heartbeat_stale_after: Duration::from_secs(600),
         token: token.map(Secret::inline),
     };
@@ -233,6 +237,101 @@ async fn the_json_api_shows_the_fleet() {
             .await
             .0,
         400
+    );
+}
+
+/// The exposition as the Prometheus project's own OpenMetrics parser (its
+/// Python client) reads it: family → (type, samples).
+fn openmetrics(body: &str) -> serde_json::Value {
+    use std::io::Write;
+    let mut child = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/sdk/openmetrics_check.py"
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the Prometheus client's OpenMetrics parser");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{body}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[actix_rt::test]
+async fn metrics_are_openmetrics_the_reference_parser_reads() {
+    let f = fleet().await;
+    let a = serve(&f, None);
+    let r = awc::Client::default()
+        .get(format!("http://{a}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers().get("content-type").unwrap(),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let (status, body) = get(format!("http://{a}/metrics"), None).await;
+    assert_eq!(status, 200);
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let families = openmetrics(&body);
+    let family = |name: &str| &families[name];
+    assert_eq!(family("shepherd_equinix_requests")["type"], "counter");
+    assert_eq!(family("shepherd_machines")["type"], "gauge");
+    let latency = family("shepherd_equinix_request_duration_seconds");
+    assert_eq!(latency["type"], "histogram");
+    assert_eq!(latency["unit"], "seconds");
+    let sample = |fam: &str, name: &str, labels: serde_json::Value| -> f64 {
+        family(fam)["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| {
+                s[0] == name
+                    && labels
+                        .as_object()
+                        .unwrap()
+                        .iter()
+                        .all(|(k, v)| &s[1][k] == v)
+            })
+            .unwrap_or_else(|| panic!("no {name} {labels} in:\n{body}"))[2]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(
+        sample(
+            "shepherd_equinix_requests",
+            "shepherd_equinix_requests_total",
+            json!({"operation": "list_devices", "status": "200"})
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            "shepherd_equinix_request_duration_seconds",
+            "shepherd_equinix_request_duration_seconds_bucket",
+            json!({"operation": "list_devices", "status": "200", "le": "0.025"})
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            "shepherd_machines",
+            "shepherd_machines",
+            json!({"state": "pending"})
+        ),
+        1.0
     );
 }
 

@@ -194,6 +194,16 @@ async fn bad_callers_get_the_contracts_codes_and_write_nothing() {
         );
     }
     assert_eq!(rig.rows(HEARTBEATS, id).await, 0, "nothing written");
+    // Counted by reason, for /metrics: two unauthenticated (another key, an
+    // unknown machine), three malformed, none accepted.
+    let m = &rig.callback.metrics;
+    use shepherd::callback::Outcome;
+    assert_eq!(m.get(Outcome::Unauthenticated), 2);
+    assert_eq!(m.get(Outcome::Invalid), 3);
+    assert_eq!(m.get(Outcome::Accepted), 0);
+    // Only the two well-formed ones reached the writer, one batch each.
+    assert_eq!(m.batch_size.count(), 2);
+    assert_eq!(m.write_seconds.count(), 2);
 }
 
 #[actix_rt::test]

@@ -983,7 +983,8 @@ async fn the_updater_brings_provider_changes_in_and_leaves_the_rest_alone() {
 }
 
 #[actix_rt::test]
-async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_exits_0() {
+async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_recovers_those_it_silences()
+{
     use std::os::unix::fs::PermissionsExt;
     // Where a newcomer clones: a directory only its owner may enter (as
     // root, the embedded PostgreSQL runs as `postgres`, which may not).
@@ -1001,6 +1002,10 @@ async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_exits_0()
                     "127.0.0.1:0",
                     "--timeout",
                     "2m",
+                    "--hold",
+                    "5s",
+                    "--silence",
+                    "2",
                 ])
                 .current_dir(cwd)
                 .env_remove("RUST_LOG")
@@ -1017,7 +1022,29 @@ async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_exits_0()
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("all 20 machines taken over in"), "{stdout}");
+    assert!(
+        stdout.contains("all 20 machines taken over in") && stdout.contains("and heartbeating"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("held 5s: no machine recovered"), "{stdout}");
+    // The two silenced are the two recovered, and no other.
+    let silenced: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("silenced the agent of machine "))
+        .collect();
+    assert_eq!(silenced.len(), 2, "{stdout}");
+    for s in &silenced {
+        let id = s.split_whitespace().next().unwrap();
+        assert!(
+            stdout.contains(&format!("machine {id} (")) && stdout.contains(" recovered: rebooted"),
+            "{id} not shown recovered:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("all 2 silenced machines recovered and heartbeating again in")
+            && stdout.contains("; 0 other machines recovered"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("admin page               http://127.0.0.1:"),
         "{stdout}"

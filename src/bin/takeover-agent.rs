@@ -21,6 +21,9 @@
 //! is answered with a report of its generation (success, or an error if a
 //! `takeover-agent.install` file beside it says `error`). It backs off
 //! while the server is unreachable, and exits once its executable is gone.
+//! With `TAKEOVER_AGENT_RESIDENT=handoff` it hands its key and endpoint to
+//! the simulated machine that ran it (a `<executable>.handoff` file), which
+//! runs the same heartbeat loop in-process.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -171,17 +174,15 @@ fn main() {
     }
 }
 
-/// The resident agent: heartbeats after the takeover.
+/// The resident agent: heartbeats after the takeover
+/// (`shepherd::agent::resident` does the calling).
 mod resident {
     use std::io::Write;
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
-    use prost::Message as _;
-    use shepherd::agent::api::{
-        HeartbeatRequest, HeartbeatResponseRaw, OsInstallationReport, OsInstallationRequest,
-        os_installation_report,
-    };
+    use shepherd::agent::api::{AgentHardwareReport, os_installation_report};
+    use shepherd::agent::resident::{Host, Resident};
 
     use super::api::TakeoverInit;
 
@@ -193,13 +194,28 @@ mod resident {
     }
 
     /// Detaches and heartbeats, if the init asks for a resident agent.
+    /// With `TAKEOVER_AGENT_RESIDENT=handoff` (a simulated machine, which
+    /// runs its resident agents in-process) it writes what the resident
+    /// agent needs to `<executable>.handoff` (0600) instead.
     pub fn stay(init: TakeoverInit, seed: [u8; 32], exe: Option<PathBuf>) {
         let _ = std::io::stdout().flush();
         let Some(exe) = exe else { return };
-        if init.bmaas_endpoint.is_empty()
-            || init.ca_certificate.is_empty()
-            || std::env::var("TAKEOVER_AGENT_RESIDENT").as_deref() == Ok("0")
-        {
+        let how = std::env::var("TAKEOVER_AGENT_RESIDENT").unwrap_or_default();
+        if init.bmaas_endpoint.is_empty() || init.ca_certificate.is_empty() || how == "0" {
+            return;
+        }
+        let resident = Resident {
+            machine_id: init.machine_id,
+            endpoint: init.bmaas_endpoint,
+            ca_certificate: init.ca_certificate,
+            seed,
+        };
+        if how == "handoff" {
+            let path = with_suffix(&exe, ".handoff");
+            if let Err(e) = shepherd::agent::resident::write_handoff(&path, &resident) {
+                eprintln!("takeover-agent: cannot write {}: {e}", path.display());
+                std::process::exit(4);
+            }
             return;
         }
         // SAFETY: still single-threaded; the child only sets up and runs.
@@ -222,7 +238,7 @@ mod resident {
             .enable_all()
             .build()
             .expect("a runtime");
-        rt.block_on(heartbeat_loop(init, seed, exe));
+        rt.block_on(shepherd::agent::resident::run(resident, ThisHost { exe }));
         std::process::exit(0);
     }
 
@@ -249,116 +265,40 @@ mod resident {
         }
     }
 
-    fn interval(exe: &Path) -> Duration {
-        sidecar(exe, "takeover-agent.interval")
-            .and_then(|s| humantime::parse_duration(&s).ok())
-            .unwrap_or(Duration::from_secs(30))
+    /// The host this process runs on; its settings are files beside the
+    /// executable, read each round.
+    struct ThisHost {
+        exe: PathBuf,
     }
 
-    async fn heartbeat_loop(init: TakeoverInit, seed: [u8; 32], exe: PathBuf) {
-        let endpoint = init.bmaas_endpoint.clone();
-        let host = shepherd::config::endpoint_host(&endpoint)
-            .unwrap_or("localhost")
-            .to_string();
-        let mut report_sent = false;
-        let mut answer: Option<OsInstallationReport> = None;
-        let mut channel = None;
-        let mut backoff = Duration::from_millis(250);
-        eprintln!(
-            "takeover-agent: resident for machine {}, calling {endpoint}",
-            init.machine_id
-        );
-        loop {
-            if !exe.exists() {
-                eprintln!("takeover-agent: my executable is gone; exiting");
-                return;
-            }
-            let every = interval(&exe);
-            if channel.is_none() {
-                let addr = match tokio::net::lookup_host(&endpoint)
-                    .await
-                    .map(|mut a| a.next())
-                {
-                    Ok(Some(a)) => Some(a),
-                    Ok(None) | Err(_) => None,
-                };
-                if let Some(addr) = addr {
-                    match shepherd::callback::client::connect(
-                        addr,
-                        &host,
-                        &init.ca_certificate,
-                        &seed,
-                    )
-                    .await
-                    {
-                        Ok(c) => channel = Some(c),
-                        Err(e) => eprintln!("takeover-agent: {e}"),
-                    }
-                } else {
-                    eprintln!("takeover-agent: cannot resolve {endpoint}");
-                }
-            }
-            let ok = match channel.clone() {
-                None => false,
-                Some(c) => {
-                    let req = HeartbeatRequest {
-                        machine_id: init.machine_id.clone(),
-                        hardware_report: (!report_sent).then(shepherd::hardware::report),
-                        installation_report: answer.clone(),
-                    };
-                    let call = shepherd::callback::client::call::<_, HeartbeatResponseRaw>(
-                        c,
-                        shepherd::callback::HEARTBEAT_PATHS[1],
-                        req,
-                    );
-                    match tokio::time::timeout(Duration::from_secs(10), call).await {
-                        Ok(Ok(resp)) => {
-                            report_sent = true;
-                            answer = resp.installation_request.and_then(|raw| {
-                                let r = OsInstallationRequest::decode(raw.as_slice()).ok()?;
-                                let failed = sidecar(&exe, "takeover-agent.install").as_deref()
-                                    == Some("error");
-                                Some(OsInstallationReport {
-                                    generation: r.generation,
-                                    result: Some(if failed {
-                                        os_installation_report::Result::Error(
-                                            os_installation_report::Error {
-                                                error: "simulated installation failure".into(),
-                                            },
-                                        )
-                                    } else {
-                                        os_installation_report::Result::Success(
-                                            os_installation_report::Success {},
-                                        )
-                                    }),
-                                })
-                            });
-                            true
-                        }
-                        Ok(Err(status)) => {
-                            eprintln!("takeover-agent: heartbeat refused: {status}");
-                            if status.code() == tonic::Code::Unavailable {
-                                channel = None;
-                            }
-                            false
-                        }
-                        Err(_) => {
-                            eprintln!("takeover-agent: heartbeat timed out");
-                            channel = None;
-                            false
-                        }
-                    }
-                }
-            };
-            let wait = if ok {
-                backoff = Duration::from_millis(250);
-                every
+    impl Host for ThisHost {
+        fn interval(&self) -> Duration {
+            sidecar(&self.exe, "takeover-agent.interval")
+                .and_then(|s| humantime::parse_duration(&s).ok())
+                .unwrap_or(Duration::from_secs(30))
+        }
+
+        /// An agent whose executable was removed exits.
+        fn alive(&self) -> bool {
+            self.exe.exists()
+        }
+
+        fn install(&self, _generation: i64) -> os_installation_report::Result {
+            if sidecar(&self.exe, "takeover-agent.install").as_deref() == Some("error") {
+                os_installation_report::Result::Error(os_installation_report::Error {
+                    error: "simulated installation failure".into(),
+                })
             } else {
-                let w = backoff.min(every);
-                backoff = (backoff * 2).min(Duration::from_secs(60));
-                w
-            };
-            tokio::time::sleep(wait).await;
+                os_installation_report::Result::Success(os_installation_report::Success {})
+            }
+        }
+
+        fn hardware_report(&self) -> AgentHardwareReport {
+            shepherd::hardware::report()
+        }
+
+        fn log(&self, line: std::fmt::Arguments<'_>) {
+            eprintln!("takeover-agent: {line}");
         }
     }
 }

@@ -51,6 +51,22 @@ impl PgConn {
         Ok(s)
     }
 
+    /// Runs one statement as its own transaction (no BEGIN or COMMIT: one
+    /// round trip). A caller dropped mid-statement leaves the connection
+    /// marked as in use, and the pool discards it.
+    pub(crate) async fn query_alone(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, BmdbError> {
+        let stmt = self.statement(sql).await?;
+        self.in_transaction = true;
+        let rows = self.client.query(&stmt, params).await;
+        self.in_transaction = false;
+        self.last_used = Instant::now();
+        Ok(rows?)
+    }
+
     /// Starts a transaction and, in the same round trip, runs `first` (the
     /// session check) if given. Returns the transaction and `first`'s rows.
     pub(crate) async fn begin(

@@ -10,11 +10,13 @@
 //! - [`server`]: the gRPC service under both package names, over TLS.
 
 pub mod client;
+pub mod metrics;
 pub mod server;
 pub mod tls;
 pub mod writer;
 
-pub use server::{AgentCallback, AgentPeer, HEARTBEAT_PATHS, Refusals};
+pub use metrics::{HeartbeatMetrics, Outcome};
+pub use server::{AgentCallback, AgentPeer, HEARTBEAT_PATHS};
 pub use tls::{CertFiles, ServerIdentity};
 pub use writer::{GetWriterStats, HeartbeatWriter, WriterStats};
 
@@ -26,7 +28,8 @@ use actix::{Actor, Addr};
 pub struct Callback {
     pub addr: SocketAddr,
     pub writer: Addr<HeartbeatWriter>,
-    pub refusals: std::sync::Arc<Refusals>,
+    /// Heartbeats by outcome, batch sizes and write times.
+    pub metrics: HeartbeatMetrics,
     /// The CA agents are told to trust (`TakeoverInit.ca_certificate`).
     pub ca_der: Vec<u8>,
     task: tokio::task::JoinHandle<()>,
@@ -47,39 +50,23 @@ impl Callback {
             .await
             .map_err(|e| format!("{listen}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let writer = HeartbeatWriter::new(bmdb, max_batch, max_writes_in_flight).start();
-        let refusals = std::sync::Arc::new(Refusals::default());
+        let metrics = HeartbeatMetrics::default();
+        let writer =
+            HeartbeatWriter::new(bmdb, max_batch, max_writes_in_flight, metrics.clone()).start();
         let task = server::spawn(
             listener,
             tls,
-            AgentCallback::new(writer.clone(), refusals.clone()),
+            AgentCallback::new(writer.clone(), metrics.clone()),
         );
         tracing::info!(%addr, "agent callback listening");
         Ok(Callback {
             addr,
             writer,
-            refusals,
+            metrics,
             ca_der: identity.ca_der.clone(),
             task,
         })
     }
-}
-
-impl Callback {
-    /// What the admin server reads for `/metrics`.
-    pub fn metrics(&self) -> CallbackMetrics {
-        CallbackMetrics {
-            writer: self.writer.clone(),
-            refusals: self.refusals.clone(),
-        }
-    }
-}
-
-/// The callback's counters, for the admin server.
-#[derive(Clone)]
-pub struct CallbackMetrics {
-    pub writer: Addr<HeartbeatWriter>,
-    pub refusals: std::sync::Arc<Refusals>,
 }
 
 impl Drop for Callback {

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::{Code, Status};
 use uuid::Uuid;
 
+use super::metrics::{HeartbeatMetrics, Outcome};
 use super::tls::{KEY_LEN, ed25519_key};
 use super::writer::{Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat};
 use crate::agent::api::{
@@ -99,29 +100,20 @@ fn beat(peer: Option<&AgentPeer>, req: HeartbeatRequestRaw) -> Result<Beat, Stat
     })
 }
 
-/// Heartbeats refused before they reach the writer, or that it could not
-/// take, by reason (for `/metrics`; the writer counts the rest).
-#[derive(Debug, Default)]
-pub struct Refusals {
-    pub no_certificate: AtomicU64,
-    pub invalid: AtomicU64,
-    pub unavailable: AtomicU64,
-}
-
 /// The `AgentCallback` service under both of its names.
 #[derive(Clone)]
 pub struct AgentCallback {
     writer: Addr<HeartbeatWriter>,
-    refusals: Arc<Refusals>,
+    metrics: HeartbeatMetrics,
 }
 
 impl AgentCallback {
-    pub fn new(writer: Addr<HeartbeatWriter>, refusals: Arc<Refusals>) -> Self {
-        AgentCallback { writer, refusals }
+    pub fn new(writer: Addr<HeartbeatWriter>, metrics: HeartbeatMetrics) -> Self {
+        AgentCallback { writer, metrics }
     }
 }
 
-struct Heartbeat(Addr<HeartbeatWriter>, Arc<Refusals>);
+struct Heartbeat(Addr<HeartbeatWriter>, HeartbeatMetrics);
 
 impl tonic::server::UnaryService<HeartbeatRequestRaw> for Heartbeat {
     type Response = HeartbeatResponseRaw;
@@ -130,20 +122,22 @@ impl tonic::server::UnaryService<HeartbeatRequestRaw> for Heartbeat {
 
     fn call(&mut self, request: tonic::Request<HeartbeatRequestRaw>) -> Self::Future {
         let writer = self.0.clone();
-        let refusals = self.1.clone();
+        let metrics = self.1.clone();
         let peer = request.extensions().get::<AgentPeer>().cloned();
         Box::pin(async move {
             let beat = beat(peer.as_ref(), request.into_inner()).inspect_err(|s| {
-                let counter = if s.code() == Code::Unauthenticated {
-                    &refusals.no_certificate
-                } else {
-                    &refusals.invalid
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                metrics.count(
+                    if s.code() == Code::Unauthenticated {
+                        Outcome::NoCertificate
+                    } else {
+                        Outcome::Invalid
+                    },
+                    1,
+                );
             })?;
             let answer = writer.send(WriteBeat(beat)).await;
             if !matches!(answer, Ok(Ok(_))) {
-                refusals.unavailable.fetch_add(1, Ordering::Relaxed);
+                metrics.count(Outcome::Unavailable, 1);
             }
             match answer {
                 Ok(Ok(BeatOutcome::Accepted {
@@ -174,14 +168,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for AgentCallback {
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let writer = self.writer.clone();
-        let refusals = self.refusals.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             if HEARTBEAT_PATHS.contains(&req.uri().path()) {
                 let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
                     HeartbeatResponseRaw,
                     HeartbeatRequestRaw,
                 >::default());
-                Ok(grpc.unary(Heartbeat(writer, refusals), req).await)
+                Ok(grpc.unary(Heartbeat(writer, metrics), req).await)
             } else {
                 Ok(Status::new(
                     Code::Unimplemented,

@@ -16,6 +16,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use super::metrics::{HeartbeatMetrics, Outcome};
 use crate::bmdb::{Bmdb, BmdbError, InstallationResult};
 
 /// One authenticated-or-not heartbeat, as it goes to the BMDB.
@@ -65,17 +66,9 @@ pub struct WriterStats {
     pub accepted: u64,
     pub unauthenticated: u64,
     pub failed: u64,
-    /// Sizes of the batches written (histogram buckets: ≤1, ≤10, ≤100,
-    /// ≤1000, more).
-    pub batch_sizes: [u64; 5],
     /// Seconds spent writing, summed.
     pub write_seconds: f64,
-    /// Batches whose write took at most each of `WRITE_BUCKETS` seconds.
-    pub write_buckets: [u64; WRITE_BUCKETS.len()],
 }
-
-/// Upper bounds (seconds) of the write latency histogram.
-pub const WRITE_BUCKETS: [f64; 8] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 5.0];
 
 type Reply = oneshot::Sender<Result<BeatOutcome, String>>;
 
@@ -89,10 +82,16 @@ pub struct HeartbeatWriter {
     in_flight: usize,
     pending: Vec<(Beat, Reply)>,
     stats: WriterStats,
+    metrics: HeartbeatMetrics,
 }
 
 impl HeartbeatWriter {
-    pub fn new(bmdb: Bmdb, max_batch: usize, max_in_flight: usize) -> Self {
+    pub fn new(
+        bmdb: Bmdb,
+        max_batch: usize,
+        max_in_flight: usize,
+        metrics: HeartbeatMetrics,
+    ) -> Self {
         HeartbeatWriter {
             bmdb,
             max_batch: max_batch.max(1),
@@ -100,6 +99,7 @@ impl HeartbeatWriter {
             in_flight: 0,
             pending: Vec::new(),
             stats: WriterStats::default(),
+            metrics,
         }
     }
 
@@ -151,9 +151,13 @@ impl HeartbeatWriter {
                             Ok(answers) => {
                                 for ((machine_id, reply), answer) in replies.into_iter().zip(answers) {
                                     match &answer {
-                                        BeatOutcome::Accepted { .. } => act.stats.accepted += 1,
+                                        BeatOutcome::Accepted { .. } => {
+                                            act.stats.accepted += 1;
+                                            act.metrics.count(Outcome::Accepted, 1);
+                                        }
                                         BeatOutcome::Unauthenticated => {
                                             act.stats.unauthenticated += 1;
+                                            act.metrics.count(Outcome::Unauthenticated, 1);
                                             tracing::debug!(%machine_id, "heartbeat not authenticated");
                                         }
                                     }
@@ -179,19 +183,8 @@ impl HeartbeatWriter {
         self.stats.batches += 1;
         self.stats.beats += size as u64;
         self.stats.write_seconds += took.as_secs_f64();
-        for (i, le) in WRITE_BUCKETS.iter().enumerate() {
-            if took.as_secs_f64() <= *le {
-                self.stats.write_buckets[i] += 1;
-            }
-        }
-        let bucket = match size {
-            0..=1 => 0,
-            2..=10 => 1,
-            11..=100 => 2,
-            101..=1000 => 3,
-            _ => 4,
-        };
-        self.stats.batch_sizes[bucket] += 1;
+        self.metrics.write_seconds.observe(took.as_secs_f64());
+        self.metrics.batch_size.observe(size as f64);
     }
 }
 
@@ -274,14 +267,14 @@ async fn write(bmdb: &Bmdb, beats: &[Beat]) -> Result<Vec<BeatOutcome>, BmdbErro
         .iter()
         .map(|b| b.installation.as_ref().map(|i| i.raw.clone()))
         .collect();
+    // One statement, its own transaction: one round trip per batch. Every
+    // part is an upsert of the same values, so running it twice is the
+    // same as once.
     let rows = bmdb
-        .transact(async |tx| {
-            tx.query(
-                WRITE_BEATS,
-                &[&ids, &keys, &hardware, &generations, &results, &reports],
-            )
-            .await
-        })
+        .query_idempotent(
+            WRITE_BEATS,
+            &[&ids, &keys, &hardware, &generations, &results, &reports],
+        )
         .await?;
     let mut answered: std::collections::HashMap<Uuid, Option<Vec<u8>>> = rows
         .iter()

@@ -1,12 +1,16 @@
 //! Counts and times of Equinix API requests, by operation and status.
 //!
-//! Shared by the client actors (which record) and whoever exports metrics
-//! (which reads): a registry, the one kind of state actors share here.
+//! Shared by the client actors (which record) and the admin server's
+//! registry (which reads): metric series, the one kind of state actors
+//! share here.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
 /// An Equinix API operation, as counted and as named in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -51,54 +55,68 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestStats {
-    pub count: u64,
-    pub seconds_total: f64,
-    /// Cumulative counts per `LATENCY_BUCKETS` bound.
-    pub buckets: [u64; LATENCY_BUCKETS.len()],
+type Labels = [(&'static str, String); 2];
+
+fn labels(op: Operation, status: &str) -> Labels {
+    [
+        ("operation", op.as_str().to_string()),
+        ("status", status.to_string()),
+    ]
 }
 
-/// A registry of request statistics. Cheap to clone; clones share counts.
-#[derive(Clone, Default)]
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// Request counts and latencies, as Prometheus series. Cheap to clone;
+/// clones share counts.
+#[derive(Clone, Debug)]
 pub struct ApiMetrics {
-    inner: Arc<Mutex<BTreeMap<(Operation, String), RequestStats>>>,
+    requests: Family<Labels, Counter>,
+    duration: Family<Labels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for ApiMetrics {
+    fn default() -> Self {
+        ApiMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram),
+        }
+    }
 }
 
 impl ApiMetrics {
     /// Records one request. `status` is the HTTP status, or `error` when no
     /// response came.
     pub fn record(&self, op: Operation, status: &str, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        let mut m = self.inner.lock().unwrap();
-        let s = m.entry((op, status.to_string())).or_default();
-        s.count += 1;
-        s.seconds_total += secs;
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                s.buckets[i] += 1;
-            }
-        }
-    }
-
-    /// Every (operation, status) seen so far.
-    pub fn snapshot(&self) -> Vec<(Operation, String, RequestStats)> {
-        let m = self.inner.lock().unwrap();
-        m.iter()
-            .map(|((op, st), s)| (*op, st.clone(), s.clone()))
-            .collect()
+        let l = labels(op, status);
+        self.requests.get_or_create(&l).inc();
+        self.duration
+            .get_or_create(&l)
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Requests of `op` with `status` so far.
     pub fn count(&self, op: Operation, status: &str) -> u64 {
-        let m = self.inner.lock().unwrap();
-        m.get(&(op, status.to_string()))
-            .map(|s| s.count)
+        self.requests
+            .get(&labels(op, status))
+            .map(|c| c.get())
             .unwrap_or(0)
     }
 
-    /// All requests so far.
-    pub fn total(&self) -> u64 {
-        self.inner.lock().unwrap().values().map(|s| s.count).sum()
+    /// Adds the series to `r`: `shepherd_equinix_requests_total` and
+    /// `shepherd_equinix_request_duration_seconds`.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "shepherd_equinix_requests",
+            "Equinix API requests by operation and status.",
+            self.requests.clone(),
+        );
+        r.register_with_unit(
+            "shepherd_equinix_request_duration",
+            "Equinix API request latency.",
+            Unit::Seconds,
+            self.duration.clone(),
+        );
     }
 }

@@ -18,14 +18,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V1__bmdb",
             "V2__machine_summary",
             "V3__machine_ssh_host_key",
-            "V4__id_defaults"
+            "V4__id_defaults",
+            "V5__heartbeat_summary_per_statement"
         ]
     );
-    assert_eq!(first.version, Some(4));
+    assert_eq!(first.version, Some(5));
     assert_eq!(count(&bmdb, TABLES).await, 12);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(4));
+    assert_eq!(again.version, Some(5));
 }
 
 #[actix_rt::test]
@@ -38,13 +39,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 4],
+        [0, 5],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 12);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        4
+        5
     );
 }
 
@@ -72,7 +73,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
         vec![
             "V2__machine_summary",
             "V3__machine_ssh_host_key",
-            "V4__id_defaults"
+            "V4__id_defaults",
+            "V5__heartbeat_summary_per_statement"
         ]
     );
     let (start, recovery) = bmdb
@@ -116,7 +118,7 @@ async fn the_reference_inserts_without_ids_succeed() {
     );
     assert_eq!(
         bmdb.migrate().await.unwrap().applied,
-        vec!["V4__id_defaults"]
+        vec!["V4__id_defaults", "V5__heartbeat_summary_per_statement"]
     );
     let (machine, session) = bmdb
         .transact(async |tx| {
@@ -146,5 +148,60 @@ async fn the_reference_inserts_without_ids_succeed() {
         )
         .await,
         1
+    );
+}
+
+/// machine_summary.agent_heartbeat_at is kept per statement (V5): after
+/// every kind of write to machine_agent_heartbeat it equals the table.
+#[actix_rt::test]
+async fn the_heartbeat_summary_follows_every_kind_of_write() {
+    use shepherd::bmdb::Provider;
+    const DIFFERENCES: &str = "SELECT count(*) FROM machine_summary s \
+        LEFT JOIN machine_agent_heartbeat h USING (machine_id) \
+        WHERE s.agent_heartbeat_at IS DISTINCT FROM h.agent_heartbeat_at";
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = crate::provided_machines(&bmdb, Provider::Equinix, 4).await;
+    let steps: [(&str, &str); 6] = [
+        (
+            "a batch inserted",
+            "INSERT INTO machine_agent_heartbeat SELECT unnest($1::uuid[]), now() - interval '1 minute'",
+        ),
+        (
+            "a batch upserted (the writer's statement)",
+            "INSERT INTO machine_agent_heartbeat SELECT unnest($1::uuid[]), now() \
+             ON CONFLICT (machine_id) DO UPDATE SET agent_heartbeat_at = EXCLUDED.agent_heartbeat_at",
+        ),
+        (
+            "one deleted",
+            "DELETE FROM machine_agent_heartbeat WHERE machine_id = ($1::uuid[])[1]",
+        ),
+        (
+            "one moved to the machine without a row",
+            "UPDATE machine_agent_heartbeat SET machine_id = ($1::uuid[])[1] WHERE machine_id = ($1::uuid[])[2]",
+        ),
+        (
+            "one updated in place",
+            "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() + interval '1 second' \
+             WHERE machine_id = ($1::uuid[])[3]",
+        ),
+        (
+            "all deleted",
+            "DELETE FROM machine_agent_heartbeat WHERE machine_id = ANY($1)",
+        ),
+    ];
+    for (what, sql) in steps {
+        bmdb.transact(async |tx| tx.execute(sql, &[&ids]).await)
+            .await
+            .unwrap();
+        assert_eq!(count(&bmdb, DIFFERENCES).await, 0, "after {what}");
+    }
+    assert_eq!(
+        count(
+            &bmdb,
+            "SELECT count(*) FROM machine_summary WHERE agent_heartbeat_at IS NOT NULL"
+        )
+        .await,
+        0
     );
 }

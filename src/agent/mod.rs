@@ -6,6 +6,8 @@ pub mod api {
     include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
 }
 
+pub mod resident;
+
 use api::{TakeoverInit, TakeoverResponse, takeover_response};
 use prost::Message;
 

@@ -57,3 +57,9 @@ CREATE TRIGGER machine_summary_heartbeat_delete
     AFTER DELETE ON machine_agent_heartbeat
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION machine_summary_heartbeat_cleared();
+
+-- Room on each page for a row's next version: a heartbeat rewrites its row
+-- (and the summary's) every interval; with free space on the page the new
+-- heartbeat row is a HOT update (no index entry) and pages prune in place.
+ALTER TABLE machine_agent_heartbeat SET (fillfactor = 70);
+ALTER TABLE machine_summary SET (fillfactor = 80);

@@ -23,6 +23,7 @@ pub mod machinesim;
 pub mod provider;
 pub mod provisioner;
 pub mod recoverer;
+pub mod redfish;
 pub mod secret;
 pub mod ssh;
 pub mod supervisor;

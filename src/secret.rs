@@ -90,6 +90,16 @@ impl Secret {
     }
 }
 
+/// Equal when from the same source with the same value (a changed
+/// password makes a changed BMC).
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source && self.value == other.value
+    }
+}
+
+impl Eq for Secret {}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)

@@ -121,7 +121,10 @@ impl Parts {
         };
         let bmdb = Bmdb::open(&cfg.bmdb).await?;
         let (provider, api): (SharedProvider, Option<EquinixApi>) = match cfg.provider.kind {
-            ProviderKind::Static => (Rc::new(Inventory::new(&cfg.provider.inventory)), None),
+            ProviderKind::Static => (
+                Rc::new(Inventory::new(&cfg.provider.inventory, &cfg.redfish)),
+                None,
+            ),
             ProviderKind::Equinix => {
                 let api = EquinixApi::start(
                     ClientSettings::from_config(&cfg.equinix)?,

@@ -1,7 +1,9 @@
 //! The static inventory: an operator's own hosts, listed in the
 //! configuration or in a TOML file it names (re-read every round, so an
 //! edit takes effect without a restart). Every host is ours; there is no
-//! capacity to create machines from, and no way to reboot one.
+//! capacity to create machines from. A host with a BMC (`bmc = { url, … }`)
+//! is rebooted through Redfish and its status is its power state; one
+//! without cannot be rebooted.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashSet};
@@ -9,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use super::{Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
-use crate::config::{InventoryConfig, InventoryMachine};
+use crate::config::{BmcConfig, InventoryConfig, InventoryMachine, RedfishConfig};
+use crate::redfish::Bmcs;
 
 /// The longest provider ID the BMDB holds (`machine_provided.provider_id`).
 pub const MAX_ID_LEN: usize = 128;
@@ -114,6 +117,16 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
         .parse()
         .map_err(|_| format!("address {address:?} is not an IP address"))?;
     let location = text(&mut entry, "location")?;
+    let bmc = match entry.remove("bmc") {
+        None => None,
+        Some(v) => {
+            let mut bmc: BmcConfig = v
+                .try_into()
+                .map_err(|e: toml::de::Error| format!("bmc: {}", e.message()))?;
+            bmc.validate().map_err(|(k, e)| format!("bmc.{k}: {e}"))?;
+            Some(bmc)
+        }
+    };
     if let Some(k) = entry.keys().next() {
         return Err(format!("unknown key `{k}`"));
     }
@@ -121,6 +134,7 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
         id,
         address,
         location,
+        bmc,
     })
 }
 
@@ -133,16 +147,22 @@ pub struct Inventory {
     last_good: RefCell<Vec<InventoryMachine>>,
     /// Problems already reported: each is logged once, when it appears.
     reported: RefCell<BTreeSet<String>>,
+    bmcs: Bmcs,
 }
 
 impl Inventory {
-    pub fn new(cfg: &InventoryConfig) -> Self {
+    pub fn new(cfg: &InventoryConfig, redfish: &RedfishConfig) -> Self {
         Inventory {
             listed: cfg.machines.clone(),
             file: cfg.file.clone(),
             last_good: RefCell::new(Vec::new()),
             reported: RefCell::new(BTreeSet::new()),
+            bmcs: Bmcs::new(redfish),
         }
+    }
+
+    fn host(&self, provider_id: &str) -> Option<InventoryMachine> {
+        self.hosts().into_iter().find(|m| m.id == provider_id)
     }
 
     /// Logs the problems not reported yet; forgets the ones that are gone
@@ -215,13 +235,20 @@ impl Provider for Inventory {
         Box::pin(async move { Ok(self.hosts().iter().map(machine).collect()) })
     }
 
+    /// A host with a BMC: its status is the system's power state.
     fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>> {
         Box::pin(async move {
-            Ok(self
-                .hosts()
-                .iter()
-                .find(|m| m.id == provider_id)
-                .map(machine))
+            let Some(host) = self.host(provider_id) else {
+                return Ok(None);
+            };
+            let mut m = machine(&host);
+            if let Some(bmc) = &host.bmc {
+                let system = crate::redfish::system(&self.bmcs, &host.id, bmc)
+                    .await
+                    .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+                m.status = crate::redfish::provider_status(&system.power_state);
+            }
+            Ok(Some(m))
         })
     }
 
@@ -235,9 +262,21 @@ impl Provider for Inventory {
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()> {
         Box::pin(async move {
-            Err(ProviderError::Unsupported(format!(
-                "host {provider_id}: a static inventory cannot reboot hosts"
-            )))
+            let host = self.host(provider_id).ok_or_else(|| {
+                ProviderError::Inventory(format!(
+                    "host {provider_id} is no longer in the inventory"
+                ))
+            })?;
+            let Some(bmc) = &host.bmc else {
+                return Err(ProviderError::Unsupported(format!(
+                    "host {provider_id} has no BMC in the inventory: it cannot be rebooted"
+                )));
+            };
+            let how = crate::redfish::reboot(&self.bmcs, &host.id, bmc)
+                .await
+                .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+            tracing::info!(host = %host.id, bmc = %bmc.url, reset = %how, "reboot accepted by the BMC");
+            Ok(())
         })
     }
 }
@@ -326,10 +365,13 @@ adress = "192.0.2.10"
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("inventory.toml");
         std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = \"192.0.2.1\"\n").unwrap();
-        let inv = Inventory::new(&InventoryConfig {
-            machines: vec![],
-            file: Some(f.clone()),
-        });
+        let inv = Inventory::new(
+            &InventoryConfig {
+                machines: vec![],
+                file: Some(f.clone()),
+            },
+            &RedfishConfig::default(),
+        );
         assert_eq!(inv.hosts().len(), 1);
         std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = 192.0.2.1\n").unwrap();
         let e = read_file(&f).unwrap_err();

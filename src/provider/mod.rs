@@ -45,6 +45,9 @@ pub enum ProviderError {
     Unsupported(String),
     #[error("{0}")]
     Inventory(String),
+    /// From a host's BMC: names the host, the BMC and Redfish's message.
+    #[error("{0}")]
+    Bmc(String),
 }
 
 type Fut<'a, T> = LocalBoxFuture<'a, Result<T, ProviderError>>;

@@ -1,0 +1,509 @@
+//! The `BmcClient` actor: every request to one BMC goes through it.
+//!
+//! - One request in flight per BMC, by construction: each message is
+//!   handled as an `AtomicResponse` (BMCs are small computers; many fall over
+//!   under concurrent requests). Across BMCs, a shared semaphore caps the
+//!   requests in flight (`redfish.max_concurrent`).
+//! - Authentication: a Redfish session (`SessionService`, found from the
+//!   service root) whose `X-Auth-Token` is reused until a 401, then made
+//!   anew once; basic authentication when the BMC has no session service.
+//!   The password goes into the session request or the `Authorization`
+//!   header and nowhere else.
+//! - Errors name the host, the BMC and what Redfish said
+//!   (`error.message`, `@Message.ExtendedInfo`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use awc::http::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::config::{BmcConfig, BmcTls};
+
+/// A BMC's answers are small; anything bigger is refused.
+const MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// What went wrong talking to a BMC, for an operator: `host node-1: BMC
+/// https://10.0.0.5: …`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("host {host}: BMC {bmc}: {kind}")]
+pub struct BmcError {
+    pub host: String,
+    pub bmc: String,
+    pub kind: BmcErrorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BmcErrorKind {
+    #[error("credentials refused (HTTP 401){}", detail(.0))]
+    Unauthorized(String),
+    #[error("HTTP {status} for {what}{}", detail(.message))]
+    Http {
+        status: u16,
+        what: String,
+        message: String,
+    },
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    #[error("unexpected answer: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+fn detail(m: &str) -> String {
+    if m.is_empty() {
+        String::new()
+    } else {
+        format!(": {m}")
+    }
+}
+
+impl BmcErrorKind {
+    /// A failure that may pass by itself (the BMC is busy or unreachable).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BmcErrorKind::Unreachable(_) => true,
+            BmcErrorKind::Http { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+}
+
+/// Redfish's error body: `error.message` and each
+/// `@Message.ExtendedInfo[].Message`.
+fn redfish_message(body: &[u8]) -> String {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return String::from_utf8_lossy(&body[..body.len().min(200)])
+            .trim()
+            .to_string();
+    };
+    let e = &v["error"];
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(m) = e["message"].as_str() {
+        parts.push(m.to_string());
+    }
+    if let Some(infos) = e["@Message.ExtendedInfo"].as_array() {
+        for i in infos {
+            if let Some(m) = i["Message"].as_str() {
+                if !parts.iter().any(|p| p == m) {
+                    parts.push(m.to_string());
+                }
+            }
+        }
+    }
+    parts.join("; ")
+}
+
+/// A ComputerSystem as shepherd uses it: power, reset, and facts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SystemInfo {
+    /// `@odata.id`.
+    pub path: String,
+    pub id: String,
+    /// `On`, `Off`, `PoweringOn`, `PoweringOff`, `Paused`, or empty.
+    pub power_state: String,
+    pub manufacturer: Option<String>,
+    pub model: Option<String>,
+    pub serial_number: Option<String>,
+    pub bios_version: Option<String>,
+    pub processor_count: Option<i64>,
+    pub processor_model: Option<String>,
+    pub memory_gib: Option<f64>,
+    /// `Status.Health`: `OK`, `Warning`, `Critical`.
+    pub health: Option<String>,
+    /// The reset action's target, and the reset types it advertises (empty:
+    /// it does not say).
+    pub reset_target: Option<String>,
+    pub reset_types: Vec<String>,
+}
+
+impl SystemInfo {
+    fn from_json(v: &Value) -> SystemInfo {
+        let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        let reset = &v["Actions"]["#ComputerSystem.Reset"];
+        SystemInfo {
+            path: s(&v["@odata.id"]).unwrap_or_default(),
+            id: s(&v["Id"]).unwrap_or_default(),
+            power_state: s(&v["PowerState"]).unwrap_or_default(),
+            manufacturer: s(&v["Manufacturer"]),
+            model: s(&v["Model"]),
+            serial_number: s(&v["SerialNumber"]),
+            bios_version: s(&v["BiosVersion"]),
+            processor_count: v["ProcessorSummary"]["Count"].as_i64(),
+            processor_model: s(&v["ProcessorSummary"]["Model"]),
+            memory_gib: v["MemorySummary"]["TotalSystemMemoryGiB"].as_f64(),
+            health: s(&v["Status"]["Health"]),
+            reset_target: s(&reset["target"]),
+            reset_types: reset["ResetType@Redfish.AllowableValues"]
+                .as_array()
+                .map(|a| a.iter().filter_map(s).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// How requests are authenticated.
+#[derive(Clone)]
+enum Auth {
+    /// Not decided yet: the service root says whether sessions exist.
+    Unknown,
+    /// `X-Auth-Token` of a session created at `sessions` (None: none yet).
+    Session {
+        sessions: String,
+        token: Option<String>,
+    },
+    Basic,
+}
+
+/// The HTTP side of the actor, moved into each call's future and back.
+struct Conn {
+    http: awc::Client,
+    cfg: BmcConfig,
+    host: String,
+    auth: Auth,
+    /// Resolved system paths, by configured system (None: the only one).
+    systems: HashMap<Option<String>, String>,
+    limit: Arc<tokio::sync::Semaphore>,
+    timeout: Duration,
+}
+
+impl Conn {
+    fn err(&self, kind: BmcErrorKind) -> BmcError {
+        BmcError {
+            host: self.host.clone(),
+            bmc: self.cfg.url.clone(),
+            kind,
+        }
+    }
+
+    /// One HTTP exchange under the global cap. Ok: status and body.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        auth: bool,
+    ) -> Result<(StatusCode, awc::http::header::HeaderMap, Vec<u8>), BmcError> {
+        let _permit = self
+            .limit
+            .acquire()
+            .await
+            .expect("the BMC semaphore is never closed");
+        let mut req = self
+            .http
+            .request(method, format!("{}{}", self.cfg.url, path))
+            .insert_header(("Accept", "application/json"))
+            .timeout(self.timeout);
+        if auth {
+            match &self.auth {
+                Auth::Session { token: Some(t), .. } => {
+                    req = req.insert_header(("X-Auth-Token", t.as_str()))
+                }
+                _ => {
+                    req = req.basic_auth(&self.cfg.username, self.cfg.password.expose());
+                }
+            }
+        }
+        let sent = match body {
+            Some(b) => req.send_json(b).await,
+            None => req.send().await,
+        };
+        let mut resp = sent.map_err(|e| self.err(BmcErrorKind::Unreachable(e.to_string())))?;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.body().limit(MAX_RESPONSE_BYTES).await.map_err(|e| {
+            self.err(BmcErrorKind::Unreachable(format!(
+                "reading the answer: {e}"
+            )))
+        })?;
+        Ok((status, headers, bytes.to_vec()))
+    }
+
+    /// Finds out how to authenticate: a session when the service root
+    /// links a session collection, basic otherwise.
+    async fn decide_auth(&mut self) -> Result<(), BmcError> {
+        if !matches!(self.auth, Auth::Unknown) {
+            return Ok(());
+        }
+        let (status, _, body) = self
+            .exchange(Method::GET, "/redfish/v1/", None, false)
+            .await?;
+        if !status.is_success() {
+            return Err(self.err(BmcErrorKind::Http {
+                status: status.as_u16(),
+                what: "the service root /redfish/v1/".into(),
+                message: redfish_message(&body),
+            }));
+        }
+        let root: Value = serde_json::from_slice(&body).map_err(|e| {
+            self.err(BmcErrorKind::Protocol(format!(
+                "the service root is not JSON: {e}"
+            )))
+        })?;
+        self.auth = match root["Links"]["Sessions"]["@odata.id"].as_str() {
+            Some(sessions) => Auth::Session {
+                sessions: sessions.to_string(),
+                token: None,
+            },
+            None => Auth::Basic,
+        };
+        Ok(())
+    }
+
+    /// Creates a session; a BMC that turns session creation down (not with
+    /// 401) is spoken to with basic authentication instead.
+    async fn log_in(&mut self) -> Result<(), BmcError> {
+        let Auth::Session { sessions, .. } = self.auth.clone() else {
+            return Ok(());
+        };
+        let body = serde_json::json!({
+            "UserName": self.cfg.username,
+            "Password": self.cfg.password.expose(),
+        });
+        let (status, headers, answer) = self
+            .exchange(Method::POST, &sessions, Some(&body), false)
+            .await?;
+        let token = headers
+            .get("X-Auth-Token")
+            .and_then(|t| t.to_str().ok())
+            .map(str::to_string);
+        match (status, token) {
+            (s, Some(token)) if s.is_success() => {
+                self.auth = Auth::Session {
+                    sessions,
+                    token: Some(token),
+                };
+                Ok(())
+            }
+            (StatusCode::UNAUTHORIZED, _) => {
+                Err(self.err(BmcErrorKind::Unauthorized(redfish_message(&answer))))
+            }
+            _ => {
+                tracing::debug!(bmc = %self.cfg.url, status = status.as_u16(), "no Redfish session; using basic authentication");
+                self.auth = Auth::Basic;
+                Ok(())
+            }
+        }
+    }
+
+    /// An authenticated request; a session refused with 401 is made anew
+    /// once. Ok: the answer's JSON (Null for an empty body).
+    async fn call(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        what: &str,
+    ) -> Result<Value, BmcError> {
+        self.decide_auth().await?;
+        let mut fresh = false;
+        if matches!(self.auth, Auth::Session { token: None, .. }) {
+            self.log_in().await?;
+            fresh = true;
+        }
+        loop {
+            let (status, _, answer) = self.exchange(method.clone(), path, body, true).await?;
+            if status == StatusCode::UNAUTHORIZED {
+                if let Auth::Session { token, .. } = &mut self.auth {
+                    if !fresh {
+                        *token = None;
+                        self.log_in().await?;
+                        fresh = true;
+                        continue;
+                    }
+                }
+                return Err(self.err(BmcErrorKind::Unauthorized(redfish_message(&answer))));
+            }
+            if !status.is_success() {
+                return Err(self.err(BmcErrorKind::Http {
+                    status: status.as_u16(),
+                    what: what.to_string(),
+                    message: redfish_message(&answer),
+                }));
+            }
+            if answer.iter().all(u8::is_ascii_whitespace) {
+                return Ok(Value::Null);
+            }
+            return serde_json::from_slice(&answer)
+                .map_err(|e| self.err(BmcErrorKind::Protocol(format!("{what}: not JSON: {e}"))));
+        }
+    }
+
+    /// The path of the configured system (or the only one).
+    async fn system_path(&mut self, system: &Option<String>) -> Result<String, BmcError> {
+        if let Some(p) = self.systems.get(system) {
+            return Ok(p.clone());
+        }
+        let list = self
+            .call(Method::GET, "/redfish/v1/Systems", None, "the system list")
+            .await?;
+        let members: Vec<String> = list["Members"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|m| m["@odata.id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let path = match system {
+            Some(want) => members
+                .iter()
+                .find(|p| {
+                    *p == want || p.trim_end_matches('/').rsplit('/').next() == Some(want.as_str())
+                })
+                .cloned()
+                .ok_or_else(|| {
+                    self.err(BmcErrorKind::Config(format!(
+                        "no system {want:?} among {members:?}"
+                    )))
+                })?,
+            None => match members.as_slice() {
+                [only] => only.clone(),
+                [] => return Err(self.err(BmcErrorKind::Config("the BMC lists no system".into()))),
+                many => {
+                    return Err(self.err(BmcErrorKind::Config(format!(
+                        "the BMC has {} systems ({}); name one with bmc.system",
+                        many.len(),
+                        many.join(", ")
+                    ))));
+                }
+            },
+        };
+        self.systems.insert(system.clone(), path.clone());
+        Ok(path)
+    }
+
+    async fn get_system(&mut self, system: &Option<String>) -> Result<SystemInfo, BmcError> {
+        let path = self.system_path(system).await?;
+        let v = self.call(Method::GET, &path, None, &path).await?;
+        let mut info = SystemInfo::from_json(&v);
+        if info.path.is_empty() {
+            info.path = path;
+        }
+        Ok(info)
+    }
+
+    async fn reset(&mut self, system: &Option<String>, reset_type: &str) -> Result<(), BmcError> {
+        let info = self.get_system(system).await?;
+        let target = info
+            .reset_target
+            .clone()
+            .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", info.path));
+        let body = serde_json::json!({ "ResetType": reset_type });
+        self.call(
+            Method::POST,
+            &target,
+            Some(&body),
+            &format!("ComputerSystem.Reset {reset_type}"),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// The actor for one BMC.
+pub struct BmcClient {
+    conn: Option<Conn>,
+}
+
+impl Actor for BmcClient {
+    type Context = Context<Self>;
+}
+
+impl BmcClient {
+    /// `host` names the machine in errors; `limit` is shared by every BMC.
+    pub fn new(
+        host: &str,
+        cfg: BmcConfig,
+        limit: Arc<tokio::sync::Semaphore>,
+        timeout: Duration,
+    ) -> Result<BmcClient, String> {
+        let http = http_client(&cfg.tls, timeout)?;
+        Ok(BmcClient {
+            conn: Some(Conn {
+                http,
+                cfg,
+                host: host.to_string(),
+                auth: Auth::Unknown,
+                systems: HashMap::new(),
+                limit,
+                timeout,
+            }),
+        })
+    }
+
+    fn atomic<T: 'static, F>(
+        &mut self,
+        call: impl FnOnce(Conn) -> F,
+    ) -> AtomicResponse<Self, Result<T, BmcError>>
+    where
+        F: Future<Output = (Conn, Result<T, BmcError>)> + 'static,
+    {
+        let conn = self.conn.take().expect("BmcClient runs one call at a time");
+        AtomicResponse::new(Box::pin(call(conn).into_actor(self).map(
+            |(conn, r), act, _| {
+                act.conn = Some(conn);
+                r
+            },
+        )))
+    }
+}
+
+/// The system's power state and facts.
+#[derive(Message)]
+#[rtype(result = "Result<SystemInfo, BmcError>")]
+pub struct GetSystem {
+    pub system: Option<String>,
+}
+
+impl Handler<GetSystem> for BmcClient {
+    type Result = AtomicResponse<Self, Result<SystemInfo, BmcError>>;
+
+    fn handle(&mut self, msg: GetSystem, _: &mut Context<Self>) -> Self::Result {
+        self.atomic(|mut c| async move {
+            let r = c.get_system(&msg.system).await;
+            (c, r)
+        })
+    }
+}
+
+/// `ComputerSystem.Reset` with this `ResetType`.
+#[derive(Message)]
+#[rtype(result = "Result<(), BmcError>")]
+pub struct Reset {
+    pub system: Option<String>,
+    pub reset_type: String,
+}
+
+impl Handler<Reset> for BmcClient {
+    type Result = AtomicResponse<Self, Result<(), BmcError>>;
+
+    fn handle(&mut self, msg: Reset, _: &mut Context<Self>) -> Self::Result {
+        self.atomic(|mut c| async move {
+            let r = c.reset(&msg.system, &msg.reset_type).await;
+            (c, r)
+        })
+    }
+}
+
+fn http_client(tls: &BmcTls, timeout: Duration) -> Result<awc::Client, String> {
+    let connector = awc::Connector::new().timeout(timeout.min(Duration::from_secs(10)));
+    let connector = match tls {
+        BmcTls::Verify => connector,
+        BmcTls::Insecure => connector.rustls_0_23(Arc::new(super::tls::insecure_client_config())),
+        BmcTls::CaFile { ca_file } => {
+            connector.rustls_0_23(Arc::new(super::tls::ca_client_config(ca_file)?))
+        }
+    };
+    Ok(awc::Client::builder()
+        .timeout(timeout)
+        .connector(connector)
+        .add_default_header((
+            "User-Agent",
+            concat!("shepherd/", env!("CARGO_PKG_VERSION")),
+        ))
+        .finish())
+}

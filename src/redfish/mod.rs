@@ -1,0 +1,169 @@
+//! Redfish, for owned hardware: the BMC of an inventory host reboots it and
+//! reports its power state (and, for the machine page, what it is made of).
+//!
+//! - [`client`]: the `BmcClient` actor, one per BMC (one request in flight
+//!   each, a global cap over all), sessions with a basic-auth fallback.
+//! - [`Bmcs`]: the actors by BMC address, made on first use and replaced
+//!   when a host's BMC settings change (the inventory file is re-read every
+//!   round).
+//! - [`reboot`]: picks the reset the system advertises and sends it.
+//!
+//! A small client on awc rather than a Redfish crate: shepherd needs the
+//! service root, sessions, one system and its reset action, and the
+//! maintained crates (`nv-redfish`, `libredfish`, `redfish`) bring a second
+//! HTTP stack (reqwest) and, for `nv-redfish`, schema code generated from
+//! the whole CSDL; none runs on actix's client.
+
+pub mod client;
+pub mod tls;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, Addr};
+
+pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset, SystemInfo};
+
+use crate::bmdb::ProviderStatus;
+use crate::config::{BmcConfig, RedfishConfig};
+
+/// The BMC actors, by BMC URL. Not `Send`: lives with the provider on the
+/// system's arbiter.
+pub struct Bmcs {
+    limit: Arc<tokio::sync::Semaphore>,
+    timeout: Duration,
+    by_url: RefCell<HashMap<String, (BmcConfig, Addr<BmcClient>)>>,
+}
+
+impl Bmcs {
+    pub fn new(cfg: &RedfishConfig) -> Bmcs {
+        Bmcs {
+            limit: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent as usize)),
+            timeout: cfg.timeout,
+            by_url: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// The actor for `bmc`, made now if there is none or its settings
+    /// changed. `host` names the machine in errors.
+    pub fn get(&self, host: &str, bmc: &BmcConfig) -> Result<Addr<BmcClient>, BmcError> {
+        let mut by_url = self.by_url.borrow_mut();
+        if let Some((cfg, addr)) = by_url.get(&bmc.url) {
+            if cfg == bmc && addr.connected() {
+                return Ok(addr.clone());
+            }
+        }
+        let client =
+            BmcClient::new(host, bmc.clone(), self.limit.clone(), self.timeout).map_err(|e| {
+                BmcError {
+                    host: host.to_string(),
+                    bmc: bmc.url.clone(),
+                    kind: BmcErrorKind::Config(e),
+                }
+            })?;
+        let addr = client.start();
+        by_url.insert(bmc.url.clone(), (bmc.clone(), addr.clone()));
+        Ok(addr)
+    }
+}
+
+fn mailbox(host: &str, bmc: &BmcConfig, e: actix::MailboxError) -> BmcError {
+    BmcError {
+        host: host.to_string(),
+        bmc: bmc.url.clone(),
+        kind: BmcErrorKind::Unreachable(format!("BMC client stopped: {e}")),
+    }
+}
+
+/// The system's state and facts.
+pub async fn system(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<SystemInfo, BmcError> {
+    let addr = bmcs.get(host, bmc)?;
+    addr.send(GetSystem {
+        system: bmc.system.clone(),
+    })
+    .await
+    .map_err(|e| mailbox(host, bmc, e))?
+}
+
+/// What a Redfish power state means to the Recoverer: `On` is running,
+/// `Off` stopped, anything between is neither.
+pub fn provider_status(power_state: &str) -> ProviderStatus {
+    match power_state {
+        "On" => ProviderStatus::Running,
+        "Off" => ProviderStatus::Stopped,
+        _ => ProviderStatus::Unknown,
+    }
+}
+
+/// The resets that restart a system, best first.
+const RESTARTS: [&str; 3] = ["GracefulRestart", "ForceRestart", "PowerCycle"];
+
+/// How long an Off-then-On reboot waits for the system to be off.
+const OFF_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Reboots the system: the best restart it advertises (`GracefulRestart`,
+/// then `ForceRestart`, then `PowerCycle`), else off then on; a system that
+/// is off is switched on. Returns once the BMC accepted the reset: the
+/// caller watches the power state go down and come back.
+pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, BmcError> {
+    let addr = bmcs.get(host, bmc)?;
+    let reset = |reset_type: &str| {
+        addr.send(Reset {
+            system: bmc.system.clone(),
+            reset_type: reset_type.to_string(),
+        })
+    };
+    let info = system(bmcs, host, bmc).await?;
+    let offers = |t: &str| info.reset_types.is_empty() || info.reset_types.iter().any(|x| x == t);
+    if info.power_state == "Off" {
+        let on = if offers("On") { "On" } else { "ForceOn" };
+        reset(on).await.map_err(|e| mailbox(host, bmc, e))??;
+        return Ok(on.to_string());
+    }
+    if let Some(restart) = RESTARTS.iter().find(|t| offers(t)) {
+        match reset(restart).await.map_err(|e| mailbox(host, bmc, e))? {
+            Ok(()) => return Ok(restart.to_string()),
+            // The system did not say what it takes and refused this one:
+            // try the next way.
+            Err(BmcError {
+                kind: BmcErrorKind::Http { status: 400, .. },
+                ..
+            }) if info.reset_types.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let off = ["ForceOff", "GracefulShutdown"]
+        .into_iter()
+        .find(|t| offers(t))
+        .ok_or_else(|| BmcError {
+            host: host.to_string(),
+            bmc: bmc.url.clone(),
+            kind: BmcErrorKind::Config(format!(
+                "the system offers no way to restart (reset types {:?})",
+                info.reset_types
+            )),
+        })?;
+    reset(off).await.map_err(|e| mailbox(host, bmc, e))??;
+    let started = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = system(bmcs, host, bmc).await;
+        if matches!(&now, Ok(s) if s.power_state == "Off") {
+            break;
+        }
+        if started.elapsed() > OFF_TIMEOUT {
+            return Err(BmcError {
+                host: host.to_string(),
+                bmc: bmc.url.clone(),
+                kind: BmcErrorKind::Protocol(format!(
+                    "{off} accepted but the system was not off after {OFF_TIMEOUT:?}"
+                )),
+            });
+        }
+    }
+    let on = if offers("On") { "On" } else { "ForceOn" };
+    reset(on).await.map_err(|e| mailbox(host, bmc, e))??;
+    Ok(format!("{off}, then {on}"))
+}

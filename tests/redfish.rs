@@ -1,0 +1,179 @@
+//! Owned hardware's BMCs, against OpenStack's Redfish emulator (sushy-tools,
+//! its fake driver) run as a process: reboots seen in the emulator's power
+//! state, facts as the emulator shows them, and the failures an operator
+//! meets (a wrong password, a BMC that is down, an ambiguous BMC), each
+//! naming the host and the BMC and never the password.
+
+use std::time::{Duration, Instant};
+
+use shepherd::bmdb::ProviderStatus;
+use shepherd::config::{BmcConfig, InventoryConfig, InventoryMachine, RedfishConfig};
+use shepherd::provider::Provider;
+use shepherd::provider::inventory::Inventory;
+use shepherd::redfish::{self, Bmcs};
+use shepherd::testing::{Sshd, Sushy};
+
+const PASSWORD: &str = "bmc-pw-7c41e2";
+
+fn host(id: &str, bmc: Option<BmcConfig>) -> InventoryMachine {
+    InventoryMachine {
+        id: id.into(),
+        address: "127.0.0.1".parse().unwrap(),
+        location: None,
+        bmc,
+    }
+}
+
+fn inventory(hosts: Vec<InventoryMachine>) -> Inventory {
+    Inventory::new(
+        &InventoryConfig {
+            machines: hosts,
+            file: None,
+        },
+        &RedfishConfig::default(),
+    )
+}
+
+#[actix_rt::test]
+async fn a_reboot_through_the_bmc_is_seen_going_off_and_on_in_the_emulator() {
+    let sushy = Sushy::start(&["node-1", "node-2"], "admin", PASSWORD);
+    let inv = inventory(vec![
+        host("node-1", Some(sushy.bmc(0))),
+        host("node-2", Some(sushy.bmc(1))),
+    ]);
+    let status = |m: Option<shepherd::provider::ProviderMachine>| m.unwrap().status;
+    assert_eq!(
+        status(inv.get_machine("node-1").await.unwrap()),
+        ProviderStatus::Running
+    );
+    inv.reboot("node-1").await.unwrap();
+    // The emulator's fake driver turns the system off at once and on again
+    // 1 to 11 seconds later.
+    assert_eq!(sushy.system(0).await["PowerState"], "Off");
+    assert_eq!(
+        status(inv.get_machine("node-1").await.unwrap()),
+        ProviderStatus::Stopped
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sushy.system(0).await["PowerState"] != "On" {
+        assert!(Instant::now() < deadline, "node-1 never came back on");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        status(inv.get_machine("node-1").await.unwrap()),
+        ProviderStatus::Running
+    );
+    // Exactly that system was reset.
+    assert_eq!(sushy.system(1).await["PowerState"], "On");
+    let log = sushy.log();
+    let resets: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ComputerSystem.Reset"))
+        .collect();
+    assert_eq!(resets.len(), 1, "{log}");
+    assert!(resets[0].contains(&Sushy::uuid(0)), "{log}");
+}
+
+#[actix_rt::test]
+async fn the_facts_read_are_the_emulators() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let bmcs = Bmcs::new(&RedfishConfig::default());
+    let mut bmc = sushy.bmc(0);
+    // Its only system, found without being named.
+    bmc.system = None;
+    let got = redfish::system(&bmcs, "node-1", &bmc).await.unwrap();
+    let want = sushy.system(0).await;
+    assert_eq!(got.id, want["Id"]);
+    assert_eq!(got.path, want["@odata.id"]);
+    assert_eq!(got.power_state, want["PowerState"]);
+    assert_eq!(got.manufacturer.as_deref(), want["Manufacturer"].as_str());
+    assert_eq!(got.health.as_deref(), want["Status"]["Health"].as_str());
+    assert_eq!(
+        got.reset_types,
+        want["Actions"]["#ComputerSystem.Reset"]["ResetType@Redfish.AllowableValues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    );
+}
+
+#[actix_rt::test]
+async fn a_wrong_password_names_the_host_the_bmc_and_its_401_and_never_the_password() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let mut bmc = sushy.bmc(0);
+    bmc.password = shepherd::secret::Secret::inline("not-the-password-93f1");
+    let inv = inventory(vec![host("node-1", Some(bmc))]);
+    let e = inv.reboot("node-1").await.unwrap_err().to_string();
+    assert!(e.contains("host node-1"), "{e}");
+    assert!(e.contains(&format!("BMC {}", sushy.url)), "{e}");
+    assert!(e.contains("401"), "{e}");
+    assert!(
+        e.contains("Incorrect username or password"),
+        "Redfish's own message: {e}"
+    );
+    assert!(
+        !e.contains("not-the-password-93f1") && !e.contains(PASSWORD),
+        "{e}"
+    );
+    // Nothing was reset.
+    assert_eq!(sushy.system(0).await["PowerState"], "On");
+    assert!(
+        !sushy
+            .log()
+            .contains("ComputerSystem.Reset\" HTTP/1.1\" 204")
+    );
+}
+
+#[actix_rt::test]
+async fn a_bmc_that_is_down_is_named_unreachable() {
+    let url = format!("http://127.0.0.1:{}", Sshd::free_port());
+    let bmc = BmcConfig {
+        url: url.clone(),
+        username: "admin".into(),
+        password: shepherd::secret::Secret::inline(PASSWORD),
+        system: None,
+        tls: Default::default(),
+    };
+    let inv = inventory(vec![host("node-9", Some(bmc))]);
+    let started = Instant::now();
+    let e = inv.reboot("node-9").await.unwrap_err().to_string();
+    assert!(
+        e.contains("host node-9") && e.contains(&url) && e.contains("unreachable"),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(15), "bounded");
+    let e = inv.get_machine("node-9").await.unwrap_err().to_string();
+    assert!(e.contains("unreachable"), "{e}");
+}
+
+#[actix_rt::test]
+async fn a_bmc_with_several_systems_wants_one_named() {
+    let sushy = Sushy::start(&["node-1", "node-2"], "admin", PASSWORD);
+    let mut bmc = sushy.bmc(0);
+    bmc.system = None;
+    let inv = inventory(vec![host("node-1", Some(bmc.clone()))]);
+    let e = inv.reboot("node-1").await.unwrap_err().to_string();
+    assert!(
+        e.contains("host node-1") && e.contains("2 systems") && e.contains("bmc.system"),
+        "{e}"
+    );
+    bmc.system = Some("no-such-system".into());
+    let inv = inventory(vec![host("node-1", Some(bmc))]);
+    let e = inv.reboot("node-1").await.unwrap_err().to_string();
+    assert!(e.contains("no system \"no-such-system\""), "{e}");
+    // Named by its @odata.id works as well as by its Id.
+    let mut bmc = sushy.bmc(1);
+    bmc.system = Some(format!("/redfish/v1/Systems/{}", Sushy::uuid(1)));
+    let bmcs = Bmcs::new(&RedfishConfig::default());
+    let s = redfish::system(&bmcs, "node-2", &bmc).await.unwrap();
+    assert_eq!(s.id, Sushy::uuid(1));
+}
+
+#[actix_rt::test]
+async fn a_host_without_a_bmc_cannot_be_rebooted_and_says_so() {
+    let inv = inventory(vec![host("plain", None)]);
+    let e = inv.reboot("plain").await.unwrap_err().to_string();
+    assert!(e.contains("host plain has no BMC"), "{e}");
+}

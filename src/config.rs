@@ -1181,6 +1181,17 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// serde and config phrase type errors with the offending value; strip
 /// anything quoted so a mistyped secret never reaches the terminal.
 fn clean_serde_message(msg: &str) -> String {
+    // A missing field's quoted part is its name, not a value: keep it.
+    for prefix in ["missing configuration field ", "missing field "] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            // The config crate names the whole path: keep its last part.
+            let path = rest.trim_matches(['"', '`']);
+            let name = path.rsplit('.').next().unwrap_or(path);
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return format!("missing key `{name}`");
+            }
+        }
+    }
     let mut out = String::with_capacity(msg.len());
     let mut in_quote = false;
     for c in msg.chars() {

@@ -326,3 +326,79 @@ fn check_config_warns_about_bad_inventory_file_entries_and_rejects_a_broken_file
     assert_rejected(&o, "provider.inventory.file");
     assert!(stderr(&o).contains("line 3"), "{}", stderr(&o));
 }
+
+#[test]
+fn bmc_settings_are_checked_and_their_password_never_printed() {
+    let host = |bmc: &str| {
+        format!(
+            "[provider.inventory]\nmachines = [{{ id = \"node-1\", address = \"192.0.2.1\", bmc = {{ {bmc} }} }}]\n"
+        )
+    };
+    let key = "provider.inventory.machines[0].bmc";
+    // Good: inline and env passwords, the three TLS settings.
+    for bmc in [
+        format!("url = \"https://10.0.0.5\", username = \"admin\", password = \"{SECRET}\""),
+        "url = \"https://bmc.example:8443/\", username = \"admin\", password = { env = \"BMC_PW\" }, tls = \"insecure\", system = \"1\"".to_string(),
+    ] {
+        let o = check_config(&host(&bmc), &[("BMC_PW", SECRET)]);
+        assert_eq!(o.status.code(), Some(0), "{bmc}: {}", stderr(&o));
+        assert!(!stdout(&o).contains(SECRET), "{}", stdout(&o));
+        assert!(stdout(&o).contains("bmc"), "{}", stdout(&o));
+    }
+    // Bad: each names its key.
+    for (bmc, want) in [
+        (
+            "url = \"10.0.0.5\", username = \"admin\", password = \"x\"",
+            format!("{key}.url"),
+        ),
+        (
+            "url = \"https://10.0.0.5/redfish/v1\", username = \"admin\", password = \"x\"",
+            format!("{key}.url"),
+        ),
+        (
+            "url = \"https://10.0.0.5\", username = \"\", password = \"x\"",
+            format!("{key}.username"),
+        ),
+        (
+            "url = \"https://10.0.0.5\", username = \"admin\", password = { env = \"NO_SUCH_BMC_PW\" }",
+            format!("{key}.password"),
+        ),
+        (
+            "url = \"https://10.0.0.5\", username = \"admin\", password = \"x\", tls = { ca_file = \"/nonexistent/ca.pem\" }",
+            format!("{key}.tls.ca_file"),
+        ),
+        (
+            "url = \"https://10.0.0.5\", username = \"admin\", password = \"x\", tls = \"sometimes\"",
+            "tls".to_string(),
+        ),
+        (
+            "url = \"https://10.0.0.5\", username = \"admin\"",
+            "password".to_string(),
+        ),
+    ] {
+        let o = check_config(&host(bmc), &[]);
+        assert_rejected(&o, &want);
+    }
+    // In an inventory file, a bad BMC skips that host with a warning.
+    let dir = tempfile::tempdir().unwrap();
+    let inv = dir.path().join("inventory.toml");
+    std::fs::write(
+        &inv,
+        format!(
+            "[[machines]]\nid = \"ok\"\naddress = \"192.0.2.1\"\nbmc = {{ url = \"https://10.0.0.5\", username = \"admin\", password = \"{SECRET}\" }}\n\n\
+             [[machines]]\nid = \"bad\"\naddress = \"192.0.2.2\"\nbmc = {{ url = \"ftp://10.0.0.6\", username = \"admin\", password = \"{SECRET}\" }}\n"
+        ),
+    )
+    .unwrap();
+    let o = check_config(
+        &format!("[provider.inventory]\nfile = \"{}\"\n", inv.display()),
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("host bad: bmc.url") && stderr(&o).contains("skipped"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains(SECRET), "{}", stderr(&o));
+}

@@ -1447,3 +1447,171 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back
     );
     s.terminate().await;
 }
+
+// ---- owned hardware: BMCs on OpenStack's Redfish emulator ----
+
+#[actix_rt::test]
+async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong_password_backs_off()
+ {
+    use shepherd::testing::Sushy;
+    let rig = Rig::new().await;
+    let password = "bmc-secret-51d2a9";
+    // Two BMCs: node-1's credentials are right, node-2's configured
+    // password is not the emulator's.
+    let good = Sushy::start(&["node-1"], "admin", password);
+    let other = Sushy::start(&["node-2"], "admin", password);
+    let secret = rig.dir.path().join("bmc-password");
+    std::fs::write(&secret, format!("{password}\n")).unwrap();
+    let wrong = rig.dir.path().join("wrong-password");
+    std::fs::write(&wrong, "wrong-password-e07c\n").unwrap();
+    let port = Sshd::free_port();
+    std::fs::write(rig.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
+    let text = format!(
+        "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
+         {{ id = \"node-1\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }}, system = \"{}\" }} }},\n\
+         {{ id = \"node-2\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }} }} }},\n]\n\
+         \n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
+         reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\n",
+        rig.base_config()
+            .replace(
+                "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
+                &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
+            )
+            // Everything shepherd does with a BMC, at trace level.
+            .replace(
+                "level = \"info,tokio_postgres=warn,refinery_core=warn\"",
+                "level = \"info,shepherd=trace,awc=trace,actix_http=trace,tokio_postgres=warn,refinery_core=warn\""
+            ),
+        good.url,
+        secret.display(),
+        Sushy::uuid(0),
+        other.url,
+        wrong.display(),
+    );
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for("2 agents", AGENTS, 2, Duration::from_secs(60), &mut s)
+        .await;
+    const FRESH: &str = "SELECT count(*) FROM machine_agent_heartbeat \
+                         WHERE agent_heartbeat_at > now() - interval '2 seconds'";
+    rig.wait_for("2 heartbeating", FRESH, 2, Duration::from_secs(30), &mut s)
+        .await;
+    // Past the thresholds, heartbeating machines are left alone.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    const RECOVERIES: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery'";
+    assert_eq!(rig.count(RECOVERIES).await, 0, "{}", s.log_text());
+
+    // Both agents die.
+    let ids: Vec<(uuid::Uuid, String)> = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT machine_id, provider_id FROM machine_provided ORDER BY provider_id",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+        .await
+        .unwrap();
+    for (id, _) in &ids {
+        let pid_file = rig.sshd.dir().join(format!("agent-{id}.pid"));
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    }
+    // node-1: rebooted through its BMC (the emulator saw the reset and the
+    // power go off and on), taken over again, heartbeating again.
+    rig.wait_for_recovery(ids[0].0, &s).await;
+    let resets = |sushy: &Sushy| {
+        sushy
+            .log()
+            .lines()
+            .filter(|l| l.contains("ComputerSystem.Reset") && l.contains(" 204 "))
+            .count()
+    };
+    assert_eq!(resets(&good), 1, "{}", good.log());
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(
+        log.contains("reboot accepted by the BMC"),
+        "{}",
+        log.lines()
+            .filter(|l| !l.contains("TRACE") && !l.contains("DEBUG"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // node-2: the recovery failed with the BMC's 401, named, and backed off.
+    const FAILED: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+                          AND event = 'Failed' AND failed_cause LIKE '%host node-2%401%'";
+    rig.wait_for(
+        "node-2's failed recovery",
+        FAILED,
+        1,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    const BACKOFF: &str = "SELECT count(*) FROM work_backoff WHERE process = 'ShepherdRecovery' \
+                           AND until > now() + interval '10 seconds'";
+    assert_eq!(rig.count(BACKOFF).await, 1, "{}", s.log_text());
+    assert_eq!(resets(&other), 0, "{}", other.log());
+    let cause: String = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT failed_cause FROM work_history WHERE event = 'Failed' LIMIT 1",
+                    &[],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    assert!(
+        cause.contains(&other.url) && cause.contains("Incorrect username or password"),
+        "{cause}"
+    );
+    s.terminate().await;
+    // At trace level, neither password reached the log.
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(log.contains("TRACE"), "the log was at trace level");
+    assert!(!log.contains(password), "the BMC password is in the log");
+    assert!(
+        !log.contains("wrong-password-e07c"),
+        "a BMC password is in the log"
+    );
+    // Nor as a basic-authentication header.
+    assert_eq!(base64_encode(b"admin:x"), "YWRtaW46eA==");
+    for secret in [password, "wrong-password-e07c"] {
+        let header = base64_encode(format!("admin:{secret}").as_bytes());
+        assert!(
+            !log.contains(&header),
+            "a BMC credential header is in the log"
+        );
+    }
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}

@@ -206,6 +206,21 @@ fn detail_json(d: &MachineDetail) -> serde_json::Value {
             "installation_request": d.installation_request,
             "installation_report": d.installation_report.map(|(g, r)| json!({"generation": g, "result": r.to_string()})),
             "ssh_host_key": d.ssh_host_key,
+            "bmc": d.bmc.as_ref().map(|f| json!({
+                "bmc_url": f.bmc_url,
+                "system": f.system_path,
+                "power_state": f.power_state,
+                "manufacturer": f.manufacturer,
+                "model": f.model,
+                "serial_number": f.serial_number,
+                "bios_version": f.bios_version,
+                "processor_count": f.processor_count,
+                "processor_model": f.processor_model,
+                "memory_gib": f.memory_gib,
+                "health": f.health,
+                "read_error": f.read_error,
+                "changed_at": f.changed_at.map(rfc3339),
+            })),
         },
         "leases": d.leases.iter().map(|l| json!({
             "process": l.process.to_string(), "session_id": l.session_id, "component": l.component,
@@ -630,6 +645,13 @@ async fn machine_page(admin: web::Data<Admin>, id: web::Path<String>) -> HttpRes
             }
             b.push_str("</table>");
         }
+    }
+    if let Some(f) = &d.bmc {
+        b.push_str("<h2>BMC</h2><table id=\"bmc\">");
+        for (k, v) in f.lines() {
+            let _ = write!(b, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));
+        }
+        b.push_str("</table>");
     }
     b.push_str("<h2>Leases</h2><ul id=\"leases\">");
     for l in &d.leases {

@@ -278,6 +278,12 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                     }
                 }
             }
+            if let Some(f) = &d.bmc {
+                for (i, (k, v)) in f.lines().iter().enumerate() {
+                    let label = if i == 0 { "bmc" } else { "" };
+                    println!("  {label:<16} {k:<11}{v}");
+                }
+            }
             println!(
                 "  installation     request {} report {}",
                 d.installation_request

@@ -2,17 +2,20 @@
 //! (status, address, location, reservation) for every provided machine,
 //! from one paginated list call per round (the reference made one GET per
 //! machine), writing only the rows that changed. A machine the provider no
-//! longer lists gets the status `Missing`; nothing is deleted.
+//! longer lists gets the status `Missing`; nothing is deleted. Machines
+//! with a BMC (inventory hosts) have it read first: its power state is
+//! their status, and its facts go to `machine_bmc_facts`, again only when
+//! they changed.
 
 use std::collections::HashMap;
 
 use actix::prelude::*;
 
-use crate::bmdb::machines;
+use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
 use crate::control::SetSession;
-use crate::provider::{MachineKind, ProviderMachine, SharedProvider};
+use crate::provider::{BmcRead, MachineKind, ProviderMachine, SharedProvider};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UpdaterStatus {
@@ -87,8 +90,72 @@ fn refreshed(recorded: &ProvidedMachine, listed: Option<&ProviderMachine>) -> Pr
     m
 }
 
+/// The row a BMC read becomes.
+fn facts(read: &BmcRead) -> BmcFacts {
+    match &read.system {
+        Ok(s) => BmcFacts {
+            bmc_url: read.bmc_url.clone(),
+            system_path: Some(s.path.clone()).filter(|p| !p.is_empty()),
+            power_state: Some(s.power_state.clone()).filter(|p| !p.is_empty()),
+            manufacturer: s.manufacturer.clone(),
+            model: s.model.clone(),
+            serial_number: s.serial_number.clone(),
+            bios_version: s.bios_version.clone(),
+            processor_count: s.processor_count.and_then(|n| i32::try_from(n).ok()),
+            processor_model: s.processor_model.clone(),
+            memory_gib: s.memory_gib,
+            health: s.health.clone(),
+            read_error: None,
+            changed_at: None,
+        },
+        Err(e) => BmcFacts {
+            bmc_url: read.bmc_url.clone(),
+            read_error: Some(e.clone()),
+            ..BmcFacts::default()
+        },
+    }
+}
+
 async fn update(provider: SharedProvider, session: Session) -> Result<u64, String> {
+    // BMCs first: their power states are the listing's statuses.
+    let reads = provider
+        .bmc_facts()
+        .await
+        .map_err(|e| format!("reading BMCs: {e}"))?;
     let (listed, recorded) = crate::provider::listings(provider.as_ref(), &session).await?;
+    let mut written = 0;
+    if !reads.is_empty() {
+        let ids: HashMap<&str, uuid::Uuid> = recorded
+            .iter()
+            .map(|r| (r.provider_id.as_str(), r.machine_id))
+            .collect();
+        let rows: Vec<(uuid::Uuid, &BmcRead, BmcFacts)> = reads
+            .iter()
+            .filter_map(|r| Some((*ids.get(r.provider_id.as_str())?, r, facts(r))))
+            .collect();
+        let changed = session
+            .transact(async |tx| {
+                let mut changed = Vec::new();
+                for (id, read, f) in &rows {
+                    if machines::write_bmc_facts(tx, *id, f).await? {
+                        changed.push((*id, *read));
+                    }
+                }
+                Ok(changed)
+            })
+            .await
+            .map_err(|e| format!("writing BMC facts: {e}"))?;
+        for (id, read) in &changed {
+            match &read.system {
+                Ok(s) => tracing::info!(machine_id = %id, provider_id = %read.provider_id,
+                    power = %s.power_state, health = s.health.as_deref().unwrap_or("unknown"), "BMC facts changed"),
+                Err(e) => {
+                    tracing::warn!(machine_id = %id, provider_id = %read.provider_id, error = %e, "reading the BMC failed")
+                }
+            }
+        }
+        written += changed.len() as u64;
+    }
     let by_id: HashMap<&str, &ProviderMachine> = listed
         .iter()
         .filter(|m| m.kind == MachineKind::Ours)
@@ -101,7 +168,7 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
         .map(|(_, new)| new)
         .collect();
     if changed.is_empty() {
-        return Ok(0);
+        return Ok(written);
     }
     session
         .transact(async |tx| {
@@ -117,7 +184,7 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             status = %m.status.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
             address = m.ip_address.as_deref().unwrap_or("none"), "provider record updated");
     }
-    Ok(changed.len() as u64)
+    Ok(written + changed.len() as u64)
 }
 
 impl Actor for Updater {

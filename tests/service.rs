@@ -1471,7 +1471,8 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
          {{ id = \"node-1\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }}, system = \"{}\" }} }},\n\
          {{ id = \"node-2\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }} }} }},\n]\n\
          \n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
-         reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\n",
+         reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\n\
+         \n[updater]\ninterval = \"500ms\"\n",
         rig.base_config()
             .replace(
                 "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
@@ -1500,6 +1501,77 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     tokio::time::sleep(Duration::from_secs(6)).await;
     const RECOVERIES: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery'";
     assert_eq!(rig.count(RECOVERIES).await, 0, "{}", s.log_text());
+
+    // The Updater read both BMCs: node-1's facts are the emulator's,
+    // node-2's read failed with the BMC's 401; written once, not every round.
+    let facts = || async {
+        rig.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query(
+                        "SELECT p.provider_id, f.power_state, f.manufacturer, f.health, f.system_path, \
+                         f.read_error, f.changed_at, p.provider_status::text \
+                         FROM machine_bmc_facts f JOIN machine_provided p USING (machine_id) \
+                         ORDER BY p.provider_id",
+                        &[],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.get::<_, String>(0),
+                            r.get::<_, Option<String>>(1),
+                            r.get::<_, Option<String>>(2),
+                            r.get::<_, Option<String>>(3),
+                            r.get::<_, Option<String>>(4),
+                            r.get::<_, Option<String>>(5),
+                            r.get::<_, std::time::SystemTime>(6),
+                            r.get::<_, Option<String>>(7),
+                        )
+                    })
+                    .collect::<Vec<_>>())
+            })
+            .await
+            .unwrap()
+    };
+    let before = facts().await;
+    assert_eq!(before.len(), 2, "{before:?}");
+    let emulator = good.system(0).await;
+    let n1 = &before[0];
+    assert_eq!(n1.0, "node-1");
+    assert_eq!(n1.1.as_deref(), emulator["PowerState"].as_str());
+    assert_eq!(n1.2.as_deref(), emulator["Manufacturer"].as_str());
+    assert_eq!(n1.3.as_deref(), emulator["Status"]["Health"].as_str());
+    assert_eq!(n1.4.as_deref(), emulator["@odata.id"].as_str());
+    assert_eq!(n1.5, None);
+    assert_eq!(n1.7.as_deref(), Some("Running"));
+    let n2 = &before[1];
+    assert!(
+        n2.5.as_deref().unwrap_or("").contains("401"),
+        "node-2's read error: {n2:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await; // four more rounds
+    let again = facts().await;
+    assert_eq!(again[0].6, before[0].6, "unchanged facts were rewritten");
+    assert_eq!(again[1].6, before[1].6, "an unchanged error was rewritten");
+    // Operators see them: the JSON API and `machines show`.
+    let node1 = machine_of(&rig, "node-1").await;
+    let (status, body) = s.admin_get(&format!("api/v1/machines/{node1}")).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["tags"]["bmc"]["manufacturer"], emulator["Manufacturer"]);
+    assert_eq!(v["tags"]["bmc"]["power_state"], "On");
+    let show = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(&config)
+        .args(["machines", "show", &node1.to_string()])
+        .output()
+        .unwrap();
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.contains("bmc") && show.contains(&good.url) && show.contains("Sushy Emulator"),
+        "{show}"
+    );
 
     // Both agents die.
     let ids: Vec<(uuid::Uuid, String)> = rig
@@ -1596,6 +1668,22 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
             "a BMC credential header is in the log"
         );
     }
+}
+
+async fn machine_of(rig: &Rig, provider_id: &str) -> uuid::Uuid {
+    let provider_id = provider_id.to_string();
+    rig.bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT machine_id FROM machine_provided WHERE provider_id = $1",
+                    &[&provider_id],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap()
 }
 
 fn base64_encode(b: &[u8]) -> String {

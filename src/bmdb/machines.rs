@@ -355,6 +355,8 @@ pub struct MachineDetail {
     pub installation_request: Option<i32>,
     pub installation_report: Option<(i32, crate::bmdb::InstallationResult)>,
     pub ssh_host_key: Option<String>,
+    /// What its BMC says (inventory hosts with one).
+    pub bmc: Option<BmcFacts>,
     pub leases: Vec<Lease>,
     pub backoffs: Vec<(Process, BackoffState)>,
     pub history: Vec<HistoryEntry>,
@@ -420,6 +422,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         installation_request: r.get(5),
         installation_report: report_gen.zip(report_result),
         ssh_host_key: r.get(8),
+        bmc: bmc_facts(tx, machine_id).await?,
         leases: leases(tx, machine_id).await?,
         backoffs,
         history: history(tx, machine_id).await?,
@@ -443,4 +446,141 @@ pub async fn update_provided(tx: &mut Tx<'_>, m: &ProvidedMachine) -> Result<(),
     )
     .await?;
     Ok(())
+}
+
+/// A machine's out-of-band facts, from its BMC's Redfish ComputerSystem
+/// (`machine_bmc_facts`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BmcFacts {
+    pub bmc_url: String,
+    pub system_path: Option<String>,
+    pub power_state: Option<String>,
+    pub manufacturer: Option<String>,
+    pub model: Option<String>,
+    pub serial_number: Option<String>,
+    pub bios_version: Option<String>,
+    pub processor_count: Option<i32>,
+    pub processor_model: Option<String>,
+    pub memory_gib: Option<f64>,
+    pub health: Option<String>,
+    /// Why the last read failed; the facts are from the read before.
+    pub read_error: Option<String>,
+    /// When they last changed (set by the BMDB; ignored when writing).
+    pub changed_at: Option<SystemTime>,
+}
+
+impl BmcFacts {
+    /// Label and value of each fact that is known, for the pages and the
+    /// command line.
+    pub fn lines(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![("BMC", self.bmc_url.clone())];
+        let mut add = |k: &'static str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push((k, v));
+            }
+        };
+        add("system", self.system_path.clone());
+        add("power", self.power_state.clone());
+        add("health", self.health.clone());
+        let product = [&self.manufacturer, &self.model]
+            .iter()
+            .filter_map(|v| v.as_deref())
+            .collect::<Vec<_>>()
+            .join(" ");
+        add("product", Some(product).filter(|p| !p.is_empty()));
+        add("serial", self.serial_number.clone());
+        add("BIOS", self.bios_version.clone());
+        let cpus = match (self.processor_count, &self.processor_model) {
+            (Some(n), Some(m)) => Some(format!("{n} × {m}")),
+            (Some(n), None) => Some(n.to_string()),
+            (None, Some(m)) => Some(m.clone()),
+            (None, None) => None,
+        };
+        add("processors", cpus);
+        add("memory", self.memory_gib.map(|g| format!("{g} GiB")));
+        add("read error", self.read_error.clone());
+        out
+    }
+}
+
+const BMC_FACTS: &str = "SELECT bmc_url, system_path, power_state, manufacturer, model, serial_number, \
+     bios_version, processor_count, processor_model, memory_gib, health, read_error, changed_at \
+     FROM machine_bmc_facts WHERE machine_id = $1";
+
+pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFacts>, BmdbError> {
+    Ok(tx
+        .query_opt(BMC_FACTS, &[&machine_id])
+        .await?
+        .map(|r| BmcFacts {
+            bmc_url: r.get(0),
+            system_path: r.get(1),
+            power_state: r.get(2),
+            manufacturer: r.get(3),
+            model: r.get(4),
+            serial_number: r.get(5),
+            bios_version: r.get(6),
+            processor_count: r.get(7),
+            processor_model: r.get(8),
+            memory_gib: r.get(9),
+            health: r.get(10),
+            read_error: r.get(11),
+            changed_at: r.get(12),
+        }))
+}
+
+/// Upserts the facts, touching the row only if something differs.
+const BMC_FACTS_WRITE: &str = "INSERT INTO machine_bmc_facts AS f (machine_id, bmc_url, system_path, \
+     power_state, manufacturer, model, serial_number, bios_version, processor_count, processor_model, \
+     memory_gib, health, read_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL) \
+     ON CONFLICT (machine_id) DO UPDATE SET bmc_url = EXCLUDED.bmc_url, system_path = EXCLUDED.system_path, \
+     power_state = EXCLUDED.power_state, manufacturer = EXCLUDED.manufacturer, model = EXCLUDED.model, \
+     serial_number = EXCLUDED.serial_number, bios_version = EXCLUDED.bios_version, \
+     processor_count = EXCLUDED.processor_count, processor_model = EXCLUDED.processor_model, \
+     memory_gib = EXCLUDED.memory_gib, health = EXCLUDED.health, read_error = NULL, changed_at = now() \
+     WHERE (f.bmc_url, f.system_path, f.power_state, f.manufacturer, f.model, f.serial_number, \
+            f.bios_version, f.processor_count, f.processor_model, f.memory_gib, f.health, f.read_error) \
+       IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.system_path, EXCLUDED.power_state, \
+            EXCLUDED.manufacturer, EXCLUDED.model, EXCLUDED.serial_number, EXCLUDED.bios_version, \
+            EXCLUDED.processor_count, EXCLUDED.processor_model, EXCLUDED.memory_gib, EXCLUDED.health, NULL)";
+
+/// Records a failed read: the error (and the BMC), keeping the facts.
+const BMC_ERROR_WRITE: &str = "INSERT INTO machine_bmc_facts AS f (machine_id, bmc_url, read_error) \
+     VALUES ($1, $2, $3) ON CONFLICT (machine_id) DO UPDATE SET bmc_url = EXCLUDED.bmc_url, \
+     read_error = EXCLUDED.read_error, changed_at = now() \
+     WHERE (f.bmc_url, f.read_error) IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.read_error)";
+
+/// Writes what a BMC said about a machine, only if it changed. True if a
+/// row was written.
+pub async fn write_bmc_facts(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    facts: &BmcFacts,
+) -> Result<bool, BmdbError> {
+    let n = match &facts.read_error {
+        Some(e) => {
+            tx.execute(BMC_ERROR_WRITE, &[&machine_id, &facts.bmc_url, e])
+                .await?
+        }
+        None => {
+            tx.execute(
+                BMC_FACTS_WRITE,
+                &[
+                    &machine_id,
+                    &facts.bmc_url,
+                    &facts.system_path,
+                    &facts.power_state,
+                    &facts.manufacturer,
+                    &facts.model,
+                    &facts.serial_number,
+                    &facts.bios_version,
+                    &facts.processor_count,
+                    &facts.processor_model,
+                    &facts.memory_gib,
+                    &facts.health,
+                ],
+            )
+            .await?
+        }
+    };
+    Ok(n > 0)
 }

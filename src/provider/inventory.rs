@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::{Fut, MachineKind, Provider, ProviderError, ProviderMachine};
+use super::{BmcRead, Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::{BmcConfig, InventoryConfig, InventoryMachine, RedfishConfig};
 use crate::redfish::Bmcs;
@@ -148,6 +148,9 @@ pub struct Inventory {
     /// Problems already reported: each is logged once, when it appears.
     reported: RefCell<BTreeSet<String>>,
     bmcs: Bmcs,
+    /// Each BMC host's status as its power state last read: what the
+    /// listing reports (hosts without a BMC, or not read yet, are Running).
+    power: RefCell<std::collections::HashMap<String, ProviderStatus>>,
 }
 
 impl Inventory {
@@ -158,7 +161,18 @@ impl Inventory {
             last_good: RefCell::new(Vec::new()),
             reported: RefCell::new(BTreeSet::new()),
             bmcs: Bmcs::new(redfish),
+            power: RefCell::new(std::collections::HashMap::new()),
         }
+    }
+
+    fn listed(&self, m: &InventoryMachine) -> ProviderMachine {
+        let mut p = machine(m);
+        if m.bmc.is_some() {
+            if let Some(s) = self.power.borrow().get(&m.id) {
+                p.status = *s;
+            }
+        }
+        p
     }
 
     fn host(&self, provider_id: &str) -> Option<InventoryMachine> {
@@ -232,7 +246,7 @@ impl Provider for Inventory {
     }
 
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
-        Box::pin(async move { Ok(self.hosts().iter().map(machine).collect()) })
+        Box::pin(async move { Ok(self.hosts().iter().map(|m| self.listed(m)).collect()) })
     }
 
     /// A host with a BMC: its status is the system's power state.
@@ -247,6 +261,7 @@ impl Provider for Inventory {
                     .await
                     .map_err(|e| ProviderError::Bmc(e.to_string()))?;
                 m.status = crate::redfish::provider_status(&system.power_state);
+                self.power.borrow_mut().insert(host.id.clone(), m.status);
             }
             Ok(Some(m))
         })
@@ -257,6 +272,40 @@ impl Provider for Inventory {
             Err(ProviderError::Unsupported(
                 "a static inventory has no capacity".into(),
             ))
+        })
+    }
+
+    /// Every BMC host's system, read concurrently (the BMC clients cap how
+    /// many requests are in flight).
+    fn bmc_facts(&self) -> Fut<'_, Vec<BmcRead>> {
+        Box::pin(async move {
+            let hosts: Vec<InventoryMachine> = self
+                .hosts()
+                .into_iter()
+                .filter(|h| h.bmc.is_some())
+                .collect();
+            let reads = futures::future::join_all(hosts.iter().map(|h| async move {
+                let bmc = h.bmc.as_ref().expect("filtered on a BMC");
+                let system = crate::redfish::system(&self.bmcs, &h.id, bmc).await;
+                BmcRead {
+                    provider_id: h.id.clone(),
+                    bmc_url: bmc.url.clone(),
+                    system: system.map_err(|e| e.to_string()),
+                }
+            }))
+            .await;
+            let mut power = self.power.borrow_mut();
+            for r in &reads {
+                match &r.system {
+                    Ok(s) => power.insert(
+                        r.provider_id.clone(),
+                        crate::redfish::provider_status(&s.power_state),
+                    ),
+                    // Not known now: not a reason to say otherwise.
+                    Err(_) => power.remove(&r.provider_id),
+                };
+            }
+            Ok(reads)
         })
     }
 

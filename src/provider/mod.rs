@@ -66,6 +66,20 @@ pub trait Provider {
     fn create_machine<'a>(&'a self, capacity: &'a ProviderMachine) -> Fut<'a, ProviderMachine>;
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()>;
+
+    /// What the BMC of each machine that has one says about it, read now.
+    /// Providers without BMCs have none.
+    fn bmc_facts(&self) -> Fut<'_, Vec<BmcRead>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// One machine's BMC, read.
+#[derive(Debug, Clone)]
+pub struct BmcRead {
+    pub provider_id: String,
+    pub bmc_url: String,
+    pub system: Result<crate::redfish::SystemInfo, String>,
 }
 
 pub type SharedProvider = Rc<dyn Provider>;

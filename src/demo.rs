@@ -8,14 +8,17 @@
 //! with `--keep-running`). With `--hold` it then watches that no
 //! heartbeating machine is recovered; with `--silence N` (or `silence N`
 //! typed while it keeps running) it stops N agents and shows those machines
-//! rebooted, taken over again and heartbeating.
+//! rebooted, taken over again and heartbeating. With `--provider static`
+//! the machines are owned hardware instead: an inventory whose hosts have
+//! simulated BMCs, rebooted through Redfish.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::bmcsim::BmcSim;
 use crate::bmdb::Bmdb;
-use crate::config::{Config, ProviderKind};
+use crate::config::{BmcConfig, BmcTls, Config, InventoryMachine, ProviderKind};
 use crate::equinix::sim::{Addressing, SimConfig, Simulator};
 use crate::machinesim::MachineSim;
 use crate::secret::Secret;
@@ -34,6 +37,8 @@ pub struct DemoOptions {
     pub silence: usize,
     /// Set by `run`: an agent silent this long is stale.
     pub heartbeat_stale_after: Duration,
+    /// Rented (the Equinix simulator) or owned (an inventory with BMCs).
+    pub provider: ProviderKind,
 }
 
 const FIRST_MACHINE: Ipv4Addr = Ipv4Addr::new(127, 0, 1, 1);
@@ -60,18 +65,7 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&root)?;
     let started = Instant::now();
 
-    // The cloud: reservations whose devices get 127.0.1.1, 127.0.1.2, …
-    let sim = Simulator::start(
-        SimConfig {
-            reservations: n,
-            provisioning_delay: Duration::from_secs(1),
-            addressing: Addressing::Sequential(FIRST_MACHINE),
-            ..SimConfig::default()
-        },
-        "127.0.0.1:0".parse()?,
-    )
-    .await?;
-    // The machines, answering SSH on those addresses.
+    // The machines, answering SSH on 127.0.1.1, 127.0.1.2, …
     let key_file = root.join("ssh/shepherd_ed25519");
     let identity = SshIdentity::load_or_generate(&key_file)?;
     let ssh_port = free_port()?;
@@ -83,16 +77,62 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     cfg.bmdb.embedded.data_dir = root.join("bmdb");
     cfg.bmdb.embedded.fsync = false;
     cfg.bmdb.pool_size = 24;
-    cfg.equinix.api_url = sim.api_url();
-    cfg.equinix.project_id = Some(sim.project_id().to_string());
-    cfg.equinix.api_key = Some(Secret::inline(sim.token()));
-    cfg.equinix.api_interval = Duration::from_millis(2);
-    cfg.equinix.retry_initial = Duration::from_millis(50);
-    cfg.equinix.retry_max = Duration::from_secs(1);
-    cfg.equinix.per_page = 1000;
-    cfg.provider.kind = ProviderKind::Equinix;
-    cfg.provider.equinix.metro = Some("sv".into());
-    cfg.provider.equinix.reservation_cache_ttl = Duration::from_secs(2);
+    let hardware = match opts.provider {
+        // The cloud: reservations whose devices get the machines' addresses.
+        ProviderKind::Equinix => {
+            let sim = Simulator::start(
+                SimConfig {
+                    reservations: n,
+                    provisioning_delay: Duration::from_secs(1),
+                    addressing: Addressing::Sequential(FIRST_MACHINE),
+                    ..SimConfig::default()
+                },
+                "127.0.0.1:0".parse()?,
+            )
+            .await?;
+            cfg.equinix.api_url = sim.api_url();
+            cfg.equinix.project_id = Some(sim.project_id().to_string());
+            cfg.equinix.api_key = Some(Secret::inline(sim.token()));
+            cfg.equinix.api_interval = Duration::from_millis(2);
+            cfg.equinix.retry_initial = Duration::from_millis(50);
+            cfg.equinix.retry_max = Duration::from_secs(1);
+            cfg.equinix.per_page = 1000;
+            cfg.provider.kind = ProviderKind::Equinix;
+            cfg.provider.equinix.metro = Some("sv".into());
+            cfg.provider.equinix.reservation_cache_ttl = Duration::from_secs(2);
+            Hardware::Cloud(sim)
+        }
+        // Owned hardware: an inventory of the machines, each with a BMC
+        // (Redfish) on its own address; a restart kills the machine's agent.
+        ProviderKind::Static => {
+            let agents = machines.agents.clone();
+            let bmcs = BmcSim::start(
+                &machines.addresses,
+                free_port()?,
+                Duration::from_secs(1),
+                std::sync::Arc::new(move |ip| agents.power_off(ip)),
+            )?;
+            cfg.provider.kind = ProviderKind::Static;
+            cfg.provider.inventory.machines = machines
+                .addresses
+                .iter()
+                .enumerate()
+                .map(|(i, ip)| InventoryMachine {
+                    id: format!("node-{:04}", i + 1),
+                    address: *ip,
+                    location: Some(format!("demo rack {}", i / 40 + 1)),
+                    bmc: Some(BmcConfig {
+                        url: bmcs.url(*ip),
+                        username: bmcs.user.clone(),
+                        password: Secret::inline(bmcs.password.clone()),
+                        system: None,
+                        tls: BmcTls::Verify,
+                    }),
+                })
+                .collect();
+            Hardware::Owned(bmcs)
+        }
+    };
     cfg.provisioner.interval = Duration::from_secs(1);
     cfg.provisioner.max_machines = 0;
     cfg.provisioner.chunk_size = 200;
@@ -131,7 +171,14 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
         )
     })?;
     println!("shepherd demo: {n} machines");
-    println!("  Equinix Metal simulator  {}", sim.api_url());
+    match &hardware {
+        Hardware::Cloud(sim) => println!("  Equinix Metal simulator  {}", sim.api_url()),
+        Hardware::Owned(bmcs) => println!(
+            "  simulated BMCs (Redfish) {}..{}",
+            bmcs.url(machines.addresses[0]),
+            bmcs.url(machines.addresses[n - 1])
+        ),
+    }
     println!(
         "  simulated machines       {}..{} port {ssh_port}",
         machines.addresses[0],
@@ -152,9 +199,18 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     let bmdb: Bmdb = running.admin.bmdb.clone();
     let result = watch(&bmdb, &machines, &opts, started, admin).await;
     running.shutdown().await;
-    sim.stop().await;
+    match &hardware {
+        Hardware::Cloud(sim) => sim.stop().await,
+        Hardware::Owned(bmcs) => bmcs.stop().await,
+    }
     drop(machines);
     result
+}
+
+/// Where the machines come from and how they are rebooted.
+enum Hardware {
+    Cloud(Simulator),
+    Owned(BmcSim),
 }
 
 /// The fleet as the progress line shows it.

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod bmcsim;
 pub mod bmdb;
 pub mod callback;
 pub mod config;

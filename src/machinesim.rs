@@ -98,6 +98,13 @@ impl Agents {
             .collect()
     }
 
+    /// The machine at `ip` lost power: its agent is gone.
+    pub fn power_off(&self, ip: IpAddr) {
+        if let Some(a) = self.inner.lock().unwrap().running.remove(&ip) {
+            a.task.abort();
+        }
+    }
+
     /// The agent of the machine at `ip`, if one runs: its machine ID.
     pub fn machine_id(&self, ip: IpAddr) -> Option<String> {
         let inner = self.inner.lock().unwrap();

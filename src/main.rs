@@ -70,7 +70,20 @@ enum Command {
         /// machines are recovered and heartbeating again.
         #[arg(long, default_value_t = 0)]
         silence: usize,
+        /// `equinix`: rented machines from the Equinix Metal simulator;
+        /// `static`: owned hardware, an inventory with simulated BMCs
+        /// (Redfish) that reboot them.
+        #[arg(long, default_value = "equinix", value_parser = parse_provider)]
+        provider: shepherd::config::ProviderKind,
     },
+}
+
+fn parse_provider(s: &str) -> Result<shepherd::config::ProviderKind, String> {
+    match s {
+        "equinix" => Ok(shepherd::config::ProviderKind::Equinix),
+        "static" => Ok(shepherd::config::ProviderKind::Static),
+        other => Err(format!("{other:?} is not a provider: equinix or static")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -140,6 +153,7 @@ fn main() -> ExitCode {
                 timeout,
                 hold,
                 silence,
+                provider,
             } => {
                 let opts = shepherd::demo::DemoOptions {
                     machines,
@@ -149,6 +163,7 @@ fn main() -> ExitCode {
                     hold,
                     silence,
                     heartbeat_stale_after: std::time::Duration::ZERO,
+                    provider,
                 };
                 shepherd::demo::run(cfg, opts).await
             }

@@ -1703,3 +1703,51 @@ fn base64_encode(b: &[u8]) -> String {
     }
     out
 }
+
+#[actix_rt::test]
+async fn the_owned_hardware_demo_recovers_a_silenced_machine_through_its_bmc() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::task::spawn_blocking({
+        let cwd = dir.path().to_path_buf();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_shepherd"))
+                .args([
+                    "demo",
+                    "--provider",
+                    "static",
+                    "--machines",
+                    "6",
+                    "--admin-listen",
+                    "127.0.0.1:0",
+                    "--timeout",
+                    "2m",
+                    "--silence",
+                    "1",
+                ])
+                .current_dir(cwd)
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("simulated BMCs (Redfish) http://127.0.1.1:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("all 6 machines taken over in"), "{stdout}");
+    assert!(
+        stdout.contains("all 1 silenced machines recovered and heartbeating again in")
+            && stdout.contains("; 0 other machines recovered"),
+        "{stdout}"
+    );
+    shepherd::bmdb::embedded::remove_data_dir(&dir.path().join("var/demo/bmdb")).unwrap();
+}

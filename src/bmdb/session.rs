@@ -492,18 +492,22 @@ impl Handler<GetSession> for BmdbSession {
     }
 }
 
+/// Not atomic: a heartbeat in flight holds the session row until it
+/// commits, and the close's DELETE waits for it. An atomic handler would
+/// stop the actor from driving that heartbeat to its COMMIT: each waiting
+/// for the other, for ever.
 impl Handler<CloseSession> for BmdbSession {
-    type Result = AtomicResponse<Self, Result<(), BmdbError>>;
+    type Result = ResponseActFuture<Self, Result<(), BmdbError>>;
 
     fn handle(&mut self, _: CloseSession, _ctx: &mut Context<Self>) -> Self::Result {
         let session = self.session.clone();
-        AtomicResponse::new(Box::pin(
+        Box::pin(
             async move { session.close().await }
                 .into_actor(self)
                 .map(|r, act, ctx| {
                     act.end(SessionEndReason::Closed, ctx);
                     r
                 }),
-        ))
+        )
     }
 }

@@ -386,12 +386,21 @@ impl Conn {
         Ok(info)
     }
 
-    async fn reset(&mut self, system: &Option<String>, reset_type: &str) -> Result<(), BmcError> {
-        let info = self.get_system(system).await?;
-        let target = info
-            .reset_target
-            .clone()
-            .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", info.path));
+    async fn reset(
+        &mut self,
+        system: &Option<String>,
+        target: Option<String>,
+        reset_type: &str,
+    ) -> Result<(), BmcError> {
+        let target = match target {
+            Some(t) => t,
+            None => {
+                let info = self.get_system(system).await?;
+                info.reset_target
+                    .clone()
+                    .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", info.path))
+            }
+        };
         let body = serde_json::json!({ "ResetType": reset_type });
         self.call(
             Method::POST,
@@ -470,11 +479,13 @@ impl Handler<GetSystem> for BmcClient {
     }
 }
 
-/// `ComputerSystem.Reset` with this `ResetType`.
+/// `ComputerSystem.Reset` with this `ResetType`, at `target` (the action's
+/// target from a `GetSystem` just made; None: look it up).
 #[derive(Message)]
 #[rtype(result = "Result<(), BmcError>")]
 pub struct Reset {
     pub system: Option<String>,
+    pub target: Option<String>,
     pub reset_type: String,
 }
 
@@ -483,7 +494,7 @@ impl Handler<Reset> for BmcClient {
 
     fn handle(&mut self, msg: Reset, _: &mut Context<Self>) -> Self::Result {
         self.atomic(|mut c| async move {
-            let r = c.reset(&msg.system, &msg.reset_type).await;
+            let r = c.reset(&msg.system, msg.target, &msg.reset_type).await;
             (c, r)
         })
     }

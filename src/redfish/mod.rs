@@ -109,13 +109,18 @@ const OFF_TIMEOUT: Duration = Duration::from_secs(120);
 /// caller watches the power state go down and come back.
 pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, BmcError> {
     let addr = bmcs.get(host, bmc)?;
+    let info = system(bmcs, host, bmc).await?;
+    let target = info
+        .reset_target
+        .clone()
+        .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", info.path));
     let reset = |reset_type: &str| {
         addr.send(Reset {
             system: bmc.system.clone(),
+            target: Some(target.clone()),
             reset_type: reset_type.to_string(),
         })
     };
-    let info = system(bmcs, host, bmc).await?;
     let offers = |t: &str| info.reset_types.is_empty() || info.reset_types.iter().any(|x| x == t);
     if info.power_state == "Off" {
         let on = if offers("On") { "On" } else { "ForceOn" };

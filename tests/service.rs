@@ -1751,3 +1751,38 @@ async fn the_owned_hardware_demo_recovers_a_silenced_machine_through_its_bmc() {
     );
     shepherd::bmdb::embedded::remove_data_dir(&dir.path().join("var/demo/bmdb")).unwrap();
 }
+
+#[actix_rt::test]
+async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_and_backs_off() {
+    let rig = Rig::new().await;
+    // Nothing listens there: the BMC is down.
+    let bmc = format!("http://127.0.0.1:{}", Sshd::free_port());
+    // Agents told to call an endpoint that does not resolve never
+    // heartbeat: the machine goes silent right after its takeover.
+    let text = format!(
+        "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
+         {{ id = \"node-9\", address = \"127.0.0.1\", bmc = {{ url = \"{bmc}\", username = \"admin\", password = \"pw-0b7e\" }} }},\n]\n\
+         \n[recoverer]\nsilent_after_start = \"2s\"\npoll_interval = \"200ms\"\nbackoff_initial = \"30s\"\n\
+         \n[redfish]\ntimeout = \"3s\"\n",
+        rig.base_config()
+    );
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    const FAILED: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+                          AND event = 'Failed' AND failed_cause LIKE '%host node-9%unreachable%'";
+    rig.wait_for(
+        "node-9's failed recovery",
+        FAILED,
+        1,
+        Duration::from_secs(60),
+        &mut s,
+    )
+    .await;
+    const BACKOFF: &str = "SELECT count(*) FROM work_backoff WHERE process = 'ShepherdRecovery' \
+                           AND until > now() + interval '10 seconds'";
+    assert_eq!(rig.count(BACKOFF).await, 1, "{}", s.log_text());
+    // The process is fine: its admin server answers, it holds its session.
+    let (status, _) = s.admin_get("readyz").await;
+    assert_eq!(status, 200);
+    s.terminate().await;
+}

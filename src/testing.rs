@@ -303,7 +303,6 @@ impl Sshd {
 
     /// Starts sshd on `addr`, letting in `authorized_keys` as any user.
     pub fn start(addr: std::net::SocketAddr, authorized_keys: &[&str]) -> Sshd {
-        use std::os::unix::process::CommandExt;
         assert!(
             std::path::Path::new(SSHD).exists(),
             "OpenSSH's sshd is not installed: apt-get install openssh-server (scripts/test does this)"
@@ -352,27 +351,7 @@ impl Sshd {
             .arg(&config)
             .stdin(std::process::Stdio::null())
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                    .map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().expect("start sshd");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            if let Some(status) = child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(dir.path().join("sshd.log")).unwrap_or_default();
-                panic!("sshd exited ({status}): {log}");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sshd did not come up on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn_listening(cmd, addr, "sshd", &dir.path().join("sshd.log"));
         Sshd {
             addr,
             host_key: host.public_key().to_string(),
@@ -402,6 +381,42 @@ impl Drop for Sshd {
     }
 }
 
+/// Starts `cmd` (stopped with the test process, by PR_SET_PDEATHSIG) and
+/// waits until it accepts connections on `addr`; if it exits first, panics
+/// with what it wrote to `log`.
+fn spawn_listening(
+    mut cmd: std::process::Command,
+    addr: std::net::SocketAddr,
+    what: &str,
+    log: &std::path::Path,
+) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("{what} exited ({status}): {log}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not come up on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
 /// OpenStack's Redfish emulator, sushy-tools, run as a process with its
 /// fake driver (no libvirt): `systems` fake ComputerSystems (name, powered
 /// on; state kept in the instance's own directory, the driver's default is
@@ -429,7 +444,6 @@ impl Sushy {
 
     /// With more lines of emulator configuration (Python).
     pub fn start_with(systems: &[&str], user: &str, password: &str, extra: &str) -> Sushy {
-        use std::os::unix::process::CommandExt;
         let dir = tempfile::Builder::new()
             .prefix("shepherd-sushy-")
             .tempdir()
@@ -486,31 +500,13 @@ impl Sushy {
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                    .map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
-            .expect("python3 runs sushy-tools (scripts/test installs it)");
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            if let Some(status) = child.try_wait().unwrap() {
-                let log =
-                    std::fs::read_to_string(dir.path().join("emulator.log")).unwrap_or_default();
-                panic!("sushy-tools exited ({status}): {log}");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sushy-tools did not come up on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = spawn_listening(
+            cmd,
+            addr,
+            "sushy-tools (python3 -m sushy_tools.emulator.main; scripts/test installs it)",
+            &dir.path().join("emulator.log"),
+        );
         Sushy {
             url: format!("http://{addr}"),
             user: user.into(),

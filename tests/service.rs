@@ -990,38 +990,20 @@ async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_recovers_
     // root, the embedded PostgreSQL runs as `postgres`, which may not).
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    let out = tokio::task::spawn_blocking({
-        let cwd = dir.path().to_path_buf();
-        move || {
-            Command::new(env!("CARGO_BIN_EXE_shepherd"))
-                .args([
-                    "demo",
-                    "--machines",
-                    "20",
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                    "--timeout",
-                    "2m",
-                    "--hold",
-                    "5s",
-                    "--silence",
-                    "2",
-                ])
-                .current_dir(cwd)
-                .env_remove("RUST_LOG")
-                .stdin(Stdio::null())
-                .output()
-                .unwrap()
-        }
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_demo(
+        dir.path(),
+        &[
+            "--machines",
+            "20",
+            "--timeout",
+            "2m",
+            "--hold",
+            "5s",
+            "--silence",
+            "2",
+        ],
+    )
+    .await;
     assert!(
         stdout.contains("all 20 machines taken over in") && stdout.contains("and heartbeating"),
         "{stdout}"
@@ -1670,6 +1652,28 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     }
 }
 
+/// Runs `shepherd demo` with `args` in `dir` (admin page on a free port):
+/// its stdout, once it exited 0.
+async fn run_demo(dir: &Path, args: &[&str]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+    cmd.arg("demo")
+        .args(args)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 async fn machine_of(rig: &Rig, provider_id: &str) -> uuid::Uuid {
     let provider_id = provider_id.to_string();
     rig.bmdb
@@ -1707,38 +1711,20 @@ fn base64_encode(b: &[u8]) -> String {
 #[actix_rt::test]
 async fn the_owned_hardware_demo_recovers_a_silenced_machine_through_its_bmc() {
     let dir = tempfile::tempdir().unwrap();
-    let out = tokio::task::spawn_blocking({
-        let cwd = dir.path().to_path_buf();
-        move || {
-            Command::new(env!("CARGO_BIN_EXE_shepherd"))
-                .args([
-                    "demo",
-                    "--provider",
-                    "static",
-                    "--machines",
-                    "6",
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                    "--timeout",
-                    "2m",
-                    "--silence",
-                    "1",
-                ])
-                .current_dir(cwd)
-                .env_remove("RUST_LOG")
-                .stdin(Stdio::null())
-                .output()
-                .unwrap()
-        }
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_demo(
+        dir.path(),
+        &[
+            "--provider",
+            "static",
+            "--machines",
+            "6",
+            "--timeout",
+            "2m",
+            "--silence",
+            "1",
+        ],
+    )
+    .await;
     assert!(
         stdout.contains("simulated BMCs (Redfish) http://127.0.1.1:"),
         "{stdout}"

@@ -154,7 +154,10 @@ impl Parts {
                         _ => e.into(),
                     }
                 })?;
-                (Rc::new(p), Some(api))
+                // One device listing per round serves the Provisioner and
+                // the Updater alike.
+                let ttl = cfg.provisioner.interval.min(cfg.updater.interval) * 9 / 10;
+                (Rc::new(p.with_listing_ttl(ttl)), Some(api))
             }
         };
         Ok(Parts {

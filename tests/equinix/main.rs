@@ -439,3 +439,70 @@ async fn a_vanished_reservation_is_named_as_gone() {
     assert!(e.contains("no longer listed") && !e.contains("plan"), "{e}");
     assert_eq!(count(&sim.stats(), Operation::CreateDevice), 0);
 }
+
+/// One device listing serves every round within its time to live (the
+/// Provisioner's and the Updater's), callers at the same moment share one
+/// request, and what shepherd creates is in it without another listing.
+#[actix_rt::test]
+async fn one_device_listing_serves_both_loops_and_knows_what_was_created() {
+    use shepherd::provider::{MachineKind, Provider};
+    let sim = simulator(3).await;
+    let api = client(settings(&sim));
+    let cfg = shepherd::config::EquinixProviderConfig {
+        metro: Some("sv".into()),
+        ..Default::default()
+    };
+    let provider = shepherd::provider::equinix::Equinix::start(api, cfg, "ssh-ed25519 AAAA test")
+        .await
+        .unwrap()
+        .with_listing_ttl(Duration::from_secs(30));
+    // Two loops listing at once, then again: one request.
+    let (a, b) = futures::join!(provider.list_machines(), provider.list_machines());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b);
+    provider.list_machines().await.unwrap();
+    assert_eq!(
+        count(&sim.stats(), Operation::ListDevices),
+        1,
+        "{:?}",
+        sim.stats().log
+    );
+    let capacity: Vec<_> = a
+        .iter()
+        .filter(|m| m.kind == MachineKind::Capacity)
+        .cloned()
+        .collect();
+    assert_eq!(capacity.len(), 3);
+    // A device created: in the shared listing, its reservation no longer
+    // capacity, and no listing made for it.
+    let created = provider.create_machine(&capacity[0]).await.unwrap();
+    let now = provider.list_machines().await.unwrap();
+    assert!(
+        now.iter()
+            .any(|m| m.kind == MachineKind::Ours && m.provider_id == created.provider_id),
+        "{now:?}"
+    );
+    assert!(
+        !now.iter()
+            .any(|m| m.kind == MachineKind::Capacity && m.provider_id == capacity[0].provider_id),
+        "{now:?}"
+    );
+    let stats = sim.stats();
+    assert_eq!(count(&stats, Operation::ListDevices), 1);
+    assert_eq!(count(&stats, Operation::ListReservations), 1);
+    assert_eq!(count(&stats, Operation::CreateDevice), 1);
+    // Without a time to live, every call lists.
+    let fresh = shepherd::provider::equinix::Equinix::start(
+        client(settings(&sim)),
+        shepherd::config::EquinixProviderConfig {
+            metro: Some("sv".into()),
+            ..Default::default()
+        },
+        "ssh-ed25519 AAAA test",
+    )
+    .await
+    .unwrap();
+    fresh.list_machines().await.unwrap();
+    fresh.list_machines().await.unwrap();
+    assert_eq!(count(&sim.stats(), Operation::ListDevices), 3);
+}

@@ -21,7 +21,6 @@ struct System {
     on: bool,
     /// Off until then, after a restart.
     back_at: Option<Instant>,
-    resets: u64,
 }
 
 struct State {
@@ -38,7 +37,6 @@ pub struct BmcSim {
     pub port: u16,
     pub user: String,
     pub password: String,
-    state: Arc<State>,
     handle: actix_web::dev::ServerHandle,
 }
 
@@ -69,7 +67,6 @@ impl BmcSim {
                             System {
                                 on: true,
                                 back_at: None,
-                                resets: 0,
                             },
                         )
                     })
@@ -78,7 +75,7 @@ impl BmcSim {
             sessions: Mutex::new(HashMap::new()),
             on_power_off,
         });
-        let data = web::Data::from(state.clone());
+        let data = web::Data::from(state);
         let mut server = actix_web::HttpServer::new(move || {
             actix_web::App::new()
                 .app_data(data.clone())
@@ -111,7 +108,6 @@ impl BmcSim {
             port,
             user: "admin".into(),
             password,
-            state,
             handle,
         })
     }
@@ -119,17 +115,6 @@ impl BmcSim {
     /// The BMC URL of the machine at `ip`.
     pub fn url(&self, ip: IpAddr) -> String {
         format!("http://{}", SocketAddr::new(ip, self.port))
-    }
-
-    /// Resets each BMC accepted so far.
-    pub fn resets(&self) -> u64 {
-        self.state
-            .systems
-            .lock()
-            .unwrap()
-            .values()
-            .map(|s| s.resets)
-            .sum()
     }
 
     pub async fn stop(&self) {
@@ -301,7 +286,6 @@ async fn reset(req: HttpRequest, st: web::Data<State>, body: web::Json<Value>) -
                 ));
             }
         }
-        s.resets += 1;
         was_on && !s.on
     };
     if powered_off {

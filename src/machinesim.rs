@@ -76,11 +76,6 @@ impl Agents {
         self.inner.lock().unwrap().interval = every;
     }
 
-    /// Agents running now.
-    pub fn running(&self) -> usize {
-        self.inner.lock().unwrap().running.len()
-    }
-
     /// Stops the agents of up to `count` machines (the lowest addresses
     /// first), as if their processes were killed: their machines go silent.
     /// Returns each silenced machine's address and ID.
@@ -103,12 +98,6 @@ impl Agents {
         if let Some(a) = self.inner.lock().unwrap().running.remove(&ip) {
             a.task.abort();
         }
-    }
-
-    /// The agent of the machine at `ip`, if one runs: its machine ID.
-    pub fn machine_id(&self, ip: IpAddr) -> Option<String> {
-        let inner = self.inner.lock().unwrap();
-        inner.running.get(&ip).map(|a| a.machine_id.clone())
     }
 
     fn start(&self, ip: IpAddr, resident: crate::agent::resident::Resident) {

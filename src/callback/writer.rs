@@ -58,16 +58,12 @@ pub struct WriteBeat(pub Beat);
 #[rtype(result = "WriterStats")]
 pub struct GetWriterStats;
 
-/// Counters for `/metrics`.
+/// The writer's tallies (`/metrics` has them as `HeartbeatMetrics`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WriterStats {
     pub batches: u64,
-    pub beats: u64,
     pub accepted: u64,
     pub unauthenticated: u64,
-    pub failed: u64,
-    /// Seconds spent writing, summed.
-    pub write_seconds: f64,
 }
 
 type Reply = oneshot::Sender<Result<BeatOutcome, String>>;
@@ -165,7 +161,6 @@ impl HeartbeatWriter {
                                 }
                             }
                             Err(e) => {
-                                act.stats.failed += replies.len() as u64;
                                 let cause = e.to_string();
                                 tracing::warn!(heartbeats = replies.len(), error = %cause, "writing heartbeats failed");
                                 for (_, reply) in replies {
@@ -181,8 +176,6 @@ impl HeartbeatWriter {
 
     fn record(&mut self, size: usize, took: Duration) {
         self.stats.batches += 1;
-        self.stats.beats += size as u64;
-        self.stats.write_seconds += took.as_secs_f64();
         self.metrics.write_seconds.observe(took.as_secs_f64());
         self.metrics.batch_size.observe(size as f64);
     }

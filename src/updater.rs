@@ -129,23 +129,18 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             .iter()
             .map(|r| (r.provider_id.as_str(), r.machine_id))
             .collect();
-        let rows: Vec<(uuid::Uuid, &BmcRead, BmcFacts)> = reads
+        let read_by_id: HashMap<uuid::Uuid, &BmcRead> = reads
             .iter()
-            .filter_map(|r| Some((*ids.get(r.provider_id.as_str())?, r, facts(r))))
+            .filter_map(|r| Some((*ids.get(r.provider_id.as_str())?, r)))
             .collect();
+        let rows: Vec<(uuid::Uuid, BmcFacts)> =
+            read_by_id.iter().map(|(id, r)| (*id, facts(r))).collect();
         let changed = session
-            .transact(async |tx| {
-                let mut changed = Vec::new();
-                for (id, read, f) in &rows {
-                    if machines::write_bmc_facts(tx, *id, f).await? {
-                        changed.push((*id, *read));
-                    }
-                }
-                Ok(changed)
-            })
+            .transact(async |tx| machines::write_bmc_facts(tx, &rows).await)
             .await
             .map_err(|e| format!("writing BMC facts: {e}"))?;
-        for (id, read) in &changed {
+        for id in &changed {
+            let read = read_by_id[id];
             match &read.system {
                 Ok(s) => tracing::info!(machine_id = %id, provider_id = %read.provider_id,
                     power = %s.power_state, health = s.health.as_deref().unwrap_or("unknown"), "BMC facts changed"),

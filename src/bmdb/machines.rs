@@ -528,59 +528,67 @@ pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFa
         }))
 }
 
-/// Upserts the facts, touching the row only if something differs.
+/// Upserts what BMCs said, one row per machine, touching a row only if
+/// something differs. A failed read (`read_error`) keeps the facts read
+/// before and records the error. Returns the machines whose row changed.
 const BMC_FACTS_WRITE: &str = "INSERT INTO machine_bmc_facts AS f (machine_id, bmc_url, system_path, \
      power_state, manufacturer, model, serial_number, bios_version, processor_count, processor_model, \
-     memory_gib, health, read_error) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL) \
-     ON CONFLICT (machine_id) DO UPDATE SET bmc_url = EXCLUDED.bmc_url, system_path = EXCLUDED.system_path, \
-     power_state = EXCLUDED.power_state, manufacturer = EXCLUDED.manufacturer, model = EXCLUDED.model, \
-     serial_number = EXCLUDED.serial_number, bios_version = EXCLUDED.bios_version, \
-     processor_count = EXCLUDED.processor_count, processor_model = EXCLUDED.processor_model, \
-     memory_gib = EXCLUDED.memory_gib, health = EXCLUDED.health, read_error = NULL, changed_at = now() \
-     WHERE (f.bmc_url, f.system_path, f.power_state, f.manufacturer, f.model, f.serial_number, \
-            f.bios_version, f.processor_count, f.processor_model, f.memory_gib, f.health, f.read_error) \
-       IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.system_path, EXCLUDED.power_state, \
-            EXCLUDED.manufacturer, EXCLUDED.model, EXCLUDED.serial_number, EXCLUDED.bios_version, \
-            EXCLUDED.processor_count, EXCLUDED.processor_model, EXCLUDED.memory_gib, EXCLUDED.health, NULL)";
-
-/// Records a failed read: the error (and the BMC), keeping the facts.
-const BMC_ERROR_WRITE: &str = "INSERT INTO machine_bmc_facts AS f (machine_id, bmc_url, read_error) \
-     VALUES ($1, $2, $3) ON CONFLICT (machine_id) DO UPDATE SET bmc_url = EXCLUDED.bmc_url, \
+     memory_gib, health, read_error) \
+     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+         $7::text[], $8::text[], $9::int4[], $10::text[], $11::float8[], $12::text[], $13::text[]) \
+     ON CONFLICT (machine_id) DO UPDATE SET bmc_url = EXCLUDED.bmc_url, \
+     system_path = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.system_path ELSE f.system_path END, \
+     power_state = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.power_state ELSE f.power_state END, \
+     manufacturer = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.manufacturer ELSE f.manufacturer END, \
+     model = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.model ELSE f.model END, \
+     serial_number = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.serial_number ELSE f.serial_number END, \
+     bios_version = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.bios_version ELSE f.bios_version END, \
+     processor_count = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.processor_count ELSE f.processor_count END, \
+     processor_model = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.processor_model ELSE f.processor_model END, \
+     memory_gib = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.memory_gib ELSE f.memory_gib END, \
+     health = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.health ELSE f.health END, \
      read_error = EXCLUDED.read_error, changed_at = now() \
-     WHERE (f.bmc_url, f.read_error) IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.read_error)";
+     WHERE CASE WHEN EXCLUDED.read_error IS NULL \
+       THEN (f.bmc_url, f.system_path, f.power_state, f.manufacturer, f.model, f.serial_number, f.bios_version, f.processor_count, f.processor_model, f.memory_gib, f.health, f.read_error) \
+         IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.system_path, EXCLUDED.power_state, EXCLUDED.manufacturer, EXCLUDED.model, EXCLUDED.serial_number, EXCLUDED.bios_version, EXCLUDED.processor_count, EXCLUDED.processor_model, EXCLUDED.memory_gib, EXCLUDED.health, NULL) \
+       ELSE (f.bmc_url, f.read_error) IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.read_error) END \
+     RETURNING machine_id";
 
-/// Writes what a BMC said about a machine, only if it changed. True if a
-/// row was written.
+/// Writes what BMCs said about machines, in one statement, only where it
+/// changed: the machines whose row was written.
 pub async fn write_bmc_facts(
     tx: &mut Tx<'_>,
-    machine_id: Uuid,
-    facts: &BmcFacts,
-) -> Result<bool, BmdbError> {
-    let n = match &facts.read_error {
-        Some(e) => {
-            tx.execute(BMC_ERROR_WRITE, &[&machine_id, &facts.bmc_url, e])
-                .await?
-        }
-        None => {
-            tx.execute(
-                BMC_FACTS_WRITE,
-                &[
-                    &machine_id,
-                    &facts.bmc_url,
-                    &facts.system_path,
-                    &facts.power_state,
-                    &facts.manufacturer,
-                    &facts.model,
-                    &facts.serial_number,
-                    &facts.bios_version,
-                    &facts.processor_count,
-                    &facts.processor_model,
-                    &facts.memory_gib,
-                    &facts.health,
-                ],
-            )
-            .await?
-        }
+    rows: &[(Uuid, BmcFacts)],
+) -> Result<Vec<Uuid>, BmdbError> {
+    let mut rows: Vec<&(Uuid, BmcFacts)> = rows.iter().collect();
+    // One lock order for every writer.
+    rows.sort_by_key(|(id, _)| *id);
+    let col = |f: fn(&BmcFacts) -> Option<String>| -> Vec<Option<String>> {
+        rows.iter().map(|(_, x)| f(x)).collect()
     };
-    Ok(n > 0)
+    let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+    let urls: Vec<String> = rows.iter().map(|(_, f)| f.bmc_url.clone()).collect();
+    let counts: Vec<Option<i32>> = rows.iter().map(|(_, f)| f.processor_count).collect();
+    let memory: Vec<Option<f64>> = rows.iter().map(|(_, f)| f.memory_gib).collect();
+    let written = tx
+        .query(
+            BMC_FACTS_WRITE,
+            &[
+                &ids,
+                &urls,
+                &col(|f| f.system_path.clone()),
+                &col(|f| f.power_state.clone()),
+                &col(|f| f.manufacturer.clone()),
+                &col(|f| f.model.clone()),
+                &col(|f| f.serial_number.clone()),
+                &col(|f| f.bios_version.clone()),
+                &counts,
+                &col(|f| f.processor_model.clone()),
+                &memory,
+                &col(|f| f.health.clone()),
+                &col(|f| f.read_error.clone()),
+            ],
+        )
+        .await?;
+    Ok(written.iter().map(|r| r.get(0)).collect())
 }

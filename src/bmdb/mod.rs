@@ -358,41 +358,16 @@ impl Bmdb {
 
     /// Runs one idempotent statement, which is its own transaction, outside
     /// any session: one round trip instead of three (for the hot path: a
-    /// batch of heartbeats). Retried on serialization failure and deadlock,
-    /// and on another connection when one is lost before the answer (for up
-    /// to `LOST_CONNECTION_WINDOW`): it may have been applied, which is why
-    /// the statement must be idempotent.
+    /// batch of heartbeats). Retried like a transaction; a connection lost
+    /// before the answer means the statement may have been applied, which
+    /// is why it must be idempotent.
     pub async fn query_idempotent(
         &self,
         sql: &'static str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, BmdbError> {
-        let mut attempt = 0u32;
-        let mut lost = 0u32;
-        let mut lost_since = None;
-        loop {
-            let mut conn = self.conn().await?;
-            attempt += 1;
-            match conn.query_alone(sql, params).await {
-                Err(e) if e.is_retryable() && attempt < self.inner.options.max_attempts => {
-                    drop(conn);
-                    tokio::time::sleep(retry_delay(attempt)).await;
-                }
-                Err(BmdbError::Unreachable(m))
-                    if lost_since
-                        .get_or_insert_with(std::time::Instant::now)
-                        .elapsed()
-                        < LOST_CONNECTION_WINDOW =>
-                {
-                    lost += 1;
-                    tracing::debug!(lost, error = %m, "connection lost mid-statement; retrying");
-                    conn.mark_broken();
-                    drop(conn);
-                    tokio::time::sleep(Duration::from_millis(50 << lost.min(4))).await;
-                }
-                other => return other,
-            }
-        }
+        self.retrying(async |conn| conn.query_alone(sql, params).await)
+            .await
     }
 
     /// Runs `f` in a transaction outside any session (reads, fixtures,
@@ -405,38 +380,47 @@ impl Bmdb {
     }
 
     /// The one transaction loop: begin (with the session check pipelined),
-    /// run `f`, commit; on a serialization failure roll back, wait a jittered
-    /// while and run it all again.
+    /// run `f`, commit, under [`Bmdb::retrying`].
     pub(crate) async fn run_tx<T>(
         &self,
         session: Option<Uuid>,
         mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
     ) -> Result<T, BmdbError> {
-        let opts = &self.inner.options;
-        let mut attempt = 0u32;
+        let isolation = self.inner.options.isolation;
+        self.retrying(async |conn| attempt_tx(conn, isolation, session, &mut f).await)
+            .await
+    }
+
+    /// Runs `attempt` on a fresh checkout until it is done: on a
+    /// serialization failure or deadlock it waits a jittered while and runs
+    /// again (up to `max_attempts`); on a connection lost mid-way it runs
+    /// again on another connection, for up to `LOST_CONNECTION_WINDOW` (a
+    /// server restart kills every pooled connection at once).
+    async fn retrying<T>(
+        &self,
+        mut attempt: impl AsyncFnMut(&mut PgConn) -> Result<T, BmdbError>,
+    ) -> Result<T, BmdbError> {
+        let max_attempts = self.inner.options.max_attempts;
+        let mut attempts = 0u32;
         let mut lost = 0u32;
         let mut lost_since = None;
         loop {
             // A fresh checkout each attempt: a lost connection is discarded
             // by the pool and the next one is tested.
             let mut conn = self.conn().await?;
-            attempt += 1;
-            let result = attempt_tx(&mut conn, opts.isolation, session, &mut f).await;
-            match result {
+            attempts += 1;
+            match attempt(&mut conn).await {
                 Err(e) if e.is_retryable() => {
-                    if attempt >= opts.max_attempts {
+                    if attempts >= max_attempts {
                         return Err(BmdbError::RetriesExhausted {
-                            attempts: attempt,
+                            attempts,
                             last: e.to_string(),
                         });
                     }
-                    tracing::debug!(attempt, error = %e, "retrying transaction");
+                    tracing::debug!(attempts, error = %e, "retrying");
                     drop(conn);
-                    tokio::time::sleep(retry_delay(attempt)).await;
+                    tokio::time::sleep(retry_delay(attempts)).await;
                 }
-                // Lost before COMMIT: nothing was written, run it again on
-                // another connection (a server restart kills every pooled
-                // connection at once).
                 Err(BmdbError::Unreachable(m))
                     if lost_since
                         .get_or_insert_with(std::time::Instant::now)
@@ -444,8 +428,8 @@ impl Bmdb {
                         < LOST_CONNECTION_WINDOW =>
                 {
                     lost += 1;
-                    attempt -= 1;
-                    tracing::debug!(lost, error = %m, "connection lost mid-transaction; retrying");
+                    attempts -= 1;
+                    tracing::debug!(lost, error = %m, "connection lost mid-way; retrying");
                     conn.mark_broken();
                     drop(conn);
                     tokio::time::sleep(Duration::from_millis(50 << lost.min(4))).await;

@@ -128,6 +128,42 @@ impl Rig {
         }
     }
 
+    /// Waits until `host`'s recovery failed with a cause naming it and
+    /// containing `cause`, then checks it is backed off (backoff_initial
+    /// 30 s: more than 10 s to go).
+    async fn wait_for_failed_recovery(&self, host: &str, cause: &str, s: &mut Shepherd) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let pattern = format!("%host {host}%{cause}%");
+        loop {
+            let failed: i64 = self
+                .bmdb
+                .transact(async |tx| {
+                    Ok(tx
+                        .query_one(
+                            "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+                             AND event = 'Failed' AND failed_cause LIKE $1",
+                            &[&pattern],
+                        )
+                        .await?
+                        .get(0))
+                })
+                .await
+                .unwrap();
+            if failed == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no failed recovery of {host} naming {cause}:\n{}",
+                s.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        const BACKOFF: &str = "SELECT count(*) FROM work_backoff WHERE process = 'ShepherdRecovery' \
+                               AND until > now() + interval '10 seconds'";
+        assert_eq!(self.count(BACKOFF).await, 1, "{}", s.log_text());
+    }
+
     /// How many times each machine's agent ran (the agent counts its runs).
     fn agent_runs(&self) -> Vec<usize> {
         let mut runs: Vec<usize> = std::fs::read_dir(self.sshd.dir())
@@ -1606,19 +1642,7 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
             .join("\n")
     );
     // node-2: the recovery failed with the BMC's 401, named, and backed off.
-    const FAILED: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
-                          AND event = 'Failed' AND failed_cause LIKE '%host node-2%401%'";
-    rig.wait_for(
-        "node-2's failed recovery",
-        FAILED,
-        1,
-        Duration::from_secs(30),
-        &mut s,
-    )
-    .await;
-    const BACKOFF: &str = "SELECT count(*) FROM work_backoff WHERE process = 'ShepherdRecovery' \
-                           AND until > now() + interval '10 seconds'";
-    assert_eq!(rig.count(BACKOFF).await, 1, "{}", s.log_text());
+    rig.wait_for_failed_recovery("node-2", "401", &mut s).await;
     assert_eq!(resets(&other), 0, "{}", other.log());
     let cause: String = rig
         .bmdb
@@ -1759,19 +1783,8 @@ async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_an
     );
     let config = rig.write_config("shepherd.toml", &text);
     let mut s = rig.shepherd(&config, "shepherd.log");
-    const FAILED: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
-                          AND event = 'Failed' AND failed_cause LIKE '%host node-9%unreachable%'";
-    rig.wait_for(
-        "node-9's failed recovery",
-        FAILED,
-        1,
-        Duration::from_secs(60),
-        &mut s,
-    )
-    .await;
-    const BACKOFF: &str = "SELECT count(*) FROM work_backoff WHERE process = 'ShepherdRecovery' \
-                           AND until > now() + interval '10 seconds'";
-    assert_eq!(rig.count(BACKOFF).await, 1, "{}", s.log_text());
+    rig.wait_for_failed_recovery("node-9", "unreachable", &mut s)
+        .await;
     // The process is fine: its admin server answers, it holds its session.
     let (status, _) = s.admin_get("readyz").await;
     assert_eq!(status, 200);

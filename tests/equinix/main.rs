@@ -408,6 +408,17 @@ async fn devices_provision_reboot_and_delete() {
     assert!(!api.get_reservation(&r).await.unwrap().is_occupied());
 }
 
+/// The Equinix provider on `api`, creating in metro `sv`.
+async fn equinix_provider(api: EquinixApi) -> shepherd::provider::equinix::Equinix {
+    let cfg = shepherd::config::EquinixProviderConfig {
+        metro: Some("sv".into()),
+        ..Default::default()
+    };
+    shepherd::provider::equinix::Equinix::start(api, cfg, "ssh-ed25519 AAAA test")
+        .await
+        .unwrap()
+}
+
 /// A reservation that vanished from the project between being chosen and
 /// being used is named as such, not as a missing plan.
 #[actix_rt::test]
@@ -416,13 +427,7 @@ async fn a_vanished_reservation_is_named_as_gone() {
     use shepherd::provider::{MachineKind, Provider, ProviderMachine};
     let sim = simulator(2).await;
     let api = client(settings(&sim));
-    let cfg = shepherd::config::EquinixProviderConfig {
-        metro: Some("sv".into()),
-        ..Default::default()
-    };
-    let provider = shepherd::provider::equinix::Equinix::start(api, cfg, "ssh-ed25519 AAAA test")
-        .await
-        .unwrap();
+    let provider = equinix_provider(api).await;
     let gone = ProviderMachine {
         provider_id: "0b7c2c8e-0000-4000-8000-000000000000".into(),
         address: None,
@@ -448,13 +453,8 @@ async fn one_device_listing_serves_both_loops_and_knows_what_was_created() {
     use shepherd::provider::{MachineKind, Provider};
     let sim = simulator(3).await;
     let api = client(settings(&sim));
-    let cfg = shepherd::config::EquinixProviderConfig {
-        metro: Some("sv".into()),
-        ..Default::default()
-    };
-    let provider = shepherd::provider::equinix::Equinix::start(api, cfg, "ssh-ed25519 AAAA test")
+    let provider = equinix_provider(api)
         .await
-        .unwrap()
         .with_listing_ttl(Duration::from_secs(30));
     // Two loops listing at once, then again: one request.
     let (a, b) = futures::join!(provider.list_machines(), provider.list_machines());
@@ -492,16 +492,7 @@ async fn one_device_listing_serves_both_loops_and_knows_what_was_created() {
     assert_eq!(count(&stats, Operation::ListReservations), 1);
     assert_eq!(count(&stats, Operation::CreateDevice), 1);
     // Without a time to live, every call lists.
-    let fresh = shepherd::provider::equinix::Equinix::start(
-        client(settings(&sim)),
-        shepherd::config::EquinixProviderConfig {
-            metro: Some("sv".into()),
-            ..Default::default()
-        },
-        "ssh-ed25519 AAAA test",
-    )
-    .await
-    .unwrap();
+    let fresh = equinix_provider(client(settings(&sim))).await;
     fresh.list_machines().await.unwrap();
     fresh.list_machines().await.unwrap();
     assert_eq!(count(&sim.stats(), Operation::ListDevices), 3);

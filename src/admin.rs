@@ -374,6 +374,23 @@ fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)])
         "Work leases by process and how they ended (this process).",
         leases,
     );
+    let mut selections = Vec::new();
+    for (process, m) in mailboxes {
+        if let Some(m) = m {
+            for (result, n) in [
+                ("leased", m.leased),
+                ("nothing", m.idle_polls),
+                ("lost", m.conflicts),
+            ] {
+                selections.push((labels(&[("process", process), ("result", result)]), n));
+            }
+        }
+    }
+    p.counters(
+        "shepherd_lease_selections",
+        "Lease attempts of a control loop by outcome: a machine leased, nothing to lease, or a pick lost to another leaser (this process).",
+        selections,
+    );
     for (name, help, value) in [
         (
             "shepherd_mailbox_running",

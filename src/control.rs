@@ -81,6 +81,10 @@ pub struct MailboxStatus {
     pub finished: u64,
     pub failed: u64,
     pub aborted: u64,
+    /// Lease transactions that found nothing to lease.
+    pub idle_polls: u64,
+    /// Picks lost to another leaser (the selector ran again).
+    pub conflicts: u64,
     pub session: Option<Uuid>,
     pub leasing: bool,
 }
@@ -132,11 +136,12 @@ impl<C: ControlLoop> WorkMailbox<C> {
         let process = control.process();
         let lease = async move {
             session
-                .lease(process, async |tx| control.select(tx).await)
+                .lease_counted(process, async |tx| control.select(tx).await)
                 .await
         };
-        ctx.spawn(lease.into_actor(self).map(|result, act, ctx| {
+        ctx.spawn(lease.into_actor(self).map(|(result, lost), act, ctx| {
             act.in_lease = false;
+            act.status.conflicts += lost as u64;
             match result {
                 Ok(Some(work)) => {
                     act.status.leased += 1;
@@ -145,7 +150,10 @@ impl<C: ControlLoop> WorkMailbox<C> {
                     act.control.start_worker(work, ctx.address().recipient());
                     act.fill(ctx);
                 }
-                Ok(None) => act.poll_later(ctx, act.poll_interval),
+                Ok(None) => {
+                    act.status.idle_polls += 1;
+                    act.poll_later(ctx, act.poll_interval)
+                }
                 Err(BmdbError::SessionExpired(id)) => {
                     tracing::warn!(mailbox = act.status.name, session_id = %id, "session expired; waiting for a new one");
                     act.session = None;

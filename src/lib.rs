@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod equinix;
+pub mod fleetsim;
 pub mod hardware;
 pub mod initializer;
 pub mod machinesim;

@@ -54,6 +54,18 @@ pub struct Agents {
 struct AgentsInner {
     interval: std::time::Duration,
     running: HashMap<IpAddr, RunningAgent>,
+    /// Programs run per machine, and of those the agents that handed over
+    /// (takeovers that succeeded on the machine's side).
+    runs: HashMap<IpAddr, Runs>,
+}
+
+/// What one simulated machine ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Runs {
+    /// Programs run over SSH (each takeover attempt runs one).
+    pub execs: u32,
+    /// Of those, agents that started and handed their key over.
+    pub agents: u32,
 }
 
 struct RunningAgent {
@@ -67,6 +79,7 @@ impl Agents {
             inner: Arc::new(std::sync::Mutex::new(AgentsInner {
                 interval: std::time::Duration::from_secs(30),
                 running: HashMap::new(),
+                runs: HashMap::new(),
             })),
         }
     }
@@ -100,8 +113,24 @@ impl Agents {
         }
     }
 
+    /// What each machine ran so far, by address (machines that ran nothing
+    /// are absent).
+    pub fn runs(&self) -> HashMap<IpAddr, Runs> {
+        self.inner.lock().unwrap().runs.clone()
+    }
+
+    /// Machines whose agent runs now.
+    pub fn running(&self) -> usize {
+        self.inner.lock().unwrap().running.len()
+    }
+
+    fn exec(&self, ip: IpAddr) {
+        self.inner.lock().unwrap().runs.entry(ip).or_default().execs += 1;
+    }
+
     fn start(&self, ip: IpAddr, resident: crate::agent::resident::Resident) {
         let mut inner = self.inner.lock().unwrap();
+        inner.runs.entry(ip).or_default().agents += 1;
         let host = SimHost {
             ip,
             interval: inner.interval,
@@ -386,6 +415,7 @@ fn spawn(path: &Path) -> std::io::Result<tokio::process::Child> {
 /// Runs `path` with the channel's data as stdin; its output back.
 /// A handoff the program leaves starts the machine's resident agent.
 async fn run(mut channel: Channel<Msg>, path: PathBuf, ip: IpAddr, agents: Agents) {
+    agents.exec(ip);
     // While another thread forks to start a program, the child holds (until
     // its exec) every descriptor open at that moment, including a file just
     // uploaded over another connection: exec then fails with ETXTBSY for a
@@ -449,6 +479,9 @@ async fn run(mut channel: Channel<Msg>, path: PathBuf, ip: IpAddr, agents: Agent
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(machine = %ip, "agent handoff: {e}"),
     }
+    // The program ran from memory, as on a machine booted into RAM: a fleet
+    // of thousands cannot keep a copy of the agent each on this disk.
+    let _ = std::fs::remove_file(&path);
     if !out.is_empty() {
         let _ = channel.data_bytes(out).await;
     }

@@ -19,6 +19,7 @@ use std::rc::Rc;
 use actix::prelude::*;
 use rand::seq::SliceRandom;
 
+use crate::bmdb::duty::{Duty, Turn, note_holder, on_duty};
 use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
 use crate::config::ProvisionerConfig;
@@ -37,6 +38,12 @@ pub struct ProvisionerStatus {
     pub missing_in_provider: BTreeSet<String>,
     /// Machines in both.
     pub managed: usize,
+    /// The session of another shepherd holding the provisioning duty
+    /// (this one stands by); None while this one holds it (or before the
+    /// first round).
+    pub standing_by_for: Option<uuid::Uuid>,
+    /// Set once a round has claimed the duty, either way.
+    pub duty_known: bool,
 }
 
 #[derive(Message)]
@@ -91,11 +98,27 @@ impl Provisioner {
         let provider = self.provider.clone();
         let cfg = self.cfg.clone();
         let known_missing = self.status.missing_in_provider.clone();
-        ctx.spawn(reconcile(provider, session, cfg, known_missing).into_actor(self).map(|r, act, _| {
+        let round = async move {
+            on_duty(
+                &session,
+                Duty::Provisioning,
+                reconcile(provider, session.clone(), cfg, known_missing),
+            )
+            .await
+        };
+        ctx.spawn(round.into_actor(self).map(|r, act, _| {
             act.in_round = false;
-            act.status.rounds += 1;
             match r {
-                Ok(o) => {
+                Ok(Turn::StandBy(holder)) => {
+                    let was = act.status.duty_known.then_some(act.status.standing_by_for);
+                    act.status.standing_by_for = note_holder(Duty::Provisioning, was, Some(holder));
+                    act.status.duty_known = true;
+                }
+                Ok(Turn::Done(o)) => {
+                    let was = act.status.duty_known.then_some(act.status.standing_by_for);
+                    act.status.standing_by_for = note_holder(Duty::Provisioning, was, None);
+                    act.status.duty_known = true;
+                    act.status.rounds += 1;
                     act.status.created += o.created;
                     act.status.failed_creations += o.failed_creations;
                     act.status.adopted += o.adopted;
@@ -103,6 +126,7 @@ impl Provisioner {
                     act.status.managed = o.managed;
                 }
                 Err(e) => {
+                    act.status.rounds += 1;
                     act.status.failed_rounds += 1;
                     tracing::warn!(error = %e, "provisioning round failed; next round in {}", humantime::format_duration(act.cfg.interval));
                 }

@@ -631,3 +631,177 @@ pub fn pgbench(
 pub fn peak_rss_mb() -> f64 {
     crate::telemetry::peak_rss_mb()
 }
+
+/// `fleet-sim` as a process, for the fleet tests and the fleet bench: it
+/// writes the shepherd configuration for its fleet to `config`.
+pub struct FleetSimProcess {
+    pub config: std::path::PathBuf,
+    pub api: std::net::SocketAddr,
+    pub control: std::net::SocketAddr,
+    child: std::process::Child,
+}
+
+impl FleetSimProcess {
+    /// Starts `exe` (the fleet-sim binary) with `machines` from `first`,
+    /// its state under `dir`, and `extra` arguments; returns once the
+    /// fleet is up.
+    pub fn start(
+        exe: &std::path::Path,
+        dir: &std::path::Path,
+        machines: usize,
+        first: std::net::Ipv4Addr,
+        extra: &[&str],
+    ) -> FleetSimProcess {
+        let api = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
+        let control = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
+        let config = dir.join("fleet.toml");
+        let mut child = std::process::Command::new(exe)
+            .args(["--machines", &machines.to_string()])
+            .args(["--first-address", &first.to_string()])
+            .args(["--api-listen", &api.to_string()])
+            .args(["--control-listen", &control.to_string()])
+            .arg("--dir")
+            .arg(dir.join("fleet"))
+            .arg("--config-out")
+            .arg(&config)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("fleet-sim.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while !config.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "fleet-sim exited ({status}): {}",
+                    std::fs::read_to_string(dir.join("fleet-sim.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "fleet-sim did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        FleetSimProcess {
+            config,
+            api,
+            control,
+            child,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    async fn get(url: String) -> serde_json::Value {
+        let mut r = awc::Client::default().get(&url).send().await.unwrap();
+        assert!(r.status().is_success(), "{url}: {}", r.status());
+        let body = r.body().limit(64 << 20).await.unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// `GET /fleet`: what each machine ran.
+    pub async fn report(&self) -> serde_json::Value {
+        Self::get(format!("http://{}/fleet", self.control)).await
+    }
+
+    /// The Equinix simulator's request counts.
+    pub async fn api_stats(&self) -> serde_json::Value {
+        Self::get(format!("http://{}/_sim/stats", self.api)).await
+    }
+}
+
+impl Drop for FleetSimProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `shepherd run` as a process on a configuration file, with environment
+/// overrides; its log (stderr) in a file.
+pub struct ShepherdProcess {
+    pub child: std::process::Child,
+    pub log: std::path::PathBuf,
+}
+
+impl ShepherdProcess {
+    pub fn start(
+        exe: &std::path::Path,
+        config: &std::path::Path,
+        log: std::path::PathBuf,
+        env: &[(&str, String)],
+    ) -> ShepherdProcess {
+        let child = std::process::Command::new(exe)
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env_remove("RUST_LOG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        ShepherdProcess { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lines of the log that contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// The log's last 40 lines.
+    pub fn log_tail(&self) -> String {
+        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Panics with the log if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("shepherd exited ({status}):\n{}", self.log_tail());
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the exit; its code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let started = std::time::Instant::now();
+        while started.elapsed() < timeout {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        None
+    }
+}
+
+impl Drop for ShepherdProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use actix::prelude::*;
 
+use crate::bmdb::duty::{Duty, Turn, note_holder, on_duty};
 use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
@@ -23,6 +24,11 @@ pub struct UpdaterStatus {
     pub failed_rounds: u64,
     /// Rows written, over all rounds.
     pub updated: u64,
+    /// The session of another shepherd holding the provider-updates duty
+    /// (this one stands by); None while this one holds it.
+    pub standing_by_for: Option<uuid::Uuid>,
+    /// Set once a round has claimed the duty, either way.
+    pub duty_known: bool,
 }
 
 #[derive(Message)]
@@ -57,11 +63,29 @@ impl Updater {
         };
         self.in_round = true;
         let provider = self.provider.clone();
-        ctx.spawn(update(provider, session).into_actor(self).map(|r, act, _| {
+        let round = async move {
+            on_duty(
+                &session,
+                Duty::ProviderUpdates,
+                update(provider, session.clone()),
+            )
+            .await
+        };
+        ctx.spawn(round.into_actor(self).map(|r, act, _| {
             act.in_round = false;
-            act.status.rounds += 1;
+            let was = act.status.duty_known.then_some(act.status.standing_by_for);
             match r {
-                Ok(n) => act.status.updated += n,
+                Ok(Turn::StandBy(holder)) => {
+                    act.status.standing_by_for =
+                        note_holder(Duty::ProviderUpdates, was, Some(holder));
+                    act.status.duty_known = true;
+                    return;
+                }
+                Ok(Turn::Done(n)) => {
+                    act.status.standing_by_for = note_holder(Duty::ProviderUpdates, was, None);
+                    act.status.duty_known = true;
+                    act.status.updated += n
+                }
                 // A round cut short by a shutdown is not worth a warning.
                 Err(e) if act.session.is_none() => {
                     tracing::debug!(error = %e, "update round stopped")
@@ -71,6 +95,7 @@ impl Updater {
                     tracing::warn!(error = %e, "update round failed");
                 }
             }
+            act.status.rounds += 1;
         }));
     }
 }

@@ -11,6 +11,7 @@
 
 mod backoff;
 mod conn;
+pub mod duty;
 pub mod embedded;
 pub mod machines;
 mod migrate;

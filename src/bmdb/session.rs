@@ -172,13 +172,26 @@ impl Session {
     pub async fn lease<T>(
         &self,
         process: Process,
-        mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
+        selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
     ) -> Result<Option<Work<T>>, BmdbError> {
+        self.lease_counted(process, selector).await.0
+    }
+
+    /// As [`Session::lease`], with how many picks were lost to other
+    /// leasers on the way (machines leased by another process or session
+    /// between the selector's read and the insert).
+    pub async fn lease_counted<T>(
+        &self,
+        process: Process,
+        mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
+    ) -> (Result<Option<Work<T>>, BmdbError>, u32) {
         let sid = self.id();
         let mut picked = None;
+        let mut lost = 0u32;
         let leased = self
             .transact(async |tx| {
                 let mut selections = 0;
+                lost = 0;
                 loop {
                     let Some((machine_id, item)) = selector(tx).await? else {
                         return Ok(None);
@@ -188,6 +201,7 @@ impl Session {
                         return Ok(Some((machine_id, item)));
                     }
                     selections += 1;
+                    lost += 1;
                     if selections >= LEASE_SELECTIONS {
                         return Err(BmdbError::WorkConflict {
                             machine_id,
@@ -207,11 +221,14 @@ impl Session {
                     tracing::warn!(%machine_id, %process, error = %m, "lease outcome unknown; releasing it");
                     let _ = super::work::release_unknown(self, machine_id, process).await;
                 }
-                return Err(BmdbError::CommitUnknown(m));
+                return (Err(BmdbError::CommitUnknown(m)), lost);
             }
-            Err(e) => return Err(e),
+            Err(e) => return (Err(e), lost),
         };
-        Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item)))
+        (
+            Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item))),
+            lost,
+        )
     }
 
     /// Extends the deadline by one interval. `SessionExpired` if it had

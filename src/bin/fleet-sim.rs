@@ -1,0 +1,145 @@
+//! `fleet-sim`: a simulated fleet as a process of its own, for shepherd to
+//! take over (one shepherd or several on one BMDB).
+//!
+//!     fleet-sim --machines 1000 > fleet.toml
+//!     shepherd --config fleet.toml run
+//!
+//! Starts the Equinix Metal simulator (one reservation per machine) and the
+//! SSH machine simulator (machines on 127.0.1.1, 127.0.1.2, …), prints a
+//! shepherd configuration for them on stdout (and writes it to
+//! `--config-out`), then serves until SIGINT or SIGTERM. Loopback only.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use shepherd::equinix::sim::Faults;
+use shepherd::fleetsim::{FleetOptions, FleetSim, write_private};
+
+#[derive(Parser)]
+#[command(
+    name = "fleet-sim",
+    version,
+    about = "Simulates a fleet of bare-metal machines behind the Equinix Metal API, for shepherd to take over."
+)]
+struct Args {
+    /// Machines (hardware reservations) in the fleet.
+    #[arg(long, default_value_t = 100)]
+    machines: usize,
+    /// The first machine's address; the others follow it.
+    #[arg(long, default_value = "127.0.1.1")]
+    first_address: Ipv4Addr,
+    /// Where the Equinix Metal simulator listens.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    api_listen: SocketAddr,
+    /// Where the control API (/fleet) listens.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    control_listen: SocketAddr,
+    /// The machines' SSH port (0: a free one).
+    #[arg(long, default_value_t = 0)]
+    ssh_port: u16,
+    /// State directory (machines' files, API token). Default: a directory
+    /// under the system's temporary directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// shepherd's SSH private key, let in by every machine; generated if
+    /// absent. Default: <dir>/ssh/shepherd_ed25519.
+    #[arg(long)]
+    ssh_key: Option<PathBuf>,
+    /// Time between an agent's heartbeats.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    agent_interval: Duration,
+    /// Time from device creation to `active`.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    provisioning_delay: Duration,
+    /// API token shepherd must send (written to <dir>/api-token).
+    #[arg(
+        long,
+        env = "FLEET_SIM_TOKEN",
+        default_value = "sim-token",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    token: String,
+    /// Latency added to every API request.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    latency: Duration,
+    /// Share of API requests answered 503.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Share of API mutations whose response is lost after they happened.
+    #[arg(long, default_value_t = 0.0)]
+    lost_rate: f64,
+    /// Also write the configuration here (atomically, once the fleet is up).
+    #[arg(long)]
+    config_out: Option<PathBuf>,
+}
+
+fn main() {
+    let a = Args::parse();
+    for (name, v) in [("error-rate", a.error_rate), ("lost-rate", a.lost_rate)] {
+        if !(0.0..=1.0).contains(&v) {
+            eprintln!("fleet-sim: --{name} must be within 0 and 1");
+            std::process::exit(2);
+        }
+    }
+    if !(1..=60_000).contains(&a.machines) {
+        eprintln!("fleet-sim: --machines must be within 1 and 60000");
+        std::process::exit(2);
+    }
+    let dir = a
+        .dir
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("shepherd-fleet-sim-{}", whoami())));
+    let opts = FleetOptions {
+        machines: a.machines,
+        first_address: a.first_address,
+        api_listen: a.api_listen,
+        control_listen: a.control_listen,
+        ssh_port: a.ssh_port,
+        ssh_key: a
+            .ssh_key
+            .unwrap_or_else(|| dir.join("ssh/shepherd_ed25519")),
+        dir,
+        agent_interval: a.agent_interval,
+        provisioning_delay: a.provisioning_delay,
+        token: a.token,
+        faults: Faults {
+            latency: a.latency,
+            error_rate: a.error_rate,
+            lost_rate: a.lost_rate,
+            ..Faults::default()
+        },
+    };
+    let config_out = a.config_out;
+    let result = actix_rt::System::new().block_on(async move {
+        let fleet = FleetSim::start(opts).await?;
+        let config = fleet.config();
+        if let Some(path) = &config_out {
+            write_private(path, config.as_bytes())?;
+        }
+        print!("{config}");
+        eprintln!(
+            "fleet-sim: {} machines up; control at {}; stop with SIGINT or SIGTERM",
+            fleet.machines.addresses.len(),
+            fleet.control_url()
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        fleet.stop().await;
+        std::io::Result::Ok(())
+    });
+    if let Err(e) = result {
+        eprintln!("fleet-sim: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The user's name or ID, so that users of one machine get directories of
+/// their own.
+fn whoami() -> String {
+    nix::unistd::Uid::current().to_string()
+}

@@ -1,0 +1,329 @@
+//! A simulated fleet in a process of its own (`fleet-sim`): the Equinix
+//! Metal simulator with one hardware reservation per machine, whose devices
+//! get the machines' addresses, and the SSH machine simulator answering
+//! there, with the resident agents the takeovers leave behind. shepherd
+//! runs beside it, alone or several processes on one BMDB, and is measured
+//! without the fleet's own work in its numbers.
+//!
+//! It writes a complete shepherd configuration for the fleet (API address,
+//! project, token file, SSH port and key), and serves a control API:
+//! `GET /fleet` (what every machine ran, agents running) and
+//! `POST /fleet/silence?count=N` (stops N agents).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use serde::Serialize;
+
+use crate::equinix::sim::{Addressing, Faults, SimConfig, Simulator};
+use crate::machinesim::{MachineSim, Runs};
+use crate::ssh::SshIdentity;
+
+pub struct FleetOptions {
+    pub machines: usize,
+    /// The first machine's address (127.x); the rest follow.
+    pub first_address: Ipv4Addr,
+    /// Where the Equinix simulator listens.
+    pub api_listen: SocketAddr,
+    /// Where the control API listens.
+    pub control_listen: SocketAddr,
+    /// The machines' SSH port (0: a free one).
+    pub ssh_port: u16,
+    /// shepherd's SSH key, which the machines let in (generated if absent).
+    pub ssh_key: PathBuf,
+    /// The machines' files, the API token file and the configuration.
+    pub dir: PathBuf,
+    /// Time between an agent's heartbeats.
+    pub agent_interval: Duration,
+    /// Time from device creation to `active`.
+    pub provisioning_delay: Duration,
+    /// API token clients must send.
+    pub token: String,
+    pub faults: Faults,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions {
+            machines: 100,
+            first_address: Ipv4Addr::new(127, 0, 1, 1),
+            api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            control_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ssh_port: 0,
+            ssh_key: std::env::temp_dir().join("shepherd-fleet-sim/ssh/shepherd_ed25519"),
+            dir: std::env::temp_dir().join("shepherd-fleet-sim"),
+            agent_interval: Duration::from_secs(30),
+            provisioning_delay: Duration::from_secs(1),
+            token: "sim-token".into(),
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// A running simulated fleet.
+pub struct FleetSim {
+    pub api: Simulator,
+    pub machines: MachineSim,
+    control: actix_web::dev::ServerHandle,
+    control_addr: SocketAddr,
+    token_file: PathBuf,
+    ssh_key: PathBuf,
+    agent_interval: Duration,
+}
+
+/// What `GET /fleet` answers.
+#[derive(Debug, Serialize)]
+pub struct FleetReport {
+    pub machines: usize,
+    /// Agents running now.
+    pub agents_running: usize,
+    /// Machines whose agent started at least once.
+    pub taken_over: usize,
+    /// Programs run over SSH, all machines.
+    pub execs: u64,
+    /// Agents started, all machines.
+    pub agents_started: u64,
+    /// Machines whose agent started more than once, with the count.
+    pub taken_over_again: BTreeMap<IpAddr, u32>,
+    /// Per machine (those that ran anything).
+    pub runs: BTreeMap<IpAddr, Runs>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn loopback_only(what: &str, ip: IpAddr) -> std::io::Result<()> {
+    if ip.is_loopback() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "{what} must be a loopback address, not {ip}"
+        )))
+    }
+}
+
+impl FleetSim {
+    pub async fn start(opts: FleetOptions) -> std::io::Result<FleetSim> {
+        let n = opts.machines;
+        if !(1..=60_000).contains(&n) {
+            return Err(std::io::Error::other("machines must be within 1 and 60000"));
+        }
+        loopback_only("the API's listen address", opts.api_listen.ip())?;
+        loopback_only("the control listen address", opts.control_listen.ip())?;
+        loopback_only("the first machine address", IpAddr::V4(opts.first_address))?;
+        let last = u32::from(opts.first_address) as u64 + n as u64 - 1;
+        if last > u32::from(Ipv4Addr::new(127, 255, 255, 254)) as u64 {
+            return Err(std::io::Error::other(format!(
+                "{n} machines from {} run past 127.255.255.254",
+                opts.first_address
+            )));
+        }
+        let machines_dir = opts.dir.join("machines");
+        if machines_dir.exists() {
+            std::fs::remove_dir_all(&machines_dir)?;
+        }
+        std::fs::create_dir_all(&machines_dir)?;
+        let identity = SshIdentity::load_or_generate(&opts.ssh_key)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", opts.ssh_key.display())))?;
+        let public = russh::keys::PublicKey::from_openssh(identity.public_key())
+            .map_err(std::io::Error::other)?;
+        let port = match opts.ssh_port {
+            0 => free_port()?,
+            p => p,
+        };
+        let machines =
+            MachineSim::start(opts.first_address, n, port, public, &machines_dir).await?;
+        machines.agents.set_interval(opts.agent_interval);
+        let api = Simulator::start(
+            SimConfig {
+                reservations: n,
+                provisioning_delay: opts.provisioning_delay,
+                addressing: Addressing::Sequential(opts.first_address),
+                token: opts.token.clone(),
+                faults: opts.faults,
+                ..SimConfig::default()
+            },
+            opts.api_listen,
+        )
+        .await?;
+        let token_file = opts.dir.join("api-token");
+        write_private(&token_file, opts.token.as_bytes())?;
+
+        let agents = machines.agents.clone();
+        let count = n;
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(web::Data::new((agents.clone(), count)))
+                .route("/fleet", web::get().to(report))
+                .route("/fleet/silence", web::post().to(silence))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(opts.control_listen)?;
+        let control_addr = server.addrs()[0];
+        let server = server.run();
+        let control = server.handle();
+        actix_rt::spawn(server);
+        Ok(FleetSim {
+            api,
+            machines,
+            control,
+            control_addr,
+            token_file,
+            ssh_key: opts.ssh_key,
+            agent_interval: opts.agent_interval,
+        })
+    }
+
+    pub fn control_url(&self) -> String {
+        format!("http://{}/fleet", self.control_addr)
+    }
+
+    pub fn report(&self) -> FleetReport {
+        fleet_report(&self.machines.agents, self.machines.addresses.len())
+    }
+
+    /// A complete shepherd configuration for this fleet. The database is
+    /// left to the defaults (embedded) or to `SHEPHERD__BMDB__URL`.
+    pub fn config(&self) -> String {
+        let n = self.machines.addresses.len();
+        let every = self.agent_interval;
+        let stale = humantime::format_duration(every * 5);
+        format!(
+            r#"# shepherd configuration for a simulated fleet of {n} machines (fleet-sim).
+# Fleet control: {control}   Equinix simulator stats: http://{api}/_sim/stats
+# Several shepherds may share it: give each its own admin and callback
+# address (SHEPHERD__ADMIN__LISTEN, SHEPHERD__BMAAS__LISTEN, SHEPHERD__BMAAS__ENDPOINT).
+
+[equinix]
+api_url = "{api_url}"
+project_id = "{project}"
+api_key = {{ file = "{token}" }}
+# The simulator has no rate limit; the real API allows one request per 2 s.
+api_interval = "2ms"
+retry_initial = "50ms"
+retry_max = "1s"
+per_page = 1000
+
+[provider]
+kind = "equinix"
+
+[provider.equinix]
+metro = "sv"
+reservation_cache_ttl = "2s"
+
+[provisioner]
+interval = "1s"
+max_machines = 0
+chunk_size = 500
+creation_interval = "0s"
+
+[ssh]
+port = {port}
+key_file = "{key}"
+host_keys = "accept-new"
+
+[initializer]
+agent_path = "/root/agent"
+parallelism = 32
+poll_interval = "200ms"
+backoff_initial = "5s"
+
+[updater]
+interval = "10s"
+
+[recoverer]
+# The fleet's agents call every {every}.
+heartbeat_stale_after = "{stale}"
+silent_after_start = "{stale}"
+poll_interval = "1s"
+reboot_poll = "500ms"
+reboot_settle = "3s"
+
+[bmaas]
+listen = "127.0.0.1:7830"
+endpoint = "127.0.0.1:7830"
+"#,
+            control = self.control_url(),
+            api = self.api.addr(),
+            api_url = self.api.api_url(),
+            project = self.api.project_id(),
+            token = toml_path(&self.token_file),
+            port = self.machines.port,
+            key = toml_path(&self.ssh_key),
+            every = humantime::format_duration(every),
+        )
+    }
+
+    pub async fn stop(self) {
+        self.control.stop(true).await;
+        self.api.stop().await;
+        drop(self.machines);
+    }
+}
+
+/// A path as a TOML basic string's contents.
+fn toml_path(p: &Path) -> String {
+    p.display()
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+}
+
+/// Writes `path` with mode 0600, atomically.
+pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    std::fs::rename(tmp, path)
+}
+
+fn fleet_report(agents: &crate::machinesim::Agents, machines: usize) -> FleetReport {
+    let runs: BTreeMap<IpAddr, Runs> = agents.runs().into_iter().collect();
+    FleetReport {
+        machines,
+        agents_running: agents.running(),
+        taken_over: runs.values().filter(|r| r.agents > 0).count(),
+        execs: runs.values().map(|r| r.execs as u64).sum(),
+        agents_started: runs.values().map(|r| r.agents as u64).sum(),
+        taken_over_again: runs
+            .iter()
+            .filter(|(_, r)| r.agents > 1)
+            .map(|(ip, r)| (*ip, r.agents))
+            .collect(),
+        runs,
+    }
+}
+
+type Control = web::Data<(crate::machinesim::Agents, usize)>;
+
+async fn report(c: Control) -> HttpResponse {
+    HttpResponse::Ok().json(fleet_report(&c.0, c.1))
+}
+
+#[derive(serde::Deserialize)]
+struct SilenceQuery {
+    count: usize,
+}
+
+async fn silence(c: Control, q: web::Query<SilenceQuery>) -> HttpResponse {
+    let silenced: BTreeMap<IpAddr, String> = c.0.silence(q.count).into_iter().collect();
+    HttpResponse::Ok().json(silenced)
+}

@@ -22,21 +22,6 @@ use shepherd::testing::{Sshd, TestDb};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_takeover-agent");
 
-/// The payload both sides upload: the agent stripped, as one would ship it.
-fn payload() -> std::path::PathBuf {
-    let out = std::env::temp_dir().join(format!("shepherd-bench-agent-{}", std::process::id()));
-    let stripped = Command::new("strip")
-        .arg("-o")
-        .arg(&out)
-        .arg(AGENT)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !stripped {
-        std::fs::copy(AGENT, &out).unwrap();
-    }
-    out
-}
-
 /// One shepherd run (in a child process): prints "rate rss".
 fn child(machines: usize, parallelism: usize, agent: std::path::PathBuf) {
     actix_rt::System::new().block_on(async move {
@@ -162,7 +147,8 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
-    let agent = payload();
+    // The payload both sides upload: the agent stripped, as one would ship it.
+    let agent = shepherd::testing::stripped_copy(std::path::Path::new(AGENT));
     let payload = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
     let parallelisms: Vec<usize> = std::env::var("SHEPHERD_BENCH_PARALLELISM")
         .unwrap_or_else(|_| "1,8,32".into())

@@ -408,7 +408,9 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
         },
     };
 
-    tracing::info!(%address, "taking over");
+    // One line per machine at info: its outcome (a fleet of thousands
+    // would drown an operator in steps).
+    tracing::debug!(%address, "taking over");
     let result = take_over(&shared.takeover, mid, address, known_key).await;
     match result {
         Err(f) => {
@@ -440,7 +442,7 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
                 .await;
             match r {
                 Ok(()) => {
-                    tracing::info!(agent_key = %hex(&t.agent_key), "agent started");
+                    tracing::info!(%address, agent_key = %hex(&t.agent_key), "agent started");
                     WorkOutcome::Finished
                 }
                 Err(BmdbError::SessionExpired(_)) => {

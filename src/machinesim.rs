@@ -223,14 +223,6 @@ pub fn simulated_hardware(ip: IpAddr) -> crate::agent::api::AgentHardwareReport 
     }
 }
 
-/// Raises the open-files limit to its hard maximum: a listener per machine.
-fn raise_nofile() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
 impl MachineSim {
     /// `count` machines from `first` (a 127.x address) on `port`, letting in
     /// `authorized`, keeping their files under `root/<address>/`.
@@ -246,7 +238,7 @@ impl MachineSim {
                 "simulated machines live on loopback, not {first}"
             )));
         }
-        raise_nofile();
+        crate::telemetry::raise_open_files_limit();
         let seed: [u8; 32] = rand::random();
         let host_key = PrivateKey::from(russh::keys::ssh_key::private::Ed25519Keypair::from_seed(
             &seed,

@@ -540,6 +540,15 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
 /// until SIGINT or SIGTERM, drains.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let admin_cfg = cfg.admin.clone();
+    // Each agent keeps a connection to the callback: a fleet needs a file
+    // descriptor per machine (an embedding application sets its own).
+    let files = crate::telemetry::raise_open_files_limit();
+    if files < 4096 {
+        tracing::warn!(
+            limit = files,
+            "the open-files limit caps the agents that can call back at once; raise it (LimitNOFILE=, ulimit -n)"
+        );
+    }
     let running = start(cfg).await?;
     if admin_cfg.enabled {
         let addr = crate::admin::serve(running.admin.clone(), admin_cfg.listen)

@@ -34,3 +34,27 @@ pub fn peak_rss_mb() -> f64 {
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
 }
+
+/// Raises this process's open-files limit as far as it may go: the soft
+/// limit to the hard one, and the hard one (when the process may, as
+/// root) to the kernel's `nr_open`, up to 2^20. Every agent holds a
+/// connection and every simulated machine a listener: the usual soft limit
+/// of 1,024 is a few hundred machines. Returns the limit now in force.
+pub fn raise_open_files_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
+    };
+    let ceiling = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(hard)
+        .min(1 << 20);
+    if ceiling > hard && setrlimit(Resource::RLIMIT_NOFILE, ceiling, ceiling).is_ok() {
+        return ceiling;
+    }
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
+    }
+    soft
+}

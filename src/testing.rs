@@ -805,3 +805,21 @@ impl Drop for ShepherdProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A stripped copy of `binary` in the temporary directory (an unstripped
+/// copy where `strip` is missing): the agent as one would ship it, for the
+/// benches that upload it thousands of times.
+pub fn stripped_copy(binary: &std::path::Path) -> std::path::PathBuf {
+    let name = binary.file_name().unwrap().to_string_lossy();
+    let out = std::env::temp_dir().join(format!("shepherd-bench-{name}-{}", std::process::id()));
+    let stripped = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&out)
+        .arg(binary)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(binary, &out).unwrap();
+    }
+    out
+}

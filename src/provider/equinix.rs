@@ -14,6 +14,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -38,12 +39,13 @@ pub struct Equinix {
     devices: Listing<Device>,
 }
 
-type Fetch<T> = Shared<LocalBoxFuture<'static, Result<Vec<T>, EquinixError>>>;
+type Fetch<T> = Shared<LocalBoxFuture<'static, Result<Rc<Vec<T>>, EquinixError>>>;
 
 /// A listing shared by its callers: reused while fresh, and one fetch in
-/// flight at a time, whose result every caller waiting gets.
+/// flight at a time, whose result every caller waiting gets. Callers share
+/// one copy (a create looks one reservation up in a listing of thousands).
 struct Listing<T> {
-    cached: RefCell<Option<(Instant, Vec<T>)>>,
+    cached: RefCell<Option<(Instant, Rc<Vec<T>>)>>,
     fetching: RefCell<Option<Fetch<T>>>,
 }
 
@@ -59,7 +61,7 @@ impl<T: Clone + 'static> Listing<T> {
         &self,
         ttl: Duration,
         fetch: impl FnOnce() -> LocalBoxFuture<'static, Result<Vec<T>, EquinixError>>,
-    ) -> Result<Vec<T>, EquinixError> {
+    ) -> Result<Rc<Vec<T>>, EquinixError> {
         if let Some((at, list)) = self.cached.borrow().as_ref() {
             if at.elapsed() < ttl {
                 return Ok(list.clone());
@@ -68,7 +70,7 @@ impl<T: Clone + 'static> Listing<T> {
         let f = self
             .fetching
             .borrow_mut()
-            .get_or_insert_with(|| fetch().shared())
+            .get_or_insert_with(|| fetch().map(|r| r.map(Rc::new)).boxed_local().shared())
             .clone();
         let result = f.await;
         *self.fetching.borrow_mut() = None;
@@ -82,10 +84,11 @@ impl<T: Clone + 'static> Listing<T> {
         *self.cached.borrow_mut() = None;
     }
 
-    /// Changes the cached listing, if there is one.
+    /// Changes the cached listing, if there is one (copying it only if a
+    /// caller still holds it).
     fn amend(&self, f: impl FnOnce(&mut Vec<T>)) {
         if let Some((_, list)) = self.cached.borrow_mut().as_mut() {
-            f(list);
+            f(Rc::make_mut(list));
         }
     }
 }
@@ -121,7 +124,7 @@ impl Equinix {
 
     /// The project's devices: the shared listing if fresh, else the one in
     /// flight, else a new one.
-    async fn devices(&self) -> Result<Vec<Device>, EquinixError> {
+    async fn devices(&self) -> Result<Rc<Vec<Device>>, EquinixError> {
         let api = self.api.clone();
         self.devices
             .get(self.listing_ttl, move || {
@@ -149,7 +152,7 @@ impl Equinix {
         d.hostname.starts_with(&self.cfg.hostname_prefix)
     }
 
-    async fn reservations(&self) -> Result<Vec<HardwareReservation>, EquinixError> {
+    async fn reservations(&self) -> Result<Rc<Vec<HardwareReservation>>, EquinixError> {
         let api = self.api.clone();
         self.reservations
             .get(self.cfg.reservation_cache_ttl, move || {
@@ -218,7 +221,7 @@ impl Provider for Equinix {
                 .filter(|d| self.is_ours(d))
                 .map(machine_of)
                 .collect();
-            for r in self.reservations().await? {
+            for r in self.reservations().await?.iter() {
                 if r.provisionable && !r.is_occupied() && !self.is_penalized(&r.id) {
                     out.push(ProviderMachine {
                         provider_id: r.id.clone(),
@@ -253,12 +256,8 @@ impl Provider for Equinix {
             let plan = match &self.cfg.plan {
                 Some(p) => p.clone(),
                 None => {
-                    let listed = self
-                        .reservations()
-                        .await?
-                        .into_iter()
-                        .find(|r| r.id == reservation);
-                    match listed {
+                    let listed = self.reservations().await?;
+                    match listed.iter().find(|r| r.id == reservation).cloned() {
                         None => {
                             return Err(ProviderError::Unsupported(format!(
                                 "reservation {reservation} is no longer listed in the project \

@@ -250,6 +250,8 @@ async fn reconcile(
         capacity = capacity.len(),
         "bringing up machines"
     );
+    let started = std::time::Instant::now();
+    let mut failed_in_a_row = 0;
     for (i, c) in capacity.into_iter().take(n).enumerate() {
         if i > 0 && !cfg.creation_interval.is_zero() {
             tokio::time::sleep(cfg.creation_interval).await;
@@ -259,21 +261,46 @@ async fn reconcile(
         }
         match provider.create_machine(c).await {
             Ok(m) => {
+                failed_in_a_row = 0;
                 insert(&session, kind, &m)
                     .await
                     .map_err(|e| format!("recording new machine {}: {e}", m.provider_id))?;
                 out.created += 1;
                 out.managed += 1;
-                tracing::info!(provider_id = %m.provider_id, reservation = m.reservation_id.as_deref().unwrap_or("none"), "created a machine");
+                // The round's summary is the info line: one per machine
+                // comes with its takeover.
+                tracing::debug!(provider_id = %m.provider_id, reservation = m.reservation_id.as_deref().unwrap_or("none"), "created a machine");
             }
             Err(e) => {
                 out.failed_creations += 1;
+                failed_in_a_row += 1;
                 tracing::warn!(capacity = %c.provider_id, error = %e, "could not create a machine");
+                // The provider is failing, not one reservation: keep the
+                // API budget and the log for the next round.
+                if failed_in_a_row >= CREATE_FAILURES_PER_ROUND {
+                    tracing::warn!(
+                        created = out.created,
+                        "{failed_in_a_row} creations failed in a row; ending the round"
+                    );
+                    break;
+                }
             }
         }
     }
+    if out.created > 0 {
+        tracing::info!(
+            created = out.created,
+            failed = out.failed_creations,
+            seconds = format_args!("{:.1}", started.elapsed().as_secs_f64()),
+            "created {} machines",
+            out.created
+        );
+    }
     Ok(out)
 }
+
+/// Creations failing one after another that end a round.
+const CREATE_FAILURES_PER_ROUND: u32 = 3;
 
 impl Actor for Provisioner {
     type Context = Context<Self>;

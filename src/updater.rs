@@ -199,11 +199,41 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
         })
         .await
         .map_err(|e| format!("writing {} changed machines: {e}", changed.len()))?;
+    // A machine coming up is routine (its takeover logs it); anything else
+    // is worth a line of its own.
+    let before: HashMap<uuid::Uuid, &ProvidedMachine> =
+        recorded.iter().map(|r| (r.machine_id, r)).collect();
+    let mut statuses: std::collections::BTreeMap<String, usize> = Default::default();
     for m in &changed {
-        tracing::info!(machine_id = %m.machine_id, provider_id = %m.provider_id, 
-            status = %m.status.map(|s| s.to_string()).unwrap_or_else(|| "unknown".into()),
-            address = m.ip_address.as_deref().unwrap_or("none"), "provider record updated");
+        let status = m
+            .status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        *statuses.entry(status.clone()).or_default() += 1;
+        let was = before.get(&m.machine_id);
+        let routine = matches!(
+            m.status,
+            Some(ProviderStatus::Provisioning | ProviderStatus::Running)
+        ) && was
+            .is_none_or(|w| w.ip_address.is_none() || w.ip_address == m.ip_address);
+        if routine {
+            tracing::debug!(machine_id = %m.machine_id, provider_id = %m.provider_id, %status,
+                address = m.ip_address.as_deref().unwrap_or("none"), "provider record updated");
+        } else {
+            tracing::info!(machine_id = %m.machine_id, provider_id = %m.provider_id, %status,
+                address = m.ip_address.as_deref().unwrap_or("none"), "provider record updated");
+        }
     }
+    tracing::info!(
+        updated = changed.len(),
+        "updated {} provider records: {}",
+        changed.len(),
+        statuses
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(written + changed.len() as u64)
 }
 

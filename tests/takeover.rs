@@ -633,10 +633,20 @@ async fn simulated_machines_on_their_own_addresses_are_taken_over() {
         Duration::from_secs(60),
     )
     .await;
-    // Each machine got its own copy of the agent, which ran there once.
+    // Each machine got its own copy of the agent, which ran there once,
+    // started its resident part, and is gone from the machine's disk.
+    let ran = sim.agents.runs();
     for a in &sim.addresses {
+        assert_eq!(
+            ran.get(a),
+            Some(&shepherd::machinesim::Runs {
+                execs: 1,
+                agents: 1
+            }),
+            "{a}"
+        );
         let agent = dir.path().join(a.to_string()).join("root/agent");
-        assert!(agent.is_file(), "{}", agent.display());
+        assert!(!agent.exists(), "{}", agent.display());
         let runs = std::fs::read_to_string(dir.path().join(a.to_string()).join("root/agent.runs"))
             .unwrap();
         assert_eq!(runs.lines().count(), 1);

@@ -13,7 +13,7 @@
 //!   requests in flight, a timestamped request log, fault settings, and
 //!   levers for tests (take a reservation as another user, change a device).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -137,6 +137,9 @@ struct State {
     started: Instant,
     reservations: Vec<SimReservation>,
     devices: Vec<SimDevice>,
+    /// Positions by ID: a fleet's listing looks every device up.
+    device_index: HashMap<String, usize>,
+    reservation_index: HashMap<String, usize>,
     next_address: u32,
     ssh_keys: Vec<SshKey>,
     stats: Stats,
@@ -158,7 +161,7 @@ fn uuid_from(rng: &mut impl Rng) -> String {
 impl State {
     fn new(cfg: SimConfig) -> State {
         let mut seeded = rand::rngs::StdRng::seed_from_u64(cfg.seed);
-        let reservations = (0..cfg.reservations)
+        let reservations: Vec<SimReservation> = (0..cfg.reservations)
             .map(|i| {
                 let id = uuid_from(&mut seeded);
                 SimReservation {
@@ -187,11 +190,18 @@ impl State {
             })
             .collect();
         let rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(1));
+        let reservation_index = reservations
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.reservation.id.clone(), i))
+            .collect();
         State {
             cfg,
             started: Instant::now(),
             reservations,
             devices: Vec::new(),
+            device_index: HashMap::new(),
+            reservation_index,
             next_address: 0,
             ssh_keys: Vec::new(),
             stats: Stats::default(),
@@ -256,13 +266,11 @@ impl State {
     }
 
     fn find_device(&self, id: &str) -> Option<usize> {
-        self.devices.iter().position(|d| d.device.id == id)
+        self.device_index.get(id).copied()
     }
 
     fn find_reservation(&self, id: &str) -> Option<usize> {
-        self.reservations
-            .iter()
-            .position(|r| r.reservation.id == id)
+        self.reservation_index.get(id).copied()
     }
 
     fn render_reservation(&self, r: &SimReservation, include_device: bool) -> HardwareReservation {
@@ -380,7 +388,8 @@ impl State {
             spot_instance: Some(false),
             id: id.clone(),
         };
-        self.reservations[ri].device = Some(id);
+        self.reservations[ri].device = Some(id.clone());
+        self.device_index.insert(id, self.devices.len());
         self.devices.push(SimDevice {
             device: device.clone(),
             created: Instant::now(),
@@ -529,6 +538,12 @@ async fn delete_device(s: Data<Shared>, id: Path<String>) -> HttpResponse {
         return not_found();
     };
     st.devices.remove(i);
+    st.device_index = st
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.device.id.clone(), i))
+        .collect();
     for r in &mut st.reservations {
         if r.device.as_deref() == Some(id.as_str()) {
             r.device = None;

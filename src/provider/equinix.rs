@@ -36,7 +36,9 @@ pub struct Equinix {
     reservations: Listing<HardwareReservation>,
     penalized: RefCell<HashMap<String, Instant>>,
     listing_ttl: Duration,
-    devices: Listing<Device>,
+    /// Our devices as machines: a fleet's listing is kept in the few
+    /// fields shepherd reads, not as the API's full device objects.
+    devices: Listing<ProviderMachine>,
 }
 
 type Fetch<T> = Shared<LocalBoxFuture<'static, Result<Rc<Vec<T>>, EquinixError>>>;
@@ -124,11 +126,20 @@ impl Equinix {
 
     /// The project's devices: the shared listing if fresh, else the one in
     /// flight, else a new one.
-    async fn devices(&self) -> Result<Rc<Vec<Device>>, EquinixError> {
+    async fn devices(&self) -> Result<Rc<Vec<ProviderMachine>>, EquinixError> {
         let api = self.api.clone();
+        let prefix = self.cfg.hostname_prefix.clone();
         self.devices
             .get(self.listing_ttl, move || {
-                async move { api.list_devices().await }.boxed_local()
+                async move {
+                    let all = api.list_devices().await?;
+                    Ok(all
+                        .iter()
+                        .filter(|d| d.hostname.starts_with(&prefix))
+                        .map(machine_of)
+                        .collect())
+                }
+                .boxed_local()
             })
             .await
     }
@@ -136,8 +147,8 @@ impl Equinix {
     /// What shepherd just created, in the shared listings.
     fn created(&self, d: &Device, reservation: &str) {
         self.devices.amend(|list| {
-            list.retain(|x| x.id != d.id);
-            list.push(d.clone());
+            list.retain(|x| x.provider_id != d.id);
+            list.push(machine_of(d));
         });
         self.reservations.amend(|list| {
             if let Some(r) = list.iter_mut().find(|r| r.id == reservation) {
@@ -146,10 +157,6 @@ impl Equinix {
                 }));
             }
         });
-    }
-
-    fn is_ours(&self, d: &Device) -> bool {
-        d.hostname.starts_with(&self.cfg.hostname_prefix)
     }
 
     async fn reservations(&self) -> Result<Rc<Vec<HardwareReservation>>, EquinixError> {
@@ -215,12 +222,7 @@ impl Provider for Equinix {
 
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
         Box::pin(async move {
-            let devices = self.devices().await?;
-            let mut out: Vec<ProviderMachine> = devices
-                .iter()
-                .filter(|d| self.is_ours(d))
-                .map(machine_of)
-                .collect();
+            let mut out: Vec<ProviderMachine> = self.devices().await?.as_ref().clone();
             for r in self.reservations().await?.iter() {
                 if r.provisionable && !r.is_occupied() && !self.is_penalized(&r.id) {
                     out.push(ProviderMachine {

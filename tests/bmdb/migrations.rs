@@ -5,7 +5,7 @@ use crate::count;
 const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name IN \
     ('machines', 'sessions', 'work', 'work_history', 'work_backoff', 'machine_provided', 'machine_agent_started', \
      'machine_agent_heartbeat', 'machine_hardware_report', 'machine_os_installation_request', \
-     'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts')";
+     'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts', 'fleet_duty')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -20,14 +20,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V3__machine_ssh_host_key",
             "V4__id_defaults",
             "V5__heartbeat_summary_per_statement",
-            "V6__machine_bmc_facts"
+            "V6__machine_bmc_facts",
+            "V7__fleet_duties"
         ]
     );
-    assert_eq!(first.version, Some(6));
-    assert_eq!(count(&bmdb, TABLES).await, 13);
+    assert_eq!(first.version, Some(7));
+    assert_eq!(count(&bmdb, TABLES).await, 14);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(6));
+    assert_eq!(again.version, Some(7));
 }
 
 #[actix_rt::test]
@@ -40,13 +41,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 6],
+        [0, 7],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 13);
+    assert_eq!(count(&a, TABLES).await, 14);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        6
+        7
     );
 }
 
@@ -76,7 +77,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V3__machine_ssh_host_key",
             "V4__id_defaults",
             "V5__heartbeat_summary_per_statement",
-            "V6__machine_bmc_facts"
+            "V6__machine_bmc_facts",
+            "V7__fleet_duties"
         ]
     );
     let (start, recovery) = bmdb
@@ -123,7 +125,8 @@ async fn the_reference_inserts_without_ids_succeed() {
         vec![
             "V4__id_defaults",
             "V5__heartbeat_summary_per_statement",
-            "V6__machine_bmc_facts"
+            "V6__machine_bmc_facts",
+            "V7__fleet_duties"
         ]
     );
     let (machine, session) = bmdb

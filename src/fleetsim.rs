@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::equinix::sim::{Addressing, Faults, SimConfig, Simulator};
 use crate::machinesim::{MachineSim, Runs};
+pub use crate::secret::write_private;
 use crate::ssh::SshIdentity;
 
 pub struct FleetOptions {
@@ -274,25 +275,6 @@ fn toml_path(p: &Path) -> String {
         .to_string()
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
-}
-
-/// Writes `path` with mode 0600, atomically.
-pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(contents)?;
-    f.sync_all()?;
-    std::fs::rename(tmp, path)
 }
 
 fn fleet_report(agents: &crate::machinesim::Agents, machines: usize) -> FleetReport {

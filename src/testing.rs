@@ -823,3 +823,10 @@ pub fn stripped_copy(binary: &std::path::Path) -> std::path::PathBuf {
     }
     out
 }
+
+/// The one number `sql` (a `SELECT count(*) …`) answers.
+pub async fn count(bmdb: &Bmdb, sql: &'static str) -> i64 {
+    bmdb.transact(async |tx| Ok(tx.query_one(sql, &[]).await?.get::<_, i64>(0)))
+        .await
+        .unwrap()
+}

@@ -316,10 +316,7 @@ failed_reservation_penalty = "2s"
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        self.bmdb
-            .transact(async |tx| Ok(tx.query_one(sql, &[]).await?.get::<_, i64>(0)))
-            .await
-            .unwrap()
+        shepherd::testing::count(&self.bmdb, sql).await
     }
 
     async fn wait_for(

@@ -128,10 +128,7 @@ impl Rig {
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        self.bmdb
-            .transact(async |tx| Ok(tx.query_one(sql, &[]).await?.get::<_, i64>(0)))
-            .await
-            .unwrap()
+        shepherd::testing::count(&self.bmdb, sql).await
     }
 
     async fn wait_for(&self, what: &str, sql: &'static str, want: i64, timeout: Duration) {

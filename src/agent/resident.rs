@@ -167,8 +167,6 @@ pub async fn run(resident: Resident, host: impl Host) {
 /// The handoff file: the seed, then the machine ID, the endpoint and the
 /// CA, each as a big-endian u32 length and its bytes.
 pub fn write_handoff(path: &std::path::Path, r: &Resident) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     let mut b = Vec::with_capacity(64 + r.ca_certificate.len());
     b.extend_from_slice(&r.seed);
     for part in [
@@ -179,16 +177,7 @@ pub fn write_handoff(path: &std::path::Path, r: &Resident) -> std::io::Result<()
         b.extend_from_slice(&(part.len() as u32).to_be_bytes());
         b.extend_from_slice(part);
     }
-    let tmp = path.with_extension("handoff-tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&b)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::secret::write_private(path, &b)
 }
 
 /// Reads (and removes) a handoff file written by [`write_handoff`].

@@ -75,30 +75,8 @@ impl std::fmt::Debug for ServerIdentity {
 }
 
 fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| tls_err(dir.display().to_string(), e))?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| tls_err(tmp.display().to_string(), e))?;
-    f.write_all(text.as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(|e| tls_err(tmp.display().to_string(), e))?;
-    std::fs::rename(&tmp, path).map_err(|e| tls_err(path.display().to_string(), e))
+    crate::secret::write_private(path, text.as_bytes())
+        .map_err(|e| tls_err(path.display().to_string(), e))
 }
 
 fn read_private(path: &Path) -> Result<String, TlsError> {

@@ -61,11 +61,7 @@ pub fn pick(
     async move |_tx: &mut Tx<'_>| Ok(Some((machine_id, ())))
 }
 
-pub async fn count(bmdb: &Bmdb, sql: &'static str) -> i64 {
-    bmdb.transact(async |tx| Ok(tx.query_one(sql, &[]).await?.get::<_, i64>(0)))
-        .await
-        .unwrap()
-}
+pub use shepherd::testing::count;
 
 /// A test database with provided machines and a session.
 pub struct Fleet {

@@ -347,8 +347,9 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
             // the machine's fault, so no backoff; give the lease back.
             Err(e) if e.is_transient() => {
                 tracing::warn!(error = %e, "the BMDB did not answer before the takeover began; giving the machine back");
-                return match work.cancel().await {
-                    Ok(()) => WorkOutcome::Canceled(format!("reading the recorded host key: {e}")),
+                let cause = format!("reading the recorded host key: {e}");
+                return match work.cancel_because(&cause).await {
+                    Ok(()) => WorkOutcome::Canceled(cause),
                     Err(_) => WorkOutcome::Aborted,
                 };
             }

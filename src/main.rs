@@ -42,6 +42,9 @@ enum Command {
     Migrate,
     /// Validate the configuration and print it, secrets redacted.
     CheckConfig,
+    /// Print shepherd's SSH public key (made at `ssh.key_file` if there is
+    /// none yet): the line machines need in root's authorized_keys.
+    SshKey,
     /// Look at the fleet in the BMDB.
     #[command(subcommand)]
     Machines(MachinesCommand),
@@ -134,6 +137,23 @@ fn main() -> ExitCode {
         eprintln!("shepherd: configuration is valid");
         return ExitCode::SUCCESS;
     }
+    if let Command::SshKey = cli.command {
+        let path = &cfg.ssh.key_file;
+        let existed = path.exists();
+        return match shepherd::ssh::SshIdentity::load_or_generate(path) {
+            Ok(identity) => {
+                if !existed {
+                    eprintln!("shepherd: generated a new SSH key at {}", path.display());
+                }
+                println!("{}", identity.public_key());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("shepherd: ssh.key_file: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut log = cfg.log.clone();
     if matches!(cli.command, Command::Demo { .. }) && std::env::var_os("RUST_LOG").is_none() {
         // The demo's own progress lines are the output; logs only for trouble.
@@ -167,7 +187,7 @@ fn main() -> ExitCode {
                 };
                 shepherd::demo::run(cfg, opts).await
             }
-            Command::CheckConfig => unreachable!(),
+            Command::CheckConfig | Command::SshKey => unreachable!(),
         }
     });
     match result {

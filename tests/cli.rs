@@ -402,3 +402,111 @@ fn bmc_settings_are_checked_and_their_password_never_printed() {
     );
     assert!(!stderr(&o).contains(SECRET), "{}", stderr(&o));
 }
+
+#[test]
+fn ssh_key_prints_the_public_key_made_once_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("ssh/shepherd_ed25519");
+    let run = || {
+        shepherd()
+            .arg("ssh-key")
+            .env("SHEPHERD__SSH__KEY_FILE", &key)
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    assert!(first.status.success(), "{}", stderr(&first));
+    let line = stdout(&first);
+    assert!(line.starts_with("ssh-ed25519 "), "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(stderr(&first).contains("generated a new SSH key"));
+    // The private key is the owner's alone, and never printed.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let private = std::fs::read_to_string(&key).unwrap();
+    assert!(private.contains("OPENSSH PRIVATE KEY"));
+    assert!(!line.contains("PRIVATE"));
+    // The same key the next time, and no word of a new one.
+    let second = run();
+    assert!(second.status.success());
+    assert_eq!(stdout(&second), line);
+    assert!(stderr(&second).is_empty(), "{}", stderr(&second));
+    // The key is the one `shepherd run` would use: its public half matches.
+    let id = shepherd::ssh::SshIdentity::load_or_generate(&key).unwrap();
+    assert_eq!(line.trim(), id.public_key());
+}
+
+#[test]
+fn ssh_key_names_the_key_file_it_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, "not a directory").unwrap();
+    let out = shepherd()
+        .arg("ssh-key")
+        .env("SHEPHERD__SSH__KEY_FILE", blocker.join("key"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("ssh.key_file"), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+}
+
+/// The packaged unit, with ExecStart at this build's binary.
+fn unit_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/shepherd.service"
+    ))
+    .unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/shepherd "));
+    let path = dir.join("shepherd.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/bin/shepherd", env!("CARGO_BIN_EXE_shepherd")),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn the_systemd_unit_verifies_and_is_sandboxed() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("systemd-analyze is not installed; the unit is not checked here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let unit = unit_file(dir.path());
+    // Every directive understood, the program there: no word at all.
+    let verify = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", stderr(&verify));
+    assert!(
+        stderr(&verify).trim().is_empty() && stdout(&verify).trim().is_empty(),
+        "{}{}",
+        stdout(&verify),
+        stderr(&verify)
+    );
+    // systemd's own rating of the sandbox: "OK" or better (0 is best, 10
+    // is unprotected).
+    let security = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let text = stdout(&security) + &stderr(&security);
+    let exposure: f64 = text
+        .split("Overall exposure level for shepherd.service:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in: {text}"));
+    assert!(exposure <= 2.0, "exposure {exposure}:\n{text}");
+}

@@ -1099,6 +1099,14 @@ async fn a_sub_second_database_restart_keeps_the_session_and_the_takeovers() {
         &mut s,
     )
     .await;
+    // Under way means on the machines: every agent started (a lease whose
+    // worker had not yet read the machine's host key is given back
+    // untouched when the database is away, and taken again).
+    let t = Instant::now();
+    while rig.agent_runs().len() < 6 {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", s.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let before = rig.sessions_alive().await;
     assert_eq!(before.len(), 1);
     let t = Instant::now();

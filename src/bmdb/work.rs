@@ -278,6 +278,13 @@ impl<T> Work<T> {
         Ok(())
     }
 
+    /// As [`Work::cancel`], with why in the history.
+    pub async fn cancel_because(&mut self, cause: &str) -> Result<(), BmdbError> {
+        cancel(&self.session, self.machine_id, self.process, Some(cause)).await?;
+        self.ended = true;
+        Ok(())
+    }
+
     /// Whether finish, fail or cancel went through.
     pub fn is_ended(&self) -> bool {
         self.ended

@@ -355,41 +355,58 @@ fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
-fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
-    let mut leases = Vec::new();
+/// A counter family over the mailboxes: one series per process and per
+/// (label value, count) that `values` gives for its status.
+fn mailbox_counters(
+    p: &mut Scrape,
+    mailboxes: &[(&str, &Option<MailboxStatus>)],
+    (name, help, label): (&str, &str, &'static str),
+    values: impl Fn(&MailboxStatus) -> Vec<(&'static str, u64)>,
+) {
+    let mut series = Vec::new();
     for (process, m) in mailboxes {
         if let Some(m) = m {
-            for (event, n) in [
+            for (value, n) in values(m) {
+                series.push((labels(&[("process", process), (label, value)]), n));
+            }
+        }
+    }
+    p.counters(name, help, series);
+}
+
+fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
+    mailbox_counters(
+        p,
+        mailboxes,
+        (
+            "shepherd_leases",
+            "Work leases by process and how they ended (this process).",
+            "event",
+        ),
+        |m| {
+            vec![
                 ("started", m.leased),
                 ("finished", m.finished),
                 ("failed", m.failed),
                 ("canceled", m.aborted),
-            ] {
-                leases.push((labels(&[("process", process), ("event", event)]), n));
-            }
-        }
-    }
-    p.counters(
-        "shepherd_leases",
-        "Work leases by process and how they ended (this process).",
-        leases,
+            ]
+        },
     );
-    let mut selections = Vec::new();
-    for (process, m) in mailboxes {
-        if let Some(m) = m {
-            for (result, n) in [
+    mailbox_counters(
+        p,
+        mailboxes,
+        (
+            "shepherd_lease_selections",
+            "Lease attempts of a control loop by outcome: a machine leased, nothing to lease, or a pick lost to another leaser (this process).",
+            "result",
+        ),
+        |m| {
+            vec![
                 ("leased", m.leased),
                 ("nothing", m.idle_polls),
                 ("lost", m.conflicts),
-            ] {
-                selections.push((labels(&[("process", process), ("result", result)]), n));
-            }
-        }
-    }
-    p.counters(
-        "shepherd_lease_selections",
-        "Lease attempts of a control loop by outcome: a machine leased, nothing to lease, or a pick lost to another leaser (this process).",
-        selections,
+            ]
+        },
     );
     for (name, help, value) in [
         (

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::equinix::sim::{Addressing, Faults, SimConfig, Simulator};
 use crate::machinesim::{MachineSim, Runs};
-pub use crate::secret::write_private;
+use crate::secret::write_private;
 use crate::ssh::SshIdentity;
 
 pub struct FleetOptions {

@@ -19,7 +19,7 @@ use std::rc::Rc;
 use actix::prelude::*;
 use rand::seq::SliceRandom;
 
-use crate::bmdb::duty::{Duty, Turn, note_holder, on_duty};
+use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
 use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
 use crate::config::ProvisionerConfig;
@@ -38,12 +38,9 @@ pub struct ProvisionerStatus {
     pub missing_in_provider: BTreeSet<String>,
     /// Machines in both.
     pub managed: usize,
-    /// The session of another shepherd holding the provisioning duty
-    /// (this one stands by); None while this one holds it (or before the
-    /// first round).
-    pub standing_by_for: Option<uuid::Uuid>,
-    /// Set once a round has claimed the duty, either way.
-    pub duty_known: bool,
+    /// Who holds the fleet's provisioning duty as of the last round (None
+    /// before the first).
+    pub duty: Option<Holder>,
 }
 
 #[derive(Message)]
@@ -110,14 +107,10 @@ impl Provisioner {
             act.in_round = false;
             match r {
                 Ok(Turn::StandBy(holder)) => {
-                    let was = act.status.duty_known.then_some(act.status.standing_by_for);
-                    act.status.standing_by_for = note_holder(Duty::Provisioning, was, Some(holder));
-                    act.status.duty_known = true;
+                    note_holder(Duty::Provisioning, &mut act.status.duty, Holder::Other(holder));
                 }
                 Ok(Turn::Done(o)) => {
-                    let was = act.status.duty_known.then_some(act.status.standing_by_for);
-                    act.status.standing_by_for = note_holder(Duty::Provisioning, was, None);
-                    act.status.duty_known = true;
+                    note_holder(Duty::Provisioning, &mut act.status.duty, Holder::Us);
                     act.status.rounds += 1;
                     act.status.created += o.created;
                     act.status.failed_creations += o.failed_creations;

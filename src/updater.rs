@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use actix::prelude::*;
 
-use crate::bmdb::duty::{Duty, Turn, note_holder, on_duty};
+use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
 use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
@@ -24,11 +24,9 @@ pub struct UpdaterStatus {
     pub failed_rounds: u64,
     /// Rows written, over all rounds.
     pub updated: u64,
-    /// The session of another shepherd holding the provider-updates duty
-    /// (this one stands by); None while this one holds it.
-    pub standing_by_for: Option<uuid::Uuid>,
-    /// Set once a round has claimed the duty, either way.
-    pub duty_known: bool,
+    /// Who holds the fleet's provider-updates duty as of the last round (None
+    /// before the first).
+    pub duty: Option<Holder>,
 }
 
 #[derive(Message)]
@@ -73,17 +71,17 @@ impl Updater {
         };
         ctx.spawn(round.into_actor(self).map(|r, act, _| {
             act.in_round = false;
-            let was = act.status.duty_known.then_some(act.status.standing_by_for);
             match r {
                 Ok(Turn::StandBy(holder)) => {
-                    act.status.standing_by_for =
-                        note_holder(Duty::ProviderUpdates, was, Some(holder));
-                    act.status.duty_known = true;
+                    note_holder(
+                        Duty::ProviderUpdates,
+                        &mut act.status.duty,
+                        Holder::Other(holder),
+                    );
                     return;
                 }
                 Ok(Turn::Done(n)) => {
-                    act.status.standing_by_for = note_holder(Duty::ProviderUpdates, was, None);
-                    act.status.duty_known = true;
+                    note_holder(Duty::ProviderUpdates, &mut act.status.duty, Holder::Us);
                     act.status.updated += n
                 }
                 // A round cut short by a shutdown is not worth a warning.
@@ -191,12 +189,7 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
         return Ok(written);
     }
     session
-        .transact(async |tx| {
-            for m in &changed {
-                machines::update_provided(tx, m).await?;
-            }
-            Ok(())
-        })
+        .transact(async |tx| machines::update_provided(tx, &changed).await)
         .await
         .map_err(|e| format!("writing {} changed machines: {e}", changed.len()))?;
     // A machine coming up is routine (its takeover logs it); anything else

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use shepherd::equinix::sim::Faults;
-use shepherd::fleetsim::{FleetOptions, FleetSim, write_private};
+use shepherd::fleetsim::{FleetOptions, FleetSim};
+use shepherd::secret::write_private;
 
 #[derive(Parser)]
 #[command(

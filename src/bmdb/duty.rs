@@ -109,15 +109,15 @@ pub async fn on_duty<T>(
     }
 }
 
-/// Logs a duty changing hands, as this process sees it; returns the new
-/// state to keep (None: held here).
-pub fn note_holder(duty: Duty, was: Option<Option<Uuid>>, now: Option<Uuid>) -> Option<Uuid> {
-    if was != Some(now) {
+/// Records who holds `duty` as of this round in `known` (None before the
+/// first claim), logging it once each time it changes hands.
+pub fn note_holder(duty: Duty, known: &mut Option<Holder>, now: Holder) {
+    if *known != Some(now) {
         match now {
-            None => tracing::info!(%duty, "this process holds the fleet's {duty} duty"),
-            Some(holder) => tracing::info!(%duty, holder_session = %holder,
+            Holder::Us => tracing::info!(%duty, "this process holds the fleet's {duty} duty"),
+            Holder::Other(holder) => tracing::info!(%duty, holder_session = %holder,
                 "another shepherd holds the fleet's {duty} duty; standing by"),
         }
     }
-    now
+    *known = Some(now);
 }

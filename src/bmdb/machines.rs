@@ -429,20 +429,33 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
     }))
 }
 
-const PROVIDED_UPDATE: &str = "UPDATE machine_provided SET provider_ip_address = $2, provider_location = $3, \
-     provider_reservation_id = $4, provider_status = $5 WHERE machine_id = $1";
+/// Many machines' provider records in one statement.
+const PROVIDED_UPDATE: &str = "UPDATE machine_provided p SET provider_ip_address = u.ip, \
+     provider_location = u.loc, provider_reservation_id = u.res, \
+     provider_status = u.st::provider_status \
+     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, ip, loc, res, st) \
+     WHERE p.machine_id = u.id";
 
-/// Overwrites what the provider says about a machine.
-pub async fn update_provided(tx: &mut Tx<'_>, m: &ProvidedMachine) -> Result<(), BmdbError> {
+/// Overwrites what the provider says about each of `changed`, in one
+/// statement however many there are.
+pub async fn update_provided(
+    tx: &mut Tx<'_>,
+    changed: &[ProvidedMachine],
+) -> Result<(), BmdbError> {
+    let ids: Vec<Uuid> = changed.iter().map(|m| m.machine_id).collect();
+    let ips: Vec<Option<&str>> = changed.iter().map(|m| m.ip_address.as_deref()).collect();
+    let locations: Vec<Option<&str>> = changed.iter().map(|m| m.location.as_deref()).collect();
+    let reservations: Vec<Option<&str>> = changed
+        .iter()
+        .map(|m| m.reservation_id.as_deref())
+        .collect();
+    let statuses: Vec<Option<String>> = changed
+        .iter()
+        .map(|m| m.status.map(|s| s.to_string()))
+        .collect();
     tx.execute(
         PROVIDED_UPDATE,
-        &[
-            &m.machine_id,
-            &m.ip_address,
-            &m.location,
-            &m.reservation_id,
-            &m.status,
-        ],
+        &[&ids, &ips, &locations, &reservations, &statuses],
     )
     .await?;
     Ok(())

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use shepherd::equinix::model::DeviceCreateRequest;
+use shepherd::equinix::model::{Device, DeviceCreateRequest};
 use shepherd::equinix::sim::{Faults, SimConfig, Simulator, Stats};
 use shepherd::equinix::{
     ApiMetrics, ClientSettings, EquinixApi, EquinixError, Operation, WITNESS_TAG_PREFIX,
@@ -44,6 +44,31 @@ pub fn settings(sim: &Simulator) -> ClientSettings {
 
 pub fn client(settings: ClientSettings) -> EquinixApi {
     EquinixApi::start(settings, ApiMetrics::default()).unwrap()
+}
+
+/// A device created from every reservation of `sim` at once; each
+/// reservation with its outcome.
+async fn create_one_per_reservation(
+    sim: &Simulator,
+    api: &EquinixApi,
+) -> Vec<(String, Result<Device, EquinixError>)> {
+    let calls: Vec<_> = sim
+        .reservation_ids()
+        .into_iter()
+        .enumerate()
+        .map(|(n, r)| {
+            let api = api.clone();
+            actix_rt::spawn(async move {
+                let d = api.create_device(create_request(&r, n)).await;
+                (r, d)
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    out
 }
 
 pub fn create_request(reservation: &str, n: usize) -> DeviceCreateRequest {
@@ -245,20 +270,8 @@ async fn creates_are_idempotent_through_lost_responses_and_errors() {
         error_rate: 0.1,
         ..Faults::default()
     });
-    let calls: Vec<_> = sim
-        .reservation_ids()
-        .into_iter()
-        .enumerate()
-        .map(|(n, r)| {
-            let api = api.clone();
-            actix_rt::spawn(
-                async move { (r.clone(), api.create_device(create_request(&r, n)).await) },
-            )
-        })
-        .collect();
     let mut by_reservation = HashMap::new();
-    for c in calls {
-        let (r, d) = c.await.unwrap();
+    for (r, d) in create_one_per_reservation(&sim, &api).await {
         let d = d.unwrap_or_else(|e| panic!("reservation {r}: {e}"));
         assert_eq!(d.reservation_id(), Some(r.as_str()));
         by_reservation.insert(r, d.id);
@@ -288,17 +301,8 @@ async fn creates_are_idempotent_through_lost_responses_and_errors() {
 async fn without_faults_a_device_costs_one_request() {
     let sim = simulator(200).await;
     let api = client(settings(&sim));
-    let calls: Vec<_> = sim
-        .reservation_ids()
-        .into_iter()
-        .enumerate()
-        .map(|(n, r)| {
-            let api = api.clone();
-            actix_rt::spawn(async move { api.create_device(create_request(&r, n)).await })
-        })
-        .collect();
-    for c in calls {
-        c.await.unwrap().unwrap();
+    for (r, d) in create_one_per_reservation(&sim, &api).await {
+        d.unwrap_or_else(|e| panic!("reservation {r}: {e}"));
     }
     let stats = sim.stats();
     assert_eq!(count(&stats, Operation::CreateDevice), 200);

@@ -859,8 +859,13 @@ pub fn endpoint_host(endpoint: &str) -> Option<&str> {
 pub struct AdminConfig {
     pub enabled: bool,
     pub listen: std::net::SocketAddr,
-    /// Bearer token; required when `listen` is not a loopback address.
+    /// Bearer token, named `admin` in the audit of operator actions.
     pub token: Option<Secret>,
+    /// Named bearer tokens (`alice = { env = "ALICE_TOKEN" }`): each
+    /// operator's own, so the audit says who acted. With any token set
+    /// (here or `token`), every route but `/healthz` wants one; one is
+    /// required when `listen` is not a loopback address.
+    pub tokens: std::collections::BTreeMap<String, Secret>,
 }
 
 impl Default for AdminConfig {
@@ -869,9 +874,13 @@ impl Default for AdminConfig {
             enabled: true,
             listen: ([127, 0, 0, 1], 9090).into(),
             token: None,
+            tokens: Default::default(),
         }
     }
 }
+
+/// Names the audit uses for actors that are not tokens.
+pub const RESERVED_ACTORS: [&str; 2] = ["cli", "anonymous"];
 
 impl AdminConfig {
     fn validate(&mut self) -> Result<(), ConfigError> {
@@ -879,16 +888,64 @@ impl AdminConfig {
             t.resolve()
                 .map_err(|m| ConfigError::key("admin.token", m))?;
         }
-        if self.enabled && !self.listen.ip().is_loopback() && self.token.is_none() {
+        if self.token.is_some() && self.tokens.contains_key("admin") {
+            return Err(ConfigError::key(
+                "admin.tokens.admin",
+                "is the name admin.token goes by; give this token another name",
+            ));
+        }
+        for (name, t) in &mut self.tokens {
+            let key = format!("admin.tokens.{name}");
+            let well_formed = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-@".contains(c));
+            if !well_formed {
+                return Err(ConfigError::key(
+                    &key,
+                    "a token's name is 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', '@'",
+                ));
+            }
+            if RESERVED_ACTORS.contains(&name.as_str()) {
+                return Err(ConfigError::key(
+                    &key,
+                    format!("{name:?} is reserved (the audit's name for actions without a token)"),
+                ));
+            }
+            t.resolve().map_err(|m| ConfigError::key(&key, m))?;
+            if t.expose().len() < 16 {
+                return Err(ConfigError::key(&key, "must be at least 16 characters"));
+            }
+        }
+        let named = self.named_tokens();
+        for (i, (a, ta)) in named.iter().enumerate() {
+            if let Some((b, _)) = named[i + 1..].iter().find(|(_, tb)| tb == ta) {
+                return Err(ConfigError::key(
+                    format!("admin.tokens.{b}"),
+                    format!("is the same token as {a}'s; the audit could not tell them apart"),
+                ));
+            }
+        }
+        if self.enabled && !self.listen.ip().is_loopback() && named.is_empty() {
             return Err(ConfigError::key(
                 "admin.token",
                 format!(
-                    "must be set when admin.listen ({}) is not a loopback address",
+                    "must be set (or admin.tokens) when admin.listen ({}) is not a loopback address",
                     self.listen
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// Every token with its name (`admin.token` is `admin`).
+    pub fn named_tokens(&self) -> Vec<(String, Secret)> {
+        self.token
+            .iter()
+            .map(|t| ("admin".to_string(), t.clone()))
+            .chain(self.tokens.iter().map(|(n, t)| (n.clone(), t.clone())))
+            .collect()
     }
 }
 

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::machines::{self, MachineState};
+use shepherd::bmdb::{Bmdb, actions};
 use shepherd::config::Config;
 
 /// Exit status for invalid configuration (as for a usage error).
@@ -100,11 +100,90 @@ enum MachinesCommand {
         #[arg(long, default_value_t = 1000)]
         limit: i64,
     },
-    /// A machine's tags, lease, backoffs and history.
+    /// A machine's tags, lease, backoffs, history and operator actions.
     Show {
         /// The BMDB machine ID.
         id: uuid::Uuid,
     },
+    /// Clear a machine's backoff so its work is tried again now.
+    Retry {
+        id: uuid::Uuid,
+        /// Only this process's backoff (ShepherdAgentStart,
+        /// ShepherdRecovery…); every one of the machine's by default.
+        #[arg(long, value_parser = parse_process)]
+        process: Option<shepherd::bmdb::Process>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Drop the machine's agent so the Initializer takes it over again.
+    Retakeover {
+        id: uuid::Uuid,
+        /// Also forget its recorded SSH host key (after a reinstall).
+        #[arg(long)]
+        forget_host_key: bool,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Reboot the machine now, through its provider, on the Recoverer's
+    /// lease (a running shepherd does it).
+    Reboot {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Keep every control loop away from the machine until it is released.
+    Hold {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let the control loops take a held machine again.
+    Release {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+fn parse_process(s: &str) -> Result<shepherd::bmdb::Process, String> {
+    shepherd::bmdb::Process::parse(s).ok_or_else(|| {
+        let all: Vec<String> = shepherd::bmdb::Process::ALL
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        format!("not a process; one of: {}", all.join(", "))
+    })
+}
+
+impl MachinesCommand {
+    /// The operator action this command is, if it is one.
+    fn action(&self) -> Option<actions::Request> {
+        use actions::{Action, Request};
+        let (id, action, reason) = match self {
+            MachinesCommand::List { .. } | MachinesCommand::Show { .. } => return None,
+            MachinesCommand::Retry { id, reason, .. } => (id, Action::Retry, reason),
+            MachinesCommand::Retakeover { id, reason, .. } => (id, Action::Retakeover, reason),
+            MachinesCommand::Reboot { id, reason } => (id, Action::Reboot, reason),
+            MachinesCommand::Hold { id, reason } => (id, Action::Hold, reason),
+            MachinesCommand::Release { id, reason } => (id, Action::Release, reason),
+        };
+        let mut req = Request::new(*id, action, "cli");
+        req.reason = reason
+            .as_deref()
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(String::from);
+        if let MachinesCommand::Retry { process, .. } = self {
+            req.process = *process;
+        }
+        if let MachinesCommand::Retakeover {
+            forget_host_key, ..
+        } = self
+        {
+            req.forget_host_key = *forget_host_key;
+        }
+        Some(req)
+    }
 }
 
 fn parse_state(s: &str) -> Result<MachineState, String> {
@@ -226,6 +305,21 @@ async fn migrate(mut cfg: Config) -> anyhow::Result<()> {
 async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
     cfg.bmdb.pool_size = 2;
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
+    if let Some(req) = cmd.action() {
+        return match bmdb
+            .transact(async |tx| actions::act(tx, &req).await)
+            .await?
+        {
+            actions::Outcome::Done(a) => {
+                println!("{} {}: {}", a.action, a.machine_id, a.detail);
+                Ok(())
+            }
+            actions::Outcome::Refused(why) => anyhow::bail!("{} refused: {why}", req.action),
+            actions::Outcome::NotFound => {
+                anyhow::bail!("machine {} is not in the BMDB", req.machine_id)
+            }
+        };
+    }
     match cmd {
         MachinesCommand::List { state, limit } => {
             let list = bmdb
@@ -348,14 +442,55 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                     b.cause
                 );
             }
+            if let Some(h) = &d.hold {
+                println!(
+                    "held by {} since {}{}",
+                    h.by,
+                    t(h.since),
+                    h.reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            if let Some((by, at)) = &d.reboot_request {
+                println!("reboot requested by {by} at {}", t(*at));
+            }
             println!("history:");
-            for h in &d.history {
-                match &h.failed_cause {
-                    Some(c) => println!("  {} {} {}: {c}", t(h.timestamp), h.process, h.event),
-                    None => println!("  {} {} {}", t(h.timestamp), h.process, h.event),
-                }
+            let mut lines: Vec<(std::time::SystemTime, String)> = d
+                .history
+                .iter()
+                .map(|h| {
+                    let line = match &h.failed_cause {
+                        Some(c) => format!("  {} {} {}: {c}", t(h.timestamp), h.process, h.event),
+                        None => format!("  {} {} {}", t(h.timestamp), h.process, h.event),
+                    };
+                    (h.timestamp, line)
+                })
+                .collect();
+            for a in &d.actions {
+                let why = a
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(" (reason: {r})"))
+                    .unwrap_or_default();
+                lines.push((
+                    a.timestamp,
+                    format!(
+                        "  {} operator {} {}: {}{why}",
+                        t(a.timestamp),
+                        a.actor,
+                        a.action,
+                        a.detail
+                    ),
+                ));
+            }
+            lines.sort_by_key(|(at, _)| *at);
+            for (_, l) in lines {
+                println!("{l}");
             }
         }
+        _ => unreachable!("actions are handled above"),
     }
     Ok(())
 }

@@ -171,7 +171,11 @@ async fn reconcile(
     known_missing: BTreeSet<String>,
 ) -> Result<RoundOutcome, String> {
     let kind = provider.kind();
-    let (listed, recorded) = crate::provider::listings(provider.as_ref(), &session).await?;
+    let crate::provider::Listings {
+        listed,
+        recorded,
+        held,
+    } = crate::provider::listings(provider.as_ref(), &session).await?;
     let in_bmdb: HashSet<&str> = recorded.iter().map(|m| m.provider_id.as_str()).collect();
     let ours: Vec<&ProviderMachine> = listed
         .iter()
@@ -187,10 +191,11 @@ async fn reconcile(
     // nearly every race).
     capacity.shuffle(&mut rand::rng());
 
-    // In the BMDB, gone from the provider: report, keep.
+    // In the BMDB, gone from the provider: report, keep. A held machine is
+    // the operator's (maintenance, a move): not reported.
     let missing: BTreeSet<String> = recorded
         .iter()
-        .filter(|m| !ours_ids.contains(m.provider_id.as_str()))
+        .filter(|m| !ours_ids.contains(m.provider_id.as_str()) && !held.contains(&m.machine_id))
         .map(|m| m.provider_id.clone())
         .collect();
     for id in missing.difference(&known_missing) {

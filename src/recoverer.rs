@@ -19,7 +19,8 @@ use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Tx, Work};
 use crate::control::{ControlLoop, WorkOutcome, Worker, WorkerDone};
 use crate::provider::SharedProvider;
 
-const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1) \
+const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1), \
+     r AS (DELETE FROM machine_reboot_request WHERE machine_id = $1) \
      DELETE FROM machine_agent_heartbeat WHERE machine_id = $1";
 
 /// How a reboot is waited for.
@@ -69,7 +70,7 @@ impl Recoverer {
 }
 
 impl ControlLoop for Recoverer {
-    type Item = ProvidedMachine;
+    type Item = Recovery;
 
     fn process(&self) -> Process {
         Process::ShepherdRecovery
@@ -79,14 +80,24 @@ impl ControlLoop for Recoverer {
         "recoverer"
     }
 
-    async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, ProvidedMachine)>, BmdbError> {
+    async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, Recovery)>, BmdbError> {
         let s = &self.shared;
-        let mut m = selectors::needs_recovery(tx, s.provider.kind(), 1, s.thresholds).await?;
-        Ok(m.pop().map(|m| (m.machine_id, m)))
+        let kind = s.provider.kind();
+        let (mut m, requested) = match selectors::reboot_requested(tx, kind, 1).await?.pop() {
+            Some(m) => (Some(m), true),
+            None => (
+                selectors::needs_recovery(tx, kind, 1, s.thresholds)
+                    .await?
+                    .pop(),
+                false,
+            ),
+        };
+        Ok(m.take()
+            .map(|machine| (machine.machine_id, Recovery { machine, requested })))
     }
 
-    fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
-        let span = tracing::info_span!("recovery", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
+    fn start_worker(&self, work: Work<Recovery>, done: Recipient<WorkerDone>) {
+        let span = tracing::info_span!("recovery", machine_id = %work.machine_id(), provider_id = %work.item().machine.provider_id);
         RecovererWorker::start(
             work.machine_id(),
             run(work, self.shared.clone()).instrument(span),
@@ -95,7 +106,16 @@ impl ControlLoop for Recoverer {
     }
 }
 
-async fn run(mut work: Work<ProvidedMachine>, shared: Rc<Shared>) -> WorkOutcome {
+/// A machine to reboot, and why.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    pub machine: ProvidedMachine,
+    /// An operator asked for it (`machine_reboot_request`); otherwise its
+    /// agent went quiet.
+    pub requested: bool,
+}
+
+async fn run(mut work: Work<Recovery>, shared: Rc<Shared>) -> WorkOutcome {
     let session = work.session().clone();
     let result = tokio::select! {
         r = recover(&shared, work.item()) => r,
@@ -131,9 +151,13 @@ async fn run(mut work: Work<ProvidedMachine>, shared: Rc<Shared>) -> WorkOutcome
 }
 
 /// Reboots the machine and waits until the provider reports it running.
-async fn recover(shared: &Shared, machine: &ProvidedMachine) -> Result<(), String> {
-    let id = machine.provider_id.as_str();
-    tracing::info!("agent quiet; rebooting");
+async fn recover(shared: &Shared, recovery: &Recovery) -> Result<(), String> {
+    let id = recovery.machine.provider_id.as_str();
+    if recovery.requested {
+        tracing::info!("rebooting at an operator's request");
+    } else {
+        tracing::info!("agent quiet; rebooting");
+    }
     shared
         .provider
         .reboot(id)

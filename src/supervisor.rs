@@ -519,11 +519,15 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         c.metrics.register(&mut registry);
     }
     let admin = crate::admin::Admin {
-        bmdb: parts.bmdb.clone(),
-        supervisor: None,
         registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
-        token: cfg.admin.token.clone(),
+        tokens: cfg.admin.named_tokens(),
+        equinix: parts.api.as_ref().map(|api| crate::admin::RequestBudget {
+            metrics: api.metrics().clone(),
+            interval: cfg.equinix.api_interval,
+            parallelism: cfg.equinix.parallelism,
+        }),
+        ..crate::admin::Admin::new(parts.bmdb.clone())
     };
     let supervisor = Supervisor::new(cfg, parts).start();
     Ok(Running {

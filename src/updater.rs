@@ -145,7 +145,13 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
         .bmc_facts()
         .await
         .map_err(|e| format!("reading BMCs: {e}"))?;
-    let (listed, recorded) = crate::provider::listings(provider.as_ref(), &session).await?;
+    let crate::provider::Listings {
+        listed,
+        mut recorded,
+        held,
+    } = crate::provider::listings(provider.as_ref(), &session).await?;
+    // A held machine's record stays as the operator left it.
+    recorded.retain(|r| !held.contains(&r.machine_id));
     let mut written = 0;
     if !reads.is_empty() {
         let ids: HashMap<&str, uuid::Uuid> = recorded

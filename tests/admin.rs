@@ -95,15 +95,17 @@ fn metrics() -> ApiMetrics {
 
 fn serve(f: &Fleet, token: Option<&str>) -> SocketAddr {
     let a = Admin {
-        bmdb: f.bmdb.clone(),
-        supervisor: None,
         registry: {
             let mut r = prometheus_client::registry::Registry::default();
             metrics().register(&mut r);
             std::sync::Arc::new(r)
         },
         heartbeat_stale_after: Duration::from_secs(600),
-        token: token.map(Secret::inline),
+        tokens: token
+            .map(|t| ("admin".to_string(), Secret::inline(t)))
+            .into_iter()
+            .collect(),
+        ..Admin::new(f.bmdb.clone())
     };
     admin::serve(a, "127.0.0.1:0".parse().unwrap()).unwrap()
 }
@@ -516,7 +518,7 @@ async fn the_pages_render_in_a_browser() {
     ] {
         assert_eq!(count_cell(&dom, state), n, "{state}");
     }
-    assert_eq!(dom.matches("<tr class=\"machine\">").count(), 4);
+    assert_eq!(dom.matches("<tr class=\"machine\"").count(), 4);
     assert!(dom.contains(&format!("href=\"machines/{}\"", f.started)));
 
     let dom = rendered(format!("http://{a}/machines/{}", f.backed_off)).await;
@@ -528,4 +530,325 @@ async fn the_pages_render_in_a_browser() {
         dom.contains("connect to &lt;127.0.0.2&gt;: refused &amp; gone"),
         "{dom}"
     );
+}
+
+/// Serves one page, on another origin, whose form posts `action` (the
+/// cross-site attacker's page).
+fn evil_page(action: String) -> SocketAddr {
+    let html = format!(
+        "<!doctype html><html><body><form method=\"post\" action=\"{action}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"00\"><button id=\"go\" type=\"submit\">win</button>\
+         </form></body></html>"
+    );
+    let server = actix_web::HttpServer::new(move || {
+        let html = html.clone();
+        actix_web::App::new().default_service(actix_web::web::to(move || {
+            let html = html.clone();
+            async move {
+                actix_web::HttpResponse::Ok()
+                    .content_type("text/html")
+                    .body(html)
+            }
+        }))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_rt::spawn(server.run());
+    addr
+}
+
+/// Runs tests/browser/admin_pages.py: what it saw, as JSON.
+async fn browse(args: Vec<String>) -> serde_json::Value {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/browser/admin_pages.py"
+            ))
+            .args(&args)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "admin_pages.py {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[actix_rt::test]
+async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser() {
+    let f = fleet().await;
+    let token = "browser-admin-token-0123";
+    let a = serve(&f, Some(token));
+    let evil = evil_page(format!("http://{a}/machines/{}/release", f.pending));
+    let seen = browse(vec![
+        "walk".into(),
+        format!("http://{a}"),
+        token.into(),
+        f.pending.to_string(),
+        f.backed_off.to_string(),
+        "device-started".into(),
+        format!("http://{evil}/"),
+    ])
+    .await;
+    assert_eq!(seen["login_form"], true, "{seen}");
+    assert_eq!(seen["after_login_title"], "shepherd: fleet", "{seen}");
+    assert_eq!(seen["state_backoff"], json!([f.backed_off.to_string()]));
+    let mut no_agent = vec![
+        f.pending.to_string(),
+        f.backed_off.to_string(),
+        f.leased.to_string(),
+    ];
+    no_agent.sort();
+    assert_eq!(seen["heartbeat_no_agent"], json!(no_agent));
+    assert_eq!(seen["search_provider_id"], json!([f.started.to_string()]));
+    assert_eq!(
+        seen["search_machine_prefix"],
+        json!([f.pending.to_string()])
+    );
+    assert_eq!(seen["chart"], 3, "three series in the chart");
+    // The button worked: the page shows the audit entry.
+    assert!(
+        seen["after_hold_url"]
+            .as_str()
+            .unwrap()
+            .ends_with("#history"),
+        "{seen}"
+    );
+    assert!(
+        seen["notice"]
+            .as_str()
+            .unwrap()
+            .starts_with("hold by admin: held"),
+        "{seen}"
+    );
+    assert_eq!(seen["state"], "held");
+    let rows = seen["operator_rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{seen}");
+    let row = rows[0].as_str().unwrap();
+    assert!(
+        row.contains("operator admin") && row.contains("hold") && row.contains("reason: rack move"),
+        "{row}"
+    );
+    assert!(
+        seen["buttons"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("button-release")),
+        "{seen}"
+    );
+    // The other site's post was refused; the machine is still held.
+    assert!(
+        seen["cross_site_body"]
+            .as_str()
+            .unwrap()
+            .contains("cross-site request is refused"),
+        "{seen}"
+    );
+    assert_eq!(seen["state_after_cross_site"], "held");
+    let audit: Vec<(String, String, Option<String>)> = f
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT actor, action, reason FROM operator_action WHERE machine_id = $1",
+                    &[&f.pending],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        audit,
+        vec![("admin".into(), "hold".into(), Some("rack move".into()))]
+    );
+}
+
+/// Form posts as a browser (or a forger) would send them.
+async fn form_post(
+    a: SocketAddr,
+    path: &str,
+    headers: &[(&str, String)],
+    form: &[(&str, &str)],
+) -> (u16, String) {
+    let client = awc::Client::builder().disable_redirects().finish();
+    let mut req = client.post(format!("http://{a}{path}"));
+    for (k, v) in headers {
+        req = req.insert_header((*k, v.clone()));
+    }
+    let mut r = req.send_form(&form).await.unwrap();
+    let body = r.body().await.unwrap();
+    (
+        r.status().as_u16(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+#[actix_rt::test]
+async fn forms_are_refused_across_sites_and_without_a_valid_csrf_token() {
+    let f = fleet().await;
+    let token = "forms-admin-token-0123";
+    let a = serve(&f, Some(token));
+    let bearer = ("Authorization", format!("Bearer {token}"));
+    // The CSRF token as the page gives it.
+    let (_, page) = get(format!("http://{a}/machines/{}", f.pending), Some(token)).await;
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("the page's forms carry a CSRF token")
+        .to_string();
+    let path = format!("/machines/{}/hold", f.pending);
+    for (what, headers, csrf, want) in [
+        ("no token", vec![], csrf.as_str(), 401),
+        (
+            "another origin",
+            vec![bearer.clone(), ("Origin", "http://127.0.0.1:1".into())],
+            csrf.as_str(),
+            403,
+        ),
+        (
+            "a cross-site fetch",
+            vec![bearer.clone(), ("Sec-Fetch-Site", "cross-site".into())],
+            csrf.as_str(),
+            403,
+        ),
+        ("a forged CSRF token", vec![bearer.clone()], "abcd", 403),
+        (
+            "a CSRF token changed by one digit",
+            vec![bearer.clone()],
+            &one_digit_changed(&csrf),
+            403,
+        ),
+    ] {
+        let (status, body) =
+            form_post(a, &path, &headers, &[("csrf", csrf), ("reason", "x")]).await;
+        assert_eq!(status, want, "{what}: {body}");
+    }
+    assert_eq!(
+        shepherd::testing::count(&f.bmdb, "SELECT count(*) FROM operator_action").await,
+        0
+    );
+    // The page's own post, same origin: done, and back to the page.
+    let (status, body) = form_post(
+        a,
+        &path,
+        &[
+            bearer.clone(),
+            ("Origin", format!("http://{a}")),
+            ("Sec-Fetch-Site", "same-origin".into()),
+        ],
+        &[("csrf", &csrf), ("reason", "x")],
+    )
+    .await;
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(
+        shepherd::testing::count(&f.bmdb, "SELECT count(*) FROM machine_hold").await,
+        1
+    );
+}
+
+/// A token of the right shape that is not the page's.
+fn one_digit_changed(csrf: &str) -> String {
+    let mut s: Vec<char> = csrf.chars().collect();
+    s[0] = if s[0] == '0' { '1' } else { '0' };
+    s.into_iter().collect()
+}
+
+#[actix_rt::test]
+async fn actions_through_the_json_api_are_audited_by_token_name_and_refused_without_one() {
+    let f = fleet().await;
+    let a = serve(&f, Some("api-admin-token-0123"));
+    let post = |path: String, token: Option<&'static str>, body: Option<serde_json::Value>| async move {
+        let client = awc::Client::builder().disable_redirects().finish();
+        let mut req = client.post(format!("http://{a}{path}"));
+        if let Some(t) = token {
+            req = req.insert_header(("Authorization", format!("Bearer {t}")));
+        }
+        let mut r = match body {
+            Some(b) => req.send_json(&b).await.unwrap(),
+            None => req.send().await.unwrap(),
+        };
+        let body = r.body().await.unwrap();
+        (
+            r.status().as_u16(),
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap_or(json!(null)),
+        )
+    };
+    let tok = Some("api-admin-token-0123");
+    let hold = format!("/api/v1/machines/{}/hold", f.pending);
+    assert_eq!(post(hold.clone(), None, Some(json!({}))).await.0, 401);
+    let (st, v) = post(hold.clone(), tok, None).await;
+    assert_eq!(st, 415, "no JSON type: {v}");
+    let (st, v) = post(hold.clone(), tok, Some(json!({"reasons": "typo"}))).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("reasons"), "{v}");
+    let (st, v) = post(
+        format!("/api/v1/machines/{}/explode", f.pending),
+        tok,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(st, 404, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("not an action"),
+        "{v}"
+    );
+    let (st, v) = post(
+        format!("/api/v1/machines/{}/hold", uuid::Uuid::new_v4()),
+        tok,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(st, 404, "{v}");
+    let (st, v) = post(hold.clone(), tok, Some(json!({"reason": "bios update"}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["action"]["actor"], "admin");
+    assert_eq!(v["action"]["action"], "hold");
+    let (st, v) = post(
+        format!("/api/v1/machines/{}/retry", f.backed_off),
+        tok,
+        Some(json!({"process": "ShepherdAgentStart"})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = post(
+        format!("/api/v1/machines/{}/retry", f.backed_off),
+        tok,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(st, 409, "nothing left to retry: {v}");
+    let (st, v) = post(
+        format!("/api/v1/machines/{}/retakeover", f.leased),
+        tok,
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("leased for ShepherdAgentStart"),
+        "{v}"
+    );
+    let (_, body) = get(format!("http://{a}/api/v1/machines/{}", f.pending), tok).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["hold"]["by"], "admin", "{v}");
+    assert_eq!(v["operator_actions"][0]["reason"], "bios update", "{v}");
+    assert_eq!(v["machine"]["state"], "held");
+    // GET on an action is 405, naming POST.
+    let (st, _) = get(format!("http://{a}{hold}"), tok).await;
+    assert_eq!(st, 405);
 }

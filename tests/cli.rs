@@ -133,6 +133,44 @@ fn ill_typed_keys_are_named() {
         &check_config("[admin]\nlisten = \"0.0.0.0:9090\"\n", &[]),
         "admin.token",
     );
+    // Named tokens: a name the audit could not use, a short token, the
+    // same token under two names, a missing secret.
+    assert_rejected(
+        &check_config(
+            "[admin]\ntokens = { \"al ice\" = \"0123456789abcdef\" }\n",
+            &[],
+        ),
+        "admin.tokens.al ice",
+    );
+    assert_rejected(
+        &check_config("[admin]\ntokens = { cli = \"0123456789abcdef\" }\n", &[]),
+        "admin.tokens.cli",
+    );
+    assert_rejected(
+        &check_config("[admin]\ntokens = { bob = \"short\" }\n", &[]),
+        "admin.tokens.bob",
+    );
+    assert_rejected(
+        &check_config(
+            "[admin]\ntokens = { alice = \"0123456789abcdef\", bob = \"0123456789abcdef\" }\n",
+            &[],
+        ),
+        "admin.tokens.bob",
+    );
+    assert_rejected(
+        &check_config(
+            "[admin]\ntokens = { carol = { env = \"SHEPHERD_TEST_UNSET_VAR\" } }\n",
+            &[],
+        ),
+        "admin.tokens.carol",
+    );
+    // Named tokens alone are enough beyond loopback.
+    let o = check_config(
+        "[admin]\nlisten = \"0.0.0.0:9090\"\ntokens = { alice = { env = \"ALICE_TOKEN\" } }\n",
+        &[("ALICE_TOKEN", "alice-0123456789abcdef")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("alice-0123456789abcdef"));
 }
 
 #[test]
@@ -217,7 +255,7 @@ async fn migrate_applies_then_reports_up_to_date() {
     let second = run();
     assert!(second.status.success(), "{}", stderr(&second));
     assert!(
-        stdout(&second).contains("up to date (version 7)"),
+        stdout(&second).contains("up to date (version 8)"),
         "{}",
         stdout(&second)
     );

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use serde_json::json;
 use shepherd::bmdb::Bmdb;
 use shepherd::ssh::SshIdentity;
 use shepherd::testing::{OwnPostgres, Sshd, TestDb};
@@ -1847,4 +1848,441 @@ async fn two_shepherds_take_a_hundred_hosts_over_once_each_and_one_finishes_when
     assert!(twice <= 4, "{twice} agents ran twice: {runs:?}");
     assert_eq!(rig.count(WORK).await, 0, "no lease left without a worker");
     a.terminate().await;
+}
+
+const ALICE: &str = "alice-token-0123456789";
+
+/// POST an action to the admin API as `token`: status and JSON body.
+async fn act(
+    s: &Shepherd,
+    machine: uuid::Uuid,
+    action: &str,
+    token: Option<&str>,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut req = awc::Client::default().post(format!(
+        "{}/api/v1/machines/{machine}/{action}",
+        s.admin_url().trim_end_matches('/')
+    ));
+    if let Some(t) = token {
+        req = req.insert_header(("Authorization", format!("Bearer {t}")));
+    }
+    let mut r = req.send_json(&body).await.unwrap();
+    let body = r.body().await.unwrap();
+    (
+        r.status().as_u16(),
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `shepherd --config <config> machines <args>`: exit code, stdout, stderr.
+fn machines_cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(config)
+        .arg("machines")
+        .args(args)
+        .env("SIM_TOKEN", TOKEN)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+impl Rig {
+    async fn count_for(&self, sql: &'static str, machine: uuid::Uuid) -> i64 {
+        self.bmdb
+            .transact(async |tx| Ok(tx.query_one(sql, &[&machine]).await?.get(0)))
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `sql` (with the machine as $1) counts `want`.
+    async fn wait_for_machine(
+        &self,
+        what: &str,
+        sql: &'static str,
+        machine: uuid::Uuid,
+        want: i64,
+        s: &Shepherd,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n = self.count_for(sql, machine).await;
+            if n == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {n}, not {want}\n{}",
+                s.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+const TAKEOVERS_OF: &str = "SELECT count(*) FROM work_history WHERE machine_id = $1 \
+     AND process = 'ShepherdAgentStart' AND event = 'Finished'";
+const RECOVERIES_OF: &str = "SELECT count(*) FROM work_history WHERE machine_id = $1 \
+     AND process = 'ShepherdRecovery' AND event = 'Finished'";
+const AGENT_OF: &str = "SELECT count(*) FROM machine_agent_started WHERE machine_id = $1";
+
+#[actix_rt::test]
+async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_alone() {
+    let rig = Rig::new().await;
+    let sim = Sim::start(4, &["--reboot-delay", "1s"]);
+    let text = rig.equinix_config(&sim).replace(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+        &format!("[admin]\nlisten = \"127.0.0.1:0\"\ntokens = {{ alice = \"{ALICE}\" }}\n"),
+    ) + "\n[updater]\ninterval = \"300ms\"\n\
+           \n[recoverer]\nsilent_after_start = \"1h\"\nheartbeat_stale_after = \"5m\"\npoll_interval = \"200ms\"\n\
+           reboot_poll = \"100ms\"\nreboot_settle = \"3s\"\n";
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    rig.wait_for("4 agents", AGENTS, 4, Duration::from_secs(60), &mut s)
+        .await;
+    let machines: Vec<(uuid::Uuid, String)> = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT machine_id, provider_id FROM machine_provided ORDER BY provider_id",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+        .await
+        .unwrap();
+    let [m1, m2, m3, m4] = [0, 1, 2, 3].map(|i| machines[i].0);
+    // Every agent heartbeats (as the callback would record).
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "INSERT INTO machine_agent_heartbeat SELECT machine_id, now() FROM machine_agent_started",
+                &[],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+
+    // Refused: no token, a wrong one, a form without the JSON type.
+    assert_eq!(act(&s, m1, "hold", None, json!({})).await.0, 401);
+    assert_eq!(
+        act(&s, m1, "hold", Some("wrong-token-0123456789"), json!({}))
+            .await
+            .0,
+        401
+    );
+    let mut r = awc::Client::default()
+        .post(format!(
+            "{}/api/v1/machines/{m1}/hold",
+            s.admin_url().trim_end_matches('/')
+        ))
+        .insert_header(("Authorization", format!("Bearer {ALICE}")))
+        .send_form(&[("reason", "a form")])
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415, "{:?}", r.body().await);
+    assert_eq!(
+        rig.count("SELECT count(*) FROM operator_action").await,
+        0,
+        "refused requests act on nothing"
+    );
+
+    // Hold m1 (API, alice), then take it over again (API): its agent is
+    // dropped and the Initializer leaves it alone while it is held.
+    let (st, v) = act(
+        &s,
+        m1,
+        "hold",
+        Some(ALICE),
+        json!({"reason": "disk swap, ticket 42"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["action"]["actor"], "alice");
+    assert_eq!(v["action"]["reason"], "disk swap, ticket 42");
+    let (st, v) = act(&s, m1, "hold", Some(ALICE), json!({})).await;
+    assert_eq!(st, 409, "a second hold is refused: {v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("already held (by alice since"),
+        "{v}"
+    );
+    let (st, v) = act(
+        &s,
+        m1,
+        "retakeover",
+        Some(ALICE),
+        json!({"forget_host_key": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["action"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("forgot its SSH host key"),
+        "{v}"
+    );
+    assert_eq!(rig.count_for(AGENT_OF, m1).await, 0);
+    assert_eq!(
+        rig.count_for(
+            "SELECT count(*) FROM machine_ssh_host_key WHERE machine_id = $1",
+            m1
+        )
+        .await,
+        0
+    );
+    // Reboot a held machine: refused.
+    let (st, v) = act(&s, m1, "reboot", Some(ALICE), json!({})).await;
+    assert_eq!(st, 409, "{v}");
+
+    // m2 taken over again from the CLI: the Initializer does it.
+    let (code, out, err) = machines_cli(
+        &config,
+        &["retakeover", &m2.to_string(), "--reason", "agent upgrade"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("dropped its agent"), "{out}");
+    rig.wait_for_machine("m2 taken over again", TAKEOVERS_OF, m2, 2, &s)
+        .await;
+    // By then m1 (held, no agent) has long been due: still left alone.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        rig.count_for(TAKEOVERS_OF, m1).await,
+        1,
+        "held m1 was taken over"
+    );
+    assert_eq!(rig.count_for(AGENT_OF, m1).await, 0);
+
+    // m4 held with a stale heartbeat: the Recoverer leaves it alone, while
+    // the reboot asked for m3 (API) goes through on the Recoverer's lease.
+    let (code, out, err) = machines_cli(&config, &["hold", &m4.to_string()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() - interval '1 hour' WHERE machine_id = $1",
+                &[&m4],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let (st, v) = act(
+        &s,
+        m3,
+        "reboot",
+        Some(ALICE),
+        json!({"reason": "kernel update"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = act(&s, m3, "reboot", Some(ALICE), json!({})).await;
+    assert_eq!(st, 409, "a second request while one waits: {v}");
+    rig.wait_for_machine("m3 rebooted", RECOVERIES_OF, m3, 1, &s)
+        .await;
+    rig.wait_for_machine("m3 taken over after its reboot", TAKEOVERS_OF, m3, 2, &s)
+        .await;
+    assert_eq!(
+        rig.count_for(
+            "SELECT count(*) FROM machine_reboot_request WHERE machine_id = $1",
+            m3
+        )
+        .await,
+        0,
+        "the request is done"
+    );
+    // The provider stops m3 and m4 (and moves m4): the Updater brings m3's
+    // change in and leaves the held m4's record as it was.
+    for (device, change) in [
+        (&machines[2].1, json!({"state": "inactive"})),
+        (
+            &machines[3].1,
+            json!({"state": "inactive", "address": "127.0.0.8"}),
+        ),
+    ] {
+        let r = awc::Client::default()
+            .patch(format!("http://{}/_sim/devices/{device}", sim.addr))
+            .send_json(&change)
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+    rig.wait_for_machine(
+        "m3 stopped in the BMDB",
+        "SELECT count(*) FROM machine_provided WHERE machine_id = $1 AND provider_status = 'Stopped'",
+        m3,
+        1,
+        &s,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await; // two more rounds
+    let m4_record: (String, String) = rig
+        .bmdb
+        .transact(async |tx| {
+            let r = tx
+                .query_one(
+                    "SELECT provider_status::text, provider_ip_address FROM machine_provided WHERE machine_id = $1",
+                    &[&m4],
+                )
+                .await?;
+            Ok((r.get(0), r.get(1)))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        m4_record,
+        ("Running".to_string(), "127.0.0.1".to_string()),
+        "the Updater leaves the held m4 alone"
+    );
+    let stats = sim.stats().await;
+    assert_eq!(stats["reboots"][machines[2].1.as_str()], 1, "{stats}");
+    assert!(
+        stats["reboots"].get(machines[3].1.as_str()).is_none(),
+        "held m4 (heartbeat an hour old) was rebooted: {stats}"
+    );
+    assert_eq!(rig.count_for(RECOVERIES_OF, m4).await, 0);
+
+    // Release m1 from the CLI while it is backed off: nothing yet; retry
+    // (API) clears the backoff and the Initializer takes it over.
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "INSERT INTO work_backoff (machine_id, process, until, cause) \
+                 VALUES ($1, 'ShepherdAgentStart', now() + interval '1 hour', 'test: a failure before')",
+                &[&m1],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let (code, out, err) = machines_cli(
+        &config,
+        &["release", &m1.to_string(), "--reason", "disk swapped"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(rig.count_for(AGENT_OF, m1).await, 0, "backed off");
+    let (code, out, err) = machines_cli(&config, &["retry", &m2.to_string()]);
+    assert_eq!(code, Some(1), "m2 is not backed off: {out}");
+    assert!(err.contains("not backed off"), "{err}");
+    let (st, v) = act(
+        &s,
+        m1,
+        "retry",
+        Some(ALICE),
+        json!({"process": "ShepherdAgentStart"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    rig.wait_for_machine("m1 taken over after the retry", TAKEOVERS_OF, m1, 2, &s)
+        .await;
+    let (code, out, err) = machines_cli(&config, &["release", &m1.to_string()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(err.contains("is not held"), "{err}");
+
+    // The audit: who, what, why, in order; shown in the machine's history.
+    let audit: Vec<(String, String, String)> = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT actor, action, coalesce(reason, '') FROM operator_action \
+                     WHERE machine_id = $1 ORDER BY \"timestamp\"",
+                    &[&m1],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .await
+        .unwrap();
+    let want = [
+        ("alice", "hold", "disk swap, ticket 42"),
+        ("alice", "retakeover", ""),
+        ("cli", "release", "disk swapped"),
+        ("alice", "retry", ""),
+    ];
+    assert_eq!(
+        audit,
+        want.map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    );
+    assert_eq!(rig.count("SELECT count(*) FROM operator_action").await, 7);
+    let (code, out, _) = machines_cli(&config, &["show", &m1.to_string()]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("operator alice hold: held;"), "{out}");
+    assert!(out.contains("(reason: disk swapped)"), "{out}");
+    let mut r = awc::Client::default()
+        .get(format!(
+            "{}/api/v1/machines/{m1}",
+            s.admin_url().trim_end_matches('/')
+        ))
+        .insert_header(("Authorization", format!("Bearer {ALICE}")))
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["operator_actions"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(v["hold"], serde_json::Value::Null);
+
+    // The provider loses m3 and the held m4: the Provisioner reports m3
+    // and leaves m4 be.
+    for device in [&machines[2].1, &machines[3].1] {
+        let r = awc::Client::default()
+            .delete(format!("http://{}/metal/v1/devices/{device}", sim.addr))
+            .insert_header(("X-Auth-Token", TOKEN))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{r:?}");
+    }
+    let missing = |id: &str| {
+        std::fs::read_to_string(&s.log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("no longer lists it") && l.contains(id))
+            .count()
+    };
+    let t = Instant::now();
+    while missing(&machines[2].1) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "m3 not reported\n{}",
+            s.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await; // two more rounds
+    assert_eq!(missing(&machines[3].1), 0, "the held m4 was reported");
+    let (_, metrics) = {
+        let mut r = awc::Client::default()
+            .get(format!("{}/metrics", s.admin_url().trim_end_matches('/')))
+            .insert_header(("Authorization", format!("Bearer {ALICE}")))
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status(),
+            String::from_utf8_lossy(&r.body().await.unwrap()).into_owned(),
+        )
+    };
+    assert!(
+        metrics.contains("shepherd_provisioner_discrepancies 1\n"),
+        "{metrics}"
+    );
+    s.terminate().await;
 }

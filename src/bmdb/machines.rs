@@ -204,6 +204,8 @@ pub enum MachineState {
     Backoff,
     /// A shepherd process is working on it.
     Leased,
+    /// An operator holds it: every control loop leaves it alone.
+    Held,
     /// The agent runs.
     AgentStarted,
     /// Its OS installation is done.
@@ -213,10 +215,11 @@ pub enum MachineState {
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 6] = [
+    pub const ALL: [MachineState; 7] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
+        MachineState::Held,
         MachineState::AgentStarted,
         MachineState::Installed,
         MachineState::Unprovided,
@@ -227,6 +230,7 @@ impl MachineState {
             MachineState::Pending => "pending",
             MachineState::Backoff => "backoff",
             MachineState::Leased => "leased",
+            MachineState::Held => "held",
             MachineState::AgentStarted => "agent-started",
             MachineState::Installed => "installed",
             MachineState::Unprovided => "unprovided",
@@ -253,6 +257,21 @@ pub struct MachineSummary {
     pub address: Option<String>,
     pub provider_status: Option<ProviderStatus>,
     pub state: MachineState,
+    pub agent_heartbeat: Option<SystemTime>,
+}
+
+impl MachineSummary {
+    fn from_row(r: &tokio_postgres::Row) -> Self {
+        MachineSummary {
+            machine_id: r.get(0),
+            provider: r.get(1),
+            provider_id: r.get(2),
+            address: r.get(3),
+            provider_status: r.get(4),
+            state: MachineState::parse(r.get(5)).unwrap_or(MachineState::Unprovided),
+            agent_heartbeat: r.get(6),
+        }
+    }
 }
 
 /// A machine's `MachineState`, from `machine_summary s` and
@@ -260,6 +279,7 @@ pub struct MachineSummary {
 macro_rules! state_column {
     () => {
         "CASE WHEN s.shepherd_work THEN 'leased' \
+              WHEN s.held THEN 'held' \
               WHEN s.installation_fulfilled THEN 'installed' \
               WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
               WHEN p.machine_id IS NULL THEN 'unprovided' \
@@ -271,9 +291,11 @@ macro_rules! state_column {
 macro_rules! fleet_query {
     ($filter:literal) => {
         concat!(
-            "SELECT * FROM (SELECT m.machine_id, p.provider, p.provider_id, p.provider_ip_address, p.provider_status, ",
+            "SELECT *, count(*) OVER () FROM (SELECT m.machine_id, p.provider, p.provider_id, \
+                    p.provider_ip_address, p.provider_status, ",
             state_column!(),
-            " FROM machines m \
+            ", s.agent_heartbeat_at, s.agent_started_at \
+             FROM machines m \
              JOIN machine_summary s ON s.machine_id = m.machine_id \
              LEFT JOIN machine_provided p ON p.machine_id = m.machine_id) f ",
             $filter,
@@ -281,13 +303,104 @@ macro_rules! fleet_query {
         )
     };
 }
-const FLEET_ALL: &str = fleet_query!("");
-const FLEET_IN_STATE: &str = fleet_query!("WHERE state = $3");
+const FLEET_FILTERED: &str = fleet_query!(
+    "WHERE ($3::text IS NULL OR state = $3) \
+       AND ($4::provider_status IS NULL OR provider_status = $4) \
+       AND ($5::text IS NULL OR CASE $5 \
+             WHEN 'heartbeating' THEN agent_heartbeat_at > now() - make_interval(secs => $6) \
+             WHEN 'silent' THEN agent_started_at IS NOT NULL AND (agent_heartbeat_at IS NULL \
+                  OR agent_heartbeat_at <= now() - make_interval(secs => $6)) \
+             ELSE agent_started_at IS NULL END) \
+       AND ($7::text IS NULL OR machine_id::text LIKE $7 || '%' \
+             OR provider_id ILIKE '%' || $7 || '%' ESCAPE '\\' \
+             OR provider_ip_address LIKE $7 || '%' ESCAPE '\\')"
+);
 const FLEET_COUNTS: &str = concat!(
     "SELECT state, count(*) FROM (SELECT ",
     state_column!(),
     " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id) f GROUP BY state"
 );
+
+/// Whether a machine's agent heartbeats, as the fleet page filters it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    /// A heartbeat within the staleness threshold.
+    Heartbeating,
+    /// An agent started, with no heartbeat within it.
+    Silent,
+    /// No agent started.
+    NoAgent,
+}
+
+impl Heartbeat {
+    pub const ALL: [Heartbeat; 3] = [
+        Heartbeat::Heartbeating,
+        Heartbeat::Silent,
+        Heartbeat::NoAgent,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Heartbeat::Heartbeating => "heartbeating",
+            Heartbeat::Silent => "silent",
+            Heartbeat::NoAgent => "no-agent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Heartbeat> {
+        Self::ALL.into_iter().find(|h| h.as_str() == s)
+    }
+}
+
+/// Which machines a fleet listing shows. Default: all.
+#[derive(Debug, Clone, Default)]
+pub struct FleetFilter {
+    pub state: Option<MachineState>,
+    pub provider_status: Option<ProviderStatus>,
+    pub heartbeat: Option<Heartbeat>,
+    /// A heartbeat older than this is silent.
+    pub stale_after: std::time::Duration,
+    /// A machine ID's prefix, part of a provider ID (any case), or an
+    /// address's prefix.
+    pub search: Option<String>,
+}
+
+/// A page of the fleet, in provider ID order, with the number of machines
+/// the filter matches.
+pub async fn fleet_page(
+    tx: &mut Tx<'_>,
+    filter: &FleetFilter,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<MachineSummary>, i64), BmdbError> {
+    let search = filter
+        .search
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+                .to_lowercase()
+        });
+    let rows = tx
+        .query(
+            FLEET_FILTERED,
+            &[
+                &limit,
+                &offset,
+                &filter.state.map(|s| s.as_str()),
+                &filter.provider_status,
+                &filter.heartbeat.map(|h| h.as_str()),
+                &filter.stale_after.as_secs_f64(),
+                &search,
+            ],
+        )
+        .await?;
+    let total = rows.first().map(|r| r.get(8)).unwrap_or(0);
+    Ok((rows.iter().map(MachineSummary::from_row).collect(), total))
+}
 
 /// A page of the fleet, in provider ID order, optionally in one state.
 pub async fn fleet(
@@ -296,24 +409,11 @@ pub async fn fleet(
     limit: i64,
     offset: i64,
 ) -> Result<Vec<MachineSummary>, BmdbError> {
-    let rows = match state {
-        Some(s) => {
-            tx.query(FLEET_IN_STATE, &[&limit, &offset, &s.as_str()])
-                .await?
-        }
-        None => tx.query(FLEET_ALL, &[&limit, &offset]).await?,
+    let filter = FleetFilter {
+        state,
+        ..FleetFilter::default()
     };
-    Ok(rows
-        .iter()
-        .map(|r| MachineSummary {
-            machine_id: r.get(0),
-            provider: r.get(1),
-            provider_id: r.get(2),
-            address: r.get(3),
-            provider_status: r.get(4),
-            state: MachineState::parse(r.get(5)).unwrap_or(MachineState::Unprovided),
-        })
-        .collect())
+    Ok(fleet_page(tx, &filter, limit, offset).await?.0)
 }
 
 /// Machines per state.
@@ -360,6 +460,12 @@ pub struct MachineDetail {
     pub leases: Vec<Lease>,
     pub backoffs: Vec<(Process, BackoffState)>,
     pub history: Vec<HistoryEntry>,
+    /// An operator's hold, if held.
+    pub hold: Option<super::actions::Hold>,
+    /// A reboot an operator asked for, not yet done: (by, when).
+    pub reboot_request: Option<(String, SystemTime)>,
+    /// What operators did to it, oldest first.
+    pub actions: Vec<super::actions::Audit>,
 }
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
@@ -385,14 +491,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
     let summary = tx
         .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
         .await?;
-    let summary = MachineSummary {
-        machine_id,
-        provider: summary.get(1),
-        provider_id: summary.get(2),
-        address: summary.get(3),
-        provider_status: summary.get(4),
-        state: MachineState::parse(summary.get(5)).unwrap_or(MachineState::Unprovided),
-    };
+    let summary = MachineSummary::from_row(&summary);
     let started: Option<SystemTime> = r.get(1);
     let key: Option<Vec<u8>> = r.get(2);
     let report_gen: Option<i32> = r.get(6);
@@ -426,6 +525,9 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         leases: leases(tx, machine_id).await?,
         backoffs,
         history: history(tx, machine_id).await?,
+        hold: super::actions::hold(tx, machine_id).await?,
+        reboot_request: super::actions::reboot_request(tx, machine_id).await?,
+        actions: super::actions::audit(tx, machine_id).await?,
     }))
 }
 

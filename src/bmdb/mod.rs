@@ -9,6 +9,7 @@
 //! - [`selectors`]: the index-driven "needs agent start" and "needs recovery"
 //!   queries.
 
+pub mod actions;
 mod backoff;
 mod conn;
 pub mod duty;
@@ -16,6 +17,7 @@ pub mod embedded;
 pub mod machines;
 mod migrate;
 mod model;
+pub mod overview;
 pub mod selectors;
 mod session;
 mod work;

@@ -67,3 +67,29 @@ display_as_debug!(
     HistoryEvent,
     InstallationResult
 );
+
+impl Process {
+    pub const ALL: [Process; 5] = [
+        Process::UnitTest1,
+        Process::UnitTest2,
+        Process::ShepherdAccess,
+        Process::ShepherdAgentStart,
+        Process::ShepherdRecovery,
+    ];
+
+    /// The schema's spelling (`ShepherdAgentStart`).
+    pub fn parse(s: &str) -> Option<Process> {
+        Self::ALL.into_iter().find(|p| p.to_string() == s)
+    }
+}
+
+impl ProviderStatus {
+    pub const ALL: [ProviderStatus; 6] = [
+        ProviderStatus::Missing,
+        ProviderStatus::Provisioning,
+        ProviderStatus::ProvisioningFailedPermanent,
+        ProviderStatus::Running,
+        ProviderStatus::Stopped,
+        ProviderStatus::Unknown,
+    ];
+}

@@ -66,7 +66,8 @@ macro_rules! provided_columns {
 pub(crate) use provided_columns;
 
 /// A selector over `machine_summary s`: the given conditions, no conflicting
-/// work (the three shepherd processes exclude each other), ordered by the
+/// work (the three shepherd processes exclude each other), not held by an
+/// operator (`machine_hold`), ordered by the
 /// index key, locking the chosen summary rows so that concurrent leasers
 /// skip them.
 macro_rules! summary_selector {
@@ -76,7 +77,7 @@ macro_rules! summary_selector {
             provided_columns!(),
             " FROM machine_summary s \
                JOIN machine_provided p ON p.machine_id = s.machine_id \
-              WHERE s.provider = $1 AND NOT s.shepherd_work AND ",
+              WHERE s.provider = $1 AND NOT s.shepherd_work AND NOT s.held AND ",
             $conditions,
             " ORDER BY ",
             $order,
@@ -106,6 +107,23 @@ const NEEDS_RECOVERY_SILENT: &str = summary_selector!(
      AND s.recovery_not_before <= now()",
     "s.agent_started_at"
 );
+
+const NEEDS_REBOOT: &str = summary_selector!(
+    "s.reboot_requested AND s.recovery_not_before <= now()",
+    "s.machine_id"
+);
+
+/// Reboot requested: an operator asked to reboot the machine
+/// (`machine_reboot_request`), whatever its agent does; provided by
+/// `provider`, no conflicting work, no live `ShepherdRecovery` backoff.
+pub async fn reboot_requested(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    limit: i64,
+) -> Result<Vec<ProvidedMachine>, BmdbError> {
+    let rows = tx.query(NEEDS_REBOOT, &[&provider, &limit]).await?;
+    Ok(rows.iter().map(ProvidedMachine::from_row).collect())
+}
 
 /// Needs agent start: provided by `provider`, no `machine_agent_started`,
 /// no conflicting work, no live `ShepherdAgentStart` backoff, installation

@@ -74,6 +74,7 @@ fn latency_histogram() -> Histogram {
 pub struct ApiMetrics {
     requests: Family<Labels, Counter>,
     duration: Family<Labels, Histogram, fn() -> Histogram>,
+    recent: std::sync::Arc<std::sync::Mutex<Recent>>,
 }
 
 impl Default for ApiMetrics {
@@ -81,8 +82,36 @@ impl Default for ApiMetrics {
         ApiMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(latency_histogram),
+            recent: Default::default(),
         }
     }
+}
+
+/// Requests per minute over the last hour: slot `minute % 60` holds
+/// (minute, requests, throttled).
+#[derive(Debug)]
+struct Recent([(u64, u32, u32); 60]);
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent([(0, 0, 0); 60])
+    }
+}
+
+/// Requests in the last hour (the request budget's use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LastHour {
+    pub requests: u64,
+    /// Answered 429 (the API's rate limit).
+    pub throttled: u64,
+}
+
+fn minute_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+        / 60
 }
 
 impl ApiMetrics {
@@ -91,6 +120,15 @@ impl ApiMetrics {
     pub fn record(&self, op: Operation, status: &str, elapsed: Duration) {
         let l = labels(op, status);
         self.requests.get_or_create(&l).inc();
+        let minute = minute_now();
+        if let Ok(mut r) = self.recent.lock() {
+            let slot = &mut r.0[(minute % 60) as usize];
+            if slot.0 != minute {
+                *slot = (minute, 0, 0);
+            }
+            slot.1 += 1;
+            slot.2 += u32::from(status == "429");
+        }
         self.duration
             .get_or_create(&l)
             .observe(elapsed.as_secs_f64());
@@ -102,6 +140,21 @@ impl ApiMetrics {
             .get(&labels(op, status))
             .map(|c| c.get())
             .unwrap_or(0)
+    }
+
+    /// Requests in the last 60 minutes (this one included).
+    pub fn last_hour(&self) -> LastHour {
+        let now = minute_now();
+        let mut out = LastHour::default();
+        if let Ok(r) = self.recent.lock() {
+            for (minute, n, throttled) in r.0.iter() {
+                if now.saturating_sub(*minute) < 60 {
+                    out.requests += u64::from(*n);
+                    out.throttled += u64::from(*throttled);
+                }
+            }
+        }
+        out
     }
 
     /// Adds the series to `r`: `shepherd_equinix_requests_total` and

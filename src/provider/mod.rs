@@ -84,24 +84,34 @@ pub struct BmcRead {
 
 pub type SharedProvider = Rc<dyn Provider>;
 
-/// What the provider lists and what the BMDB records for it, fetched
-/// concurrently: the start of every Provisioner and Updater round.
+/// What the provider lists and what the BMDB records for it (with the
+/// machines an operator holds), fetched concurrently: the start of every
+/// Provisioner and Updater round.
 pub async fn listings(
     provider: &dyn Provider,
     session: &crate::bmdb::Session,
-) -> Result<
-    (
-        Vec<ProviderMachine>,
-        Vec<crate::bmdb::selectors::ProvidedMachine>,
-    ),
-    String,
-> {
+) -> Result<Listings, String> {
     let kind = provider.kind();
     let (listed, recorded) = futures::join!(
         provider.list_machines(),
-        session.transact(async |tx| crate::bmdb::machines::provided_by(tx, kind).await)
+        session.transact(async |tx| Ok((
+            crate::bmdb::machines::provided_by(tx, kind).await?,
+            crate::bmdb::actions::held_ids(tx).await?
+        )))
     );
     let listed = listed.map_err(|e| format!("listing the provider: {e}"))?;
-    let recorded = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
-    Ok((listed, recorded))
+    let (recorded, held) = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
+    Ok(Listings {
+        listed,
+        recorded,
+        held,
+    })
+}
+
+/// A round's view: the provider's machines, the BMDB's records, and which
+/// of those are held (`machine_hold`: left alone).
+pub struct Listings {
+    pub listed: Vec<ProviderMachine>,
+    pub recorded: Vec<crate::bmdb::selectors::ProvidedMachine>,
+    pub held: std::collections::HashSet<uuid::Uuid>,
 }

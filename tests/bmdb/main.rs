@@ -1,6 +1,7 @@
 //! BMDB library tests, against a real PostgreSQL (each test in its own
 //! database; see `shepherd::testing`).
 
+mod actions;
 mod backoff;
 mod history;
 mod leases;

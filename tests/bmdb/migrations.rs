@@ -5,7 +5,8 @@ use crate::count;
 const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name IN \
     ('machines', 'sessions', 'work', 'work_history', 'work_backoff', 'machine_provided', 'machine_agent_started', \
      'machine_agent_heartbeat', 'machine_hardware_report', 'machine_os_installation_request', \
-     'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts', 'fleet_duty')";
+     'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts', 'fleet_duty', 'machine_hold', \
+     'machine_reboot_request', 'operator_action')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -21,14 +22,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V4__id_defaults",
             "V5__heartbeat_summary_per_statement",
             "V6__machine_bmc_facts",
-            "V7__fleet_duties"
+            "V7__fleet_duties",
+            "V8__operator_actions"
         ]
     );
-    assert_eq!(first.version, Some(7));
-    assert_eq!(count(&bmdb, TABLES).await, 14);
+    assert_eq!(first.version, Some(8));
+    assert_eq!(count(&bmdb, TABLES).await, 17);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(7));
+    assert_eq!(again.version, Some(8));
 }
 
 #[actix_rt::test]
@@ -41,13 +43,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 7],
+        [0, 8],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 14);
+    assert_eq!(count(&a, TABLES).await, 17);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        7
+        8
     );
 }
 
@@ -78,7 +80,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V4__id_defaults",
             "V5__heartbeat_summary_per_statement",
             "V6__machine_bmc_facts",
-            "V7__fleet_duties"
+            "V7__fleet_duties",
+            "V8__operator_actions"
         ]
     );
     let (start, recovery) = bmdb
@@ -126,7 +129,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V4__id_defaults",
             "V5__heartbeat_summary_per_statement",
             "V6__machine_bmc_facts",
-            "V7__fleet_duties"
+            "V7__fleet_duties",
+            "V8__operator_actions"
         ]
     );
     let (machine, session) = bmdb

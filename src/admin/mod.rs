@@ -2,13 +2,18 @@
 //! over the fleet, and server-rendered pages (the fleet by state, a page per
 //! machine with its history).
 //!
+//! Operators act on machines here too (retry, take over again, reboot,
+//! hold, release): `POST /api/v1/machines/{id}/{action}` with JSON, or the
+//! machine page's buttons; every action is audited ([`crate::bmdb::actions`]).
+//!
 //! Mount it in any actix-web application with `App::configure(routes)` and
 //! an [`Admin`] in the app data; `shepherd run` serves it on `admin.listen`.
-//! With `admin.token` set, every route but `/healthz` wants
-//! `Authorization: Bearer <token>`; the token is required when the server
-//! listens beyond loopback.
+//! With tokens set (`admin.token`, `admin.tokens`), every route but
+//! `/healthz` and `/login` wants one ([`auth`]); one is required when the
+//! server listens beyond loopback.
 
-use std::fmt::Write as _;
+mod auth;
+mod pages;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,15 +22,13 @@ use prometheus_client::registry::Registry;
 use std::time::SystemTime;
 
 use actix::Addr;
-use actix_web::body::BoxBody;
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::{Next, from_fn};
-use actix_web::{HttpResponse, web};
+use actix_web::middleware::from_fn;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::bmdb::Bmdb;
 use crate::bmdb::machines::{self, MachineDetail, MachineState, MachineSummary};
+use crate::bmdb::{Bmdb, ProviderStatus, actions};
 use crate::control::MailboxStatus;
 use crate::secret::Secret;
 use crate::supervisor::{GetSupervisorStatus, Supervisor, SupervisorStatus};
@@ -41,23 +44,89 @@ pub struct Admin {
     /// An agent silent this long counts as silent (the Recoverer's
     /// `heartbeat_stale_after`).
     pub heartbeat_stale_after: std::time::Duration,
-    pub token: Option<Secret>,
+    /// Bearer tokens by name (`admin.token` is `admin`); none: no auth
+    /// (loopback only), actions by `anonymous`.
+    pub tokens: Vec<(String, Secret)>,
+    /// Signs the pages' forms.
+    pub csrf: std::sync::Arc<CsrfKey>,
+    /// The Equinix API's request budget, when this process calls it.
+    pub equinix: Option<RequestBudget>,
 }
+
+impl Admin {
+    /// Admin routes over `bmdb`, with no supervisor, metrics or tokens.
+    pub fn new(bmdb: Bmdb) -> Self {
+        Admin {
+            bmdb,
+            supervisor: None,
+            registry: Default::default(),
+            heartbeat_stale_after: crate::bmdb::selectors::RecoveryThresholds::default()
+                .heartbeat_stale_after,
+            tokens: Vec::new(),
+            csrf: std::sync::Arc::new(CsrfKey::random()),
+            equinix: None,
+        }
+    }
+}
+
+/// What the Equinix client may spend and has spent.
+#[derive(Clone, Debug)]
+pub struct RequestBudget {
+    pub metrics: crate::equinix::ApiMetrics,
+    /// One request per `interval` per slot…
+    pub interval: std::time::Duration,
+    /// …with this many slots.
+    pub parallelism: u32,
+}
+
+impl RequestBudget {
+    /// Requests an hour the client can make at most.
+    pub fn per_hour(&self) -> u64 {
+        let per_slot = 3600.0 / self.interval.as_secs_f64().max(0.001);
+        (per_slot * f64::from(self.parallelism)) as u64
+    }
+}
+
+pub use auth::{CsrfKey, Operator};
 
 /// The admin routes, for `App::configure`. Needs `web::Data<Admin>`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(read_only("/healthz", healthz)).service(
-        web::scope("")
-            .wrap(from_fn(require_token))
-            // Malformed paths answer JSON like the rest (queries: `Query`).
-            .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
-            .service(read_only("/readyz", readyz))
-            .service(read_only("/metrics", metrics))
-            .service(read_only("/api/v1/machines", api_machines))
-            .service(read_only("/api/v1/machines/{id}", api_machine))
-            .service(read_only("/", fleet_page))
-            .service(read_only("/machines/{id}", machine_page)),
-    );
+    cfg.service(read_only("/healthz", healthz))
+        .service(
+            web::resource("/login")
+                .route(web::get().to(auth::login_page))
+                .route(web::post().to(auth::login)),
+        )
+        .service(
+            web::scope("")
+                .wrap(from_fn(auth::require_operator))
+                // Malformed paths answer JSON like the rest (queries: `Query`).
+                .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
+                .service(read_only("/readyz", readyz))
+                .service(read_only("/metrics", metrics))
+                .service(read_only("/api/v1/machines", api_machines))
+                .service(read_only("/api/v1/machines/{id}", api_machine))
+                .service(post_only("/api/v1/machines/{id}/{action}", api_action))
+                .service(read_only("/", pages::fleet_page))
+                .service(read_only("/machines/{id}", pages::machine_page))
+                .service(post_only("/machines/{id}/{action}", pages::form_action)),
+        );
+}
+
+/// A resource that answers POST; any other method is 405 with `Allow`.
+fn post_only<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::post().to(handler))
+        .default_service(web::to(|req: actix_web::HttpRequest| async move {
+            HttpResponse::MethodNotAllowed()
+                .insert_header(("Allow", "POST"))
+                .json(json!({ "error": format!("{} is not allowed here; use POST", req.method()) }))
+        }))
 }
 
 /// A resource that answers GET (and HEAD); any other method is 405 with
@@ -107,35 +176,6 @@ fn json_error(e: impl std::fmt::Display + std::fmt::Debug + 'static) -> actix_we
     actix_web::error::InternalError::from_response(e, body).into()
 }
 
-async fn require_token(
-    req: ServiceRequest,
-    next: Next<BoxBody>,
-) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let admin = req.app_data::<web::Data<Admin>>().cloned();
-    if let Some(token) = admin.as_ref().and_then(|a| a.token.clone()) {
-        let given = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        // Constant-time enough for a token compare: no early exit on length.
-        let ok = given.is_some_and(|g| {
-            let (a, b) = (g.as_bytes(), token.expose().as_bytes());
-            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-        });
-        if !ok {
-            let (r, _) = req.into_parts();
-            return Ok(ServiceResponse::new(
-                r,
-                HttpResponse::Unauthorized()
-                    .insert_header(("WWW-Authenticate", "Bearer"))
-                    .json(json!({"error": "a bearer token is required"})),
-            ));
-        }
-    }
-    next.call(req).await
-}
-
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
@@ -181,6 +221,7 @@ fn summary_json(m: &MachineSummary) -> serde_json::Value {
         "address": m.address,
         "provider_status": m.provider_status.map(|s| s.to_string()),
         "state": m.state.as_str(),
+        "agent_heartbeat": m.agent_heartbeat.map(rfc3339),
     })
 }
 
@@ -233,14 +274,75 @@ fn detail_json(d: &MachineDetail) -> serde_json::Value {
             "process": h.process.to_string(), "event": h.event.to_string(),
             "timestamp": rfc3339(h.timestamp), "cause": h.failed_cause,
         })).collect::<Vec<_>>(),
+        "hold": d.hold.as_ref().map(|h| json!({
+            "by": h.by, "since": rfc3339(h.since), "reason": h.reason,
+        })),
+        "reboot_requested": d.reboot_request.as_ref().map(|(by, at)| json!({
+            "by": by, "at": rfc3339(*at),
+        })),
+        "operator_actions": d.actions.iter().map(audit_json).collect::<Vec<_>>(),
     })
 }
 
-#[derive(Deserialize)]
+fn audit_json(a: &actions::Audit) -> serde_json::Value {
+    json!({
+        "id": a.id,
+        "machine_id": a.machine_id,
+        "action": a.action,
+        "actor": a.actor,
+        "timestamp": rfc3339(a.timestamp),
+        "reason": a.reason,
+        "detail": a.detail,
+    })
+}
+
+/// A fleet listing's query: filters and paging.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct Page {
     state: Option<String>,
+    provider_status: Option<String>,
+    heartbeat: Option<String>,
+    /// A machine ID's prefix, part of a provider ID, an address's prefix.
+    q: Option<String>,
     limit: Option<i64>,
     offset: Option<i64>,
+}
+
+impl Page {
+    /// The filter, or a 400 naming the bad field.
+    fn filter(&self, admin: &Admin) -> Result<machines::FleetFilter, HttpResponse> {
+        let provider_status = match self.provider_status.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(
+                ProviderStatus::ALL
+                    .into_iter()
+                    .find(|p| p.to_string() == s)
+                    .ok_or_else(|| {
+                        let all: Vec<String> =
+                            ProviderStatus::ALL.iter().map(|p| p.to_string()).collect();
+                        bad_request(format!("provider_status must be one of {}", all.join(", ")))
+                    })?,
+            ),
+        };
+        let heartbeat = match self.heartbeat.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(machines::Heartbeat::parse(s).ok_or_else(|| {
+                let all: Vec<&str> = machines::Heartbeat::ALL
+                    .iter()
+                    .map(|h| h.as_str())
+                    .collect();
+                bad_request(format!("heartbeat must be one of {}", all.join(", ")))
+            })?),
+        };
+        Ok(machines::FleetFilter {
+            state: parse_state(&self.state)?,
+            provider_status,
+            heartbeat,
+            stale_after: admin.heartbeat_stale_after,
+            search: self.q.clone(),
+        })
+    }
 }
 
 fn bad_request(msg: String) -> HttpResponse {
@@ -262,8 +364,8 @@ fn internal(e: impl std::fmt::Display) -> HttpResponse {
 }
 
 async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
-    let state = match parse_state(&q.state) {
-        Ok(s) => s,
+    let filter = match q.filter(&admin) {
+        Ok(f) => f,
         Err(r) => return r,
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
@@ -272,15 +374,16 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
         .bmdb
         .transact(async |tx| {
             Ok((
-                machines::fleet(tx, state, limit, offset).await?,
+                machines::fleet_page(tx, &filter, limit, offset).await?,
                 machines::fleet_counts(tx).await?,
                 machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
             ))
         })
         .await;
     match r {
-        Ok((list, counts, (heartbeating, silent))) => HttpResponse::Ok().json(json!({
+        Ok(((list, matching), counts, (heartbeating, silent))) => HttpResponse::Ok().json(json!({
             "machines": list.iter().map(summary_json).collect::<Vec<_>>(),
+            "matching": matching,
             "counts": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "agents": { "heartbeating": heartbeating, "silent": silent },
             "limit": limit,
@@ -310,6 +413,137 @@ async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResp
     match load_detail(&admin, &id).await {
         Ok(d) => HttpResponse::Ok().json(detail_json(&d)),
         Err(r) => r,
+    }
+}
+
+/// An action's parameters, as the API and the forms give them.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    reason: Option<String>,
+    /// Retry: only this process's backoff.
+    process: Option<String>,
+    /// Retake over: also forget the recorded SSH host key.
+    #[serde(default)]
+    forget_host_key: bool,
+    /// Names the request (retried after a lost answer, it acts once).
+    request_id: Option<uuid::Uuid>,
+}
+
+/// Runs an action for `operator`: the audit row, or the error response.
+async fn run_action(
+    admin: &Admin,
+    operator: &Operator,
+    id: &str,
+    action: &str,
+    body: ActionBody,
+) -> Result<actions::Audit, (actix_web::http::StatusCode, String)> {
+    use actix_web::http::StatusCode;
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let machine_id: uuid::Uuid = id
+        .parse()
+        .map_err(|_| bad(format!("{id} is not a machine ID")))?;
+    let Some(action) = actions::Action::parse(action) else {
+        let all: Vec<&str> = actions::Action::ALL.iter().map(|a| a.as_str()).collect();
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!("{action} is not an action; one of {}", all.join(", ")),
+        ));
+    };
+    let process = match body.process.as_deref() {
+        None | Some("") => None,
+        Some(p) => Some(
+            crate::bmdb::Process::parse(p)
+                .ok_or_else(|| bad(format!("process: {p} is not a process")))?,
+        ),
+    };
+    if process.is_some() && action != actions::Action::Retry {
+        return Err(bad(format!("process: only retry takes one, not {action}")));
+    }
+    if body.forget_host_key && action != actions::Action::Retakeover {
+        return Err(bad(format!(
+            "forget_host_key: only retakeover takes it, not {action}"
+        )));
+    }
+    let mut req = actions::Request::new(machine_id, action, operator.0.clone());
+    if let Some(r) = body.request_id {
+        req.id = r;
+    }
+    req.reason = body
+        .reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    req.process = process;
+    req.forget_host_key = body.forget_host_key;
+    match admin
+        .bmdb
+        .transact(async |tx| actions::act(tx, &req).await)
+        .await
+    {
+        Ok(actions::Outcome::Done(a)) => {
+            tracing::info!(%machine_id, action = %a.action, actor = %a.actor, detail = %a.detail, "operator action");
+            Ok(a)
+        }
+        Ok(actions::Outcome::Refused(why)) => Err((StatusCode::CONFLICT, why)),
+        Ok(actions::Outcome::NotFound) => Err((
+            StatusCode::NOT_FOUND,
+            format!("machine {machine_id} is not in the BMDB"),
+        )),
+        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+    }
+}
+
+/// `POST /api/v1/machines/{id}/{action}`, a JSON body (may be empty).
+async fn api_action(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let err = |status, msg: String| HttpResponse::build(status).json(json!({ "error": msg }));
+    use actix_web::http::StatusCode;
+    let json_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if !json_type {
+        return err(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "actions want Content-Type: application/json".into(),
+        );
+    }
+    if let Err(e) = auth::same_origin(&req) {
+        return err(StatusCode::FORBIDDEN, e);
+    }
+    let parsed: ActionBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ActionBody::default()
+    } else {
+        let de = &mut serde_json::Deserializer::from_slice(&body);
+        match serde_path_to_error::deserialize(de) {
+            Ok(b) => b,
+            Err(e) => {
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    format!("body {}: {}", e.path(), e.inner()),
+                );
+            }
+        }
+    };
+    let Some(operator) = req.extensions().get::<Operator>().cloned() else {
+        return err(
+            StatusCode::UNAUTHORIZED,
+            "a bearer token is required".into(),
+        );
+    };
+    let (id, action) = path.into_inner();
+    match run_action(&admin, &operator, &id, &action, parsed).await {
+        Ok(a) => HttpResponse::Ok().json(json!({ "action": audit_json(&a) })),
+        Err((status, msg)) => err(status, msg),
     }
 }
 
@@ -525,199 +759,6 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(body)
-}
-
-// ---- pages ----
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&#39;")
-}
-
-fn page(title: &str, body: &str) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .body(format!(
-            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
-         <style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}\
-         td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left}}th{{background:#f4f4f4}}\
-         .failed{{color:#a00}}</style></head><body><h1>{t}</h1>{body}</body></html>",
-            t = esc(title)
-        ))
-}
-
-async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
-    let state = match parse_state(&q.state) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let r = admin
-        .bmdb
-        .transact(async |tx| {
-            Ok((
-                machines::fleet(tx, state, 500, 0).await?,
-                machines::fleet_counts(tx).await?,
-                machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
-            ))
-        })
-        .await;
-    let (list, counts, (heartbeating, silent)) = match r {
-        Ok(v) => v,
-        Err(e) => return internal(e),
-    };
-    let total: i64 = counts.iter().map(|(_, n)| n).sum();
-    let mut b = String::new();
-    let _ = write!(
-        b,
-        "<p id=\"total\">{total} machines</p>\
-         <p id=\"agents\">agents: <span id=\"heartbeating\">{heartbeating}</span> heartbeating, \
-         <span id=\"silent\">{silent}</span> silent (no heartbeat within {})</p>\
-         <table id=\"counts\"><tr><th>state</th><th>machines</th></tr>",
-        humantime::format_duration(admin.heartbeat_stale_after)
-    );
-    for s in MachineState::ALL {
-        let n = counts
-            .iter()
-            .find(|(c, _)| *c == s)
-            .map(|(_, n)| *n)
-            .unwrap_or(0);
-        let _ = write!(
-            b,
-            "<tr data-state=\"{s}\"><td><a href=\"?state={s}\">{s}</a></td><td class=\"count\">{n}</td></tr>"
-        );
-    }
-    b.push_str("</table><h2>Machines</h2><table id=\"machines\"><tr><th>machine</th><th>provider ID</th><th>address</th><th>provider status</th><th>state</th></tr>");
-    for m in &list {
-        let _ = write!(
-            b,
-            "<tr class=\"machine\"><td><a href=\"machines/{id}\">{id}</a></td><td>{pid}</td><td>{addr}</td><td>{ps}</td><td>{st}</td></tr>",
-            id = m.machine_id,
-            pid = esc(m.provider_id.as_deref().unwrap_or("-")),
-            addr = esc(m.address.as_deref().unwrap_or("-")),
-            ps = m
-                .provider_status
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "-".into()),
-            st = m.state,
-        );
-    }
-    b.push_str("</table>");
-    page("shepherd: fleet", &b)
-}
-
-async fn machine_page(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
-    let d = match load_detail(&admin, &id).await {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
-    let mut b = String::new();
-    let s = &d.summary;
-    let _ = write!(
-        b,
-        "<p><a href=\"../\">fleet</a></p><table id=\"machine\"><tr><th>state</th><td id=\"state\">{}</td></tr>\
-         <tr><th>provider ID</th><td>{}</td></tr><tr><th>address</th><td>{}</td></tr>\
-         <tr><th>created</th><td>{}</td></tr><tr><th>agent started</th><td>{}</td></tr>\
-         <tr><th>agent heartbeat</th><td>{}</td></tr><tr><th>SSH host key</th><td>{}</td></tr></table>",
-        s.state,
-        esc(s.provider_id.as_deref().unwrap_or("-")),
-        esc(s.address.as_deref().unwrap_or("-")),
-        rfc3339(d.created_at),
-        d.agent_started
-            .as_ref()
-            .map(|(t, k)| format!("{} key {}", rfc3339(*t), hex(k)))
-            .unwrap_or_else(|| "-".into()),
-        d.agent_heartbeat.map(rfc3339).unwrap_or_else(|| "-".into()),
-        esc(d.ssh_host_key.as_deref().unwrap_or("-")),
-    );
-    b.push_str("<h2>Hardware</h2>");
-    match d.hardware_report.as_deref().map(crate::hardware::summarize) {
-        None => b.push_str("<p id=\"hardware\">no report yet</p>"),
-        Some(Err(e)) => {
-            let _ = write!(b, "<p id=\"hardware\">{}</p>", esc(&e));
-        }
-        Some(Ok(h)) => {
-            let _ = write!(
-                b,
-                "<table id=\"hardware\"><tr><th>system</th><td>{} {} (serial {})</td></tr>\
-                 <tr><th>memory</th><td>{}</td></tr><tr><th>EFI</th><td>{}</td></tr>",
-                esc(&h.manufacturer),
-                esc(&h.product),
-                esc(&h.serial_number),
-                crate::hardware::bytes(h.memory_bytes),
-                esc(&h.efi)
-            );
-            for c in &h.cpus {
-                let _ = write!(
-                    b,
-                    "<tr><th>CPU</th><td>{} {}: {} cores, {} threads</td></tr>",
-                    esc(&c.vendor),
-                    esc(&c.model),
-                    c.cores,
-                    c.threads
-                );
-            }
-            for x in &h.disks {
-                let _ = write!(
-                    b,
-                    "<tr><th>disk</th><td>{} {} {}</td></tr>",
-                    esc(&x.protocol),
-                    esc(&x.model),
-                    crate::hardware::bytes(x.capacity_bytes)
-                );
-            }
-            for n in &h.nics {
-                let _ = write!(
-                    b,
-                    "<tr><th>NIC</th><td>{} {} link {}</td></tr>",
-                    esc(&n.mac),
-                    esc(&n.driver),
-                    if n.link_up { "up" } else { "down" }
-                );
-            }
-            b.push_str("</table>");
-        }
-    }
-    if let Some(f) = &d.bmc {
-        b.push_str("<h2>BMC</h2><table id=\"bmc\">");
-        for (k, v) in f.lines() {
-            let _ = write!(b, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));
-        }
-        b.push_str("</table>");
-    }
-    b.push_str("<h2>Leases</h2><ul id=\"leases\">");
-    for l in &d.leases {
-        let _ = write!(b, "<li>{} by {}</li>", l.process, esc(&l.component));
-    }
-    b.push_str("</ul><h2>Backoffs</h2><ul id=\"backoffs\">");
-    for (p, bo) in &d.backoffs {
-        let _ = write!(
-            b,
-            "<li>{p} until {}: {}</li>",
-            rfc3339(bo.until),
-            esc(&bo.cause)
-        );
-    }
-    b.push_str("</ul><h2>History</h2><table id=\"history\"><tr><th>time</th><th>process</th><th>event</th><th>cause</th></tr>");
-    for h in &d.history {
-        let class = if h.failed_cause.is_some() {
-            " failed"
-        } else {
-            ""
-        };
-        let _ = write!(
-            b,
-            "<tr class=\"event{class}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            rfc3339(h.timestamp),
-            h.process,
-            h.event,
-            esc(h.failed_cause.as_deref().unwrap_or(""))
-        );
-    }
-    b.push_str("</table>");
-    page(&format!("shepherd: machine {}", s.machine_id), &b)
 }
 
 /// Serves the admin routes on `listen` until the system stops. Returns the

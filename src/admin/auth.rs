@@ -1,0 +1,226 @@
+//! Who a request acts for, and the guards of the routes that change things.
+//!
+//! - Tokens: `Authorization: Bearer <token>`, or the login cookie a browser
+//!   gets from `/login` (HttpOnly, `SameSite=Strict`: a cross-site request
+//!   does not carry it). Each token has a name; the audit records it. A
+//!   server without tokens (loopback only) acts for `anonymous`.
+//! - Forms (the pages' buttons) carry a CSRF token, an HMAC of the operator
+//!   and the machine under a key of this process's, and are refused when the
+//!   browser says the request is cross-site (`Sec-Fetch-Site`, `Origin`).
+//! - The JSON API's POSTs want `Content-Type: application/json`, which no
+//!   form can send and no cross-site script can without a CORS preflight
+//!   (which this server never grants).
+
+use actix_web::body::BoxBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use serde_json::json;
+
+use super::Admin;
+
+/// The login cookie's name.
+pub const COOKIE: &str = "shepherd_admin";
+
+/// The operator a request acts for: a token's name, or `anonymous`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator(pub String);
+
+/// The key CSRF tokens are made with: random, this process's own.
+pub struct CsrfKey(ring::hmac::Key);
+
+impl CsrfKey {
+    pub fn random() -> Self {
+        let bytes: [u8; 32] = rand::random();
+        CsrfKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes))
+    }
+
+    fn message(operator: &str, machine: &str) -> Vec<u8> {
+        [operator.as_bytes(), b"\0", machine.as_bytes()].concat()
+    }
+
+    /// The token a form for `machine`, shown to `operator`, carries.
+    pub fn token(&self, operator: &Operator, machine: &str) -> String {
+        let tag = ring::hmac::sign(&self.0, &Self::message(&operator.0, machine));
+        super::hex(tag.as_ref())
+    }
+
+    pub fn verify(&self, operator: &Operator, machine: &str, token: &str) -> bool {
+        let Some(tag) = unhex(token) else {
+            return false;
+        };
+        ring::hmac::verify(&self.0, &Self::message(&operator.0, machine), &tag).is_ok()
+    }
+}
+
+impl std::fmt::Debug for CsrfKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CsrfKey(…)")
+    }
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The name of the token `given` is, if any. Every token is compared, in
+/// constant time each.
+fn token_name(admin: &Admin, given: &[u8]) -> Option<String> {
+    let mut found = None;
+    for (name, token) in &admin.tokens {
+        if same(given, token.expose().as_bytes()) {
+            found = Some(name.clone());
+        }
+    }
+    found
+}
+
+/// Who the request acts for, if anyone.
+pub fn identify(admin: &Admin, req: &HttpRequest) -> Option<Operator> {
+    if admin.tokens.is_empty() {
+        return Some(Operator("anonymous".into()));
+    }
+    let bearer = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if let Some(b) = bearer {
+        return token_name(admin, b.as_bytes()).map(Operator);
+    }
+    let value = req
+        .headers()
+        .get_all("cookie")
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='))?;
+    token_name(admin, &unhex(value)?).map(Operator)
+}
+
+/// The path from the request's page back to the admin root (`./`,
+/// `../`…), whatever prefix the routes are mounted under.
+pub fn root(req: &HttpRequest) -> String {
+    let rest = req.match_info().unprocessed();
+    let depth = rest.matches('/').count().saturating_sub(1);
+    if depth == 0 {
+        "./".into()
+    } else {
+        "../".repeat(depth)
+    }
+}
+
+/// Middleware: the request's [`Operator`] into its extensions, or 401.
+/// A browser asking for a page is sent to the login form.
+pub async fn require_operator(
+    req: ServiceRequest,
+    next: Next<BoxBody>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let Some(admin) = req.app_data::<web::Data<Admin>>().cloned() else {
+        return next.call(req).await;
+    };
+    match identify(&admin, req.request()) {
+        Some(op) => {
+            req.extensions_mut().insert(op);
+            next.call(req).await
+        }
+        None => {
+            let wants_page = req.method() == actix_web::http::Method::GET
+                && !req.path().contains("/api/")
+                && req
+                    .headers()
+                    .get("accept")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|a| a.contains("text/html"));
+            let (r, _) = req.into_parts();
+            let resp = if wants_page {
+                HttpResponse::Unauthorized()
+                    .insert_header(("WWW-Authenticate", "Bearer"))
+                    .content_type("text/html; charset=utf-8")
+                    .body(super::pages::login_form(&root(&r), None))
+            } else {
+                HttpResponse::Unauthorized()
+                    .insert_header(("WWW-Authenticate", "Bearer"))
+                    .json(json!({"error": "a bearer token is required"}))
+            };
+            Ok(ServiceResponse::new(r, resp))
+        }
+    }
+}
+
+/// Refuses a request the browser marks as coming from another site.
+pub fn same_origin(req: &HttpRequest) -> Result<(), String> {
+    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    if let Some(site) = header("sec-fetch-site") {
+        if site != "same-origin" && site != "none" {
+            return Err(format!(
+                "a cross-site request is refused (Sec-Fetch-Site: {site})"
+            ));
+        }
+    }
+    if let Some(origin) = header("origin") {
+        let host = header("host").unwrap_or("");
+        let origin_host = origin
+            .split_once("://")
+            .map(|(_, h)| h.trim_end_matches('/'))
+            .unwrap_or("");
+        if origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host) {
+            return Err(format!(
+                "a cross-site request is refused (Origin {origin} is not this server, {host})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `POST /login`: a token in a form; sets the login cookie.
+pub async fn login(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    form: web::Form<LoginForm>,
+) -> HttpResponse {
+    if let Err(e) = same_origin(&req) {
+        return HttpResponse::Forbidden().content_type("text/plain").body(e);
+    }
+    let root = root(&req);
+    if token_name(&admin, form.token.trim().as_bytes()).is_none() {
+        return HttpResponse::Unauthorized()
+            .content_type("text/html; charset=utf-8")
+            .body(super::pages::login_form(
+                &root,
+                Some("That is not a token of this server."),
+            ));
+    }
+    // The cookie covers the routes wherever they are mounted, and the
+    // browser goes to the fleet page there.
+    let path = req.path().trim_end_matches("login").to_string();
+    let cookie = format!(
+        "{COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict",
+        super::hex(form.token.trim().as_bytes())
+    );
+    HttpResponse::SeeOther()
+        .insert_header(("Set-Cookie", cookie))
+        .insert_header(("Location", path))
+        .finish()
+}
+
+#[derive(serde::Deserialize)]
+pub struct LoginForm {
+    token: String,
+}
+
+/// `GET /login`.
+pub async fn login_page(req: HttpRequest) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(super::pages::login_form(&root(&req), None))
+}

@@ -1,0 +1,745 @@
+//! The server-rendered pages: the fleet (filters, search, paging, a chart of
+//! the last hours, sessions, duties, the provisioner's discrepancies, the
+//! Equinix request budget) and a page per machine with its history, its
+//! audit and the operators' buttons. Plain HTML and SVG: no JavaScript.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+
+use super::auth::{self, Operator};
+use super::{
+    ActionBody, Admin, Page, Query, hex, internal, load_detail, rfc3339, run_action, status,
+};
+use crate::bmdb::ProviderStatus;
+use crate::bmdb::actions::Action;
+use crate::bmdb::duty::Holder;
+use crate::bmdb::machines::{self, Heartbeat, MachineState};
+use crate::bmdb::overview::{self, Activity};
+
+/// Pages reload themselves this often.
+const REFRESH_SECONDS: u32 = 30;
+/// Machines per page of the fleet.
+const PAGE_SIZE: i64 = 100;
+/// The chart: buckets of this long…
+const CHART_BUCKET: Duration = Duration::from_secs(600);
+/// …this many (six hours).
+const CHART_BUCKETS: u32 = 36;
+
+pub(super) fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
+    table{border-collapse:collapse;margin:.5em 0}\
+    td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}\
+    th{background:#f4f4f4}.failed{color:#a00}.operator{background:#fff8e0}\
+    .held{background:#fde8c8}.notice{padding:.5em 1em;border:1px solid #e0b050;background:#fff8e0}\
+    .error{padding:.5em 1em;border:1px solid #c33;background:#fde8e8}\
+    form.filters{margin:1em 0}form.filters label{margin-right:1em}\
+    .actions form{display:inline-block;margin:0 1em .5em 0;padding:.5em;border:1px solid #ddd}\
+    section{margin-top:1.5em}.muted{color:#777}nav a{margin-right:1em}\
+    .chart text{font:11px system-ui,sans-serif;fill:#444}";
+
+/// A whole page. `refresh`: reload itself every `REFRESH_SECONDS`.
+fn html(title: &str, body: &str, refresh: bool) -> String {
+    let refresh = if refresh {
+        format!("<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">")
+    } else {
+        String::new()
+    };
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">{refresh}\
+         <meta name=\"viewport\" content=\"width=device-width\"><title>{t}</title>\
+         <style>{STYLE}</style></head><body><h1>{t}</h1>{body}</body></html>",
+        t = esc(title)
+    )
+}
+
+fn page(title: &str, body: &str, refresh: bool) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(html(title, body, refresh))
+}
+
+fn error_page(status: actix_web::http::StatusCode, message: &str, back: &str) -> HttpResponse {
+    let body = format!(
+        "<p class=\"error\" id=\"error\">{}</p><p><a href=\"{}\">back</a></p>",
+        esc(message),
+        esc(back)
+    );
+    HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .body(html("shepherd: not done", &body, false))
+}
+
+/// The login form (for servers with tokens).
+pub fn login_form(root: &str, error: Option<&str>) -> String {
+    let error = error
+        .map(|e| format!("<p class=\"error\">{}</p>", esc(e)))
+        .unwrap_or_default();
+    html(
+        "shepherd: log in",
+        &format!(
+            "{error}<form method=\"post\" action=\"{root}login\">\
+             <label>Admin token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" required></label> \
+             <button type=\"submit\">Log in</button></form>\
+             <p class=\"muted\">Or send <code>Authorization: Bearer &lt;token&gt;</code>.</p>",
+            root = esc(root)
+        ),
+        false,
+    )
+}
+
+fn ago(t: SystemTime) -> String {
+    match SystemTime::now().duration_since(t) {
+        Ok(d) => format!(
+            "{} ago",
+            humantime::format_duration(Duration::from_secs(d.as_secs()))
+        ),
+        Err(_) => "just now".into(),
+    }
+}
+
+fn option<T: PartialEq + Copy>(value: T, label: &str, selected: Option<T>) -> String {
+    format!(
+        "<option value=\"{l}\"{s}>{l}</option>",
+        l = esc(label),
+        s = if selected == Some(value) {
+            " selected"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The query string of a fleet page with `offset`.
+fn page_query(q: &Page, offset: i64) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in [
+        ("state", &q.state),
+        ("provider_status", &q.provider_status),
+        ("heartbeat", &q.heartbeat),
+        ("q", &q.q),
+    ] {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            s.append_pair(k, v);
+        }
+    }
+    if offset > 0 {
+        s.append_pair("offset", &offset.to_string());
+    }
+    format!("?{}", s.finish())
+}
+
+pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
+    let filter = match q.filter(&admin) {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let limit = q.limit.unwrap_or(PAGE_SIZE).clamp(1, 1000);
+    let offset = q.offset.unwrap_or(0).max(0);
+    let r = admin
+        .bmdb
+        .transact(async |tx| {
+            Ok((
+                machines::fleet_page(tx, &filter, limit, offset).await?,
+                machines::fleet_counts(tx).await?,
+                machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
+                overview::activity(tx, CHART_BUCKET, CHART_BUCKETS).await?,
+                overview::sessions(tx).await?,
+            ))
+        })
+        .await;
+    let ((list, matching), counts, (heartbeating, silent), activity, sessions) = match r {
+        Ok(v) => v,
+        Err(e) => return internal(e),
+    };
+    let st = status(&admin).await;
+    let total: i64 = counts.iter().map(|(_, n)| n).sum();
+    let mut b = String::new();
+    let _ = write!(
+        b,
+        "<nav><a href=\"#machines\">machines</a><a href=\"#activity\">activity</a>\
+         <a href=\"#sessions\">sessions</a><a href=\"#provisioner\">provisioner</a>\
+         <a href=\"#budget\">Equinix requests</a><a href=\"metrics\">metrics</a></nav>\
+         <p id=\"total\">{total} machines</p>\
+         <p id=\"agents\">agents: <span id=\"heartbeating\">{heartbeating}</span> heartbeating, \
+         <span id=\"silent\">{silent}</span> silent (no heartbeat within {})</p>\
+         <table id=\"counts\"><tr><th>state</th><th>machines</th></tr>",
+        humantime::format_duration(admin.heartbeat_stale_after)
+    );
+    for s in MachineState::ALL {
+        let n = counts
+            .iter()
+            .find(|(c, _)| *c == s)
+            .map(|(_, n)| *n)
+            .unwrap_or(0);
+        let _ = write!(
+            b,
+            "<tr data-state=\"{s}\"><td><a href=\"?state={s}\">{s}</a></td><td class=\"count\">{n}</td></tr>"
+        );
+    }
+    b.push_str("</table>");
+
+    // Filters: a plain GET form.
+    b.push_str("<section id=\"machines\"><h2>Machines</h2><form class=\"filters\" method=\"get\" action=\"\">");
+    b.push_str("<label>state <select name=\"state\"><option value=\"\">any</option>");
+    for s in MachineState::ALL {
+        b.push_str(&option(s, s.as_str(), filter.state));
+    }
+    b.push_str("</select></label><label>provider status <select name=\"provider_status\"><option value=\"\">any</option>");
+    for s in ProviderStatus::ALL {
+        b.push_str(&option(s, &s.to_string(), filter.provider_status));
+    }
+    b.push_str("</select></label><label>heartbeat <select name=\"heartbeat\"><option value=\"\">any</option>");
+    for h in Heartbeat::ALL {
+        b.push_str(&option(h, h.as_str(), filter.heartbeat));
+    }
+    let _ = write!(
+        b,
+        "</select></label><label>search <input type=\"search\" name=\"q\" value=\"{}\" \
+         placeholder=\"machine ID, provider ID, address\" size=\"32\"></label>\
+         <button type=\"submit\">Show</button> <a href=\"./\">clear</a></form>",
+        esc(q.q.as_deref().unwrap_or(""))
+    );
+    let shown_to = offset + list.len() as i64;
+    if list.is_empty() {
+        let _ = write!(
+            b,
+            "<p id=\"matching\">no machines match{}</p>",
+            if offset > 0 { " on this page" } else { "" }
+        );
+    } else {
+        let _ = write!(
+            b,
+            "<p id=\"matching\"><span id=\"match-count\">{matching}</span> matching; showing {} to {shown_to}</p>",
+            offset + 1
+        );
+    }
+    b.push_str("<p class=\"paging\">");
+    if offset > 0 {
+        let _ = write!(
+            b,
+            "<a rel=\"prev\" href=\"{}\">previous</a> ",
+            esc(&page_query(&q, (offset - limit).max(0)))
+        );
+    }
+    if shown_to < matching {
+        let _ = write!(
+            b,
+            "<a rel=\"next\" href=\"{}\">next</a>",
+            esc(&page_query(&q, shown_to))
+        );
+    }
+    b.push_str(
+        "</p><table id=\"machine-list\"><tr><th>machine</th><th>provider ID</th><th>address</th>\
+         <th>provider status</th><th>state</th><th>last heartbeat</th></tr>",
+    );
+    for m in &list {
+        let _ = write!(
+            b,
+            "<tr class=\"machine{held}\" data-machine=\"{id}\"><td><a href=\"machines/{id}\">{id}</a></td>\
+             <td>{pid}</td><td>{addr}</td><td>{ps}</td><td class=\"state\">{st}</td><td>{hb}</td></tr>",
+            held = if m.state == MachineState::Held {
+                " held"
+            } else {
+                ""
+            },
+            id = m.machine_id,
+            pid = esc(m.provider_id.as_deref().unwrap_or("-")),
+            addr = esc(m.address.as_deref().unwrap_or("-")),
+            ps = m
+                .provider_status
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            st = m.state,
+            hb = m.agent_heartbeat.map(ago).unwrap_or_else(|| "-".into()),
+        );
+    }
+    b.push_str("</table></section>");
+
+    let _ = write!(
+        b,
+        "<section id=\"activity\"><h2>Activity, last {}</h2>{}</section>",
+        humantime::format_duration(CHART_BUCKET * CHART_BUCKETS),
+        chart(&activity)
+    );
+
+    b.push_str(
+        "<section id=\"sessions\"><h2>Sessions</h2><table id=\"session-list\"><tr><th>session</th>\
+         <th>component</th><th>runtime</th><th>since</th><th>leases</th><th>duties</th></tr>",
+    );
+    for s in &sessions {
+        let leases: Vec<String> = s.leases.iter().map(|(p, n)| format!("{n} {p}")).collect();
+        let _ = write!(
+            b,
+            "<tr data-session=\"{id}\"><td>{id}{me}</td><td>{c}</td><td>{ri}</td><td>{since}</td><td>{l}</td><td>{d}</td></tr>",
+            id = s.session_id,
+            me = if st.session == Some(s.session_id) {
+                " (this process)"
+            } else {
+                ""
+            },
+            c = esc(&s.component),
+            ri = esc(&s.runtime_info),
+            since = ago(s.created_at),
+            l = if leases.is_empty() {
+                "none".into()
+            } else {
+                leases.join(", ")
+            },
+            d = if s.duties.is_empty() {
+                "none".into()
+            } else {
+                esc(&s.duties.join(", "))
+            },
+        );
+    }
+    if sessions.is_empty() {
+        b.push_str("<tr><td colspan=\"6\">no session alive</td></tr>");
+    }
+    b.push_str("</table></section>");
+
+    b.push_str("<section id=\"provisioner\"><h2>Provisioner</h2>");
+    match &st.provisioner {
+        None => b.push_str("<p>This process does not run the Provisioner.</p>"),
+        Some(p) => match p.duty {
+            Some(Holder::Other(id)) => {
+                let _ = write!(
+                    b,
+                    "<p>Session {id} holds the provisioning duty: its admin page shows its discrepancies.</p>"
+                );
+            }
+            None => b.push_str("<p>No round yet.</p>"),
+            Some(Holder::Us) => {
+                let _ = write!(
+                    b,
+                    "<p>{} rounds ({} failed); {} machines created, {} adopted, {} managed.</p>",
+                    p.rounds, p.failed_rounds, p.created, p.adopted, p.managed
+                );
+                if p.missing_in_provider.is_empty() {
+                    b.push_str("<p id=\"discrepancies\">No discrepancies: every machine in the BMDB is listed by the provider.</p>");
+                } else {
+                    let _ = write!(
+                        b,
+                        "<p>In the BMDB, no longer listed by the provider (kept, not deleted):</p><ul id=\"discrepancies\">"
+                    );
+                    for id in &p.missing_in_provider {
+                        let _ = write!(b, "<li>{}</li>", esc(id));
+                    }
+                    b.push_str("</ul>");
+                }
+            }
+        },
+    }
+    b.push_str("</section><section id=\"budget\"><h2>Equinix API requests</h2>");
+    match &admin.equinix {
+        None => b.push_str("<p>This process does not call the Equinix API.</p>"),
+        Some(budget) => {
+            let used = budget.metrics.last_hour();
+            let cap = budget.per_hour();
+            let pct = if cap == 0 {
+                0.0
+            } else {
+                100.0 * used.requests as f64 / cap as f64
+            };
+            let _ = write!(
+                b,
+                "<p id=\"budget-use\">{} requests in the last hour, {pct:.1}% of this process's budget of {cap} \
+                 (one request every {} on each of {} slots); {} answered 429.</p>\
+                 <svg width=\"400\" height=\"14\" role=\"img\" aria-label=\"{pct:.1}% of the budget\">\
+                 <rect width=\"400\" height=\"14\" fill=\"#eee\"/><rect width=\"{:.0}\" height=\"14\" fill=\"{}\"/></svg>",
+                used.requests,
+                humantime::format_duration(budget.interval),
+                budget.parallelism,
+                used.throttled,
+                (pct.min(100.0) * 4.0),
+                if pct > 80.0 { "#c33" } else { "#4a8" },
+            );
+        }
+    }
+    let _ = write!(
+        b,
+        "</section><p class=\"muted\">Rendered {}; reloads every {REFRESH_SECONDS} s.</p>",
+        rfc3339(SystemTime::now())
+    );
+    page("shepherd: fleet", &b, true)
+}
+
+/// Takeovers, failures and recoveries per bucket, as an SVG line chart.
+fn chart(activity: &[Activity]) -> String {
+    const W: f64 = 720.0;
+    const H: f64 = 180.0;
+    const LEFT: f64 = 40.0;
+    const BOTTOM: f64 = 20.0;
+    let max = activity
+        .iter()
+        .flat_map(|a| [a.takeovers, a.failures, a.recoveries])
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let n = activity.len().max(2) as f64;
+    let x = |i: usize| LEFT + (W - LEFT - 10.0) * i as f64 / (n - 1.0);
+    let y = |v: i64| 10.0 + (H - BOTTOM - 10.0) * (1.0 - v as f64 / max as f64);
+    let mut s = format!(
+        "<svg class=\"chart\" id=\"chart\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" \
+         aria-label=\"takeovers, failures and recoveries per {} over the last {}\">",
+        humantime::format_duration(CHART_BUCKET),
+        humantime::format_duration(CHART_BUCKET * activity.len() as u32)
+    );
+    // Axes, the maximum, and a time mark every hour.
+    let _ = write!(
+        s,
+        "<line x1=\"{LEFT}\" y1=\"{b}\" x2=\"{W}\" y2=\"{b}\" stroke=\"#999\"/>\
+         <line x1=\"{LEFT}\" y1=\"10\" x2=\"{LEFT}\" y2=\"{b}\" stroke=\"#999\"/>\
+         <text x=\"{tx}\" y=\"14\" text-anchor=\"end\">{max}</text>\
+         <text x=\"{tx}\" y=\"{b}\" text-anchor=\"end\">0</text>",
+        b = H - BOTTOM,
+        tx = LEFT - 4.0
+    );
+    let per_hour = (3600 / CHART_BUCKET.as_secs().max(1)) as usize;
+    for (i, a) in activity.iter().enumerate() {
+        if per_hour > 0 && i % per_hour == 0 {
+            let t = humantime::format_rfc3339_seconds(a.start).to_string();
+            let _ = write!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                x(i),
+                H - 5.0,
+                &t[11..16]
+            );
+        }
+    }
+    type Series = (&'static str, &'static str, fn(&Activity) -> i64);
+    let series: [Series; 3] = [
+        ("takeovers", "#2a7", |a| a.takeovers),
+        ("failures", "#c33", |a| a.failures),
+        ("recoveries", "#36c", |a| a.recoveries),
+    ];
+    for (k, (name, color, value)) in series.iter().enumerate() {
+        let points: Vec<String> = activity
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{:.1},{:.1}", x(i), y(value(a))))
+            .collect();
+        let total: i64 = activity.iter().map(value).sum();
+        let _ = write!(
+            s,
+            "<polyline class=\"series\" data-series=\"{name}\" data-total=\"{total}\" fill=\"none\" stroke=\"{color}\" \
+             stroke-width=\"2\" points=\"{}\"><title>{name}: {total}</title></polyline>\
+             <rect x=\"{lx:.0}\" y=\"2\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
+             <text x=\"{tx:.0}\" y=\"11\">{name} {total}</text>",
+            points.join(" "),
+            lx = LEFT + 20.0 + 150.0 * k as f64,
+            tx = LEFT + 34.0 + 150.0 * k as f64,
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+pub(super) async fn machine_page(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> HttpResponse {
+    let d = match load_detail(&admin, &id).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let operator = req.extensions().get::<Operator>().cloned();
+    let mut b = String::new();
+    let s = &d.summary;
+    let mid = s.machine_id.to_string();
+    if let Some(done) = req
+        .query_string()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("done="))
+    {
+        if let Some(a) = d.actions.iter().find(|a| a.id.to_string() == done) {
+            let _ = write!(
+                b,
+                "<p class=\"notice\" id=\"done\">{} by {}: {}</p>",
+                esc(&a.action),
+                esc(&a.actor),
+                esc(&a.detail)
+            );
+        }
+    }
+    let _ = write!(
+        b,
+        "<p><a href=\"../\">fleet</a></p><table id=\"machine\"><tr><th>state</th><td id=\"state\">{}</td></tr>\
+         <tr><th>provider ID</th><td>{}</td></tr><tr><th>address</th><td>{}</td></tr>\
+         <tr><th>created</th><td>{}</td></tr><tr><th>agent started</th><td>{}</td></tr>\
+         <tr><th>agent heartbeat</th><td>{}</td></tr><tr><th>SSH host key</th><td>{}</td></tr>",
+        s.state,
+        esc(s.provider_id.as_deref().unwrap_or("-")),
+        esc(s.address.as_deref().unwrap_or("-")),
+        rfc3339(d.created_at),
+        d.agent_started
+            .as_ref()
+            .map(|(t, k)| format!("{} key {}", rfc3339(*t), hex(k)))
+            .unwrap_or_else(|| "-".into()),
+        d.agent_heartbeat.map(rfc3339).unwrap_or_else(|| "-".into()),
+        esc(d.ssh_host_key.as_deref().unwrap_or("-")),
+    );
+    if let Some(h) = &d.hold {
+        let _ = write!(
+            b,
+            "<tr class=\"held\"><th>held</th><td id=\"hold\">by {} since {}{}</td></tr>",
+            esc(&h.by),
+            rfc3339(h.since),
+            h.reason
+                .as_deref()
+                .map(|r| format!(": {}", esc(r)))
+                .unwrap_or_default()
+        );
+    }
+    if let Some((by, at)) = &d.reboot_request {
+        let _ = write!(
+            b,
+            "<tr><th>reboot</th><td id=\"reboot-request\">requested by {} at {}</td></tr>",
+            esc(by),
+            rfc3339(*at)
+        );
+    }
+    b.push_str("</table>");
+
+    // The buttons: one form per action, each with its CSRF token.
+    if let Some(op) = &operator {
+        let csrf = admin.csrf.token(op, &mid);
+        let _ = write!(
+            b,
+            "<section class=\"actions\" id=\"actions\"><h2>Actions</h2><p class=\"muted\">As {}; each is recorded with its reason.</p>",
+            esc(&op.0)
+        );
+        for action in Action::ALL {
+            let available = match action {
+                Action::Retry => !d.backoffs.is_empty(),
+                Action::Hold => d.hold.is_none(),
+                Action::Release => d.hold.is_some(),
+                Action::Reboot => d.hold.is_none() && d.reboot_request.is_none(),
+                Action::Retakeover => true,
+            };
+            if !available {
+                continue;
+            }
+            let _ = write!(
+                b,
+                "<form method=\"post\" action=\"{mid}/{a}\" id=\"form-{a}\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">",
+                a = action.as_str()
+            );
+            if action == Action::Retry {
+                b.push_str("<select name=\"process\"><option value=\"\">every process</option>");
+                for (p, _) in &d.backoffs {
+                    let _ = write!(b, "<option>{p}</option>");
+                }
+                b.push_str("</select> ");
+            }
+            if action == Action::Retakeover {
+                b.push_str("<label><input type=\"checkbox\" name=\"forget_host_key\" value=\"true\"> forget the SSH host key</label> ");
+            }
+            let _ = write!(
+                b,
+                "<input type=\"text\" name=\"reason\" placeholder=\"reason\" maxlength=\"{}\" size=\"24\"> \
+                 <button type=\"submit\" id=\"button-{a}\">{label}</button></form>",
+                crate::bmdb::actions::MAX_REASON,
+                a = action.as_str(),
+                label = action.label()
+            );
+        }
+        b.push_str("</section>");
+    }
+
+    b.push_str("<h2>Hardware</h2>");
+    match d.hardware_report.as_deref().map(crate::hardware::summarize) {
+        None => b.push_str("<p id=\"hardware\">no report yet</p>"),
+        Some(Err(e)) => {
+            let _ = write!(b, "<p id=\"hardware\">{}</p>", esc(&e));
+        }
+        Some(Ok(h)) => {
+            let _ = write!(
+                b,
+                "<table id=\"hardware\"><tr><th>system</th><td>{} {} (serial {})</td></tr>\
+                 <tr><th>memory</th><td>{}</td></tr><tr><th>EFI</th><td>{}</td></tr>",
+                esc(&h.manufacturer),
+                esc(&h.product),
+                esc(&h.serial_number),
+                crate::hardware::bytes(h.memory_bytes),
+                esc(&h.efi)
+            );
+            for c in &h.cpus {
+                let _ = write!(
+                    b,
+                    "<tr><th>CPU</th><td>{} {}: {} cores, {} threads</td></tr>",
+                    esc(&c.vendor),
+                    esc(&c.model),
+                    c.cores,
+                    c.threads
+                );
+            }
+            for x in &h.disks {
+                let _ = write!(
+                    b,
+                    "<tr><th>disk</th><td>{} {} {}</td></tr>",
+                    esc(&x.protocol),
+                    esc(&x.model),
+                    crate::hardware::bytes(x.capacity_bytes)
+                );
+            }
+            for n in &h.nics {
+                let _ = write!(
+                    b,
+                    "<tr><th>NIC</th><td>{} {} link {}</td></tr>",
+                    esc(&n.mac),
+                    esc(&n.driver),
+                    if n.link_up { "up" } else { "down" }
+                );
+            }
+            b.push_str("</table>");
+        }
+    }
+    if let Some(f) = &d.bmc {
+        b.push_str("<h2>BMC</h2><table id=\"bmc\">");
+        for (k, v) in f.lines() {
+            let _ = write!(b, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));
+        }
+        b.push_str("</table>");
+    }
+    b.push_str("<h2>Leases</h2><ul id=\"leases\">");
+    for l in &d.leases {
+        let _ = write!(b, "<li>{} by {}</li>", l.process, esc(&l.component));
+    }
+    b.push_str("</ul><h2>Backoffs</h2><ul id=\"backoffs\">");
+    for (p, bo) in &d.backoffs {
+        let _ = write!(
+            b,
+            "<li>{p} until {}: {}</li>",
+            rfc3339(bo.until),
+            esc(&bo.cause)
+        );
+    }
+    // History: the work history and the operators' actions, in time order.
+    b.push_str("</ul><h2>History</h2><table id=\"history\"><tr><th>time</th><th>process</th><th>event</th><th>cause</th></tr>");
+    let mut rows: Vec<(SystemTime, String)> = d
+        .history
+        .iter()
+        .map(|h| {
+            let class = if h.failed_cause.is_some() {
+                " failed"
+            } else {
+                ""
+            };
+            (
+                h.timestamp,
+                format!(
+                    "<tr class=\"event{class}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    rfc3339(h.timestamp),
+                    h.process,
+                    h.event,
+                    esc(h.failed_cause.as_deref().unwrap_or(""))
+                ),
+            )
+        })
+        .collect();
+    for a in &d.actions {
+        rows.push((
+            a.timestamp,
+            format!(
+                "<tr class=\"event operator\" data-action=\"{id}\"><td>{t}</td><td>operator {who}</td><td>{what}</td><td>{detail}{why}</td></tr>",
+                id = a.id,
+                t = rfc3339(a.timestamp),
+                who = esc(&a.actor),
+                what = esc(&a.action),
+                detail = esc(&a.detail),
+                why = a
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(" (reason: {})", esc(r)))
+                    .unwrap_or_default(),
+            ),
+        ));
+    }
+    // Stable: equal times keep history before actions.
+    rows.sort_by_key(|(t, _)| *t);
+    for (_, r) in rows {
+        b.push_str(&r);
+    }
+    b.push_str("</table>");
+    page(&format!("shepherd: machine {}", s.machine_id), &b, true)
+}
+
+/// A button's form, as posted.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ActionForm {
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    process: String,
+    #[serde(default)]
+    forget_host_key: Option<String>,
+}
+
+/// `POST /machines/{id}/{action}` from the machine page's buttons: checks
+/// the origin and the CSRF token, acts, and sends the browser back to the
+/// machine page with the audit entry shown.
+pub(super) async fn form_action(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Bytes,
+) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let (id, action) = path.into_inner();
+    let back = format!("../{}", esc(&id));
+    if let Err(e) = auth::same_origin(&req) {
+        return error_page(StatusCode::FORBIDDEN, &e, &back);
+    }
+    let form: ActionForm = match serde_urlencoded::from_bytes(&form) {
+        Ok(f) => f,
+        Err(e) => {
+            return error_page(StatusCode::BAD_REQUEST, &format!("the form: {e}"), &back);
+        }
+    };
+    let Some(operator) = req.extensions().get::<Operator>().cloned() else {
+        return error_page(StatusCode::UNAUTHORIZED, "log in first", &back);
+    };
+    if !admin.csrf.verify(&operator, &id, &form.csrf) {
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is not valid here (reload the machine page and try again)",
+            &back,
+        );
+    }
+    let body = ActionBody {
+        reason: Some(form.reason),
+        process: Some(form.process),
+        forget_host_key: form
+            .forget_host_key
+            .is_some_and(|v| v == "true" || v == "on"),
+        request_id: None,
+    };
+    match run_action(&admin, &operator, &id, &action, body).await {
+        // Back to the machine page, wherever the routes are mounted.
+        Ok(a) => HttpResponse::SeeOther()
+            .insert_header((
+                "Location",
+                format!(
+                    "{}?done={}#history",
+                    req.path().trim_end_matches(&action).trim_end_matches('/'),
+                    a.id
+                ),
+            ))
+            .finish(),
+        Err((status, msg)) => error_page(status, &msg, &back),
+    }
+}

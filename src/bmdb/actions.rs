@@ -1,0 +1,380 @@
+//! What an operator does to a machine: retry now, take over again, reboot,
+//! hold and release. Each action is one transaction that checks, acts and
+//! writes its audit row (`operator_action`): who (an admin token's name, or
+//! `cli`), when, what, why, and what it did.
+//!
+//! An action is refused, with the reason, when it would not do what it
+//! says: a retry without a backoff, taking over a machine another process
+//! works on, rebooting a held machine. A request carries its own ID: run
+//! again after a lost commit, it finds its audit row and returns it instead
+//! of acting twice.
+
+use std::time::SystemTime;
+
+use uuid::Uuid;
+
+use super::{BmdbError, Process, Tx};
+
+/// The actions, by the names the API, CLI and audit use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Clear a machine's backoff (for one process, or all).
+    Retry,
+    /// Drop its AgentStarted and heartbeat so the Initializer takes it
+    /// over again; optionally forget its recorded SSH host key.
+    Retakeover,
+    /// Ask the Recoverer to reboot it now, on its own lease.
+    Reboot,
+    /// Keep every control loop away from it until released.
+    Hold,
+    Release,
+}
+
+impl Action {
+    pub const ALL: [Action; 5] = [
+        Action::Retry,
+        Action::Retakeover,
+        Action::Reboot,
+        Action::Hold,
+        Action::Release,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Retakeover => "retakeover",
+            Action::Reboot => "reboot",
+            Action::Hold => "hold",
+            Action::Release => "release",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Action> {
+        Self::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+
+    /// A button's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Action::Retry => "Retry now",
+            Action::Retakeover => "Take over again",
+            Action::Reboot => "Reboot",
+            Action::Hold => "Hold",
+            Action::Release => "Release",
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One operator's request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Names the request: the audit row's ID.
+    pub id: Uuid,
+    pub machine_id: Uuid,
+    pub action: Action,
+    /// An admin token's name, or `cli`.
+    pub actor: String,
+    pub reason: Option<String>,
+    /// Retry: only this process's backoff (all of the machine's if None).
+    pub process: Option<Process>,
+    /// Retake over: also forget the recorded SSH host key.
+    pub forget_host_key: bool,
+}
+
+impl Request {
+    pub fn new(machine_id: Uuid, action: Action, actor: impl Into<String>) -> Self {
+        Request {
+            id: Uuid::new_v4(),
+            machine_id,
+            action,
+            actor: actor.into(),
+            reason: None,
+            process: None,
+            forget_host_key: false,
+        }
+    }
+}
+
+/// An audit row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Audit {
+    pub id: Uuid,
+    pub machine_id: Uuid,
+    pub action: String,
+    pub actor: String,
+    #[serde(with = "humantime_serde")]
+    pub timestamp: SystemTime,
+    pub reason: Option<String>,
+    pub detail: String,
+}
+
+/// How an action ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done(Audit),
+    /// Not done, and why (the machine is as it was).
+    Refused(String),
+    NotFound,
+}
+
+/// Longest reason kept (longer ones are refused, not cut).
+pub const MAX_REASON: usize = 1000;
+
+macro_rules! audit_columns {
+    () => {
+        "operator_action_id, machine_id, action, actor, \"timestamp\", reason, detail"
+    };
+}
+const AUDIT_BY_ID: &str = concat!(
+    "SELECT ",
+    audit_columns!(),
+    " FROM operator_action WHERE operator_action_id = $1"
+);
+const AUDIT_INSERT: &str = concat!(
+    "INSERT INTO operator_action (",
+    audit_columns!(),
+    ") VALUES ($1, $2, $3, $4, now(), $5, $6) RETURNING ",
+    audit_columns!()
+);
+const AUDIT_OF_MACHINE: &str = concat!(
+    "SELECT ",
+    audit_columns!(),
+    " FROM operator_action WHERE machine_id = $1 ORDER BY \"timestamp\", operator_action_id"
+);
+
+fn audit_from(r: &tokio_postgres::Row) -> Audit {
+    Audit {
+        id: r.get(0),
+        machine_id: r.get(1),
+        action: r.get(2),
+        actor: r.get(3),
+        timestamp: r.get(4),
+        reason: r.get(5),
+        detail: r.get(6),
+    }
+}
+
+/// Runs `req` in `tx`.
+pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
+    if let Some(r) = &req.reason {
+        if r.len() > MAX_REASON {
+            return Ok(Outcome::Refused(format!(
+                "the reason is {} bytes; at most {MAX_REASON}",
+                r.len()
+            )));
+        }
+    }
+    if let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&req.id]).await? {
+        return Ok(Outcome::Done(audit_from(&r)));
+    }
+    // The summary row is what the selectors lock: holding it, no control
+    // loop leases the machine under this transaction.
+    let Some(row) = tx
+        .query_opt(
+            "SELECT s.held, s.reboot_requested, \
+                    (SELECT w.process FROM work w WHERE w.machine_id = s.machine_id \
+                        AND w.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')) \
+               FROM machine_summary s WHERE s.machine_id = $1 FOR UPDATE OF s",
+            &[&req.machine_id],
+        )
+        .await?
+    else {
+        return Ok(Outcome::NotFound);
+    };
+    let (held, reboot_requested, working): (bool, bool, Option<Process>) =
+        (row.get(0), row.get(1), row.get(2));
+    let m = req.machine_id;
+    let detail = match req.action {
+        Action::Retry => {
+            let rows = tx
+                .query(
+                    "DELETE FROM work_backoff WHERE machine_id = $1 \
+                       AND ($2::process IS NULL OR process = $2) AND until > now() \
+                     RETURNING process",
+                    &[&m, &req.process],
+                )
+                .await?;
+            if rows.is_empty() {
+                return Ok(Outcome::Refused(match req.process {
+                    Some(p) => format!("machine {m} is not backed off for {p}"),
+                    None => format!("machine {m} is not backed off"),
+                }));
+            }
+            let mut cleared: Vec<String> = rows
+                .iter()
+                .map(|r| r.get::<_, Process>(0).to_string())
+                .collect();
+            cleared.sort();
+            format!("cleared the backoff of {}", cleared.join(", "))
+        }
+        Action::Retakeover => {
+            if let Some(p) = working {
+                return Ok(Outcome::Refused(format!(
+                    "machine {m} is leased for {p}; take it over again once that work ends"
+                )));
+            }
+            let n = tx
+                .execute(
+                    "WITH h AS (DELETE FROM machine_agent_heartbeat WHERE machine_id = $1) \
+                     DELETE FROM machine_agent_started WHERE machine_id = $1",
+                    &[&m],
+                )
+                .await?;
+            let mut detail = if n == 0 {
+                "no agent was recorded; the Initializer takes it over when due".to_string()
+            } else {
+                "dropped its agent; the Initializer takes it over again".to_string()
+            };
+            if req.forget_host_key {
+                let k = tx
+                    .execute(
+                        "DELETE FROM machine_ssh_host_key WHERE machine_id = $1",
+                        &[&m],
+                    )
+                    .await?;
+                detail.push_str(if k == 0 {
+                    "; no host key was recorded"
+                } else {
+                    "; forgot its SSH host key"
+                });
+            }
+            if held {
+                detail.push_str(" (after it is released: it is held)");
+            }
+            detail
+        }
+        Action::Reboot => {
+            if held {
+                return Ok(Outcome::Refused(format!(
+                    "machine {m} is held; release it before rebooting it"
+                )));
+            }
+            if reboot_requested {
+                return Ok(Outcome::Refused(format!(
+                    "a reboot of machine {m} is already requested"
+                )));
+            }
+            tx.execute(
+                "INSERT INTO machine_reboot_request (machine_id, requested_at, requested_by, reason) \
+                 VALUES ($1, now(), $2, $3)",
+                &[&m, &req.actor, &req.reason],
+            )
+            .await?;
+            match working {
+                Some(p) => format!("requested; the Recoverer reboots it once the {p} work ends"),
+                None => "requested; the Recoverer reboots it on its next lease".into(),
+            }
+        }
+        Action::Hold => {
+            if held {
+                let r = tx
+                    .query_one(
+                        "SELECT held_by, held_at FROM machine_hold WHERE machine_id = $1",
+                        &[&m],
+                    )
+                    .await?;
+                let at: SystemTime = r.get(1);
+                return Ok(Outcome::Refused(format!(
+                    "machine {m} is already held (by {} since {})",
+                    r.get::<_, String>(0),
+                    humantime::format_rfc3339_seconds(at)
+                )));
+            }
+            tx.execute(
+                "INSERT INTO machine_hold (machine_id, held_at, held_by, reason) \
+                 VALUES ($1, now(), $2, $3)",
+                &[&m, &req.actor, &req.reason],
+            )
+            .await?;
+            match working {
+                Some(p) => format!("held; the {p} work running now ends first"),
+                None => "held; no control loop takes it until it is released".into(),
+            }
+        }
+        Action::Release => {
+            if !held {
+                return Ok(Outcome::Refused(format!("machine {m} is not held")));
+            }
+            tx.execute("DELETE FROM machine_hold WHERE machine_id = $1", &[&m])
+                .await?;
+            "released; the control loops take it again".into()
+        }
+    };
+    let r = tx
+        .query_one(
+            AUDIT_INSERT,
+            &[
+                &req.id,
+                &m,
+                &req.action.as_str(),
+                &req.actor,
+                &req.reason,
+                &detail,
+            ],
+        )
+        .await?;
+    Ok(Outcome::Done(audit_from(&r)))
+}
+
+/// A machine's audit rows, oldest first.
+pub async fn audit(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Vec<Audit>, BmdbError> {
+    Ok(tx
+        .query(AUDIT_OF_MACHINE, &[&machine_id])
+        .await?
+        .iter()
+        .map(audit_from)
+        .collect())
+}
+
+/// A machine's hold: by whom, since when, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub by: String,
+    pub since: SystemTime,
+    pub reason: Option<String>,
+}
+
+pub async fn hold(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<Hold>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT held_by, held_at, reason FROM machine_hold WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| Hold {
+            by: r.get(0),
+            since: r.get(1),
+            reason: r.get(2),
+        }))
+}
+
+/// Whether a reboot is requested and not yet done: (by, when).
+pub async fn reboot_request(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+) -> Result<Option<(String, SystemTime)>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT requested_by, requested_at FROM machine_reboot_request WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// The held machines of a provider (the Provisioner and the Updater leave
+/// them alone).
+pub async fn held_ids(tx: &mut Tx<'_>) -> Result<std::collections::HashSet<Uuid>, BmdbError> {
+    Ok(tx
+        .query("SELECT machine_id FROM machine_hold", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}

@@ -1,0 +1,106 @@
+"""Drives the admin pages in headless Chromium through chromedriver, as an
+operator would, and prints what it saw as JSON (tests/admin.rs asserts it).
+
+    admin_pages.py walk BASE TOKEN PENDING_ID BACKED_OFF_ID STARTED_PROVIDER_ID EVIL_ORIGIN
+    admin_pages.py screenshot URL PNG [WIDTH HEIGHT]
+"""
+
+import json
+import sys
+import tempfile
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+
+def browser(width=1280, height=900):
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update",
+              "--disable-sync", f"--window-size={width},{height}",
+              f"--user-data-dir={tempfile.mkdtemp()}"):
+        opts.add_argument(a)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+def rows(d):
+    return [r.get_attribute("data-machine")
+            for r in d.find_elements(By.CSS_SELECTOR, "#machine-list tr.machine")]
+
+
+def walk(base, token, pending, backed_off, started_provider, evil):
+    seen = {}
+    d = browser()
+    try:
+        # Not logged in: the login form; log in with the token.
+        d.get(base + "/")
+        seen["login_form"] = len(d.find_elements(By.NAME, "token")) == 1
+        d.find_element(By.NAME, "token").send_keys(token)
+        d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        seen["after_login_title"] = d.title
+
+        # Filter by state, with the form.
+        Select(d.find_element(By.NAME, "state")).select_by_value("backoff")
+        d.find_element(By.CSS_SELECTOR, "form.filters button").click()
+        seen["state_backoff"] = rows(d)
+        # Filter by heartbeat.
+        d.get(base + "/")
+        Select(d.find_element(By.NAME, "heartbeat")).select_by_value("no-agent")
+        d.find_element(By.CSS_SELECTOR, "form.filters button").click()
+        seen["heartbeat_no_agent"] = sorted(rows(d))
+        # Search: a provider ID, then a machine ID's prefix.
+        d.get(base + "/")
+        box = d.find_element(By.NAME, "q")
+        box.send_keys(started_provider)
+        box.submit()
+        seen["search_provider_id"] = rows(d)
+        d.get(base + "/")
+        box = d.find_element(By.NAME, "q")
+        box.send_keys(pending[:8])
+        box.submit()
+        seen["search_machine_prefix"] = rows(d)
+        seen["chart"] = len(d.find_elements(By.CSS_SELECTOR, "svg#chart polyline.series"))
+
+        # The machine page: hold it with a reason, by the button.
+        d.get(base + "/machines/" + pending)
+        form = d.find_element(By.ID, "form-hold")
+        form.find_element(By.NAME, "reason").send_keys("rack move")
+        form.find_element(By.TAG_NAME, "button").click()
+        seen["after_hold_url"] = d.current_url
+        seen["notice"] = d.find_element(By.ID, "done").text
+        seen["state"] = d.find_element(By.ID, "state").text
+        seen["operator_rows"] = [r.text for r in d.find_elements(By.CSS_SELECTOR, "#history tr.operator")]
+        seen["buttons"] = [b.get_attribute("id") for b in d.find_elements(By.CSS_SELECTOR, "#actions button")]
+
+        # Another site's page posting to the release button (the cookie
+        # goes along: same site, another port).
+        d.get(evil)
+        d.find_element(By.ID, "go").click()
+        seen["cross_site_body"] = d.find_element(By.TAG_NAME, "body").text
+        d.get(base + "/machines/" + pending)
+        seen["state_after_cross_site"] = d.find_element(By.ID, "state").text
+    finally:
+        d.quit()
+    print(json.dumps(seen))
+
+
+def screenshot(url, png, width=1280, height=2400):
+    d = browser(int(width), int(height))
+    try:
+        d.get(url)
+        d.save_screenshot(png)
+        print(json.dumps({"title": d.title}))
+    finally:
+        d.quit()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "walk":
+        walk(*sys.argv[2:8])
+    elif sys.argv[1] == "screenshot":
+        screenshot(*sys.argv[2:])
+    else:
+        sys.exit("walk or screenshot")

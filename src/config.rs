@@ -865,6 +865,7 @@ pub struct AdminConfig {
     /// operator's own, so the audit says who acted. With any token set
     /// (here or `token`), every route but `/healthz` wants one; one is
     /// required when `listen` is not a loopback address.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tokens: std::collections::BTreeMap<String, Secret>,
 }
 
@@ -1395,6 +1396,7 @@ mod documented_defaults {
             "metro",
             "facility",
             "file",
+            "tokens",
         ] {
             if !text
                 .lines()

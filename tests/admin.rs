@@ -427,6 +427,47 @@ async fn the_token_is_enforced() {
     }
     let (_, body) = get(format!("http://{a}/api/v1/machines"), Some("wrong")).await;
     assert!(!body.contains(token));
+    // A browser is shown the login form, posting to /login from any page.
+    let mut r = awc::Client::default()
+        .get(format!("http://{a}/machines/{}", f.pending))
+        .insert_header(("Accept", "text/html"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let body = String::from_utf8_lossy(&r.body().await.unwrap()).into_owned();
+    assert!(body.contains("action=\"../login\""), "{body}");
+    // Logging in: a wrong token is refused, the right one sets the cookie,
+    // which then opens the pages.
+    let login = |t: &'static str| async move {
+        let client = awc::Client::builder().disable_redirects().finish();
+        let r = client
+            .post(format!("http://{a}/login"))
+            .send_form(&[("token", t)])
+            .await
+            .unwrap();
+        let cookie = r
+            .headers()
+            .get("set-cookie")
+            .map(|v| v.to_str().unwrap().to_string());
+        (r.status().as_u16(), cookie)
+    };
+    assert_eq!(login("wrong").await, (401, None));
+    let (status, cookie) = login("s3cret-admin-token").await;
+    assert_eq!(status, 303);
+    let cookie = cookie.unwrap();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let r = awc::Client::default()
+        .get(format!("http://{a}/"))
+        .insert_header(("Cookie", pair))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }
 
 #[actix_rt::test]

@@ -1838,7 +1838,13 @@ async fn two_shepherds_take_a_hundred_hosts_over_once_each_and_one_finishes_when
         &mut a,
     )
     .await;
-    assert!(started(&a) > 0 && started(&a) + by_b >= 100);
+    // Between them, every takeover is logged, but for those b recorded in
+    // the BMDB and was killed before logging (at most its parallelism).
+    let (by_a, by_b_after) = (started(&a), started(&b));
+    assert!(
+        by_a > 0 && by_a + by_b_after >= 100 - 4 && by_a + by_b_after <= 100,
+        "a logged {by_a}, b {by_b_after} (at the kill {by_b})"
+    );
     // Each agent ran once; at most the ones the killed process was taking
     // over when it died ran twice (their takeovers never recorded).
     let runs = rig.agent_runs();

@@ -12,7 +12,8 @@ import tempfile
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 
 def browser(width=1280, height=900):
@@ -24,6 +25,15 @@ def browser(width=1280, height=900):
               f"--user-data-dir={tempfile.mkdtemp()}"):
         opts.add_argument(a)
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+def navigate(d, act):
+    """Runs act (a click, a submit) and waits until the next page loaded."""
+    old = d.find_element(By.TAG_NAME, "html")
+    act()
+    WebDriverWait(d, 10).until(EC.staleness_of(old))
+    WebDriverWait(d, 10).until(
+        lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def rows(d):
@@ -39,28 +49,28 @@ def walk(base, token, pending, backed_off, started_provider, evil):
         d.get(base + "/")
         seen["login_form"] = len(d.find_elements(By.NAME, "token")) == 1
         d.find_element(By.NAME, "token").send_keys(token)
-        d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        navigate(d, d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click)
         seen["after_login_title"] = d.title
 
         # Filter by state, with the form.
         Select(d.find_element(By.NAME, "state")).select_by_value("backoff")
-        d.find_element(By.CSS_SELECTOR, "form.filters button").click()
+        navigate(d, d.find_element(By.CSS_SELECTOR, "form.filters button").click)
         seen["state_backoff"] = rows(d)
         # Filter by heartbeat.
         d.get(base + "/")
         Select(d.find_element(By.NAME, "heartbeat")).select_by_value("no-agent")
-        d.find_element(By.CSS_SELECTOR, "form.filters button").click()
+        navigate(d, d.find_element(By.CSS_SELECTOR, "form.filters button").click)
         seen["heartbeat_no_agent"] = sorted(rows(d))
         # Search: a provider ID, then a machine ID's prefix.
         d.get(base + "/")
         box = d.find_element(By.NAME, "q")
         box.send_keys(started_provider)
-        box.submit()
+        navigate(d, box.submit)
         seen["search_provider_id"] = rows(d)
         d.get(base + "/")
         box = d.find_element(By.NAME, "q")
         box.send_keys(pending[:8])
-        box.submit()
+        navigate(d, box.submit)
         seen["search_machine_prefix"] = rows(d)
         seen["chart"] = len(d.find_elements(By.CSS_SELECTOR, "svg#chart polyline.series"))
 
@@ -68,7 +78,7 @@ def walk(base, token, pending, backed_off, started_provider, evil):
         d.get(base + "/machines/" + pending)
         form = d.find_element(By.ID, "form-hold")
         form.find_element(By.NAME, "reason").send_keys("rack move")
-        form.find_element(By.TAG_NAME, "button").click()
+        navigate(d, form.find_element(By.TAG_NAME, "button").click)
         seen["after_hold_url"] = d.current_url
         seen["notice"] = d.find_element(By.ID, "done").text
         seen["state"] = d.find_element(By.ID, "state").text
@@ -78,7 +88,7 @@ def walk(base, token, pending, backed_off, started_provider, evil):
         # Another site's page posting to the release button (the cookie
         # goes along: same site, another port).
         d.get(evil)
-        d.find_element(By.ID, "go").click()
+        navigate(d, d.find_element(By.ID, "go").click)
         seen["cross_site_body"] = d.find_element(By.TAG_NAME, "body").text
         d.get(base + "/machines/" + pending)
         seen["state_after_cross_site"] = d.find_element(By.ID, "state").text

@@ -362,6 +362,10 @@ async fn watch(
     let mut input = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
+    // Listening from here on: a signal that comes while progress is read
+    // is not lost.
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -379,7 +383,7 @@ async fn watch(
                 }
                 continue;
             }
-            _ = shutdown_signal() => return Ok(()),
+            _ = &mut shutdown => return Ok(()),
         }
         let p = progress(bmdb, fresh).await?;
         if !opts.keep_running || last.map(|l| l != p).unwrap_or(true) {

@@ -43,7 +43,7 @@ const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
     .error{padding:.5em 1em;border:1px solid #c33;background:#fde8e8}\
     form.filters{margin:1em 0}form.filters label{margin-right:1em}\
     .actions form{display:inline-block;margin:0 1em .5em 0;padding:.5em;border:1px solid #ddd}\
-    section{margin-top:1.5em}.muted{color:#777}nav a{margin-right:1em}\
+    section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 3em;align-items:flex-start}.muted{color:#777}nav a{margin-right:1em}\
     .chart text{font:11px system-ui,sans-serif;fill:#444}";
 
 /// A whole page. `refresh`: reload itself every `REFRESH_SECONDS`.
@@ -168,7 +168,7 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
         "<nav><a href=\"#machines\">machines</a><a href=\"#activity\">activity</a>\
          <a href=\"#sessions\">sessions</a><a href=\"#provisioner\">provisioner</a>\
          <a href=\"#budget\">Equinix requests</a><a href=\"metrics\">metrics</a></nav>\
-         <p id=\"total\">{total} machines</p>\
+         <div class=\"row\"><div><p id=\"total\">{total} machines</p>\
          <p id=\"agents\">agents: <span id=\"heartbeating\">{heartbeating}</span> heartbeating, \
          <span id=\"silent\">{silent}</span> silent (no heartbeat within {})</p>\
          <table id=\"counts\"><tr><th>state</th><th>machines</th></tr>",
@@ -185,91 +185,16 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
             "<tr data-state=\"{s}\"><td><a href=\"?state={s}\">{s}</a></td><td class=\"count\">{n}</td></tr>"
         );
     }
-    b.push_str("</table>");
-
-    // Filters: a plain GET form.
-    b.push_str("<section id=\"machines\"><h2>Machines</h2><form class=\"filters\" method=\"get\" action=\"\">");
-    b.push_str("<label>state <select name=\"state\"><option value=\"\">any</option>");
-    for s in MachineState::ALL {
-        b.push_str(&option(s, s.as_str(), filter.state));
-    }
-    b.push_str("</select></label><label>provider status <select name=\"provider_status\"><option value=\"\">any</option>");
-    for s in ProviderStatus::ALL {
-        b.push_str(&option(s, &s.to_string(), filter.provider_status));
-    }
-    b.push_str("</select></label><label>heartbeat <select name=\"heartbeat\"><option value=\"\">any</option>");
-    for h in Heartbeat::ALL {
-        b.push_str(&option(h, h.as_str(), filter.heartbeat));
-    }
+    b.push_str("</table></div>");
     let _ = write!(
         b,
-        "</select></label><label>search <input type=\"search\" name=\"q\" value=\"{}\" \
-         placeholder=\"machine ID, provider ID, address\" size=\"32\"></label>\
-         <button type=\"submit\">Show</button> <a href=\"./\">clear</a></form>",
-        esc(q.q.as_deref().unwrap_or(""))
-    );
-    let shown_to = offset + list.len() as i64;
-    if list.is_empty() {
-        let _ = write!(
-            b,
-            "<p id=\"matching\">no machines match{}</p>",
-            if offset > 0 { " on this page" } else { "" }
-        );
-    } else {
-        let _ = write!(
-            b,
-            "<p id=\"matching\"><span id=\"match-count\">{matching}</span> matching; showing {} to {shown_to}</p>",
-            offset + 1
-        );
-    }
-    b.push_str("<p class=\"paging\">");
-    if offset > 0 {
-        let _ = write!(
-            b,
-            "<a rel=\"prev\" href=\"{}\">previous</a> ",
-            esc(&page_query(&q, (offset - limit).max(0)))
-        );
-    }
-    if shown_to < matching {
-        let _ = write!(
-            b,
-            "<a rel=\"next\" href=\"{}\">next</a>",
-            esc(&page_query(&q, shown_to))
-        );
-    }
-    b.push_str(
-        "</p><table id=\"machine-list\"><tr><th>machine</th><th>provider ID</th><th>address</th>\
-         <th>provider status</th><th>state</th><th>last heartbeat</th></tr>",
-    );
-    for m in &list {
-        let _ = write!(
-            b,
-            "<tr class=\"machine{held}\" data-machine=\"{id}\"><td><a href=\"machines/{id}\">{id}</a></td>\
-             <td>{pid}</td><td>{addr}</td><td>{ps}</td><td class=\"state\">{st}</td><td>{hb}</td></tr>",
-            held = if m.state == MachineState::Held {
-                " held"
-            } else {
-                ""
-            },
-            id = m.machine_id,
-            pid = esc(m.provider_id.as_deref().unwrap_or("-")),
-            addr = esc(m.address.as_deref().unwrap_or("-")),
-            ps = m
-                .provider_status
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "-".into()),
-            st = m.state,
-            hb = m.agent_heartbeat.map(ago).unwrap_or_else(|| "-".into()),
-        );
-    }
-    b.push_str("</table></section>");
-
-    let _ = write!(
-        b,
-        "<section id=\"activity\"><h2>Activity, last {}</h2>{}</section>",
+        "<section id=\"activity\"><h2>Activity, last {}</h2>{}</section></div>",
         humantime::format_duration(CHART_BUCKET * CHART_BUCKETS),
         chart(&activity)
     );
+
+    // The machines go last (they are long); the overview stays on top.
+    let machines_html = machines_section(&q, &filter, &list, matching, offset, limit);
 
     b.push_str(
         "<section id=\"sessions\"><h2>Sessions</h2><table id=\"session-list\"><tr><th>session</th>\
@@ -306,7 +231,7 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
     }
     b.push_str("</table></section>");
 
-    b.push_str("<section id=\"provisioner\"><h2>Provisioner</h2>");
+    b.push_str("<div class=\"row\"><section id=\"provisioner\"><h2>Provisioner</h2>");
     match &st.provisioner {
         None => b.push_str("<p>This process does not run the Provisioner.</p>"),
         Some(p) => match p.duty {
@@ -366,10 +291,99 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
     }
     let _ = write!(
         b,
-        "</section><p class=\"muted\">Rendered {}; reloads every {REFRESH_SECONDS} s.</p>",
+        "</section></div>{machines_html}<p class=\"muted\">Rendered {}; reloads every {REFRESH_SECONDS} s.</p>",
         rfc3339(SystemTime::now())
     );
     page("shepherd: fleet", &b, true)
+}
+
+/// The fleet page's machines: the filter form, paging and the table.
+fn machines_section(
+    q: &Page,
+    filter: &machines::FleetFilter,
+    list: &[machines::MachineSummary],
+    matching: i64,
+    offset: i64,
+    limit: i64,
+) -> String {
+    let mut b = String::new();
+    // Filters: a plain GET form.
+    b.push_str("<section id=\"machines\"><h2>Machines</h2><form class=\"filters\" method=\"get\" action=\"\">");
+    b.push_str("<label>state <select name=\"state\"><option value=\"\">any</option>");
+    for s in MachineState::ALL {
+        b.push_str(&option(s, s.as_str(), filter.state));
+    }
+    b.push_str("</select></label><label>provider status <select name=\"provider_status\"><option value=\"\">any</option>");
+    for s in ProviderStatus::ALL {
+        b.push_str(&option(s, &s.to_string(), filter.provider_status));
+    }
+    b.push_str("</select></label><label>heartbeat <select name=\"heartbeat\"><option value=\"\">any</option>");
+    for h in Heartbeat::ALL {
+        b.push_str(&option(h, h.as_str(), filter.heartbeat));
+    }
+    let _ = write!(
+        b,
+        "</select></label><label>search <input type=\"search\" name=\"q\" value=\"{}\" \
+         placeholder=\"machine ID, provider ID, address\" size=\"32\"></label>\
+         <button type=\"submit\">Show</button> <a href=\"./\">clear</a></form>",
+        esc(q.q.as_deref().unwrap_or(""))
+    );
+    let shown_to = offset + list.len() as i64;
+    if list.is_empty() {
+        let _ = write!(
+            b,
+            "<p id=\"matching\">no machines match{}</p>",
+            if offset > 0 { " on this page" } else { "" }
+        );
+    } else {
+        let _ = write!(
+            b,
+            "<p id=\"matching\"><span id=\"match-count\">{matching}</span> matching; showing {} to {shown_to}</p>",
+            offset + 1
+        );
+    }
+    b.push_str("<p class=\"paging\">");
+    if offset > 0 {
+        let _ = write!(
+            b,
+            "<a rel=\"prev\" href=\"{}\">previous</a> ",
+            esc(&page_query(q, (offset - limit).max(0)))
+        );
+    }
+    if shown_to < matching {
+        let _ = write!(
+            b,
+            "<a rel=\"next\" href=\"{}\">next</a>",
+            esc(&page_query(q, shown_to))
+        );
+    }
+    b.push_str(
+        "</p><table id=\"machine-list\"><tr><th>machine</th><th>provider ID</th><th>address</th>\
+         <th>provider status</th><th>state</th><th>last heartbeat</th></tr>",
+    );
+    for m in list {
+        let _ = write!(
+            b,
+            "<tr class=\"machine{held}\" data-machine=\"{id}\"><td><a href=\"machines/{id}\">{id}</a></td>\
+             <td>{pid}</td><td>{addr}</td><td>{ps}</td><td class=\"state\">{st}</td><td>{hb}</td></tr>",
+            held = if m.state == MachineState::Held {
+                " held"
+            } else {
+                ""
+            },
+            id = m.machine_id,
+            pid = esc(m.provider_id.as_deref().unwrap_or("-")),
+            addr = esc(m.address.as_deref().unwrap_or("-")),
+            ps = m
+                .provider_status
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            st = m.state,
+            hb = m.agent_heartbeat.map(ago).unwrap_or_else(|| "-".into()),
+        );
+    }
+    b.push_str("</table></section>");
+    b
 }
 
 /// Takeovers, failures and recoveries per bucket, as an SVG line chart.

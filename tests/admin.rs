@@ -696,19 +696,12 @@ async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser()
     assert_eq!(seen["state_after_cross_site"], "held");
     let audit: Vec<(String, String, Option<String>)> = f
         .bmdb
-        .transact(async |tx| {
-            Ok(tx
-                .query(
-                    "SELECT actor, action, reason FROM operator_action WHERE machine_id = $1",
-                    &[&f.pending],
-                )
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect())
-        })
+        .transact(async |tx| shepherd::bmdb::actions::audit(tx, f.pending).await)
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.actor, a.action, a.reason))
+        .collect();
     assert_eq!(
         audit,
         vec![("admin".into(), "hold".into(), Some("rack move".into()))]

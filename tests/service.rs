@@ -1602,21 +1602,7 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     );
 
     // Both agents die.
-    let ids: Vec<(uuid::Uuid, String)> = rig
-        .bmdb
-        .transact(async |tx| {
-            Ok(tx
-                .query(
-                    "SELECT machine_id, provider_id FROM machine_provided ORDER BY provider_id",
-                    &[],
-                )
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect())
-        })
-        .await
-        .unwrap();
+    let ids: Vec<(uuid::Uuid, String)> = rig.provided().await;
     for (id, _) in &ids {
         let pid_file = rig.sshd.dir().join(format!("agent-{id}.pid"));
         let pid: i32 = std::fs::read_to_string(&pid_file)
@@ -1900,6 +1886,24 @@ fn machines_cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 impl Rig {
+    /// (machine ID, provider ID) of every provided machine, by provider ID.
+    async fn provided(&self) -> Vec<(uuid::Uuid, String)> {
+        self.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query(
+                        "SELECT machine_id, provider_id FROM machine_provided ORDER BY provider_id",
+                        &[],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect())
+            })
+            .await
+            .unwrap()
+    }
+
     async fn count_for(&self, sql: &'static str, machine: uuid::Uuid) -> i64 {
         self.bmdb
             .transact(async |tx| Ok(tx.query_one(sql, &[&machine]).await?.get(0)))
@@ -1952,21 +1956,7 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
     let mut s = rig.shepherd(&config, "shepherd.log");
     rig.wait_for("4 agents", AGENTS, 4, Duration::from_secs(60), &mut s)
         .await;
-    let machines: Vec<(uuid::Uuid, String)> = rig
-        .bmdb
-        .transact(async |tx| {
-            Ok(tx
-                .query(
-                    "SELECT machine_id, provider_id FROM machine_provided ORDER BY provider_id",
-                    &[],
-                )
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect())
-        })
-        .await
-        .unwrap();
+    let machines: Vec<(uuid::Uuid, String)> = rig.provided().await;
     let [m1, m2, m3, m4] = [0, 1, 2, 3].map(|i| machines[i].0);
     // Every agent heartbeats (as the callback would record).
     rig.bmdb
@@ -2203,20 +2193,12 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
     // The audit: who, what, why, in order; shown in the machine's history.
     let audit: Vec<(String, String, String)> = rig
         .bmdb
-        .transact(async |tx| {
-            Ok(tx
-                .query(
-                    "SELECT actor, action, coalesce(reason, '') FROM operator_action \
-                     WHERE machine_id = $1 ORDER BY \"timestamp\"",
-                    &[&m1],
-                )
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect())
-        })
+        .transact(async |tx| shepherd::bmdb::actions::audit(tx, m1).await)
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.actor, a.action, a.reason.unwrap_or_default()))
+        .collect();
     let want = [
         ("alice", "hold", "disk swap, ticket 42"),
         ("alice", "retakeover", ""),

@@ -310,6 +310,14 @@ struct Page {
 }
 
 impl Page {
+    /// (limit, offset): at most 1000 a page, `default` without a limit.
+    fn window(&self, default: i64) -> (i64, i64) {
+        (
+            self.limit.unwrap_or(default).clamp(1, 1000),
+            self.offset.unwrap_or(0).max(0),
+        )
+    }
+
     /// The filter, or a 400 naming the bad field.
     fn filter(&self, admin: &Admin) -> Result<machines::FleetFilter, HttpResponse> {
         let provider_status = match self.provider_status.as_deref() {
@@ -368,8 +376,7 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
         Ok(f) => f,
         Err(r) => return r,
     };
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let offset = q.offset.unwrap_or(0).max(0);
+    let (limit, offset) = q.window(100);
     let r = admin
         .bmdb
         .transact(async |tx| {

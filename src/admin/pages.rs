@@ -142,8 +142,7 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
         Ok(f) => f,
         Err(r) => return r,
     };
-    let limit = q.limit.unwrap_or(PAGE_SIZE).clamp(1, 1000);
-    let offset = q.offset.unwrap_or(0).max(0);
+    let (limit, offset) = q.window(PAGE_SIZE);
     let r = admin
         .bmdb
         .transact(async |tx| {

@@ -96,6 +96,18 @@ enum MachinesCommand {
         /// Only machines in this state.
         #[arg(long, value_parser = parse_state)]
         state: Option<MachineState>,
+        /// Only machines whose provider reports this status (Running,
+        /// Provisioning, Stopped…).
+        #[arg(long, value_parser = parse_provider_status)]
+        provider_status: Option<shepherd::bmdb::ProviderStatus>,
+        /// Only machines whose agent is heartbeating, silent (started, no
+        /// heartbeat within recoverer.heartbeat_stale_after) or no-agent.
+        #[arg(long, value_parser = parse_heartbeat)]
+        heartbeat: Option<machines::Heartbeat>,
+        /// A machine ID's prefix, part of a provider ID, or an address's
+        /// prefix.
+        #[arg(long)]
+        search: Option<String>,
         /// At most this many.
         #[arg(long, default_value_t = 1000)]
         limit: i64,
@@ -143,6 +155,27 @@ enum MachinesCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+}
+
+fn parse_provider_status(s: &str) -> Result<shepherd::bmdb::ProviderStatus, String> {
+    use shepherd::bmdb::ProviderStatus;
+    ProviderStatus::ALL
+        .into_iter()
+        .find(|p| p.to_string() == s)
+        .ok_or_else(|| {
+            let all: Vec<String> = ProviderStatus::ALL.iter().map(|p| p.to_string()).collect();
+            format!("not a provider status; one of: {}", all.join(", "))
+        })
+}
+
+fn parse_heartbeat(s: &str) -> Result<machines::Heartbeat, String> {
+    machines::Heartbeat::parse(s).ok_or_else(|| {
+        let all: Vec<&str> = machines::Heartbeat::ALL
+            .iter()
+            .map(|h| h.as_str())
+            .collect();
+        format!("one of: {}", all.join(", "))
+    })
 }
 
 fn parse_process(s: &str) -> Result<shepherd::bmdb::Process, String> {
@@ -321,9 +354,22 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
         };
     }
     match cmd {
-        MachinesCommand::List { state, limit } => {
-            let list = bmdb
-                .transact(async |tx| machines::fleet(tx, state, limit, 0).await)
+        MachinesCommand::List {
+            state,
+            provider_status,
+            heartbeat,
+            search,
+            limit,
+        } => {
+            let filter = machines::FleetFilter {
+                state,
+                provider_status,
+                heartbeat,
+                stale_after: cfg.recoverer.heartbeat_stale_after,
+                search,
+            };
+            let (list, matching) = bmdb
+                .transact(async |tx| machines::fleet_page(tx, &filter, limit, 0).await)
                 .await?;
             println!(
                 "{:<36}  {:<8} {:<38} {:<16} {:<14}",
@@ -344,7 +390,7 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                 .await?;
             let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{s} {n}")).collect();
             println!(
-                "{} shown; fleet: {}",
+                "{} shown of {matching} matching; fleet: {}",
                 list.len(),
                 if counts.is_empty() {
                     "empty".into()

@@ -673,7 +673,10 @@ async fn a_static_inventory_is_taken_over_survives_a_lost_session_and_reports_a_
             "host-{i:02} missing:\n{list}"
         );
     }
-    assert!(list.contains("20 shown; fleet: agent-started 20"), "{list}");
+    assert!(
+        list.contains("20 shown of 20 matching; fleet: agent-started 20"),
+        "{list}"
+    );
     assert!(cli(&["machines", "list", "--state", "pending"]).contains("0 shown"));
     let id = list
         .lines()
@@ -2210,6 +2213,19 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
         want.map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
     );
     assert_eq!(rig.count("SELECT count(*) FROM operator_action").await, 7);
+    // The held machine, listed by state and found by its provider ID.
+    let (code, out, err) = machines_cli(&config, &["list", "--state", "held"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&m4.to_string()), "{out}");
+    assert!(out.contains("1 shown of 1 matching"), "{out}");
+    let (_, out, _) = machines_cli(&config, &["list", "--search", &machines[3].1[..13]]);
+    assert!(
+        out.contains(&m4.to_string()) && out.contains("1 shown of 1 matching"),
+        "{out}"
+    );
+    let (code, _, err) = machines_cli(&config, &["list", "--heartbeat", "sometimes"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("heartbeating, silent, no-agent"), "{err}");
     let (code, out, _) = machines_cli(&config, &["show", &m1.to_string()]);
     assert_eq!(code, Some(0));
     assert!(out.contains("operator alice hold: held;"), "{out}");

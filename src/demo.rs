@@ -360,6 +360,8 @@ async fn watch(
     let mut silence_pending = opts.silence;
     let mut last: Option<Progress> = None;
     let mut input = None;
+    // Set once the operator's input is read from (it may end: stdin closed).
+    let mut listening = false;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     // Listening from here on: a signal that comes while progress is read
@@ -467,9 +469,10 @@ async fn watch(
         if !opts.keep_running {
             return Ok(());
         }
-        if input.is_none() {
+        if !listening {
             println!("keeping the demo up; type `silence N` to silence N agents, Ctrl-C to stop");
             input = Some(commands());
+            listening = true;
         }
     }
 }

@@ -43,7 +43,7 @@ const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
     .error{padding:.5em 1em;border:1px solid #c33;background:#fde8e8}\
     form.filters{margin:1em 0}form.filters label{margin-right:1em}\
     .actions form{display:inline-block;margin:0 1em .5em 0;padding:.5em;border:1px solid #ddd}\
-    section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 3em;align-items:flex-start}.muted{color:#777}nav a{margin-right:1em}\
+    section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.row>*{max-width:36em}.row>#activity{max-width:none}.muted{color:#777}nav a{margin-right:1em}\
     .chart text{font:11px system-ui,sans-serif;fill:#444}";
 
 /// A whole page. `refresh`: reload itself every `REFRESH_SECONDS`.
@@ -387,7 +387,7 @@ fn machines_section(
 
 /// Takeovers, failures and recoveries per bucket, as an SVG line chart.
 fn chart(activity: &[Activity]) -> String {
-    const W: f64 = 720.0;
+    const W: f64 = 640.0;
     const H: f64 = 180.0;
     const LEFT: f64 = 40.0;
     const BOTTOM: f64 = 20.0;
@@ -416,16 +416,19 @@ fn chart(activity: &[Activity]) -> String {
         b = H - BOTTOM,
         tx = LEFT - 4.0
     );
-    let per_hour = (3600 / CHART_BUCKET.as_secs().max(1)) as usize;
+    // A mark on every whole hour.
     for (i, a) in activity.iter().enumerate() {
-        if per_hour > 0 && i % per_hour == 0 {
-            let t = humantime::format_rfc3339_seconds(a.start).to_string();
+        let t = humantime::format_rfc3339_seconds(a.start).to_string();
+        if &t[14..19] == "00:00" {
             let _ = write!(
                 s,
-                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                x(i),
+                "<line x1=\"{x:.1}\" y1=\"{b}\" x2=\"{x:.1}\" y2=\"{t2}\" stroke=\"#999\"/>\
+                 <text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
                 H - 5.0,
-                &t[11..16]
+                &t[11..16],
+                x = x(i),
+                b = H - BOTTOM,
+                t2 = H - BOTTOM + 4.0,
             );
         }
     }
@@ -630,7 +633,13 @@ pub(super) async fn machine_page(
     for l in &d.leases {
         let _ = write!(b, "<li>{} by {}</li>", l.process, esc(&l.component));
     }
+    if d.leases.is_empty() {
+        b.push_str("<li class=\"muted\">none: no process works on it now</li>");
+    }
     b.push_str("</ul><h2>Backoffs</h2><ul id=\"backoffs\">");
+    if d.backoffs.is_empty() {
+        b.push_str("<li class=\"muted\">none</li>");
+    }
     for (p, bo) in &d.backoffs {
         let _ = write!(
             b,
@@ -640,7 +649,7 @@ pub(super) async fn machine_page(
         );
     }
     // History: the work history and the operators' actions, in time order.
-    b.push_str("</ul><h2>History</h2><table id=\"history\"><tr><th>time</th><th>process</th><th>event</th><th>cause</th></tr>");
+    b.push_str("</ul><h2>History</h2><table id=\"history\"><tr><th>time</th><th>process</th><th>event</th><th>cause or detail</th></tr>");
     let mut rows: Vec<(SystemTime, String)> = d
         .history
         .iter()

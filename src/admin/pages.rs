@@ -385,36 +385,30 @@ fn machines_section(
     b
 }
 
-/// Takeovers, failures and recoveries per bucket, as an SVG line chart.
+/// Takeovers, failures and recoveries per bucket, as SVG: one row of bars
+/// per series, each on its own scale (forty recoveries stay visible beside
+/// two thousand takeovers), with hour marks below.
 fn chart(activity: &[Activity]) -> String {
     const W: f64 = 640.0;
-    const H: f64 = 180.0;
-    const LEFT: f64 = 40.0;
-    const BOTTOM: f64 = 20.0;
-    let max = activity
-        .iter()
-        .flat_map(|a| [a.takeovers, a.failures, a.recoveries])
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let n = activity.len().max(2) as f64;
-    let x = |i: usize| LEFT + (W - LEFT - 10.0) * i as f64 / (n - 1.0);
-    let y = |v: i64| 10.0 + (H - BOTTOM - 10.0) * (1.0 - v as f64 / max as f64);
+    const LEFT: f64 = 96.0;
+    const ROW: f64 = 44.0;
+    const GAP: f64 = 12.0;
+    type Series = (&'static str, &'static str, fn(&Activity) -> i64);
+    let series: [Series; 3] = [
+        ("takeovers", "#2a7", |a| a.takeovers),
+        ("failures", "#c33", |a| a.failures),
+        ("recoveries", "#36c", |a| a.recoveries),
+    ];
+    let rows_h = series.len() as f64 * (ROW + GAP);
+    let h = rows_h + 16.0;
+    let n = activity.len().max(1) as f64;
+    let step = (W - LEFT) / n;
+    let x = |i: usize| LEFT + step * i as f64;
     let mut s = format!(
-        "<svg class=\"chart\" id=\"chart\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" \
+        "<svg class=\"chart\" id=\"chart\" width=\"{W}\" height=\"{h}\" viewBox=\"0 0 {W} {h}\" role=\"img\" \
          aria-label=\"takeovers, failures and recoveries per {} over the last {}\">",
         humantime::format_duration(CHART_BUCKET),
         humantime::format_duration(CHART_BUCKET * activity.len() as u32)
-    );
-    // Axes, the maximum, and a time mark every hour.
-    let _ = write!(
-        s,
-        "<line x1=\"{LEFT}\" y1=\"{b}\" x2=\"{W}\" y2=\"{b}\" stroke=\"#999\"/>\
-         <line x1=\"{LEFT}\" y1=\"10\" x2=\"{LEFT}\" y2=\"{b}\" stroke=\"#999\"/>\
-         <text x=\"{tx}\" y=\"14\" text-anchor=\"end\">{max}</text>\
-         <text x=\"{tx}\" y=\"{b}\" text-anchor=\"end\">0</text>",
-        b = H - BOTTOM,
-        tx = LEFT - 4.0
     );
     // A mark on every whole hour.
     for (i, a) in activity.iter().enumerate() {
@@ -422,39 +416,48 @@ fn chart(activity: &[Activity]) -> String {
         if &t[14..19] == "00:00" {
             let _ = write!(
                 s,
-                "<line x1=\"{x:.1}\" y1=\"{b}\" x2=\"{x:.1}\" y2=\"{t2}\" stroke=\"#999\"/>\
-                 <text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-                H - 5.0,
+                "<line x1=\"{x:.1}\" y1=\"{GAP}\" x2=\"{x:.1}\" y2=\"{b:.0}\" stroke=\"#eee\"/>\
+                 <text x=\"{x:.1}\" y=\"{ty:.0}\" text-anchor=\"middle\">{}</text>",
                 &t[11..16],
                 x = x(i),
-                b = H - BOTTOM,
-                t2 = H - BOTTOM + 4.0,
+                b = rows_h,
+                ty = rows_h + 12.0,
             );
         }
     }
-    type Series = (&'static str, &'static str, fn(&Activity) -> i64);
-    let series: [Series; 3] = [
-        ("takeovers", "#2a7", |a| a.takeovers),
-        ("failures", "#c33", |a| a.failures),
-        ("recoveries", "#36c", |a| a.recoveries),
-    ];
     for (k, (name, color, value)) in series.iter().enumerate() {
-        let points: Vec<String> = activity
-            .iter()
-            .enumerate()
-            .map(|(i, a)| format!("{:.1},{:.1}", x(i), y(value(a))))
-            .collect();
+        let top = k as f64 * (ROW + GAP) + GAP;
+        let base = top + ROW;
         let total: i64 = activity.iter().map(value).sum();
+        let max = activity.iter().map(value).max().unwrap_or(0);
         let _ = write!(
             s,
-            "<polyline class=\"series\" data-series=\"{name}\" data-total=\"{total}\" fill=\"none\" stroke=\"{color}\" \
-             stroke-width=\"2\" points=\"{}\"><title>{name}: {total}</title></polyline>\
-             <rect x=\"{lx:.0}\" y=\"2\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
-             <text x=\"{tx:.0}\" y=\"11\">{name} {total}</text>",
-            points.join(" "),
-            lx = LEFT + 20.0 + 150.0 * k as f64,
-            tx = LEFT + 34.0 + 150.0 * k as f64,
+            "<g class=\"series\" data-series=\"{name}\" data-total=\"{total}\">\
+             <text x=\"0\" y=\"{ty:.0}\">{name}</text><text x=\"0\" y=\"{ty2:.0}\" class=\"total\">{total} in all</text>\
+             <text x=\"{mx:.0}\" y=\"{top2:.0}\" text-anchor=\"end\">{max}</text>\
+             <line x1=\"{LEFT}\" y1=\"{base}\" x2=\"{W}\" y2=\"{base}\" stroke=\"#bbb\"/>",
+            ty = top + 14.0,
+            ty2 = top + 30.0,
+            mx = LEFT - 4.0,
+            top2 = top + 10.0,
         );
+        for (i, a) in activity.iter().enumerate() {
+            let v = value(a);
+            if v == 0 {
+                continue;
+            }
+            let bar = (ROW * v as f64 / max.max(1) as f64).max(1.0);
+            let _ = write!(
+                s,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bar:.1}\" fill=\"{color}\">\
+                 <title>{v} {name} from {}</title></rect>",
+                x(i) + 0.5,
+                base - bar,
+                (step - 1.0).max(1.0),
+                &humantime::format_rfc3339_seconds(a.start).to_string()[11..16],
+            );
+        }
+        s.push_str("</g>");
     }
     s.push_str("</svg>");
     s

@@ -12,7 +12,7 @@ import tempfile
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as EC
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 
@@ -28,12 +28,14 @@ def browser(width=1280, height=900):
 
 
 def navigate(d, act):
-    """Runs act (a click, a submit) and waits until the next page loaded."""
-    old = d.find_element(By.TAG_NAME, "html")
+    """Runs act (a click, a submit) and waits until the next page loaded:
+    the old page's window carries a mark the new one does not."""
+    d.execute_script("window.__shepherd_old_page = true")
     act()
-    WebDriverWait(d, 10).until(EC.staleness_of(old))
-    WebDriverWait(d, 10).until(
-        lambda d: d.execute_script("return document.readyState") == "complete")
+    WebDriverWait(d, 10, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return window.__shepherd_old_page === undefined"
+            " && document.readyState === 'complete'"))
 
 
 def rows(d):
@@ -72,7 +74,8 @@ def walk(base, token, pending, backed_off, started_provider, evil):
         box.send_keys(pending[:8])
         navigate(d, box.submit)
         seen["search_machine_prefix"] = rows(d)
-        seen["chart"] = len(d.find_elements(By.CSS_SELECTOR, "svg#chart polyline.series"))
+        seen["chart"] = {g.get_attribute("data-series"): g.get_attribute("data-total")
+                         for g in d.find_elements(By.CSS_SELECTOR, "svg#chart g.series")}
 
         # The machine page: hold it with a reason, by the button.
         d.get(base + "/machines/" + pending)

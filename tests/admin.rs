@@ -849,6 +849,15 @@ async fn actions_through_the_json_api_are_audited_by_token_name_and_refused_with
     )
     .await;
     assert_eq!(st, 404, "{v}");
+    let (st, v) = post(hold.clone(), tok, Some(json!({"reason": "x".repeat(1001)}))).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("reason: 1001 bytes"),
+        "{v}"
+    );
     let (st, v) = post(hold.clone(), tok, Some(json!({"reason": "bios update"}))).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["action"]["actor"], "admin");

@@ -472,6 +472,17 @@ async fn run_action(
             "forget_host_key: only retakeover takes it, not {action}"
         )));
     }
+    if let Some(r) = body
+        .reason
+        .as_deref()
+        .filter(|r| r.len() > actions::MAX_REASON)
+    {
+        return Err(bad(format!(
+            "reason: {} bytes; at most {}",
+            r.len(),
+            actions::MAX_REASON
+        )));
+    }
     let mut req = actions::Request::new(machine_id, action, operator.0.clone());
     if let Some(r) = body.request_id {
         req.id = r;

@@ -177,18 +177,24 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
     // loop leases the machine under this transaction.
     let Some(row) = tx
         .query_opt(
-            "SELECT s.held, s.reboot_requested, \
-                    (SELECT w.process FROM work w WHERE w.machine_id = s.machine_id \
-                        AND w.process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')) \
-               FROM machine_summary s WHERE s.machine_id = $1 FOR UPDATE OF s",
+            "SELECT held, reboot_requested FROM machine_summary WHERE machine_id = $1 FOR UPDATE",
             &[&req.machine_id],
         )
         .await?
     else {
         return Ok(Outcome::NotFound);
     };
-    let (held, reboot_requested, working): (bool, bool, Option<Process>) =
-        (row.get(0), row.get(1), row.get(2));
+    let (held, reboot_requested): (bool, bool) = (row.get(0), row.get(1));
+    // Read after the lock (a statement of its own: under READ COMMITTED it
+    // sees a lease committed while the lock was awaited).
+    let working: Option<Process> = tx
+        .query_opt(
+            "SELECT process FROM work WHERE machine_id = $1 \
+               AND process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')",
+            &[&req.machine_id],
+        )
+        .await?
+        .map(|r| r.get(0));
     let m = req.machine_id;
     let detail = match req.action {
         Action::Retry => {

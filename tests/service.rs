@@ -988,19 +988,7 @@ async fn the_updater_brings_provider_changes_in_and_leaves_the_rest_alone() {
     assert!(r.status().is_success(), "{:?}", r.body().await);
     let t = Instant::now();
     loop {
-        let (status, address): (String, String) = rig
-            .bmdb
-            .transact(async |tx| {
-                let r = tx
-                    .query_one(
-                        "SELECT provider_status::text, provider_ip_address FROM machine_provided WHERE provider_id = $1",
-                        &[&changed],
-                    )
-                    .await?;
-                Ok((r.get(0), r.get(1)))
-            })
-            .await
-            .unwrap();
+        let (status, address) = rig.provider_record(&changed).await;
         if status == "Stopped" && address == "127.0.0.9" {
             break;
         }
@@ -1889,6 +1877,22 @@ fn machines_cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 impl Rig {
+    /// A device's recorded (provider status, address).
+    async fn provider_record(&self, provider_id: &str) -> (String, String) {
+        self.bmdb
+            .transact(async |tx| {
+                let r = tx
+                    .query_one(
+                        "SELECT provider_status::text, provider_ip_address FROM machine_provided WHERE provider_id = $1",
+                        &[&provider_id],
+                    )
+                    .await?;
+                Ok((r.get(0), r.get(1)))
+            })
+            .await
+            .unwrap()
+    }
+
     /// (machine ID, provider ID) of every provided machine, by provider ID.
     async fn provided(&self) -> Vec<(uuid::Uuid, String)> {
         self.bmdb
@@ -2129,21 +2133,8 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
     )
     .await;
     tokio::time::sleep(Duration::from_millis(700)).await; // two more rounds
-    let m4_record: (String, String) = rig
-        .bmdb
-        .transact(async |tx| {
-            let r = tx
-                .query_one(
-                    "SELECT provider_status::text, provider_ip_address FROM machine_provided WHERE machine_id = $1",
-                    &[&m4],
-                )
-                .await?;
-            Ok((r.get(0), r.get(1)))
-        })
-        .await
-        .unwrap();
     assert_eq!(
-        m4_record,
+        rig.provider_record(&machines[3].1).await,
         ("Running".to_string(), "127.0.0.1".to_string()),
         "the Updater leaves the held m4 alone"
     );

@@ -371,6 +371,37 @@ fn internal(e: impl std::fmt::Display) -> HttpResponse {
     HttpResponse::InternalServerError().json(json!({ "error": e.to_string() }))
 }
 
+/// A page of the fleet as the API and the fleet page show it.
+struct Listing {
+    machines: Vec<MachineSummary>,
+    /// Machines the filter matches.
+    matching: i64,
+    counts: Vec<(MachineState, i64)>,
+    heartbeating: i64,
+    silent: i64,
+}
+
+impl Listing {
+    async fn read(
+        tx: &mut crate::bmdb::Tx<'_>,
+        admin: &Admin,
+        filter: &machines::FleetFilter,
+        (limit, offset): (i64, i64),
+    ) -> Result<Listing, crate::bmdb::BmdbError> {
+        let (machines, matching) = machines::fleet_page(tx, filter, limit, offset).await?;
+        let counts = machines::fleet_counts(tx).await?;
+        let (heartbeating, silent) =
+            machines::agent_counts(tx, admin.heartbeat_stale_after).await?;
+        Ok(Listing {
+            machines,
+            matching,
+            counts,
+            heartbeating,
+            silent,
+        })
+    }
+}
+
 async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
     let filter = match q.filter(&admin) {
         Ok(f) => f,
@@ -379,20 +410,14 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
     let (limit, offset) = q.window(100);
     let r = admin
         .bmdb
-        .transact(async |tx| {
-            Ok((
-                machines::fleet_page(tx, &filter, limit, offset).await?,
-                machines::fleet_counts(tx).await?,
-                machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
-            ))
-        })
+        .transact(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
         .await;
     match r {
-        Ok(((list, matching), counts, (heartbeating, silent))) => HttpResponse::Ok().json(json!({
-            "machines": list.iter().map(summary_json).collect::<Vec<_>>(),
-            "matching": matching,
-            "counts": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-            "agents": { "heartbeating": heartbeating, "silent": silent },
+        Ok(l) => HttpResponse::Ok().json(json!({
+            "machines": l.machines.iter().map(summary_json).collect::<Vec<_>>(),
+            "matching": l.matching,
+            "counts": l.counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "agents": { "heartbeating": l.heartbeating, "silent": l.silent },
             "limit": limit,
             "offset": offset,
         })),

@@ -10,7 +10,8 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::auth::{self, Operator};
 use super::{
-    ActionBody, Admin, Page, Query, hex, internal, load_detail, rfc3339, run_action, status,
+    ActionBody, Admin, Listing, Page, Query, hex, internal, load_detail, rfc3339, run_action,
+    status,
 };
 use crate::bmdb::ProviderStatus;
 use crate::bmdb::actions::Action;
@@ -147,18 +148,23 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
         .bmdb
         .transact(async |tx| {
             Ok((
-                machines::fleet_page(tx, &filter, limit, offset).await?,
-                machines::fleet_counts(tx).await?,
-                machines::agent_counts(tx, admin.heartbeat_stale_after).await?,
+                Listing::read(tx, &admin, &filter, (limit, offset)).await?,
                 overview::activity(tx, CHART_BUCKET, CHART_BUCKETS).await?,
                 overview::sessions(tx).await?,
             ))
         })
         .await;
-    let ((list, matching), counts, (heartbeating, silent), activity, sessions) = match r {
+    let (listing, activity, sessions) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
+    let Listing {
+        machines: list,
+        matching,
+        counts,
+        heartbeating,
+        silent,
+    } = listing;
     let st = status(&admin).await;
     let total: i64 = counts.iter().map(|(_, n)| n).sum();
     let mut b = String::new();

@@ -2279,5 +2279,78 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
         metrics.contains("shepherd_provisioner_discrepancies 1\n"),
         "{metrics}"
     );
+
+    // The rest of the actions the other way round: reboot and retry from
+    // the CLI, release through the API.
+    let (code, out, err) = machines_cli(
+        &config,
+        &["reboot", &m2.to_string(), "--reason", "firmware"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("requested"), "{out}");
+    rig.wait_for_machine("m2 rebooted", RECOVERIES_OF, m2, 1, &s)
+        .await;
+    assert_eq!(sim.stats().await["reboots"][machines[1].1.as_str()], 1);
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "INSERT INTO work_backoff (machine_id, process, until, cause) \
+                 VALUES ($1, 'ShepherdRecovery', now() + interval '1 hour', 'test: a reboot failed')",
+                &[&m1],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let (code, out, err) = machines_cli(
+        &config,
+        &["retry", &m1.to_string(), "--process", "ShepherdRecovery"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("cleared the backoff of ShepherdRecovery"),
+        "{out}"
+    );
+    assert_eq!(
+        rig.count_for(
+            "SELECT count(*) FROM work_backoff WHERE machine_id = $1",
+            m1
+        )
+        .await,
+        0
+    );
+    let (st, v) = act(&s, m4, "release", Some(ALICE), json!({"reason": "done"})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(rig.count("SELECT count(*) FROM machine_hold").await, 0);
+    let by_actor: Vec<(String, i64)> = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT actor || ' ' || action, count(*) FROM operator_action GROUP BY 1 ORDER BY 1",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+        .await
+        .unwrap();
+    let want: Vec<(String, i64)> = [
+        ("alice hold", 1),
+        ("alice reboot", 1),
+        ("alice release", 1),
+        ("alice retakeover", 1),
+        ("alice retry", 1),
+        ("cli hold", 1),
+        ("cli reboot", 1),
+        ("cli release", 1),
+        ("cli retakeover", 1),
+        ("cli retry", 1),
+    ]
+    .map(|(a, n)| (a.to_string(), n))
+    .into();
+    assert_eq!(by_actor, want, "every action by each way in, once");
     s.terminate().await;
 }

@@ -562,6 +562,30 @@ async fn the_pages_render_in_a_browser() {
     assert_eq!(dom.matches("<tr class=\"machine\"").count(), 4);
     assert!(dom.contains(&format!("href=\"machines/{}\"", f.started)));
 
+    // Paging: two pages of two, linked both ways, together the fleet.
+    let first = rendered(format!("http://{a}/?limit=2")).await;
+    assert!(first.contains("showing 1 to 2"), "{first}");
+    assert!(
+        first.contains("rel=\"next\" href=\"?limit=2&amp;offset=2\""),
+        "{first}"
+    );
+    let second = rendered(format!("http://{a}/?limit=2&offset=2")).await;
+    assert!(second.contains("showing 3 to 4"), "{second}");
+    assert!(
+        second.contains("rel=\"prev\" href=\"?limit=2\""),
+        "{second}"
+    );
+    assert!(!second.contains("rel=\"next\""), "{second}");
+    let mut ids: Vec<&str> = [&first, &second]
+        .iter()
+        .flat_map(|d| d.split("data-machine=\"").skip(1))
+        .map(|s| s.split('"').next().unwrap())
+        .collect();
+    ids.sort();
+    let mut all = [f.pending, f.started, f.backed_off, f.leased].map(|u| u.to_string());
+    all.sort();
+    assert_eq!(ids, all);
+
     let dom = rendered(format!("http://{a}/machines/{}", f.backed_off)).await;
     assert!(dom.contains("<td id=\"state\">backoff</td>"), "{dom}");
     assert_eq!(dom.matches("<tr class=\"event").count(), 2, "{dom}");

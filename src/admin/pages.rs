@@ -119,7 +119,8 @@ fn option<T: PartialEq + Copy>(value: T, label: &str, selected: Option<T>) -> St
     )
 }
 
-/// The query string of a fleet page with `offset`.
+/// The query string of a fleet page with `offset` (its filters and page
+/// size kept).
 fn page_query(q: &Page, offset: i64) -> String {
     let mut s = form_urlencoded::Serializer::new(String::new());
     for (k, v) in [
@@ -131,6 +132,9 @@ fn page_query(q: &Page, offset: i64) -> String {
         if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
             s.append_pair(k, v);
         }
+    }
+    if let Some(limit) = q.limit {
+        s.append_pair("limit", &limit.to_string());
     }
     if offset > 0 {
         s.append_pair("offset", &offset.to_string());

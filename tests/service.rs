@@ -1880,6 +1880,21 @@ fn machines_cli(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 impl Rig {
+    /// Backs `machine` off for `process` for an hour, as a failure would.
+    async fn back_off(&self, machine: uuid::Uuid, process: &str, cause: &str) {
+        self.bmdb
+            .transact(async |tx| {
+                tx.execute(
+                    "INSERT INTO work_backoff (machine_id, process, until, cause) \
+                     VALUES ($1, $2::text::process, now() + interval '1 hour', $3)",
+                    &[&machine, &process, &cause],
+                )
+                .await
+            })
+            .await
+            .unwrap();
+    }
+
     /// A device's recorded (provider status, address).
     async fn provider_record(&self, provider_id: &str) -> (String, String) {
         self.bmdb
@@ -2151,17 +2166,8 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
 
     // Release m1 from the CLI while it is backed off: nothing yet; retry
     // (API) clears the backoff and the Initializer takes it over.
-    rig.bmdb
-        .transact(async |tx| {
-            tx.execute(
-                "INSERT INTO work_backoff (machine_id, process, until, cause) \
-                 VALUES ($1, 'ShepherdAgentStart', now() + interval '1 hour', 'test: a failure before')",
-                &[&m1],
-            )
-            .await
-        })
-        .await
-        .unwrap();
+    rig.back_off(m1, "ShepherdAgentStart", "test: a failure before")
+        .await;
     let (code, out, err) = machines_cli(
         &config,
         &["release", &m1.to_string(), "--reason", "disk swapped"],
@@ -2294,17 +2300,8 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
     rig.wait_for_machine("m2 rebooted", RECOVERIES_OF, m2, 1, &s)
         .await;
     assert_eq!(sim.stats().await["reboots"][machines[1].1.as_str()], 1);
-    rig.bmdb
-        .transact(async |tx| {
-            tx.execute(
-                "INSERT INTO work_backoff (machine_id, process, until, cause) \
-                 VALUES ($1, 'ShepherdRecovery', now() + interval '1 hour', 'test: a reboot failed')",
-                &[&m1],
-            )
-            .await
-        })
-        .await
-        .unwrap();
+    rig.back_off(m1, "ShepherdRecovery", "test: a reboot failed")
+        .await;
     let (code, out, err) = machines_cli(
         &config,
         &["retry", &m1.to_string(), "--process", "ShepherdRecovery"],

@@ -374,8 +374,7 @@ pub async fn reboot_request(
         .map(|r| (r.get(0), r.get(1))))
 }
 
-/// The held machines of a provider (the Provisioner and the Updater leave
-/// them alone).
+/// Every held machine (the Provisioner and the Updater leave them alone).
 pub async fn held_ids(tx: &mut Tx<'_>) -> Result<std::collections::HashSet<Uuid>, BmdbError> {
     Ok(tx
         .query("SELECT machine_id FROM machine_hold", &[])

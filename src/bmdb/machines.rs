@@ -402,20 +402,6 @@ pub async fn fleet_page(
     Ok((rows.iter().map(MachineSummary::from_row).collect(), total))
 }
 
-/// A page of the fleet, in provider ID order, optionally in one state.
-pub async fn fleet(
-    tx: &mut Tx<'_>,
-    state: Option<MachineState>,
-    limit: i64,
-    offset: i64,
-) -> Result<Vec<MachineSummary>, BmdbError> {
-    let filter = FleetFilter {
-        state,
-        ..FleetFilter::default()
-    };
-    Ok(fleet_page(tx, &filter, limit, offset).await?.0)
-}
-
 /// Machines per state.
 const AGENT_COUNTS: &str = "SELECT \
        count(*) FILTER (WHERE h.agent_heartbeat_at > now() - make_interval(secs => $1)), \

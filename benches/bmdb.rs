@@ -45,6 +45,9 @@ async fn seed(cfg: &tokio_postgres::Config, n: i64) {
          SELECT machine_id, 'Equinix', machine_id::text, '127.0.0.1' FROM machines",
         "INSERT INTO machine_agent_started SELECT machine_id, now() - interval '2 hours', '\\x00' FROM machines",
         "INSERT INTO machine_agent_heartbeat SELECT machine_id, now() FROM machines",
+        // The agents' endpoint, served for a day: silence is judgeable.
+        "INSERT INTO callback_endpoint VALUES ('callback.test:7830', now() - interval '1 day', now() + interval '1 day') \
+         ON CONFLICT DO NOTHING",
     ];
     let cfg_sql: Vec<String> = client_sql.iter().map(|s| s.replace("$N", &n)).collect();
     raw(cfg, &cfg_sql).await;
@@ -94,10 +97,16 @@ async fn agent_start(tx: &mut Tx<'_>) -> usize {
 }
 
 async fn recovery(tx: &mut Tx<'_>) -> usize {
-    selectors::needs_recovery(tx, Provider::Equinix, 1, RecoveryThresholds::default())
-        .await
-        .unwrap()
-        .len()
+    selectors::needs_recovery(
+        tx,
+        Provider::Equinix,
+        1,
+        RecoveryThresholds::default(),
+        Some(shepherd::testing::TEST_ENDPOINT),
+    )
+    .await
+    .unwrap()
+    .len()
 }
 
 /// lease (needs agent start) + finish (AgentStarted) cycles per second, over
@@ -128,7 +137,7 @@ async fn cycles(bmdb: &Bmdb, machines: i64, leasers: usize, seconds: u64) -> f64
                     panic!("ran out of machines needing agent start");
                 };
                 let mid = w.machine_id();
-                w.finish(async |tx| machines::set_agent_started(tx, mid, &[1u8; 32]).await)
+                w.finish(async |tx| machines::set_agent_started(tx, mid, &[1u8; 32], None).await)
                     .await
                     .unwrap();
                 done.fetch_add(1, Ordering::Relaxed);

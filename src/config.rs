@@ -710,6 +710,30 @@ pub struct RecovererConfig {
     /// An agent whose last heartbeat is older than this is quiet.
     #[serde(with = "humantime_serde")]
     pub heartbeat_stale_after: Duration,
+    /// Beyond the threshold, how long the agent's callback endpoint must
+    /// have been served without a break before its silence counts (the
+    /// agents' longest wait between attempts plus a call's timeout).
+    #[serde(with = "humantime_serde")]
+    pub callback_grace: Duration,
+    /// How long an agent restarted over SSH has to call before the machine
+    /// is power-cycled instead.
+    #[serde(with = "humantime_serde")]
+    pub agent_restart_wait: Duration,
+    /// After a power cycle, how long the agent has to come back by itself
+    /// (its systemd unit) before the machine is taken over again.
+    #[serde(with = "humantime_serde")]
+    pub agent_return_wait: Duration,
+    /// The brake: power actions for silence stop while more machines than
+    /// the larger of this count...
+    pub brake_max_silent: u32,
+    /// ...and this share of the fleet are silent, or that many power
+    /// actions for silence were taken within `brake_window`.
+    pub brake_max_silent_share: f64,
+    #[serde(with = "humantime_serde")]
+    pub brake_window: Duration,
+    /// How long an operator's release of the brake lasts unless given.
+    #[serde(with = "humantime_serde")]
+    pub brake_release: Duration,
     /// How long a rebooted machine may take to come back.
     #[serde(with = "humantime_serde")]
     pub reboot_timeout: Duration,
@@ -735,6 +759,13 @@ impl Default for RecovererConfig {
             poll_interval: Duration::from_secs(5),
             silent_after_start: Duration::from_secs(30 * 60),
             heartbeat_stale_after: Duration::from_secs(10 * 60),
+            callback_grace: Duration::from_secs(60),
+            agent_restart_wait: Duration::from_secs(2 * 60),
+            agent_return_wait: Duration::from_secs(3 * 60),
+            brake_max_silent: 3,
+            brake_max_silent_share: 0.1,
+            brake_window: Duration::from_secs(10 * 60),
+            brake_release: Duration::from_secs(60 * 60),
             reboot_timeout: Duration::from_secs(10 * 60),
             reboot_poll: Duration::from_secs(5),
             reboot_settle: Duration::from_secs(60),
@@ -747,6 +778,22 @@ impl Default for RecovererConfig {
 }
 
 impl RecovererConfig {
+    pub fn thresholds(&self) -> crate::bmdb::selectors::RecoveryThresholds {
+        crate::bmdb::selectors::RecoveryThresholds {
+            silent_after_start: self.silent_after_start,
+            heartbeat_stale_after: self.heartbeat_stale_after,
+            callback_grace: self.callback_grace,
+        }
+    }
+
+    pub fn brake(&self) -> crate::bmdb::brake::BrakeSettings {
+        crate::bmdb::brake::BrakeSettings {
+            max_silent: self.brake_max_silent,
+            max_silent_share: self.brake_max_silent_share,
+            window: self.brake_window,
+        }
+    }
+
     pub fn backoff(&self) -> crate::bmdb::Backoff {
         crate::bmdb::Backoff {
             initial: self.backoff_initial,
@@ -772,10 +819,20 @@ impl RecovererConfig {
             ),
             ("recoverer.reboot_timeout", self.reboot_timeout),
             ("recoverer.reboot_poll", self.reboot_poll),
+            ("recoverer.agent_restart_wait", self.agent_restart_wait),
+            ("recoverer.agent_return_wait", self.agent_return_wait),
+            ("recoverer.brake_window", self.brake_window),
+            ("recoverer.brake_release", self.brake_release),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::key(k, "must be positive"));
             }
+        }
+        if !(0.0..=1.0).contains(&self.brake_max_silent_share) {
+            return Err(ConfigError::key(
+                "recoverer.brake_max_silent_share",
+                "must be within 0 and 1",
+            ));
         }
         self.backoff()
             .validate()

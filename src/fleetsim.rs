@@ -44,6 +44,10 @@ pub struct FleetOptions {
     /// API token clients must send.
     pub token: String,
     pub faults: Faults,
+    /// Host names the agents resolve themselves (`name` → addresses):
+    /// several shepherds behind one callback name on loopback. The first
+    /// name becomes the configuration's callback endpoint.
+    pub names: Vec<(String, Vec<IpAddr>)>,
 }
 
 impl Default for FleetOptions {
@@ -60,6 +64,7 @@ impl Default for FleetOptions {
             provisioning_delay: Duration::from_secs(1),
             token: "sim-token".into(),
             faults: Faults::default(),
+            names: Vec::new(),
         }
     }
 }
@@ -73,6 +78,7 @@ pub struct FleetSim {
     token_file: PathBuf,
     ssh_key: PathBuf,
     agent_interval: Duration,
+    names: Vec<(String, Vec<IpAddr>)>,
 }
 
 /// What `GET /fleet` answers.
@@ -141,6 +147,14 @@ impl FleetSim {
         let machines =
             MachineSim::start(opts.first_address, n, port, public, &machines_dir).await?;
         machines.agents.set_interval(opts.agent_interval);
+        for (name, ips) in &opts.names {
+            for ip in ips {
+                loopback_only(&format!("name {name}'s address"), *ip)?;
+            }
+        }
+        machines
+            .agents
+            .set_names(opts.names.iter().cloned().collect());
         let api = Simulator::start(
             SimConfig {
                 reservations: n,
@@ -163,6 +177,8 @@ impl FleetSim {
                 .app_data(web::Data::new((agents.clone(), count)))
                 .route("/fleet", web::get().to(report))
                 .route("/fleet/silence", web::post().to(silence))
+                .route("/fleet/partition", web::post().to(partition))
+                .route("/fleet/reconnect", web::post().to(reconnect))
         })
         .workers(1)
         .disable_signals()
@@ -179,6 +195,7 @@ impl FleetSim {
             token_file,
             ssh_key: opts.ssh_key,
             agent_interval: opts.agent_interval,
+            names: opts.names,
         })
     }
 
@@ -196,11 +213,34 @@ impl FleetSim {
         let n = self.machines.addresses.len();
         let every = self.agent_interval;
         let stale = humantime::format_duration(every * 5);
+        let (endpoint, listen, others) = match self.names.first() {
+            Some((name, ips)) if !ips.is_empty() => (
+                format!("{name}:7830"),
+                format!("{}:7830", ips[0]),
+                ips[1..]
+                    .iter()
+                    .map(|ip| format!("{ip}:7830"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            _ => (
+                "127.0.0.1:7830".into(),
+                "127.0.0.1:7830".into(),
+                String::new(),
+            ),
+        };
+        let others = if others.is_empty() {
+            "give each its own callback address and endpoint".to_string()
+        } else {
+            format!(
+                "the agents' endpoint resolves to the addresses {others} too: give each further shepherd one of them as SHEPHERD__BMAAS__LISTEN"
+            )
+        };
         format!(
             r#"# shepherd configuration for a simulated fleet of {n} machines (fleet-sim).
 # Fleet control: {control}   Equinix simulator stats: http://{api}/_sim/stats
-# Several shepherds may share it: give each its own admin and callback
-# address (SHEPHERD__ADMIN__LISTEN, SHEPHERD__BMAAS__LISTEN, SHEPHERD__BMAAS__ENDPOINT).
+# Several shepherds may share it: give each its own admin address
+# (SHEPHERD__ADMIN__LISTEN); {others}.
 
 [equinix]
 api_url = "{api_url}"
@@ -247,9 +287,15 @@ poll_interval = "1s"
 reboot_poll = "500ms"
 reboot_settle = "3s"
 
+# Gentle steps and the brake, at the fleet's pace.
+callback_grace = "{grace}"
+agent_restart_wait = "{restart}"
+agent_return_wait = "{restart}"
+brake_window = "1m"
+
 [bmaas]
-listen = "127.0.0.1:7830"
-endpoint = "127.0.0.1:7830"
+listen = "{listen}"
+endpoint = "{endpoint}"
 "#,
             control = self.control_url(),
             api = self.api.addr(),
@@ -259,6 +305,8 @@ endpoint = "127.0.0.1:7830"
             port = self.machines.port,
             key = toml_path(&self.ssh_key),
             every = humantime::format_duration(every),
+            grace = humantime::format_duration(every * 2),
+            restart = humantime::format_duration(every * 4),
         )
     }
 
@@ -308,4 +356,15 @@ struct SilenceQuery {
 async fn silence(c: Control, q: web::Query<SilenceQuery>) -> HttpResponse {
     let silenced: BTreeMap<IpAddr, String> = c.0.silence(q.count).into_iter().collect();
     HttpResponse::Ok().json(silenced)
+}
+
+/// Cuts machines off: agents stopped and SSH refused, as in a partition.
+async fn partition(c: Control, q: web::Query<SilenceQuery>) -> HttpResponse {
+    let cut: BTreeMap<IpAddr, String> = c.0.cut_off(q.count).into_iter().collect();
+    HttpResponse::Ok().json(cut)
+}
+
+/// Ends the partition: SSH answers again.
+async fn reconnect(c: Control) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "reconnected": c.0.reconnect() }))
 }

@@ -236,7 +236,7 @@ pub struct Initializer {
 
 struct Shared {
     provider: Provider,
-    takeover: TakeoverSettings,
+    takeover: Rc<TakeoverSettings>,
     backoff: Backoff,
     address_lookup: Option<AddressLookup>,
 }
@@ -244,7 +244,7 @@ struct Shared {
 impl Initializer {
     pub fn new(
         provider: Provider,
-        takeover: TakeoverSettings,
+        takeover: Rc<TakeoverSettings>,
         backoff: Backoff,
         address_lookup: Option<AddressLookup>,
     ) -> Self {
@@ -429,9 +429,10 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
             }
             let record_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
             let address_text = address.to_string();
+            let endpoint = shared.takeover.endpoint.clone();
             let r = work
                 .finish(async |tx| {
-                    machines::set_agent_started(tx, mid, &t.agent_key).await?;
+                    machines::set_agent_started(tx, mid, &t.agent_key, Some(&endpoint)).await?;
                     if record_key {
                         machines::record_host_key(tx, mid, &t.host_key).await?;
                     }

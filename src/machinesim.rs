@@ -53,6 +53,11 @@ pub struct Agents {
 
 struct AgentsInner {
     interval: std::time::Duration,
+    /// Names the agents resolve their endpoint's host by, instead of the
+    /// system's resolver (several shepherds behind one name on loopback).
+    names: Arc<HashMap<String, Vec<IpAddr>>>,
+    /// Machines cut off (a partition): their SSH refuses connections.
+    cut_off: std::collections::HashSet<IpAddr>,
     running: HashMap<IpAddr, RunningAgent>,
     /// Programs run per machine, and of those the agents that handed over
     /// (takeovers that succeeded on the machine's side).
@@ -78,6 +83,8 @@ impl Agents {
         Agents {
             inner: Arc::new(std::sync::Mutex::new(AgentsInner {
                 interval: std::time::Duration::from_secs(30),
+                names: Arc::new(HashMap::new()),
+                cut_off: Default::default(),
                 running: HashMap::new(),
                 runs: HashMap::new(),
             })),
@@ -87,6 +94,36 @@ impl Agents {
     /// Time between heartbeats, for agents started from now on.
     pub fn set_interval(&self, every: std::time::Duration) {
         self.inner.lock().unwrap().interval = every;
+    }
+
+    /// How agents started from now on resolve the endpoint's host names:
+    /// a name listed here stands for its addresses.
+    pub fn set_names(&self, names: HashMap<String, Vec<IpAddr>>) {
+        self.inner.lock().unwrap().names = Arc::new(names);
+    }
+
+    /// Cuts up to `count` machines off (the lowest addresses first), as a
+    /// partition would: their agents stop and their SSH refuses every
+    /// connection until [`Agents::reconnect`]. Returns each machine's
+    /// address and ID.
+    pub fn cut_off(&self, count: usize) -> Vec<(IpAddr, String)> {
+        let silenced = self.silence(count);
+        let mut inner = self.inner.lock().unwrap();
+        inner.cut_off.extend(silenced.iter().map(|(ip, _)| *ip));
+        silenced
+    }
+
+    /// Ends every partition: SSH answers again (the agents stay stopped,
+    /// as after a real partition that killed them).
+    pub fn reconnect(&self) -> usize {
+        let mut inner = self.inner.lock().unwrap();
+        let n = inner.cut_off.len();
+        inner.cut_off.clear();
+        n
+    }
+
+    fn is_cut_off(&self, ip: IpAddr) -> bool {
+        self.inner.lock().unwrap().cut_off.contains(&ip)
     }
 
     /// Stops the agents of up to `count` machines (the lowest addresses
@@ -134,6 +171,7 @@ impl Agents {
         let host = SimHost {
             ip,
             interval: inner.interval,
+            names: inner.names.clone(),
         };
         let machine_id = resident.machine_id.clone();
         let task = tokio::spawn(crate::agent::resident::run(resident, host));
@@ -153,6 +191,7 @@ impl Agents {
 struct SimHost {
     ip: IpAddr,
     interval: std::time::Duration,
+    names: Arc<HashMap<String, Vec<IpAddr>>>,
 }
 
 impl crate::agent::resident::Host for SimHost {
@@ -171,6 +210,13 @@ impl crate::agent::resident::Host for SimHost {
 
     fn log(&self, line: std::fmt::Arguments<'_>) {
         tracing::debug!(machine = %self.ip, "agent: {line}");
+    }
+
+    fn resolve(&self, endpoint: &str) -> Option<Vec<SocketAddr>> {
+        let (host, port) = endpoint.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        let ips = self.names.get(host)?;
+        Some(ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect())
     }
 }
 
@@ -265,6 +311,11 @@ impl MachineSim {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
+                    if agents.is_cut_off(IpAddr::V4(ip)) {
+                        // A partition: the connection dies unanswered.
+                        drop(stream);
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     let handler = Machine {
                         ip: IpAddr::V4(ip),

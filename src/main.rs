@@ -48,6 +48,12 @@ enum Command {
     /// Look at the fleet in the BMDB.
     #[command(subcommand)]
     Machines(MachinesCommand),
+    /// The recovery brake: `shepherd brake` shows it, `shepherd brake
+    /// release` lets power actions for silence go ahead for a while.
+    Brake {
+        #[command(subcommand)]
+        command: Option<BrakeCommand>,
+    },
     /// Run the whole system locally, with no configuration: an embedded
     /// PostgreSQL, the Equinix Metal simulator, simulated machines on
     /// 127.0.1.x, and shepherd taking them all over.
@@ -87,6 +93,22 @@ fn parse_provider(s: &str) -> Result<shepherd::config::ProviderKind, String> {
         "static" => Ok(shepherd::config::ProviderKind::Static),
         other => Err(format!("{other:?} is not a provider: equinix or static")),
     }
+}
+
+#[derive(Subcommand)]
+enum BrakeCommand {
+    /// Whether it holds, why, and the callback endpoints silence is judged on.
+    Show,
+    /// Let power actions for silence go ahead whatever the brake says, for
+    /// a while (audited, as actor `cli`).
+    Release {
+        /// Why (kept in the audit).
+        #[arg(long)]
+        reason: Option<String>,
+        /// For how long (default `recoverer.brake_release`).
+        #[arg(long = "for", value_parser = humantime::parse_duration)]
+        for_: Option<std::time::Duration>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -278,6 +300,9 @@ fn main() -> ExitCode {
             Command::Run => shepherd::supervisor::run(cfg).await,
             Command::Migrate => migrate(cfg).await,
             Command::Machines(m) => machines_command(cfg, m).await,
+            Command::Brake { command } => {
+                brake_command(cfg, command.unwrap_or(BrakeCommand::Show)).await
+            }
             Command::Demo {
                 machines,
                 admin_listen,
@@ -333,6 +358,79 @@ async fn migrate(mut cfg: Config) -> anyhow::Result<()> {
         println!("BMDB schema at version {}", report.version.unwrap_or(0));
     }
     Ok(())
+}
+
+async fn brake_command(mut cfg: Config, cmd: BrakeCommand) -> anyhow::Result<()> {
+    cfg.bmdb.pool_size = 2;
+    let bmdb = Bmdb::open(&cfg.bmdb).await?;
+    let endpoint = cfg
+        .bmaas
+        .endpoint
+        .clone()
+        .or(cfg.initializer.agent_endpoint.clone());
+    let provider = match cfg.provider.kind {
+        shepherd::config::ProviderKind::Static => shepherd::bmdb::Provider::None,
+        shepherd::config::ProviderKind::Equinix => shepherd::bmdb::Provider::Equinix,
+    };
+    let judge = shepherd::supervisor::judge(&cfg, provider, endpoint);
+    let t = |s: std::time::SystemTime| humantime::format_rfc3339_seconds(s).to_string();
+    match cmd {
+        BrakeCommand::Release { reason, for_ } => {
+            let for_ = for_.unwrap_or(cfg.recoverer.brake_release);
+            let id = uuid::Uuid::new_v4();
+            let a = bmdb
+                .transact(async |tx| {
+                    shepherd::bmdb::brake::release(tx, id, "cli", reason.as_deref(), for_).await
+                })
+                .await?;
+            println!("{}: {}", a.action, a.detail);
+            Ok(())
+        }
+        BrakeCommand::Show => {
+            let (b, endpoints) = bmdb
+                .transact(async |tx| {
+                    Ok((
+                        shepherd::bmdb::brake::state(tx, &judge).await?,
+                        shepherd::bmdb::callback::endpoints(tx).await?,
+                    ))
+                })
+                .await?;
+            if b.engaged {
+                println!(
+                    "ENGAGED{}: {}",
+                    b.engaged_since
+                        .map(|s| format!(" since {}", t(s)))
+                        .unwrap_or_default(),
+                    b.reason.as_deref().unwrap_or("")
+                );
+            } else if let (Some(until), Some(by)) = (b.released_until, &b.released_by) {
+                println!("released by {by} until {}", t(until));
+            } else {
+                println!("not engaged");
+            }
+            println!(
+                "silent machines: {} of {} (limit {}); power actions for silence in the last {}: {}",
+                b.silent,
+                b.fleet,
+                b.limit,
+                humantime::format_duration(b.window),
+                b.power_actions_in_window
+            );
+            for e in endpoints {
+                println!(
+                    "callback endpoint {}: {} since {}",
+                    e.endpoint,
+                    if e.served { "served" } else { "not served" },
+                    t(if e.served {
+                        e.serving_since
+                    } else {
+                        e.served_until
+                    })
+                );
+            }
+            Ok(())
+        }
+    }
 }
 
 async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
@@ -507,7 +605,7 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                 .history
                 .iter()
                 .map(|h| {
-                    let line = match &h.failed_cause {
+                    let line = match h.failed_cause.as_ref().or(h.detail.as_ref()) {
                         Some(c) => format!("  {} {} {}: {c}", t(h.timestamp), h.process, h.event),
                         None => format!("  {} {} {}", t(h.timestamp), h.process, h.event),
                     };

@@ -1,27 +1,54 @@
-//! The Recoverer: reboots machines whose agent went quiet, so that the
-//! Initializer takes them over again. A [`ControlLoop`] on the same
-//! work-lease mailbox as the Initializer: the selector is "needs recovery"
-//! (no heartbeat `silent_after_start` after the agent started, or the last
-//! heartbeat older than `heartbeat_stale_after`), the worker reboots the
-//! machine through the provider, waits (bounded) until the provider reports
-//! it back, and finishes the work by dropping its AgentStarted and
-//! AgentHeartbeat tags.
+//! The Recoverer: brings back machines whose agent went quiet, gently
+//! first. A [`ControlLoop`] on the same work-lease mailbox as the
+//! Initializer.
+//!
+//! - Which machines: an operator's reboot request first, then "needs
+//!   recovery": no heartbeat `silent_after_start` after the agent started,
+//!   or the last one older than `heartbeat_stale_after`, and only while the
+//!   agent's callback endpoint was served for that whole time
+//!   (`bmdb::callback`): an agent nobody could hear is not silent.
+//! - What, in order, each step tried only if the one before failed:
+//!   1. **agent restarted**: over SSH, the agent is started again in place
+//!      (a takeover without a reboot; the new agent stops the old one) and
+//!      has `agent_restart_wait` to call;
+//!   2. **rebooted**: a power cycle through the provider (the Equinix API,
+//!      or the host's BMC), only if the brake (`bmdb::brake`) lets it; the
+//!      agent has `agent_return_wait` to come back by itself (its systemd
+//!      unit);
+//!   3. **taken over again**: the agent tags are dropped so the Initializer
+//!      takes the machine over.
+//!
+//!   An operator's reboot request skips step 1 and the brake.
+//! - The history's `detail` and `shepherd_recoveries_total{step}` say which
+//!   step recovered each machine.
 
+use std::cell::Cell;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::bmdb::selectors::{self, ProvidedMachine, RecoveryThresholds};
-use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Tx, Work};
-use crate::control::{ControlLoop, WorkOutcome, Worker, WorkerDone};
+use crate::bmdb::brake::{self, Judge};
+use crate::bmdb::selectors::{self, ProvidedMachine};
+use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
+use crate::control::{ControlLoop, SetSession, WorkOutcome, Worker, WorkerDone};
+use crate::initializer::TakeoverSettings;
 use crate::provider::SharedProvider;
+use crate::ssh::HostKeyPolicy;
 
 const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1), \
      r AS (DELETE FROM machine_reboot_request WHERE machine_id = $1) \
      DELETE FROM machine_agent_heartbeat WHERE machine_id = $1";
+const DROP_REBOOT_REQUEST: &str = "DELETE FROM machine_reboot_request WHERE machine_id = $1";
+/// Whether the agent called after `$2` (its restart, or the power action).
+const CALLED_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_heartbeat \
+     WHERE machine_id = $1 AND agent_heartbeat_at > $2)";
+const DB_NOW: &str = "SELECT now()";
 
 /// How a reboot is waited for.
 #[derive(Debug, Clone)]
@@ -36,6 +63,73 @@ pub struct RebootWait {
     pub settle: Duration,
 }
 
+/// The bounds of the gentle steps.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentWaits {
+    /// An agent restarted over SSH must call within this.
+    pub restart: Duration,
+    /// After a power cycle, the agent may come back by itself within this.
+    pub after_reboot: Duration,
+}
+
+/// Which step recovered a machine (or why none did), as the history, the
+/// logs and `/metrics` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct StepLabel {
+    pub step: Step,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelValue,
+)]
+#[allow(non_camel_case_types)]
+pub enum Step {
+    /// Its agent was restarted over SSH and called.
+    agent_restarted,
+    /// Power-cycled; its agent came back by itself.
+    rebooted,
+    /// Power-cycled; the agent tags were dropped for a new takeover.
+    taken_over_again,
+    /// A power action withheld by the brake.
+    braked,
+    /// Every step tried failed.
+    failed,
+}
+
+impl Step {
+    pub fn detail(self) -> &'static str {
+        match self {
+            Step::agent_restarted => "agent restarted over SSH; it called back (no power action)",
+            Step::rebooted => "rebooted; the agent came back by itself",
+            Step::taken_over_again => {
+                "rebooted; the agent did not come back, so it is taken over again"
+            }
+            Step::braked => "power action withheld by the recovery brake",
+            Step::failed => "recovery failed",
+        }
+    }
+}
+
+/// Recoveries by step, for `/metrics` (`shepherd_recoveries_total`).
+#[derive(Clone, Default)]
+pub struct RecoveryMetrics {
+    pub steps: Family<StepLabel, Counter>,
+}
+
+impl RecoveryMetrics {
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "shepherd_recoveries",
+            "Recoveries by the step that ended them: agent restarted over SSH, rebooted (agent back by itself), taken over again, braked (power action withheld), failed",
+            self.steps.clone(),
+        );
+    }
+
+    fn count(&self, step: Step) {
+        self.steps.get_or_create(&StepLabel { step }).inc();
+    }
+}
+
 /// The actor that recovers one leased machine: the shared worker running
 /// the Recoverer's job.
 pub type RecovererWorker = Worker<Recoverer>;
@@ -46,24 +140,35 @@ pub struct Recoverer {
 
 struct Shared {
     provider: SharedProvider,
-    thresholds: RecoveryThresholds,
+    judge: Judge,
     backoff: Backoff,
     wait: RebootWait,
+    waits: AgentWaits,
+    /// How to restart an agent over SSH (None: no endpoint, no takeovers;
+    /// the gentle step is skipped).
+    takeover: Option<Rc<TakeoverSettings>>,
+    metrics: RecoveryMetrics,
 }
 
 impl Recoverer {
     pub fn new(
         provider: SharedProvider,
-        thresholds: RecoveryThresholds,
+        judge: Judge,
         backoff: Backoff,
         wait: RebootWait,
+        waits: AgentWaits,
+        takeover: Option<Rc<TakeoverSettings>>,
+        metrics: RecoveryMetrics,
     ) -> Self {
         Recoverer {
             shared: Rc::new(Shared {
                 provider,
-                thresholds,
+                judge,
                 backoff,
                 wait,
+                waits,
+                takeover,
+                metrics,
             }),
         }
     }
@@ -82,13 +187,19 @@ impl ControlLoop for Recoverer {
 
     async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, Recovery)>, BmdbError> {
         let s = &self.shared;
-        let kind = s.provider.kind();
-        let (mut m, requested) = match selectors::reboot_requested(tx, kind, 1).await?.pop() {
+        let j = &s.judge;
+        let (mut m, requested) = match selectors::reboot_requested(tx, j.provider, 1).await?.pop() {
             Some(m) => (Some(m), true),
             None => (
-                selectors::needs_recovery(tx, kind, 1, s.thresholds)
-                    .await?
-                    .pop(),
+                selectors::needs_recovery(
+                    tx,
+                    j.provider,
+                    1,
+                    j.thresholds,
+                    j.own_endpoint.as_deref(),
+                )
+                .await?
+                .pop(),
                 false,
             ),
         };
@@ -106,41 +217,59 @@ impl ControlLoop for Recoverer {
     }
 }
 
-/// A machine to reboot, and why.
+/// A machine to recover, and why.
 #[derive(Debug, Clone)]
 pub struct Recovery {
     pub machine: ProvidedMachine,
-    /// An operator asked for it (`machine_reboot_request`); otherwise its
-    /// agent went quiet.
+    /// An operator asked for a reboot (`machine_reboot_request`); otherwise
+    /// its agent went quiet.
     pub requested: bool,
+}
+
+/// Why a recovery did not end well: the step, and the cause.
+struct Failure {
+    step: Step,
+    cause: String,
 }
 
 async fn run(mut work: Work<Recovery>, shared: Rc<Shared>) -> WorkOutcome {
     let session = work.session().clone();
     let result = tokio::select! {
-        r = recover(&shared, work.item()) => r,
+        r = recover(&shared, &work) => r,
         _ = session.expired() => return WorkOutcome::Aborted,
     };
     let mid = work.machine_id();
     match result {
-        Ok(()) => match work
-            .finish(async |tx| tx.execute(DROP_AGENT_TAGS, &[&mid]).await.map(|_| ()))
-            .await
-        {
-            Ok(()) => {
-                tracing::info!("machine back after reboot; agent tags dropped for a new takeover");
-                WorkOutcome::Finished
+        Ok(step) => {
+            let drop_tags = step == Step::taken_over_again;
+            match work
+                .finish_noting(Some(step.detail()), async |tx| {
+                    let sql = if drop_tags {
+                        DROP_AGENT_TAGS
+                    } else {
+                        DROP_REBOOT_REQUEST
+                    };
+                    tx.execute(sql, &[&mid]).await.map(|_| ())
+                })
+                .await
+            {
+                Ok(()) => {
+                    shared.metrics.count(step);
+                    tracing::info!(step = ?step, "recovered: {}", step.detail());
+                    WorkOutcome::Finished
+                }
+                Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
+                Err(e) => {
+                    let cause = format!("recording the recovery: {e}");
+                    let _ = work.fail(&shared.backoff, &cause).await;
+                    WorkOutcome::Failed(cause)
+                }
             }
-            Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
-            Err(e) => {
-                let cause = format!("recording the recovery: {e}");
-                let _ = work.fail(&shared.backoff, &cause).await;
-                WorkOutcome::Failed(cause)
-            }
-        },
-        Err(cause) => match work.fail(&shared.backoff, &cause).await {
+        }
+        Err(Failure { step, cause }) => match work.fail(&shared.backoff, &cause).await {
             Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
             r => {
+                shared.metrics.count(step);
                 if let Ok(wait) = r {
                     tracing::warn!(%cause, retry_in_s = wait.as_secs(), "recovery failed");
                 }
@@ -150,14 +279,160 @@ async fn run(mut work: Work<Recovery>, shared: Rc<Shared>) -> WorkOutcome {
     }
 }
 
-/// Reboots the machine and waits until the provider reports it running.
-async fn recover(shared: &Shared, recovery: &Recovery) -> Result<(), String> {
-    let id = recovery.machine.provider_id.as_str();
+/// The steps, gentle first. Returns the step that recovered the machine.
+async fn recover(shared: &Shared, work: &Work<Recovery>) -> Result<Step, Failure> {
+    let recovery = work.item();
+    let session = work.session();
+    let mid = work.machine_id();
+    let fail = |step, cause: String| Failure { step, cause };
+    let mut gentle = None;
     if recovery.requested {
         tracing::info!("rebooting at an operator's request");
     } else {
-        tracing::info!("agent quiet; rebooting");
+        match restart_agent(shared, session, &recovery.machine).await {
+            Ok(()) => return Ok(Step::agent_restarted),
+            Err(cause) => {
+                tracing::info!(%cause, "agent quiet and not restarted over SSH; power-cycling");
+                gentle = Some(cause);
+            }
+        }
     }
+    let gentle_note = gentle
+        .as_deref()
+        .map(|c| format!(" (agent restart over SSH failed: {c})"))
+        .unwrap_or_default();
+    // Through the brake, which holds across shepherds.
+    let judge = &shared.judge;
+    let requested = recovery.requested;
+    let allowed = session
+        .transact(async |tx| {
+            let r = brake::take_power_action(tx, judge, mid, requested).await?;
+            let now: SystemTime = tx.query_one(DB_NOW, &[]).await?.get(0);
+            Ok((r, now))
+        })
+        .await;
+    let powered_at = match allowed {
+        Ok((Ok(()), now)) => now,
+        Ok((Err(st), _)) => {
+            return Err(fail(
+                Step::braked,
+                format!(
+                    "power action withheld: the recovery brake holds: {}{gentle_note}",
+                    st.reason.unwrap_or_default()
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(fail(
+                Step::failed,
+                format!("consulting the recovery brake: {e}{gentle_note}"),
+            ));
+        }
+    };
+    power_cycle(shared, &recovery.machine)
+        .await
+        .map_err(|c| fail(Step::failed, format!("{c}{gentle_note}")))?;
+    match called_since(session, mid, powered_at, shared.waits.after_reboot).await {
+        Ok(true) => Ok(Step::rebooted),
+        Ok(false) => Ok(Step::taken_over_again),
+        Err(e) => Err(fail(
+            Step::failed,
+            format!("rebooted, then watching for the agent: {e}"),
+        )),
+    }
+}
+
+/// Starts the agent again over SSH, records its new key, and waits (up to
+/// `agent_restart_wait`) for it to call. The new agent stops the old one.
+async fn restart_agent(
+    shared: &Shared,
+    session: &Session,
+    machine: &ProvidedMachine,
+) -> Result<(), String> {
+    let Some(t) = &shared.takeover else {
+        return Err("no agent endpoint is set (bmaas.endpoint)".into());
+    };
+    let Some(address) = machine.address() else {
+        return Err("the machine has no address".into());
+    };
+    let mid = machine.machine_id;
+    let policy = t.ssh.host_keys;
+    let known = if policy == HostKeyPolicy::AcceptNew {
+        session
+            .transact(async |tx| machines::host_key(tx, mid).await)
+            .await
+            .map_err(|e| format!("reading the recorded host key: {e}"))?
+    } else {
+        None
+    };
+    let known_key = match known.as_deref().map(russh::keys::PublicKey::from_openssh) {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => return Err(format!("the recorded host key is unreadable: {e}")),
+    };
+    let taken = crate::initializer::take_over(t, mid, address, known_key)
+        .await
+        .map_err(|f| f.cause)?;
+    let record_host_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
+    let started_at: SystemTime = session
+        .transact(async |tx| {
+            machines::set_agent_started(tx, mid, &taken.agent_key, Some(&t.endpoint)).await?;
+            if record_host_key {
+                machines::record_host_key(tx, mid, &taken.host_key).await?;
+            }
+            Ok(tx.query_one(DB_NOW, &[]).await?.get(0))
+        })
+        .await
+        .map_err(|e| format!("recording the restarted agent: {e}"))?;
+    tracing::debug!("agent restarted over SSH; waiting for its call");
+    match called_since(session, mid, started_at, shared.waits.restart).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "the agent was restarted but did not call within {}",
+            humantime::format_duration(shared.waits.restart)
+        )),
+        Err(e) => Err(format!("watching for the restarted agent: {e}")),
+    }
+}
+
+/// Whether the machine's agent calls (a heartbeat after `since`, by the
+/// database's clock) within `within`.
+async fn called_since(
+    session: &Session,
+    mid: Uuid,
+    since: SystemTime,
+    within: Duration,
+) -> Result<bool, BmdbError> {
+    let deadline = Instant::now() + within;
+    let poll = (within / 20).clamp(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        let called = session
+            .transact(async |tx| {
+                Ok(tx
+                    .query_one(CALLED_SINCE, &[&mid, &since])
+                    .await?
+                    .get::<_, bool>(0))
+            })
+            .await;
+        match called {
+            Ok(true) => return Ok(true),
+            Ok(false) => {}
+            Err(e @ BmdbError::SessionExpired(_)) => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "looking for the agent's call failed; will look again")
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// Reboots the machine through the provider and waits until it reports it
+/// running.
+async fn power_cycle(shared: &Shared, machine: &ProvidedMachine) -> Result<(), String> {
+    let id = machine.provider_id.as_str();
     shared
         .provider
         .reboot(id)
@@ -191,5 +466,81 @@ async fn recover(shared: &Shared, recovery: &Recovery) -> Result<(), String> {
                 shared.wait.timeout
             ));
         }
+    }
+}
+
+/// Watches the brake under the current session every interval and says
+/// loudly when it engages or lets go (the pages, the API and `/metrics`
+/// read it from the BMDB themselves).
+pub struct BrakeWatch {
+    judge: Judge,
+    every: Duration,
+    session: Option<Session>,
+    engaged: Rc<Cell<bool>>,
+    busy: bool,
+}
+
+impl BrakeWatch {
+    pub fn new(judge: Judge, every: Duration) -> Self {
+        BrakeWatch {
+            judge,
+            every,
+            session: None,
+            engaged: Rc::new(Cell::new(false)),
+            busy: false,
+        }
+    }
+
+    fn look(&mut self, ctx: &mut Context<Self>) {
+        let Some(session) = self.session.clone() else {
+            return;
+        };
+        if self.busy {
+            return;
+        }
+        self.busy = true;
+        let judge = self.judge.clone();
+        let engaged = self.engaged.clone();
+        ctx.spawn(
+            async move {
+                match session.transact(async |tx| brake::watch(tx, &judge).await).await {
+                    Ok((st, changed)) => {
+                        if st.engaged && (changed || !engaged.get()) {
+                            tracing::error!(
+                                silent = st.silent,
+                                fleet = st.fleet,
+                                limit = st.limit,
+                                power_actions = st.power_actions_in_window,
+                                "RECOVERY BRAKE ENGAGED: no power action for silence until it lets go: {}; \
+                                 `shepherd brake release` to override",
+                                st.reason.as_deref().unwrap_or("")
+                            );
+                        } else if !st.engaged && (changed || engaged.get()) {
+                            tracing::warn!(silent = st.silent, limit = st.limit, "recovery brake let go: power actions for silence resume");
+                        }
+                        engaged.set(st.engaged);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "evaluating the recovery brake failed"),
+                }
+            }
+            .into_actor(self)
+            .map(|_, act, _| act.busy = false),
+        );
+    }
+}
+
+impl Actor for BrakeWatch {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.every, |act, ctx| act.look(ctx));
+    }
+}
+
+impl Handler<SetSession> for BrakeWatch {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetSession, _: &mut Context<Self>) {
+        self.session = msg.0;
     }
 }

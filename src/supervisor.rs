@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use crate::bmdb::selectors::RecoveryThresholds;
 use crate::bmdb::{Bmdb, BmdbSession, CloseSession, GetSession, SessionEnded, Subscribe};
 use crate::config::{Config, ProviderKind};
 use crate::control::{GetStatus, SetSession, StopLeasing, WorkMailbox};
@@ -24,7 +23,7 @@ use crate::provider::SharedProvider;
 use crate::provider::equinix::Equinix;
 use crate::provider::inventory::Inventory;
 use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
-use crate::recoverer::{RebootWait, Recoverer};
+use crate::recoverer::{AgentWaits, BrakeWatch, RebootWait, Recoverer};
 use crate::updater::Updater;
 
 /// A new session is tried at most this far apart while the database is
@@ -38,25 +37,34 @@ pub struct Parts {
     pub provider: SharedProvider,
     pub api: Option<EquinixApi>,
     /// None when no endpoint for agents is set: no takeovers.
-    pub takeover: Option<TakeoverSettings>,
+    pub takeover: Option<Rc<TakeoverSettings>>,
+    /// The endpoint this process serves agents at (the callback is on and
+    /// `bmaas.endpoint` set): recorded with every session heartbeat.
+    pub serves: Option<String>,
     /// The agent callback's certificates, when it is enabled.
     pub callback: Option<crate::callback::ServerIdentity>,
 }
 
-/// The agent callback's certificates: loaded, or generated on first start
-/// beside shepherd's SSH key (or in `bmaas.tls_dir`).
-fn callback_identity(
+/// The agent callback's identity: the fleet's CA, shared by every shepherd
+/// on this BMDB (`bmdb::callback`; on a first start seeded from the CA a
+/// shepherd kept beside its SSH key, or in `bmaas.tls_dir`, so agents that
+/// trust it keep working, else generated), and a server certificate it
+/// issues for this process's names.
+async fn callback_identity(
     cfg: &Config,
     endpoint: Option<&str>,
-) -> Result<crate::callback::ServerIdentity, crate::ConfigError> {
-    let dir = match &cfg.bmaas.tls_dir {
-        Some(d) => d.clone(),
-        None => cfg
-            .ssh
-            .key_file
-            .parent()
-            .map(|p| p.to_path_buf())
-            .unwrap_or_default(),
+    bmdb: &Bmdb,
+) -> anyhow::Result<crate::callback::ServerIdentity> {
+    let (dir, dir_key) = match &cfg.bmaas.tls_dir {
+        Some(d) => (d.clone(), "bmaas.tls_dir"),
+        None => (
+            cfg.ssh
+                .key_file
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_default(),
+            "ssh.key_file",
+        ),
     };
     let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
     if let Some(host) = endpoint.and_then(crate::config::endpoint_host) {
@@ -66,20 +74,41 @@ fn callback_identity(
     if !ip.is_unspecified() && !names.contains(&ip.to_string()) {
         names.push(ip.to_string());
     }
-    crate::callback::ServerIdentity::load_or_generate(
-        &crate::callback::CertFiles::in_dir(&dir),
+    let files = crate::callback::CertFiles::in_dir(&dir);
+    let local = crate::callback::tls::local_ca(&files)
+        .map_err(|e| crate::ConfigError::key(dir_key, e.to_string()))?;
+    let ca = bmdb
+        .transact(async |tx| {
+            crate::bmdb::callback::ca(tx, || match &local {
+                Some((certificate, private_key)) => Ok(crate::bmdb::callback::CallbackCa {
+                    certificate: certificate.clone(),
+                    private_key: private_key.clone(),
+                }),
+                None => crate::callback::tls::new_ca()
+                    .map(
+                        |(certificate, private_key)| crate::bmdb::callback::CallbackCa {
+                            certificate,
+                            private_key,
+                        },
+                    )
+                    .map_err(|e| e.to_string()),
+            })
+            .await
+        })
+        .await?;
+    match &local {
+        Some((d, _)) if *d != ca.certificate => tracing::warn!(
+            path = %files.ca_cert.display(),
+            "this callback CA is not the fleet's (the one in the BMDB): agents taken over with it will not trust this shepherd; they fall silent and are restarted over SSH with the fleet's"
+        ),
+        Some(_) => tracing::debug!("the callback CA beside the SSH key is the fleet's"),
+        None => {}
+    }
+    Ok(crate::callback::ServerIdentity::issued_by(
+        &ca.certificate,
+        &ca.private_key,
         &names,
-    )
-    .map_err(|e| {
-        crate::ConfigError::key(
-            if cfg.bmaas.tls_dir.is_some() {
-                "bmaas.tls_dir"
-            } else {
-                "ssh.key_file"
-            },
-            e.to_string(),
-        )
-    })
+    )?)
 }
 
 impl Parts {
@@ -96,11 +125,13 @@ impl Parts {
             }
             (None, None) => None,
         };
+        let bmdb = Bmdb::open(&cfg.bmdb).await?;
         let callback = if cfg.bmaas.enabled {
-            Some(callback_identity(cfg, endpoint.as_deref())?)
+            Some(callback_identity(cfg, endpoint.as_deref(), &bmdb).await?)
         } else {
             None
         };
+        let serves = endpoint.clone().filter(|_| callback.is_some());
         let takeover = if let Some(endpoint) = endpoint {
             let t = TakeoverSettings::from_config(
                 cfg,
@@ -112,14 +143,13 @@ impl Parts {
                 "shepherd's SSH public key: machines must accept it for {}",
                 cfg.ssh.user
             );
-            Some(t)
+            Some(Rc::new(t))
         } else {
             tracing::warn!(
                 "bmaas.endpoint is not set: the Initializer is off, no machine will be taken over"
             );
             None
         };
-        let bmdb = Bmdb::open(&cfg.bmdb).await?;
         let (provider, api): (SharedProvider, Option<EquinixApi>) = match cfg.provider.kind {
             ProviderKind::Static => (
                 Rc::new(Inventory::new(&cfg.provider.inventory, &cfg.redfish)),
@@ -165,6 +195,7 @@ impl Parts {
             provider,
             api,
             takeover,
+            serves,
             callback,
         })
     }
@@ -174,7 +205,11 @@ pub struct Supervisor {
     cfg: Config,
     bmdb: Bmdb,
     provider: SharedProvider,
-    takeover: Option<TakeoverSettings>,
+    takeover: Option<Rc<TakeoverSettings>>,
+    serves: Option<String>,
+    endpoint: Option<String>,
+    recovery_metrics: crate::recoverer::RecoveryMetrics,
+    brake_watch: Option<Addr<crate::recoverer::BrakeWatch>>,
     session: Option<Addr<BmdbSession>>,
     provisioner: Option<Addr<Provisioner>>,
     initializer: Option<Addr<WorkMailbox<Initializer>>>,
@@ -203,12 +238,20 @@ pub struct SupervisorStatus {
 }
 
 impl Supervisor {
-    pub fn new(cfg: Config, parts: Parts) -> Supervisor {
+    pub fn new(
+        cfg: Config,
+        parts: Parts,
+        recovery_metrics: crate::recoverer::RecoveryMetrics,
+    ) -> Supervisor {
         Supervisor {
             cfg,
             bmdb: parts.bmdb,
             provider: parts.provider,
+            endpoint: parts.takeover.as_ref().map(|t| t.endpoint.clone()),
             takeover: parts.takeover,
+            serves: parts.serves,
+            recovery_metrics,
+            brake_watch: None,
             session: None,
             provisioner: None,
             initializer: None,
@@ -221,7 +264,7 @@ impl Supervisor {
 
     fn start_children(&mut self, ctx: &mut Context<Self>) {
         self.start_provisioner(ctx);
-        if let Some(takeover) = self.takeover.take() {
+        if let Some(takeover) = self.takeover.clone() {
             let initializer = Initializer::new(
                 self.provider.kind(),
                 takeover,
@@ -238,19 +281,24 @@ impl Supervisor {
         }
         let r = &self.cfg.recoverer;
         if r.enabled {
+            let judge = self.judge();
             let recoverer = Recoverer::new(
                 self.provider.clone(),
-                RecoveryThresholds {
-                    silent_after_start: r.silent_after_start,
-                    heartbeat_stale_after: r.heartbeat_stale_after,
-                },
+                judge.clone(),
                 r.backoff(),
                 RebootWait {
                     timeout: r.reboot_timeout,
                     poll: r.reboot_poll,
                     settle: r.reboot_settle,
                 },
+                AgentWaits {
+                    restart: r.agent_restart_wait,
+                    after_reboot: r.agent_return_wait,
+                },
+                self.takeover.clone(),
+                self.recovery_metrics.clone(),
             );
+            self.brake_watch = Some(BrakeWatch::new(judge, r.poll_interval).start());
             self.recoverer =
                 Some(WorkMailbox::new(recoverer, r.parallelism as usize, r.poll_interval).start());
         }
@@ -260,8 +308,18 @@ impl Supervisor {
         }
     }
 
+    /// How this shepherd judges silence: the provider, the thresholds,
+    /// its own endpoint (for agents whose endpoint was not recorded), the
+    /// brake.
+    pub fn judge(&self) -> crate::bmdb::brake::Judge {
+        judge(&self.cfg, self.provider.kind(), self.endpoint.clone())
+    }
+
     /// Hands `session` (or None) to every part that works under one.
     fn hand_over(&self, session: Option<crate::bmdb::Session>) {
+        if let Some(b) = &self.brake_watch {
+            b.do_send(SetSession(session.clone()));
+        }
         if let Some(p) = &self.provisioner {
             p.do_send(SetSession(session.clone()));
         }
@@ -289,9 +347,10 @@ impl Supervisor {
         }
         let bmdb = self.bmdb.clone();
         let me = ctx.address();
+        let serves = self.serves.clone();
         ctx.spawn(
             async move {
-                let addr = BmdbSession::open(&bmdb, "shepherd").await?;
+                let addr = BmdbSession::open_serving(&bmdb, "shepherd", serves).await?;
                 addr.send(Subscribe(me.recipient())).await.map_err(|e| crate::BmdbError::Invalid(e.to_string()))?;
                 let session = addr.send(GetSession).await.map_err(|e| crate::BmdbError::Invalid(e.to_string()))?;
                 Ok::<_, crate::BmdbError>((addr, session))
@@ -311,6 +370,20 @@ impl Supervisor {
                 }
             }),
         );
+    }
+}
+
+/// How a shepherd with this configuration judges silence.
+pub fn judge(
+    cfg: &Config,
+    provider: crate::bmdb::Provider,
+    endpoint: Option<String>,
+) -> crate::bmdb::brake::Judge {
+    crate::bmdb::brake::Judge {
+        provider,
+        thresholds: cfg.recoverer.thresholds(),
+        own_endpoint: endpoint,
+        brake: cfg.recoverer.brake(),
     }
 }
 
@@ -518,6 +591,8 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     if let Some(c) = &callback {
         c.metrics.register(&mut registry);
     }
+    let recovery_metrics = crate::recoverer::RecoveryMetrics::default();
+    recovery_metrics.register(&mut registry);
     let admin = crate::admin::Admin {
         registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
@@ -529,7 +604,17 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         }),
         ..crate::admin::Admin::new(parts.bmdb.clone())
     };
-    let supervisor = Supervisor::new(cfg, parts).start();
+    let judge = judge(
+        &cfg,
+        parts.provider.kind(),
+        parts.takeover.as_ref().map(|t| t.endpoint.clone()),
+    );
+    let admin = crate::admin::Admin {
+        judge: cfg.recoverer.enabled.then_some(judge),
+        brake_release: cfg.recoverer.brake_release,
+        ..admin
+    };
+    let supervisor = Supervisor::new(cfg, parts, recovery_metrics).start();
     Ok(Running {
         admin: crate::admin::Admin {
             supervisor: Some(supervisor.clone()),

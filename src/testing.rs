@@ -830,3 +830,24 @@ pub async fn count(bmdb: &Bmdb, sql: &'static str) -> i64 {
         .await
         .unwrap()
 }
+
+/// The endpoint the selector tests and benchmarks judge silence by.
+pub const TEST_ENDPOINT: &str = "callback.test:7830";
+
+/// Records `endpoint` as served without a break since `ago` and for a day
+/// more, as a long-running shepherd's session heartbeats would have.
+pub async fn served_since(bmdb: &Bmdb, endpoint: &str, ago: Duration) {
+    let (endpoint, ago) = (endpoint.to_string(), ago.as_secs_f64());
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO callback_endpoint (endpoint, serving_since, served_until) \
+             VALUES ($1, now() - make_interval(secs => $2), now() + interval '1 day') \
+             ON CONFLICT (endpoint) DO UPDATE SET serving_since = EXCLUDED.serving_since, \
+               served_until = EXCLUDED.served_until",
+            &[&endpoint, &ago],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+}

@@ -54,7 +54,7 @@ async fn fleet() -> Fleet {
         .unwrap()
         .unwrap();
     let started = ids[1];
-    w.finish(async |tx| machines::set_agent_started(tx, started, &[0xab; 32]).await)
+    w.finish(async |tx| machines::set_agent_started(tx, started, &[0xab; 32], None).await)
         .await
         .unwrap();
     let mut w = session

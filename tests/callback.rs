@@ -66,7 +66,7 @@ impl Rig {
         self.bmdb
             .transact(async |tx| {
                 let id = machines::create_provided(tx, &m).await?;
-                machines::set_agent_started(tx, id, &key).await?;
+                machines::set_agent_started(tx, id, &key, None).await?;
                 Ok(id)
             })
             .await

@@ -15,7 +15,6 @@ use actix_web::body::BoxBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
-use serde_json::json;
 
 use super::Admin;
 
@@ -85,6 +84,16 @@ fn token_name(admin: &Admin, given: &[u8]) -> Option<String> {
     found
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme's
+/// name is case-insensitive (RFC 7235 §2.1), spaces around it are allowed.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+        .filter(|t| !t.is_empty())
+}
+
 /// Who the request acts for, if anyone.
 pub fn identify(admin: &Admin, req: &HttpRequest) -> Option<Operator> {
     if admin.tokens.is_empty() {
@@ -94,7 +103,7 @@ pub fn identify(admin: &Admin, req: &HttpRequest) -> Option<Operator> {
         .headers()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     if let Some(b) = bearer {
         return token_name(admin, b.as_bytes()).map(Operator);
     }
@@ -148,9 +157,15 @@ pub async fn require_operator(
                     .content_type("text/html; charset=utf-8")
                     .body(super::pages::login_form(&root(&r), None))
             } else {
-                HttpResponse::Unauthorized()
-                    .insert_header(("WWW-Authenticate", "Bearer"))
-                    .json(json!({"error": "a bearer token is required"}))
+                let mut r = super::error_response(
+                    actix_web::http::StatusCode::UNAUTHORIZED,
+                    "a bearer token is required",
+                );
+                r.headers_mut().insert(
+                    actix_web::http::header::WWW_AUTHENTICATE,
+                    actix_web::http::header::HeaderValue::from_static("Bearer"),
+                );
+                r
             };
             Ok(ServiceResponse::new(r, resp))
         }

@@ -51,6 +51,11 @@ pub struct Admin {
     pub csrf: std::sync::Arc<CsrfKey>,
     /// The Equinix API's request budget, when this process calls it.
     pub equinix: Option<RequestBudget>,
+    /// How the Recoverer judges silence and brakes (the brake's state is
+    /// shown from it); None: no brake shown.
+    pub judge: Option<crate::bmdb::brake::Judge>,
+    /// How long an operator's release of the brake lasts by default.
+    pub brake_release: std::time::Duration,
 }
 
 impl Admin {
@@ -65,6 +70,8 @@ impl Admin {
             tokens: Vec::new(),
             csrf: std::sync::Arc::new(CsrfKey::random()),
             equinix: None,
+            judge: None,
+            brake_release: std::time::Duration::from_secs(3600),
         }
     }
 }
@@ -91,26 +98,37 @@ pub use auth::{CsrfKey, Operator};
 
 /// The admin routes, for `App::configure`. Needs `web::Data<Admin>`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(read_only("/healthz", healthz))
-        .service(
-            web::resource("/login")
-                .route(web::get().to(auth::login_page))
-                .route(web::post().to(auth::login)),
-        )
-        .service(
-            web::scope("")
-                .wrap(from_fn(auth::require_operator))
-                // Malformed paths answer JSON like the rest (queries: `Query`).
-                .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
-                .service(read_only("/readyz", readyz))
-                .service(read_only("/metrics", metrics))
-                .service(read_only("/api/v1/machines", api_machines))
-                .service(read_only("/api/v1/machines/{id}", api_machine))
-                .service(post_only("/api/v1/machines/{id}/{action}", api_action))
-                .service(read_only("/", pages::fleet_page))
-                .service(read_only("/machines/{id}", pages::machine_page))
-                .service(post_only("/machines/{id}/{action}", pages::form_action)),
-        );
+    cfg.service(
+        web::scope("")
+            // Every answer is what its Content-Type says: no sniffing.
+            .wrap(
+                actix_web::middleware::DefaultHeaders::new()
+                    .add(("X-Content-Type-Options", "nosniff")),
+            )
+            .service(read_only("/healthz", healthz))
+            .service(
+                web::resource("/login")
+                    .route(web::get().to(auth::login_page))
+                    .route(web::post().to(auth::login)),
+            )
+            .service(
+                web::scope("")
+                    .wrap(from_fn(auth::require_operator))
+                    // Malformed paths answer JSON like the rest (queries: `Query`).
+                    .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
+                    .service(read_only("/readyz", readyz))
+                    .service(read_only("/metrics", metrics))
+                    .service(read_only("/api/v1/machines", api_machines))
+                    .service(read_only("/api/v1/machines/{id}", api_machine))
+                    .service(post_only("/api/v1/machines/{id}/{action}", api_action))
+                    .service(read_only("/api/v1/brake", api_brake))
+                    .service(post_only("/api/v1/brake/release", api_brake_release))
+                    .service(post_only("/brake/release", pages::brake_form))
+                    .service(read_only("/", pages::fleet_page))
+                    .service(read_only("/machines/{id}", pages::machine_page))
+                    .service(post_only("/machines/{id}/{action}", pages::form_action)),
+            ),
+    );
 }
 
 /// A resource that answers POST; any other method is 405 with `Allow`.
@@ -123,9 +141,15 @@ where
     web::resource(path)
         .route(web::post().to(handler))
         .default_service(web::to(|req: actix_web::HttpRequest| async move {
-            HttpResponse::MethodNotAllowed()
-                .insert_header(("Allow", "POST"))
-                .json(json!({ "error": format!("{} is not allowed here; use POST", req.method()) }))
+            let mut r = error_response(
+                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{} is not allowed here; use POST", req.method()),
+            );
+            r.headers_mut().insert(
+                actix_web::http::header::ALLOW,
+                actix_web::http::header::HeaderValue::from_static("POST"),
+            );
+            r
         }))
 }
 
@@ -145,9 +169,15 @@ where
                 .to(handler),
         )
         .default_service(web::to(|req: actix_web::HttpRequest| async move {
-            HttpResponse::MethodNotAllowed()
-                .insert_header(("Allow", "GET, HEAD"))
-                .json(json!({ "error": format!("{} is not allowed here; use GET", req.method()) }))
+            let mut r = error_response(
+                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{} is not allowed here; use GET", req.method()),
+            );
+            r.headers_mut().insert(
+                actix_web::http::header::ALLOW,
+                actix_web::http::header::HeaderValue::from_static("GET, HEAD"),
+            );
+            r
         }))
 }
 
@@ -172,8 +202,22 @@ impl<T: serde::de::DeserializeOwned> actix_web::FromRequest for Query<T> {
 }
 
 fn json_error(e: impl std::fmt::Display + std::fmt::Debug + 'static) -> actix_web::Error {
-    let body = HttpResponse::BadRequest().json(json!({ "error": e.to_string() }));
+    let body = error_response(actix_web::http::StatusCode::BAD_REQUEST, &e.to_string());
     actix_web::error::InternalError::from_response(e, body).into()
+}
+
+/// A JSON error body, `{"error": msg}`, with `<`, `>` and `&` written as
+/// `\u` escapes: a message naming a field of the request can carry its
+/// text, and no reader (a browser sniffing it) may take that for markup.
+pub(crate) fn error_response(status: actix_web::http::StatusCode, msg: &str) -> HttpResponse {
+    let body = json!({ "error": msg })
+        .to_string()
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
+    HttpResponse::build(status)
+        .content_type("application/json")
+        .body(body)
 }
 
 async fn healthz() -> HttpResponse {
@@ -194,9 +238,19 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
         .await;
     let st = status(&admin).await;
     let session_ok = admin.supervisor.is_none() || st.session.is_some();
+    // The brake does not make the process unready (it is working as
+    // meant), but whoever looks should see it.
+    let brake = match brake_state(&admin).await {
+        Some(Ok(b)) => {
+            json!({ "engaged": b.engaged, "reason": b.reason, "silent": b.silent, "limit": b.limit })
+        }
+        Some(Err(e)) => json!({ "error": e.to_string() }),
+        None => serde_json::Value::Null,
+    };
     let body = json!({
         "database": match &db { Ok(()) => "ok".to_string(), Err(e) => e.to_string() },
         "session": st.session.map(|s| s.to_string()),
+        "recovery_brake": brake,
     });
     if db.is_ok() && session_ok {
         HttpResponse::Ok().json(body)
@@ -272,7 +326,7 @@ fn detail_json(d: &MachineDetail) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "history": d.history.iter().map(|h| json!({
             "process": h.process.to_string(), "event": h.event.to_string(),
-            "timestamp": rfc3339(h.timestamp), "cause": h.failed_cause,
+            "timestamp": rfc3339(h.timestamp), "cause": h.failed_cause, "detail": h.detail,
         })).collect::<Vec<_>>(),
         "hold": d.hold.as_ref().map(|h| json!({
             "by": h.by, "since": rfc3339(h.since), "reason": h.reason,
@@ -296,6 +350,204 @@ fn audit_json(a: &actions::Audit) -> serde_json::Value {
     })
 }
 
+/// The recovery brake as it stands, when this process judges silence.
+async fn brake_state(
+    admin: &Admin,
+) -> Option<Result<crate::bmdb::brake::BrakeState, crate::bmdb::BmdbError>> {
+    let judge = admin.judge.as_ref()?;
+    Some(
+        admin
+            .bmdb
+            .transact(async |tx| crate::bmdb::brake::state(tx, judge).await)
+            .await,
+    )
+}
+
+fn brake_json(b: &crate::bmdb::brake::BrakeState) -> serde_json::Value {
+    json!({
+        "engaged": b.engaged,
+        "reason": b.reason,
+        "silent": b.silent,
+        "fleet": b.fleet,
+        "limit": b.limit,
+        "power_actions_in_window": b.power_actions_in_window,
+        "window_seconds": b.window.as_secs(),
+        "engaged_since": b.engaged_since.map(rfc3339),
+        "released_until": b.released_until.map(rfc3339),
+        "released_by": b.released_by,
+    })
+}
+
+/// `GET /api/v1/brake`: the recovery brake, the callback endpoints served
+/// (silence is judged only on those), the last fleet-wide actions.
+async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
+    let Some(judge) = admin.judge.clone() else {
+        return error_response(
+            actix_web::http::StatusCode::NOT_FOUND,
+            "this server does not run the Recoverer",
+        );
+    };
+    let r = admin
+        .bmdb
+        .transact(async |tx| {
+            Ok((
+                crate::bmdb::brake::state(tx, &judge).await?,
+                crate::bmdb::callback::endpoints(tx).await?,
+                actions::fleet_actions(tx, 20).await?,
+            ))
+        })
+        .await;
+    match r {
+        Ok((b, endpoints, acts)) => HttpResponse::Ok().json(json!({
+            "brake": brake_json(&b),
+            "callback_endpoints": endpoints.iter().map(|e| json!({
+                "endpoint": e.endpoint,
+                "served": e.served,
+                "serving_since": rfc3339(e.serving_since),
+                "served_until": rfc3339(e.served_until),
+            })).collect::<Vec<_>>(),
+            "operator_actions": acts.iter().map(fleet_audit_json).collect::<Vec<_>>(),
+        })),
+        Err(e) => internal(e),
+    }
+}
+
+fn fleet_audit_json(a: &actions::FleetAudit) -> serde_json::Value {
+    json!({
+        "id": a.id,
+        "action": a.action,
+        "actor": a.actor,
+        "timestamp": rfc3339(a.timestamp),
+        "reason": a.reason,
+        "detail": a.detail,
+    })
+}
+
+/// A brake release's parameters.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReleaseBody {
+    pub(crate) reason: Option<String>,
+    /// How long, as `30m`, `2h` (default `recoverer.brake_release`).
+    #[serde(rename = "for")]
+    pub(crate) for_: Option<String>,
+    pub(crate) request_id: Option<uuid::Uuid>,
+}
+
+/// Releases the brake for `operator`: the audit row, or the error.
+async fn release_brake(
+    admin: &Admin,
+    operator: &Operator,
+    body: ReleaseBody,
+) -> Result<actions::FleetAudit, (actix_web::http::StatusCode, String)> {
+    use actix_web::http::StatusCode;
+    if admin.judge.is_none() {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "this server does not run the Recoverer".into(),
+        ));
+    }
+    let for_ = match body
+        .for_
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        None => admin.brake_release,
+        Some(s) => match humantime::parse_duration(s) {
+            Ok(d) if !d.is_zero() && d <= std::time::Duration::from_secs(7 * 86400) => d,
+            _ => {
+                return Err((
+                    StatusCode::BAD_REQUEST,
+                    "for: not a duration from 1s to 7d (e.g. 30m, 2h)".into(),
+                ));
+            }
+        },
+    };
+    let reason = body
+        .reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if reason
+        .as_ref()
+        .is_some_and(|r| r.len() > actions::MAX_REASON)
+    {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("reason: at most {} bytes", actions::MAX_REASON),
+        ));
+    }
+    let id = body.request_id.unwrap_or_else(uuid::Uuid::new_v4);
+    match admin
+        .bmdb
+        .transact(async |tx| {
+            crate::bmdb::brake::release(tx, id, &operator.0, reason.as_deref(), for_).await
+        })
+        .await
+    {
+        Ok(a) => {
+            tracing::warn!(actor = %a.actor, detail = %a.detail, "operator action: recovery brake released");
+            Ok(a)
+        }
+        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+    }
+}
+
+/// `POST /api/v1/brake/release`, a JSON body (may be empty).
+async fn api_brake_release(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    if let Err(r) = json_post(&req) {
+        return r;
+    }
+    let parsed: ReleaseBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ReleaseBody::default()
+    } else {
+        let de = &mut serde_json::Deserializer::from_slice(&body);
+        match serde_path_to_error::deserialize(de) {
+            Ok(b) => b,
+            Err(e) => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    &format!("body {}: {}", e.path(), e.inner()),
+                );
+            }
+        }
+    };
+    let Some(operator) = req.extensions().get::<Operator>().cloned() else {
+        return error_response(StatusCode::UNAUTHORIZED, "a bearer token is required");
+    };
+    match release_brake(&admin, &operator, parsed).await {
+        Ok(a) => HttpResponse::Ok().json(json!({ "action": fleet_audit_json(&a) })),
+        Err((status, msg)) => error_response(status, &msg),
+    }
+}
+
+/// An API POST must say `Content-Type: application/json` (no form can)
+/// and come from this site.
+fn json_post(req: &HttpRequest) -> Result<(), HttpResponse> {
+    use actix_web::http::StatusCode;
+    let json_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if !json_type {
+        return Err(error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "actions want Content-Type: application/json",
+        ));
+    }
+    auth::same_origin(req).map_err(|e| error_response(StatusCode::FORBIDDEN, &e))
+}
+
 /// A fleet listing's query: filters and paging.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -310,12 +562,18 @@ struct Page {
 }
 
 impl Page {
-    /// (limit, offset): at most 1000 a page, `default` without a limit.
-    fn window(&self, default: i64) -> (i64, i64) {
-        (
-            self.limit.unwrap_or(default).clamp(1, 1000),
-            self.offset.unwrap_or(0).max(0),
-        )
+    /// (limit, offset): `default` without a limit; a limit outside 1 to
+    /// 1000 or a negative offset is a 400 naming it.
+    fn window(&self, default: i64) -> Result<(i64, i64), HttpResponse> {
+        let limit = self.limit.unwrap_or(default);
+        if !(1..=1000).contains(&limit) {
+            return Err(bad_request(format!("limit: {limit} is outside 1 to 1000")));
+        }
+        let offset = self.offset.unwrap_or(0);
+        if offset < 0 {
+            return Err(bad_request(format!("offset: {offset} is negative")));
+        }
+        Ok((limit, offset))
     }
 
     /// The filter, or a 400 naming the bad field.
@@ -354,7 +612,7 @@ impl Page {
 }
 
 fn bad_request(msg: String) -> HttpResponse {
-    HttpResponse::BadRequest().json(json!({ "error": msg }))
+    error_response(actix_web::http::StatusCode::BAD_REQUEST, &msg)
 }
 
 fn parse_state(s: &Option<String>) -> Result<Option<MachineState>, HttpResponse> {
@@ -368,7 +626,10 @@ fn parse_state(s: &Option<String>) -> Result<Option<MachineState>, HttpResponse>
 }
 
 fn internal(e: impl std::fmt::Display) -> HttpResponse {
-    HttpResponse::InternalServerError().json(json!({ "error": e.to_string() }))
+    error_response(
+        actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+        &e.to_string(),
+    )
 }
 
 /// A page of the fleet as the API and the fleet page show it.
@@ -407,7 +668,10 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
         Ok(f) => f,
         Err(r) => return r,
     };
-    let (limit, offset) = q.window(100);
+    let (limit, offset) = match q.window(100) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
     let r = admin
         .bmdb
         .transact(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
@@ -428,15 +692,17 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
 async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpResponse> {
     let id: uuid::Uuid = id
         .parse()
-        .map_err(|_| bad_request(format!("{id} is not a machine ID")))?;
+        .map_err(|_| bad_request("the path's machine ID is not a UUID".into()))?;
     match admin
         .bmdb
         .transact(async |tx| machines::detail(tx, id).await)
         .await
     {
         Ok(Some(d)) => Ok(d),
-        Ok(None) => Err(HttpResponse::NotFound()
-            .json(json!({ "error": format!("machine {id} is not in the BMDB") }))),
+        Ok(None) => Err(error_response(
+            actix_web::http::StatusCode::NOT_FOUND,
+            &format!("machine {id} is not in the BMDB"),
+        )),
         Err(e) => Err(internal(e)),
     }
 }
@@ -474,20 +740,19 @@ async fn run_action(
     let bad = |m: String| (StatusCode::BAD_REQUEST, m);
     let machine_id: uuid::Uuid = id
         .parse()
-        .map_err(|_| bad(format!("{id} is not a machine ID")))?;
+        .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
     let Some(action) = actions::Action::parse(action) else {
         let all: Vec<&str> = actions::Action::ALL.iter().map(|a| a.as_str()).collect();
         return Err((
             StatusCode::NOT_FOUND,
-            format!("{action} is not an action; one of {}", all.join(", ")),
+            format!("the path's action is not one of {}", all.join(", ")),
         ));
     };
     let process = match body.process.as_deref() {
         None | Some("") => None,
-        Some(p) => Some(
-            crate::bmdb::Process::parse(p)
-                .ok_or_else(|| bad(format!("process: {p} is not a process")))?,
-        ),
+        Some(p) => Some(crate::bmdb::Process::parse(p).ok_or_else(|| {
+            bad("process: not a process (ShepherdAgentStart, ShepherdRecovery, …)".into())
+        })?),
     };
     if process.is_some() && action != actions::Action::Retry {
         return Err(bad(format!("process: only retry takes one, not {action}")));
@@ -543,25 +808,10 @@ async fn api_action(
     path: web::Path<(String, String)>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let err = |status, msg: String| HttpResponse::build(status).json(json!({ "error": msg }));
+    let err = |status, msg: String| error_response(status, &msg);
     use actix_web::http::StatusCode;
-    let json_type = req
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("application/json")
-        });
-    if !json_type {
-        return err(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "actions want Content-Type: application/json".into(),
-        );
-    }
-    if let Err(e) = auth::same_origin(&req) {
-        return err(StatusCode::FORBIDDEN, e);
+    if let Err(r) = json_post(&req) {
+        return r;
     }
     let parsed: ActionBody = if body.iter().all(u8::is_ascii_whitespace) {
         ActionBody::default()
@@ -657,7 +907,7 @@ fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)])
         mailboxes,
         (
             "shepherd_leases",
-            "Work leases by process and how they ended (this process).",
+            "Work leases by process and how they ended (this process)",
             "event",
         ),
         |m| {
@@ -674,7 +924,7 @@ fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)])
         mailboxes,
         (
             "shepherd_lease_selections",
-            "Lease attempts of a control loop by outcome: a machine leased, nothing to lease, or a pick lost to another leaser (this process).",
+            "Lease attempts of a control loop by outcome: a machine leased, nothing to lease, or a pick lost to another leaser (this process)",
             "result",
         ),
         |m| {
@@ -688,12 +938,12 @@ fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)])
     for (name, help, value) in [
         (
             "shepherd_mailbox_running",
-            "Workers running now, per control loop.",
+            "Workers running now, per control loop",
             (|m: &MailboxStatus| m.running) as fn(&MailboxStatus) -> usize,
         ),
         (
             "shepherd_mailbox_parallelism",
-            "Workers allowed at once, per control loop.",
+            "Workers allowed at once, per control loop",
             |m: &MailboxStatus| m.parallelism,
         ),
     ] {
@@ -722,10 +972,14 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
                 .collect();
             let counts = machines::fleet_counts(tx).await?;
             let agents = machines::agent_counts(tx, admin.heartbeat_stale_after).await?;
-            Ok((sessions, backoffs, counts, agents))
+            let brake = match &admin.judge {
+                Some(j) => Some(crate::bmdb::brake::state(tx, j).await?),
+                None => None,
+            };
+            Ok((sessions, backoffs, counts, agents, brake))
         })
         .await;
-    let (sessions, backoffs, counts, (heartbeating, silent)) = match db {
+    let (sessions, backoffs, counts, (heartbeating, silent), brake) = match db {
         Ok(v) => v,
         Err(e) => {
             return HttpResponse::ServiceUnavailable().body(format!("BMDB unreachable: {e}\n"));
@@ -735,12 +989,12 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     let mut p = Scrape(Registry::default());
     p.gauge(
         "shepherd_bmdb_sessions",
-        "BMDB sessions alive (all shepherd processes).",
+        "BMDB sessions alive (all shepherd processes)",
         sessions,
     );
     p.gauge(
         "shepherd_session_up",
-        "Whether this process holds a live session.",
+        "Whether this process holds a live session",
         st.session.is_some() as i64,
     );
     mailbox_samples(
@@ -752,14 +1006,14 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     );
     p.gauges(
         "shepherd_active_backoffs",
-        "Machines backed off now, per process.",
+        "Machines backed off now, per process",
         backoffs
             .iter()
             .map(|(process, n)| (labels(&[("process", process)]), *n)),
     );
     p.gauges(
         "shepherd_agents",
-        "Machines with a started agent, heartbeating or silent.",
+        "Machines with a started agent, heartbeating or silent",
         [
             (labels(&[("state", "heartbeating")]), heartbeating),
             (labels(&[("state", "silent")]), silent),
@@ -767,7 +1021,7 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     );
     p.gauges(
         "shepherd_machines",
-        "Machines per state.",
+        "Machines per state",
         MachineState::ALL.iter().map(|s| {
             let n = counts
                 .iter()
@@ -777,15 +1031,37 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             (labels(&[("state", s.as_str())]), n)
         }),
     );
+    if let Some(b) = &brake {
+        p.gauge(
+            "shepherd_recovery_brake_engaged",
+            "Whether the recovery brake holds: no power action for silence until it lets go or an operator releases it",
+            b.engaged as i64,
+        );
+        p.gauge(
+            "shepherd_silent_machines",
+            "Machines judged silent now (their callback endpoint served for the whole threshold), held ones excepted",
+            b.silent,
+        );
+        p.gauge(
+            "shepherd_recovery_brake_limit",
+            "The most silent machines, and power actions for silence in the window, before the brake holds",
+            b.limit,
+        );
+        p.gauge(
+            "shepherd_recovery_power_actions_in_window",
+            "Power actions for silence within the brake's window (all shepherds)",
+            b.power_actions_in_window,
+        );
+    }
     if let Some(prov) = &st.provisioner {
         p.gauge(
             "shepherd_provisioner_discrepancies",
-            "Machines in the BMDB the provider no longer lists.",
+            "Machines in the BMDB the provider no longer lists",
             prov.missing_in_provider.len() as i64,
         );
         p.counters(
             "shepherd_provisioner_machines",
-            "Machines created or adopted by the provisioner.",
+            "Machines created or adopted by the provisioner",
             [
                 (labels(&[("how", "created")]), prov.created),
                 (labels(&[("how", "adopted")]), prov.adopted),

@@ -142,12 +142,78 @@ fn page_query(q: &Page, offset: i64) -> String {
     format!("?{}", s.finish())
 }
 
-pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
+/// What the brake's release form's CSRF token is bound to.
+const BRAKE_FORM: &str = "recovery-brake";
+
+fn req_operator(req: &HttpRequest) -> Option<Operator> {
+    req.extensions().get::<Operator>().cloned()
+}
+
+/// The brake's release, as the fleet page's form posts it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BrakeForm {
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default, rename = "for")]
+    for_: String,
+}
+
+/// `POST /brake/release` from the fleet page's banner: checks the origin
+/// and the CSRF token, releases, and sends the browser back to the page.
+pub(super) async fn brake_form(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    form: web::Bytes,
+) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let back = "../".to_string();
+    if let Err(e) = auth::same_origin(&req) {
+        return error_page(StatusCode::FORBIDDEN, &e, &back);
+    }
+    let form: BrakeForm = match serde_urlencoded::from_bytes(&form) {
+        Ok(f) => f,
+        Err(e) => {
+            return error_page(StatusCode::BAD_REQUEST, &format!("the form: {e}"), &back);
+        }
+    };
+    let Some(operator) = req_operator(&req) else {
+        return error_page(StatusCode::UNAUTHORIZED, "log in first", &back);
+    };
+    if !admin.csrf.verify(&operator, BRAKE_FORM, &form.csrf) {
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is not valid here (reload the fleet page and try again)",
+            &back,
+        );
+    }
+    let body = super::ReleaseBody {
+        reason: Some(form.reason),
+        for_: Some(form.for_),
+        request_id: None,
+    };
+    match super::release_brake(&admin, &operator, body).await {
+        Ok(_) => HttpResponse::SeeOther()
+            .insert_header(("Location", "../#brake"))
+            .finish(),
+        Err((status, msg)) => error_page(status, &msg, &back),
+    }
+}
+
+pub(super) async fn fleet_page(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    Query(q): Query<Page>,
+) -> HttpResponse {
     let filter = match q.filter(&admin) {
         Ok(f) => f,
         Err(r) => return r,
     };
-    let (limit, offset) = q.window(PAGE_SIZE);
+    let (limit, offset) = match q.window(PAGE_SIZE) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
     let r = admin
         .bmdb
         .transact(async |tx| {
@@ -155,10 +221,14 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
                 Listing::read(tx, &admin, &filter, (limit, offset)).await?,
                 overview::activity(tx, CHART_BUCKET, CHART_BUCKETS).await?,
                 overview::sessions(tx).await?,
+                match &admin.judge {
+                    Some(j) => Some(crate::bmdb::brake::state(tx, j).await?),
+                    None => None,
+                },
             ))
         })
         .await;
-    let (listing, activity, sessions) = match r {
+    let (listing, activity, sessions, brake) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
@@ -172,6 +242,38 @@ pub(super) async fn fleet_page(admin: web::Data<Admin>, Query(q): Query<Page>) -
     let st = status(&admin).await;
     let total: i64 = counts.iter().map(|(_, n)| n).sum();
     let mut b = String::new();
+    if let Some(br) = brake.as_ref().filter(|br| br.engaged) {
+        let operator = req_operator(&req);
+        let _ = write!(
+            b,
+            "<div id=\"brake\" class=\"error\"><strong>Recovery brake engaged</strong>{since}: {reason}. \
+             No machine is power-cycled for silence until the silent machines fall back to {limit} \
+             (agents are still restarted over SSH; operators' reboots go ahead).\
+             <form method=\"post\" action=\"brake/release\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <label>reason <input name=\"reason\" size=\"30\"></label> \
+             <label>for <input name=\"for\" size=\"6\" value=\"{dflt}\"></label> \
+             <button type=\"submit\">Release the brake</button></form></div>",
+            since = br
+                .engaged_since
+                .map(|t| format!(" since {}", rfc3339(t)))
+                .unwrap_or_default(),
+            reason = esc(br.reason.as_deref().unwrap_or("")),
+            limit = br.limit,
+            csrf = operator
+                .map(|o| admin.csrf.token(&o, BRAKE_FORM))
+                .unwrap_or_default(),
+            dflt = humantime::format_duration(admin.brake_release),
+        );
+    } else if let Some(br) = brake.as_ref().filter(|br| br.released_until.is_some()) {
+        let _ = write!(
+            b,
+            "<div id=\"brake\" class=\"notice\">Recovery brake released by {} until {}: power actions for silence go ahead ({} silent, limit {}).</div>",
+            esc(br.released_by.as_deref().unwrap_or("")),
+            br.released_until.map(rfc3339).unwrap_or_default(),
+            br.silent,
+            br.limit
+        );
+    }
     let _ = write!(
         b,
         "<nav><a href=\"#machines\">machines</a><a href=\"#activity\">activity</a>\
@@ -679,7 +781,11 @@ pub(super) async fn machine_page(
                     rfc3339(h.timestamp),
                     h.process,
                     h.event,
-                    esc(h.failed_cause.as_deref().unwrap_or(""))
+                    esc(h
+                        .failed_cause
+                        .as_deref()
+                        .or(h.detail.as_deref())
+                        .unwrap_or(""))
                 ),
             )
         })

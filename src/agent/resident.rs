@@ -14,6 +14,7 @@
 //! demo's simulated machines run one per machine in a single process; a
 //! [`Host`] supplies what differs.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use prost::Message as _;
@@ -59,6 +60,17 @@ pub trait Host: Send + 'static {
     fn hardware_report(&self) -> AgentHardwareReport;
     /// Where the agent's own log lines go.
     fn log(&self, line: std::fmt::Arguments<'_>);
+    /// The addresses `endpoint` stands for, when this host resolves it its
+    /// own way (a simulated fleet's names); None: the system's resolver,
+    /// as gRPC clients resolve DNS names.
+    fn resolve(&self, _endpoint: &str) -> Option<Vec<SocketAddr>> {
+        None
+    }
+    /// An agent refused as unauthenticated for this long exits: another
+    /// agent holds the machine's key now (it was taken over again).
+    fn refused_limit(&self) -> Duration {
+        REFUSED_LIMIT
+    }
 }
 
 /// No answer within this long is a lost call: reconnect.
@@ -66,9 +78,91 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Agents calling at least this often keep their connection between calls.
 pub const KEEP_CONNECTION_BELOW: Duration = Duration::from_secs(10);
 const BACKOFF_INITIAL: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Refused as unauthenticated for this long by default: exit.
+pub const REFUSED_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// Between two addresses of the endpoint, a random pause of up to this
+/// (capped at a quarter of the interval), so that a dead shepherd's agents
+/// do not all reach the next one at the same instant.
+const FAILOVER_JITTER: Duration = Duration::from_secs(1);
 
-/// Heartbeats until `host.alive()` turns false.
+/// Where the agent calls: the endpoint's addresses, and the one that
+/// answered last (sticky until it fails).
+struct Addresses {
+    endpoint: String,
+    list: Vec<SocketAddr>,
+    current: usize,
+    /// Addresses tried without an answer since the last that answered.
+    failed_in_row: usize,
+}
+
+impl Addresses {
+    async fn resolve(&mut self, host: &impl Host) -> bool {
+        let found = match host.resolve(&self.endpoint) {
+            Some(v) => Ok(v),
+            None => tokio::net::lookup_host(self.endpoint.as_str())
+                .await
+                .map(|a| a.collect::<Vec<_>>()),
+        };
+        match found {
+            Ok(v) if !v.is_empty() => {
+                // Keep calling the one that answered, if it is still listed.
+                let keep = self.list.get(self.current).copied();
+                self.current = keep
+                    .and_then(|k| v.iter().position(|a| *a == k))
+                    .unwrap_or_else(|| rand::random_range(0..v.len()));
+                if v != self.list {
+                    let shown: Vec<String> = v.iter().map(|a| a.to_string()).collect();
+                    host.log(format_args!(
+                        "{} resolves to {}",
+                        self.endpoint,
+                        shown.join(", ")
+                    ));
+                }
+                self.list = v;
+                true
+            }
+            Ok(_) => {
+                host.log(format_args!(
+                    "cannot resolve {}: no addresses",
+                    self.endpoint
+                ));
+                false
+            }
+            Err(e) => {
+                host.log(format_args!("cannot resolve {}: {e}", self.endpoint));
+                false
+            }
+        }
+    }
+
+    fn current(&self) -> Option<SocketAddr> {
+        self.list.get(self.current).copied()
+    }
+
+    /// The current address failed: move to the next. True while some
+    /// address of this resolution is still untried since the last answer.
+    fn fail_over(&mut self) -> bool {
+        self.failed_in_row += 1;
+        if !self.list.is_empty() {
+            self.current = (self.current + 1) % self.list.len();
+        }
+        self.failed_in_row < self.list.len()
+    }
+
+    fn answered(&mut self) {
+        self.failed_in_row = 0;
+    }
+}
+
+/// Heartbeats until `host.alive()` turns false, or until the server has
+/// refused the agent's key for `host.refused_limit()`.
+///
+/// The endpoint may be a name with several addresses (several shepherds
+/// behind one name, CONTRACTS.md §4a): the agent calls one, sticks to it
+/// while it answers, and when it fails moves to the next after a short
+/// random pause; once every address failed it backs off (never longer
+/// than its interval, so shepherd's silence thresholds and the agent's
+/// retries agree) and resolves the name again.
 pub async fn run(resident: Resident, host: impl Host) {
     let endpoint = resident.endpoint.as_str();
     let server_name = crate::config::endpoint_host(endpoint)
@@ -78,6 +172,13 @@ pub async fn run(resident: Resident, host: impl Host) {
     let mut answer: Option<OsInstallationReport> = None;
     let mut channel = None;
     let mut backoff = BACKOFF_INITIAL;
+    let mut refused_since: Option<std::time::Instant> = None;
+    let mut addrs = Addresses {
+        endpoint: endpoint.to_string(),
+        list: Vec::new(),
+        current: 0,
+        failed_in_row: 0,
+    };
     host.log(format_args!(
         "resident for machine {}, calling {endpoint}",
         resident.machine_id
@@ -93,23 +194,26 @@ pub async fn run(resident: Resident, host: impl Host) {
             }
         };
     while host.alive() {
+        // Resolve when nothing is known yet, and after every address failed.
+        if addrs.list.is_empty() || (channel.is_none() && addrs.failed_in_row >= addrs.list.len()) {
+            addrs.failed_in_row = 0;
+            addrs.resolve(&host).await;
+        }
+        let mut failed_over = false;
         if channel.is_none() {
-            match tokio::net::lookup_host(endpoint)
-                .await
-                .map(|mut a| a.next())
-            {
-                Ok(Some(addr)) => {
-                    match client::connect_with(addr, &server_name, tls.clone()).await {
-                        Ok(c) => channel = Some(c),
-                        Err(e) => host.log(format_args!("{e}")),
+            if let Some(addr) = addrs.current() {
+                match client::connect_with(addr, &server_name, tls.clone()).await {
+                    Ok(c) => channel = Some((c, addr)),
+                    Err(e) => {
+                        host.log(format_args!("{e}"));
+                        failed_over = addrs.fail_over();
                     }
                 }
-                Ok(None) | Err(_) => host.log(format_args!("cannot resolve {endpoint}")),
             }
         }
         let ok = match channel.clone() {
             None => false,
-            Some(c) => {
+            Some((c, addr)) => {
                 let req = HeartbeatRequest {
                     machine_id: resident.machine_id.clone(),
                     hardware_report: (!report_sent).then(|| host.hardware_report()),
@@ -123,6 +227,8 @@ pub async fn run(resident: Resident, host: impl Host) {
                 match tokio::time::timeout(CALL_TIMEOUT, call).await {
                     Ok(Ok(resp)) => {
                         report_sent = true;
+                        refused_since = None;
+                        addrs.answered();
                         answer = resp.installation_request.and_then(|raw| {
                             let r = OsInstallationRequest::decode(raw.as_slice()).ok()?;
                             Some(OsInstallationReport {
@@ -132,16 +238,46 @@ pub async fn run(resident: Resident, host: impl Host) {
                         });
                         true
                     }
+                    Ok(Err(status)) if status.code() == tonic::Code::Unauthenticated => {
+                        // Another agent holds the machine's key (a new
+                        // takeover), or shepherd has not recorded ours yet.
+                        addrs.answered();
+                        let since = *refused_since.get_or_insert_with(std::time::Instant::now);
+                        let limit = host.refused_limit();
+                        if since.elapsed() >= limit {
+                            host.log(format_args!(
+                                "refused as unauthenticated for {}: this agent's key is no longer the machine's; exiting",
+                                humantime::format_duration(limit)
+                            ));
+                            return;
+                        }
+                        host.log(format_args!(
+                            "heartbeat refused by {addr}: {}",
+                            status.message()
+                        ));
+                        false
+                    }
                     Ok(Err(status)) => {
-                        host.log(format_args!("heartbeat refused: {status}"));
+                        host.log(format_args!(
+                            "heartbeat to {addr} failed: {} ({:?})",
+                            status.message(),
+                            status.code()
+                        ));
                         if status.code() == tonic::Code::Unavailable {
+                            // The server (or its database) is away: the
+                            // next address may be fine.
                             channel = None;
+                            failed_over = addrs.fail_over();
                         }
                         false
                     }
                     Err(_) => {
-                        host.log(format_args!("heartbeat timed out"));
+                        host.log(format_args!(
+                            "heartbeat to {addr} timed out after {}",
+                            humantime::format_duration(CALL_TIMEOUT)
+                        ));
                         channel = None;
+                        failed_over = addrs.fail_over();
                         false
                     }
                 }
@@ -154,9 +290,13 @@ pub async fn run(resident: Resident, host: impl Host) {
         let wait = if ok {
             backoff = BACKOFF_INITIAL;
             every
+        } else if failed_over {
+            // Another address is still untried: go to it soon.
+            let cap = FAILOVER_JITTER.min(every / 4).max(Duration::from_millis(1));
+            Duration::from_millis(rand::random_range(0..cap.as_millis() as u64))
         } else {
             let w = backoff.min(every);
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            backoff = (backoff * 2).min(every);
             w
         };
         tokio::time::sleep(wait).await;
@@ -180,10 +320,26 @@ pub fn write_handoff(path: &std::path::Path, r: &Resident) -> std::io::Result<()
     crate::secret::write_private(path, &b)
 }
 
+/// The resident agent's state, kept (0600) beside it when it runs as a
+/// systemd unit, so that it comes back after a reboot with its key: the
+/// handoff file's format.
+pub fn write_state(path: &std::path::Path, r: &Resident) -> std::io::Result<()> {
+    write_handoff(path, r)
+}
+
+/// Reads a state file written by [`write_state`] (and leaves it).
+pub fn read_state(path: &std::path::Path) -> std::io::Result<Resident> {
+    parse_handoff(&std::fs::read(path)?)
+}
+
 /// Reads (and removes) a handoff file written by [`write_handoff`].
 pub fn take_handoff(path: &std::path::Path) -> std::io::Result<Resident> {
     let b = std::fs::read(path)?;
     let _ = std::fs::remove_file(path);
+    parse_handoff(&b)
+}
+
+fn parse_handoff(b: &[u8]) -> std::io::Result<Resident> {
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "truncated handoff file");
     let seed: [u8; 32] = b.get(..32).ok_or_else(bad)?.try_into().unwrap();
     let mut rest = &b[32..];

@@ -75,6 +75,23 @@ struct Args {
     /// Also write the configuration here (atomically, once the fleet is up).
     #[arg(long)]
     config_out: Option<PathBuf>,
+    /// NAME=ADDR[,ADDR…]: the agents resolve NAME to these (loopback)
+    /// addresses, as DNS would a name with several records; the first
+    /// becomes the callback endpoint (NAME:7830), one shepherd per address.
+    #[arg(long, value_parser = parse_name)]
+    resolve: Vec<(String, Vec<std::net::IpAddr>)>,
+}
+
+fn parse_name(s: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
+    let (name, addrs) = s.split_once('=').ok_or("expected NAME=ADDR[,ADDR…]")?;
+    if name.is_empty() || name.contains(':') {
+        return Err(format!("{name:?} is not a host name"));
+    }
+    let ips = addrs
+        .split(',')
+        .map(|a| a.trim().parse().map_err(|e| format!("{a}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_string(), ips))
 }
 
 fn main() {
@@ -111,6 +128,7 @@ fn main() {
             lost_rate: a.lost_rate,
             ..Faults::default()
         },
+        names: a.resolve,
     };
     let config_out = a.config_out;
     let result = actix_rt::System::new().block_on(async move {

@@ -88,6 +88,11 @@ fn fresh_key() -> Vec<u8> {
 
 fn main() {
     let exe = std::env::current_exe().ok();
+    if std::env::args().nth(1).as_deref() == Some("--resident") {
+        // Started by its systemd unit (at boot, or by a takeover).
+        resident::from_state(exe);
+        return;
+    }
     let mode = mode(&exe);
     let mut input = Vec::new();
     std::io::stdin()
@@ -218,6 +223,16 @@ mod resident {
             }
             return;
         }
+        // One agent per machine: the one this takeover replaces goes.
+        stop_previous(&exe);
+        if let Some(unit) = systemd_unit(&exe) {
+            match install_unit(&exe, &unit, &resident) {
+                Ok(()) => return,
+                Err(e) => eprintln!(
+                    "takeover-agent: cannot run as the systemd unit {unit} ({e}); detaching instead"
+                ),
+            }
+        }
         // SAFETY: still single-threaded; the child only sets up and runs.
         match unsafe { nix::unistd::fork() } {
             Ok(nix::unistd::ForkResult::Parent { .. }) => return,
@@ -234,12 +249,143 @@ mod resident {
             with_suffix(&exe, ".pid"),
             format!("{}\n", std::process::id()),
         );
+        heartbeat(resident, exe);
+    }
+
+    fn heartbeat(resident: Resident, exe: PathBuf) -> ! {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime");
         rt.block_on(shepherd::agent::resident::run(resident, ThisHost { exe }));
         std::process::exit(0);
+    }
+
+    /// `--resident`: the unit's agent, from the state its takeover left.
+    pub fn from_state(exe: Option<PathBuf>) {
+        let Some(exe) = exe else {
+            eprintln!("takeover-agent: cannot tell where this executable is");
+            std::process::exit(1);
+        };
+        let state = with_suffix(&exe, ".state");
+        let resident = match shepherd::agent::resident::read_state(&state) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("takeover-agent: {}: {e}", state.display());
+                // Nothing to do until a takeover writes it: not a failure
+                // for systemd to restart.
+                std::process::exit(0);
+            }
+        };
+        let _ = std::fs::write(
+            with_suffix(&exe, ".pid"),
+            format!("{}\n", std::process::id()),
+        );
+        heartbeat(resident, exe);
+    }
+
+    /// The agent a previous takeover left running (its PID file), if it is
+    /// still this program: asked to stop, then killed.
+    fn stop_previous(exe: &Path) {
+        let pid_file = with_suffix(exe, ".pid");
+        let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        if pid == std::process::id() as i32 {
+            return;
+        }
+        // The PID may have been reused: only a process running this path
+        // (replaced by the upload, so possibly " (deleted)") is ours.
+        let ours = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| {
+                let p = p.to_string_lossy().into_owned();
+                p.trim_end_matches(" (deleted)") == exe.to_string_lossy()
+            })
+            .unwrap_or(false);
+        if !ours {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(50));
+            if nix::sys::signal::kill(pid, None).is_err() {
+                eprintln!("takeover-agent: stopped the previous agent ({pid})");
+                return;
+            }
+        }
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        eprintln!("takeover-agent: killed the previous agent ({pid})");
+    }
+
+    /// The unit to run as, where the host runs systemd and we are root
+    /// (`TAKEOVER_AGENT_UNIT=0`, or a `takeover-agent.unit` file saying
+    /// `off` beside the executable, turns it off; another word names the
+    /// unit).
+    fn systemd_unit(exe: &Path) -> Option<String> {
+        let setting = std::env::var("TAKEOVER_AGENT_UNIT")
+            .ok()
+            .or_else(|| sidecar(exe, "takeover-agent.unit"));
+        let name = match setting.as_deref() {
+            Some("0" | "off" | "no") => return None,
+            Some(n)
+                if !n.is_empty()
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_@.".contains(c)) =>
+            {
+                n.trim_end_matches(".service").to_string()
+            }
+            _ => "shepherd-agent".to_string(),
+        };
+        let booted = Path::new("/run/systemd/system").is_dir();
+        (booted && nix::unistd::Uid::effective().is_root()).then(|| format!("{name}.service"))
+    }
+
+    /// Writes the state and the unit, and (re)starts it: the agent then
+    /// survives reboots and a restart replaces the previous one.
+    fn install_unit(exe: &Path, unit: &str, resident: &Resident) -> std::io::Result<()> {
+        shepherd::agent::resident::write_state(&with_suffix(exe, ".state"), resident)?;
+        let text = format!(
+            "# Written by shepherd's agent at its takeover; rewritten by the next.\n\
+             [Unit]\n\
+             Description=shepherd agent (heartbeats to the fleet's shepherd)\n\
+             Wants=network-online.target\n\
+             After=network-online.target\n\n\
+             [Service]\n\
+             ExecStart={} --resident\n\
+             Restart=on-failure\n\
+             RestartSec=5\n\n\
+             [Install]\n\
+             WantedBy=multi-user.target\n",
+            exe.display()
+        );
+        let path = Path::new("/etc/systemd/system").join(unit);
+        let tmp = path.with_extension("service.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &path)?;
+        for args in [
+            vec!["daemon-reload"],
+            vec!["enable", unit],
+            vec!["restart", unit],
+        ] {
+            let status = std::process::Command::new("systemctl")
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()?;
+            if !status.success() {
+                return Err(std::io::Error::other(format!(
+                    "systemctl {} exited with {status}",
+                    args.join(" ")
+                )));
+            }
+        }
+        eprintln!("takeover-agent: running as the systemd unit {unit}");
+        Ok(())
     }
 
     fn with_suffix(exe: &Path, suffix: &str) -> PathBuf {
@@ -298,7 +444,16 @@ mod resident {
         }
 
         fn log(&self, line: std::fmt::Arguments<'_>) {
-            eprintln!("takeover-agent: {line}");
+            eprintln!(
+                "{} takeover-agent: {line}",
+                humantime::format_rfc3339_millis(std::time::SystemTime::now())
+            );
+        }
+
+        fn refused_limit(&self) -> Duration {
+            sidecar(&self.exe, "takeover-agent.refused-limit")
+                .and_then(|s| humantime::parse_duration(&s).ok())
+                .unwrap_or(shepherd::agent::resident::REFUSED_LIMIT)
         }
     }
 }

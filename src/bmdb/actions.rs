@@ -383,3 +383,72 @@ pub async fn held_ids(tx: &mut Tx<'_>) -> Result<std::collections::HashSet<Uuid>
         .map(|r| r.get(0))
         .collect())
 }
+
+/// An audit row of a fleet-wide action (releasing the recovery brake).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FleetAudit {
+    pub id: Uuid,
+    pub action: String,
+    pub actor: String,
+    #[serde(with = "humantime_serde")]
+    pub timestamp: SystemTime,
+    pub reason: Option<String>,
+    pub detail: String,
+}
+
+fn fleet_audit_from(r: &tokio_postgres::Row) -> FleetAudit {
+    FleetAudit {
+        id: r.get(0),
+        action: r.get(1),
+        actor: r.get(2),
+        timestamp: r.get(3),
+        reason: r.get(4),
+        detail: r.get(5),
+    }
+}
+
+/// The fleet-wide audit row with this ID, if any.
+pub async fn fleet_audit(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<FleetAudit>, BmdbError> {
+    const SQL: &str = "SELECT operator_action_id, action, actor, \"timestamp\", reason, detail \
+         FROM operator_action WHERE operator_action_id = $1 AND machine_id IS NULL";
+    Ok(tx
+        .query_opt(SQL, &[&id])
+        .await?
+        .as_ref()
+        .map(fleet_audit_from))
+}
+
+/// Appends a fleet-wide audit row.
+pub async fn record_fleet_action(
+    tx: &mut Tx<'_>,
+    id: Uuid,
+    action: &str,
+    actor: &str,
+    reason: Option<&str>,
+    detail: &str,
+) -> Result<FleetAudit, BmdbError> {
+    if reason.is_some_and(|r| r.len() > MAX_REASON) {
+        return Err(BmdbError::Invalid(format!(
+            "the reason is longer than {MAX_REASON} bytes"
+        )));
+    }
+    const SQL: &str = "INSERT INTO operator_action (operator_action_id, machine_id, action, actor, \
+           \"timestamp\", reason, detail) VALUES ($1, NULL, $2, $3, now(), $4, $5) \
+         RETURNING operator_action_id, action, actor, \"timestamp\", reason, detail";
+    let r = tx
+        .query_one(SQL, &[&id, &action, &actor, &reason, &detail])
+        .await?;
+    Ok(fleet_audit_from(&r))
+}
+
+/// The last fleet-wide actions, newest first.
+pub async fn fleet_actions(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<FleetAudit>, BmdbError> {
+    const SQL: &str = "SELECT operator_action_id, action, actor, \"timestamp\", reason, detail \
+         FROM operator_action WHERE machine_id IS NULL ORDER BY \"timestamp\" DESC LIMIT $1";
+    Ok(tx
+        .query(SQL, &[&limit])
+        .await?
+        .iter()
+        .map(fleet_audit_from)
+        .collect())
+}

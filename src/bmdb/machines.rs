@@ -24,9 +24,10 @@ const MACHINE_INSERT: &str =
 const PROVIDED_INSERT: &str = "INSERT INTO machine_provided (machine_id, provider, provider_id, \
      provider_reservation_id, provider_ip_address, provider_location, provider_status) \
      VALUES ($1, $2, $3, $4, $5, $6, $7)";
-const AGENT_STARTED_SET: &str = "INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key) \
-     VALUES ($1, now(), $2) ON CONFLICT (machine_id) DO UPDATE \
-     SET agent_started_at = EXCLUDED.agent_started_at, agent_public_key = EXCLUDED.agent_public_key";
+const AGENT_STARTED_SET: &str = "INSERT INTO machine_agent_started (machine_id, agent_started_at, agent_public_key, agent_endpoint) \
+     VALUES ($1, now(), $2, $3) ON CONFLICT (machine_id) DO UPDATE \
+     SET agent_started_at = EXCLUDED.agent_started_at, agent_public_key = EXCLUDED.agent_public_key, \
+         agent_endpoint = EXCLUDED.agent_endpoint";
 const PROVIDED_BY: &str = concat!(
     "SELECT ",
     provided_columns!(),
@@ -37,7 +38,7 @@ const PROVIDED_ONE: &str = concat!(
     provided_columns!(),
     " FROM machine_provided p WHERE p.machine_id = $1"
 );
-const HISTORY: &str = "SELECT process, event, \"timestamp\", failed_cause FROM work_history \
+const HISTORY: &str = "SELECT process, event, \"timestamp\", failed_cause, detail FROM work_history \
      WHERE machine_id = $1 ORDER BY work_history_id";
 const BACKOFF: &str = "SELECT until, cause, last_interval_seconds FROM work_backoff \
      WHERE machine_id = $1 AND process = $2";
@@ -71,13 +72,16 @@ pub async fn create_provided(tx: &mut Tx<'_>, m: &NewProvidedMachine) -> Result<
     Ok(id)
 }
 
-/// Sets the AgentStarted tag (now, with the agent's public key).
+/// Sets the AgentStarted tag (now, with the agent's public key and the
+/// callback endpoint it was given, which decides whether its silence can be
+/// judged: `bmdb::callback`).
 pub async fn set_agent_started(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
     public_key: &[u8],
+    endpoint: Option<&str>,
 ) -> Result<(), BmdbError> {
-    tx.execute(AGENT_STARTED_SET, &[&machine_id, &public_key])
+    tx.execute(AGENT_STARTED_SET, &[&machine_id, &public_key, &endpoint])
         .await?;
     Ok(())
 }
@@ -108,6 +112,8 @@ pub struct HistoryEntry {
     pub event: HistoryEvent,
     pub timestamp: SystemTime,
     pub failed_cause: Option<String>,
+    /// What a finished piece of work did (a recovery's step).
+    pub detail: Option<String>,
 }
 
 /// A machine's work history, oldest first.
@@ -120,6 +126,7 @@ pub async fn history(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Vec<HistoryEnt
             event: r.get(1),
             timestamp: r.get(2),
             failed_cause: r.get(3),
+            detail: r.get(4),
         })
         .collect())
 }
@@ -208,6 +215,9 @@ pub enum MachineState {
     Held,
     /// The agent runs.
     AgentStarted,
+    /// The agent went quiet and its recovery failed; waiting out the
+    /// Recoverer's backoff.
+    RecoveryBackoff,
     /// Its OS installation is done.
     Installed,
     /// No provider record.
@@ -215,12 +225,13 @@ pub enum MachineState {
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 7] = [
+    pub const ALL: [MachineState; 8] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
         MachineState::Held,
         MachineState::AgentStarted,
+        MachineState::RecoveryBackoff,
         MachineState::Installed,
         MachineState::Unprovided,
     ];
@@ -232,6 +243,7 @@ impl MachineState {
             MachineState::Leased => "leased",
             MachineState::Held => "held",
             MachineState::AgentStarted => "agent-started",
+            MachineState::RecoveryBackoff => "recovery-backoff",
             MachineState::Installed => "installed",
             MachineState::Unprovided => "unprovided",
         }
@@ -281,6 +293,8 @@ macro_rules! state_column {
         "CASE WHEN s.shepherd_work THEN 'leased' \
               WHEN s.held THEN 'held' \
               WHEN s.installation_fulfilled THEN 'installed' \
+              WHEN s.agent_started_at IS NOT NULL AND s.recovery_not_before > now() \
+                   THEN 'recovery-backoff' \
               WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
               WHEN p.machine_id IS NULL THEN 'unprovided' \
               WHEN s.agent_start_not_before > now() THEN 'backoff' \

@@ -11,6 +11,8 @@
 
 pub mod actions;
 mod backoff;
+pub mod brake;
+pub mod callback;
 mod conn;
 pub mod duty;
 pub mod embedded;

@@ -71,7 +71,7 @@ pub(crate) use provided_columns;
 /// index key, locking the chosen summary rows so that concurrent leasers
 /// skip them.
 macro_rules! summary_selector {
-    ($conditions:literal, $order:literal) => {
+    ($conditions:expr, $order:literal) => {
         concat!(
             "SELECT ",
             provided_columns!(),
@@ -92,20 +92,60 @@ const NEEDS_AGENT_START: &str = summary_selector!(
     "s.agent_start_not_before"
 );
 
+/// The machine's agent was given an endpoint served without a break for
+/// the threshold `$3` plus the agents' allowance `$5` (`$4`: the endpoint
+/// assumed for agents taken over before endpoints were recorded).
+macro_rules! judgeable {
+    () => {
+        " AND EXISTS (SELECT 1 FROM machine_agent_started a \
+             JOIN callback_endpoint c ON c.endpoint = COALESCE(a.agent_endpoint, $4) \
+            WHERE a.machine_id = s.machine_id AND c.served_until > now() \
+              AND c.serving_since <= now() - make_interval(secs => $3 + $5))"
+    };
+}
+
+/// Silent: the last heartbeat older than `$3`, or none `$3` after the
+/// start; judgeable (see above).
+macro_rules! stale {
+    () => {
+        concat!(
+            "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NOT NULL \
+             AND NOT s.installation_fulfilled \
+             AND s.agent_heartbeat_at < now() - make_interval(secs => $3)",
+            judgeable!()
+        )
+    };
+}
+macro_rules! silent {
+    () => {
+        concat!(
+            "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NULL \
+             AND NOT s.installation_fulfilled \
+             AND s.agent_started_at < now() - make_interval(secs => $3)",
+            judgeable!()
+        )
+    };
+}
+
 const NEEDS_RECOVERY_STALE: &str = summary_selector!(
-    "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NOT NULL \
-     AND NOT s.installation_fulfilled \
-     AND s.agent_heartbeat_at < now() - make_interval(secs => $3) \
-     AND s.recovery_not_before <= now()",
+    concat!(stale!(), " AND s.recovery_not_before <= now()"),
     "s.agent_heartbeat_at"
 );
 
 const NEEDS_RECOVERY_SILENT: &str = summary_selector!(
-    "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NULL \
-     AND NOT s.installation_fulfilled \
-     AND s.agent_started_at < now() - make_interval(secs => $3) \
-     AND s.recovery_not_before <= now()",
+    concat!(silent!(), " AND s.recovery_not_before <= now()"),
     "s.agent_started_at"
+);
+
+/// Machines judged silent now (leased, backed off or not), held ones
+/// excepted: what the brake counts. `$1`: provider; `$2` unused (NULL).
+const COUNT_STALE: &str = concat!(
+    "SELECT count(*) FROM machine_summary s WHERE s.provider = $1 AND $2::int IS NULL AND NOT s.held AND ",
+    stale!()
+);
+const COUNT_SILENT: &str = concat!(
+    "SELECT count(*) FROM machine_summary s WHERE s.provider = $1 AND $2::int IS NULL AND NOT s.held AND ",
+    silent!()
 );
 
 const NEEDS_REBOOT: &str = summary_selector!(
@@ -144,6 +184,10 @@ pub struct RecoveryThresholds {
     pub silent_after_start: Duration,
     /// The last heartbeat is older than this.
     pub heartbeat_stale_after: Duration,
+    /// Beyond the threshold, how long the agent's callback endpoint must
+    /// have been served before its silence counts: the agents' longest
+    /// wait between two attempts, plus a call's timeout.
+    pub callback_grace: Duration,
 }
 
 impl Default for RecoveryThresholds {
@@ -151,23 +195,48 @@ impl Default for RecoveryThresholds {
         RecoveryThresholds {
             silent_after_start: Duration::from_secs(30 * 60),
             heartbeat_stale_after: Duration::from_secs(10 * 60),
+            callback_grace: Duration::from_secs(60),
         }
     }
 }
 
+impl RecoveryThresholds {
+    /// The shorter of the two thresholds, plus the grace: no silence can be
+    /// judged before some endpoint was served this long.
+    pub fn shortest_judgement(&self) -> Duration {
+        self.silent_after_start.min(self.heartbeat_stale_after) + self.callback_grace
+    }
+}
+
 /// Needs recovery: provided by `provider`, agent started, no conflicting
-/// work, no live `ShepherdRecovery` backoff, installation not fulfilled, and
+/// work, no live `ShepherdRecovery` backoff, installation not fulfilled,
 /// either no heartbeat `silent_after_start` after start or the last
-/// heartbeat older than `heartbeat_stale_after`. Stalest first.
+/// heartbeat older than `heartbeat_stale_after`, and the agent's callback
+/// endpoint (`own_endpoint` for agents whose endpoint was not recorded)
+/// served without a break for that threshold plus `callback_grace`: an
+/// agent nobody could hear is not silent. Stalest first.
 pub async fn needs_recovery(
     tx: &mut Tx<'_>,
     provider: Provider,
     limit: i64,
     thresholds: RecoveryThresholds,
+    own_endpoint: Option<&str>,
 ) -> Result<Vec<ProvidedMachine>, BmdbError> {
+    // Nothing is judgeable while no endpoint was served long enough: a
+    // restarted fleet skips the scan of every stale machine.
+    if super::callback::judgeable(tx, thresholds.shortest_judgement())
+        .await?
+        .is_empty()
+    {
+        return Ok(Vec::new());
+    }
+    let grace = thresholds.callback_grace.as_secs_f64();
     let stale = thresholds.heartbeat_stale_after.as_secs_f64();
     let mut out: Vec<ProvidedMachine> = tx
-        .query(NEEDS_RECOVERY_STALE, &[&provider, &limit, &stale])
+        .query(
+            NEEDS_RECOVERY_STALE,
+            &[&provider, &limit, &stale, &own_endpoint, &grace],
+        )
         .await?
         .iter()
         .map(ProvidedMachine::from_row)
@@ -176,9 +245,38 @@ pub async fn needs_recovery(
     if missing > 0 {
         let silent = thresholds.silent_after_start.as_secs_f64();
         let rows = tx
-            .query(NEEDS_RECOVERY_SILENT, &[&provider, &missing, &silent])
+            .query(
+                NEEDS_RECOVERY_SILENT,
+                &[&provider, &missing, &silent, &own_endpoint, &grace],
+            )
             .await?;
         out.extend(rows.iter().map(ProvidedMachine::from_row));
     }
     Ok(out)
+}
+
+/// How many machines of `provider` are judged silent now, by the rules of
+/// [`needs_recovery`] (leased or backed off included, held ones not).
+pub async fn silent_count(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    thresholds: RecoveryThresholds,
+    own_endpoint: Option<&str>,
+) -> Result<i64, BmdbError> {
+    let grace = thresholds.callback_grace.as_secs_f64();
+    let none: Option<i32> = None;
+    let mut n = 0;
+    for (sql, t) in [
+        (COUNT_STALE, thresholds.heartbeat_stale_after),
+        (COUNT_SILENT, thresholds.silent_after_start),
+    ] {
+        let row = tx
+            .query_one(
+                sql,
+                &[&provider, &none, &t.as_secs_f64(), &own_endpoint, &grace],
+            )
+            .await?;
+        n += row.get::<_, i64>(0);
+    }
+    Ok(n)
 }

@@ -33,6 +33,9 @@ struct SessionInner {
     /// start) was sent, plus the interval. Never later than the database's,
     /// so past it the session is dead whatever the database is doing.
     deadline: std::sync::Mutex<Instant>,
+    /// The agent callback endpoint this process serves: each start and
+    /// poke also extends its service (`bmdb::callback`).
+    serves: Option<String>,
 }
 
 impl std::fmt::Debug for Session {
@@ -82,6 +85,19 @@ impl Bmdb {
         component: &str,
         interval: Option<Duration>,
     ) -> Result<Session, BmdbError> {
+        self.start_session_serving(component, interval, None).await
+    }
+
+    /// As [`Bmdb::start_session`], for a process that serves the agent
+    /// callback at `serves`: the session's start and every poke record that
+    /// the endpoint is served (`bmdb::callback`), so silence is judged only
+    /// while someone listens.
+    pub async fn start_session_serving(
+        &self,
+        component: &str,
+        interval: Option<Duration>,
+        serves: Option<String>,
+    ) -> Result<Session, BmdbError> {
         let interval = interval.unwrap_or(self.options().session_interval);
         let secs = interval.as_secs().max(1) as i32;
         let id = Uuid::new_v4();
@@ -95,9 +111,14 @@ impl Bmdb {
                 .and_then(|h| h.into_string().ok())
                 .unwrap_or_default()
         );
+        let served_for = Duration::from_secs(secs as u64);
         self.transact(async |tx| {
             tx.execute(SESSION_START, &[&id, &component, &runtime_info, &secs])
-                .await
+                .await?;
+            if let Some(e) = &serves {
+                super::callback::serve(tx, e, served_for).await?;
+            }
+            Ok(())
         })
         .await?;
         tracing::info!(session_id = %id, component, interval_s = secs, "BMDB session started");
@@ -109,6 +130,7 @@ impl Bmdb {
                 interval: Duration::from_secs(secs as u64),
                 expired: watch::channel(false).0,
                 deadline: std::sync::Mutex::new(sent + Duration::from_secs(secs as u64)),
+                serves,
             }),
         })
     }
@@ -236,10 +258,17 @@ impl Session {
     pub async fn poke(&self) -> Result<(), BmdbError> {
         let id = self.id();
         let sent = Instant::now();
+        let (serves, interval) = (self.inner.serves.as_deref(), self.inner.interval);
         let n = self
             .inner
             .bmdb
-            .transact(async |tx| tx.execute(SESSION_POKE, &[&id]).await)
+            .transact(async |tx| {
+                let n = tx.execute(SESSION_POKE, &[&id]).await?;
+                if let (1, Some(e)) = (n, serves) {
+                    super::callback::serve(tx, e, interval).await?;
+                }
+                Ok(n)
+            })
             .await?;
         if n == 0 {
             self.mark_expired();
@@ -364,7 +393,17 @@ pub struct BmdbSession {
 impl BmdbSession {
     /// Opens a session and starts its actor.
     pub async fn open(bmdb: &Bmdb, component: &str) -> Result<Addr<BmdbSession>, BmdbError> {
-        let session = bmdb.start_session(component, None).await?;
+        Self::open_serving(bmdb, component, None).await
+    }
+
+    /// As [`BmdbSession::open`], for a process serving the agent callback
+    /// at `serves` (see [`Bmdb::start_session_serving`]).
+    pub async fn open_serving(
+        bmdb: &Bmdb,
+        component: &str,
+        serves: Option<String>,
+    ) -> Result<Addr<BmdbSession>, BmdbError> {
+        let session = bmdb.start_session_serving(component, None, serves).await?;
         Ok(BmdbSession::new(session).start())
     }
 

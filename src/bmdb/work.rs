@@ -24,8 +24,8 @@ const WORK_START: &str = "WITH w AS ( \
 const WORK_RELEASE: &str = "WITH w AS ( \
          DELETE FROM work WHERE machine_id = $1 AND process = $2 AND session_id = $3 \
          RETURNING machine_id, process) \
-     INSERT INTO work_history (machine_id, process, event, \"timestamp\", failed_cause) \
-     SELECT machine_id, process, $4, now(), $5 FROM w";
+     INSERT INTO work_history (machine_id, process, event, \"timestamp\", failed_cause, detail) \
+     SELECT machine_id, process, $4, now(), $5, $6 FROM w";
 
 const BACKOFF_CLEAR: &str = "DELETE FROM work_backoff WHERE machine_id = $1 AND process = $2";
 
@@ -137,10 +137,23 @@ async fn release(
     event: HistoryEvent,
     cause: Option<&str>,
 ) -> Result<(), BmdbError> {
+    release_noting(tx, machine_id, process, session_id, event, cause, None).await
+}
+
+/// As `release`, with what the work did (`work_history.detail`).
+async fn release_noting(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    process: Process,
+    session_id: Uuid,
+    event: HistoryEvent,
+    cause: Option<&str>,
+    detail: Option<&str>,
+) -> Result<(), BmdbError> {
     let n = tx
         .execute(
             WORK_RELEASE,
-            &[&machine_id, &process, &session_id, &event, &cause],
+            &[&machine_id, &process, &session_id, &event, &cause, &detail],
         )
         .await?;
     if n == 0 {
@@ -206,6 +219,16 @@ impl<T> Work<T> {
     /// session is gone.
     pub async fn finish(
         &mut self,
+        f: impl AsyncFnMut(&mut Tx<'_>) -> Result<(), BmdbError>,
+    ) -> Result<(), BmdbError> {
+        self.finish_noting(None, f).await
+    }
+
+    /// As [`Work::finish`], saying in the history what the work did (a
+    /// recovery: "agent restarted over SSH", …).
+    pub async fn finish_noting(
+        &mut self,
+        detail: Option<&str>,
         mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<(), BmdbError>,
     ) -> Result<(), BmdbError> {
         let (mid, process, sid) = (self.machine_id, self.process, self.session.id());
@@ -213,7 +236,8 @@ impl<T> Work<T> {
         until_recorded(&session, mid, process, "finish", async || {
             session
                 .transact(async |tx| {
-                    release(tx, mid, process, sid, HistoryEvent::Finished, None).await?;
+                    release_noting(tx, mid, process, sid, HistoryEvent::Finished, None, detail)
+                        .await?;
                     tx.execute(BACKOFF_CLEAR, &[&mid, &process]).await?;
                     f(tx).await
                 })

@@ -32,7 +32,7 @@ pub async fn connect_with(
         .map_err(|e| format!("server name {server_name}: {e}"))?;
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
-        .connect_timeout(std::time::Duration::from_secs(10));
+        .connect_timeout(CONNECT_TIMEOUT);
     endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let (cfg, name) = (cfg.clone(), name.clone());
@@ -46,7 +46,39 @@ pub async fn connect_with(
             }
         }))
         .await
-        .map_err(|e| format!("connect to {addr}: {e}"))
+        .map_err(|e| format!("connect to {addr}: {}", cause(&e)))
+}
+
+/// A connection attempt to one address gives up after this long (a host
+/// that is down answers nothing; a dead process's port refuses at once).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What went wrong, from the innermost cause out: tonic's "transport
+/// error" says nothing, its sources say "connection refused", "timed
+/// out", or what TLS disliked.
+pub fn cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !text.is_empty()
+            && text != "transport error"
+            && !parts.last().is_some_and(|p| p.contains(&text))
+        {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    // The innermost is the most specific; keep the chain short.
+    parts.reverse();
+    parts.truncate(2);
+    match parts.as_slice() {
+        [] => "transport error".into(),
+        [one] => one.clone(),
+        [inner, outer] if outer.contains(inner.as_str()) => outer.clone(),
+        [inner, outer] => format!("{inner} ({outer})"),
+        _ => unreachable!(),
+    }
 }
 
 /// One unary call of `path` with request `Req`, answer decoded as `Resp`
@@ -63,7 +95,7 @@ where
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
         .await
-        .map_err(|e| Status::unavailable(e.to_string()))?;
+        .map_err(|e| Status::unavailable(cause(&e)))?;
     let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
     grpc.unary(
         tonic::Request::new(request),

@@ -88,17 +88,17 @@ impl HeartbeatMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "shepherd_heartbeats",
-            "Agent heartbeats by outcome.",
+            "Agent heartbeats by outcome",
             self.heartbeats.clone(),
         );
         r.register(
             "shepherd_heartbeat_batch_size",
-            "Heartbeats written per statement.",
+            "Heartbeats written per statement",
             self.batch_size.clone(),
         );
         r.register_with_unit(
             "shepherd_heartbeat_write",
-            "Time to write one batch of heartbeats.",
+            "Time to write one batch of heartbeats",
             Unit::Seconds,
             self.write_seconds.clone(),
         );

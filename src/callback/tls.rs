@@ -141,6 +141,68 @@ fn covers(der: &[u8], names: &[String]) -> bool {
     })
 }
 
+/// A new CA for the agent callback: its DER certificate and its key's
+/// PKCS#8 PEM.
+pub fn new_ca() -> Result<(Vec<u8>, String), TlsError> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| tls_err("generating the callback CA key", e))?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| tls_err("callback CA", e))?;
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "shepherd agent callback CA");
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2124, 1, 1);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| tls_err("callback CA", e))?;
+    Ok((cert.der().to_vec(), key.serialize_pem()))
+}
+
+/// A server certificate for `names`, signed by the CA: its DER and its
+/// key's PKCS#8 PEM.
+fn issue_server(
+    ca_der: &[u8],
+    ca_key: &rcgen::KeyPair,
+    names: &[String],
+) -> Result<(Vec<u8>, String), TlsError> {
+    let issuer = rcgen::Issuer::from_ca_cert_der(&ca_der.to_vec().into(), ca_key)
+        .map_err(|e| tls_err("the callback CA certificate", e))?;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| tls_err("generating the callback server key", e))?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| tls_err("callback server certificate", e))?;
+    params.subject_alt_names = san_types(names);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "shepherd agent callback");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2124, 1, 1);
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|e| tls_err("callback server certificate", e))?;
+    Ok((cert.der().to_vec(), key.serialize_pem()))
+}
+
+/// The CA in `files`, if there is one (a shepherd from before the fleet's
+/// CA lived in the BMDB: its agents trust it, so it seeds the BMDB).
+pub fn local_ca(files: &CertFiles) -> Result<Option<(Vec<u8>, String)>, TlsError> {
+    if !files.ca_cert.exists() {
+        return Ok(None);
+    }
+    Ok(Some((
+        pem_der(&files.ca_cert)?,
+        read_private(&files.ca_key)?,
+    )))
+}
+
 impl ServerIdentity {
     /// Loads the CA and server certificate from `files`, generating what is
     /// missing: the CA on first start, the server certificate whenever it
@@ -186,28 +248,16 @@ impl ServerIdentity {
                 .map_err(|e| tls_err(files.ca_key.display().to_string(), e))?;
             (der, key)
         } else {
-            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-                .map_err(|e| tls_err("generating the callback CA key", e))?;
-            let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
-                .map_err(|e| tls_err("callback CA", e))?;
-            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-            params
-                .distinguished_name
-                .push(rcgen::DnType::CommonName, "shepherd agent callback CA");
-            params.key_usages = vec![
-                rcgen::KeyUsagePurpose::KeyCertSign,
-                rcgen::KeyUsagePurpose::CrlSign,
-                rcgen::KeyUsagePurpose::DigitalSignature,
-            ];
-            params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2124, 1, 1);
-            let cert = params
-                .self_signed(&key)
-                .map_err(|e| tls_err("callback CA", e))?;
-            write_private(&files.ca_key, &key.serialize_pem())?;
-            write_private(&files.ca_cert, &cert.pem())?;
+            let (der, key_pem) = new_ca()?;
+            let key = rcgen::KeyPair::from_pem(&key_pem)
+                .map_err(|e| tls_err("the new callback CA key", e))?;
+            write_private(&files.ca_key, &key_pem)?;
+            write_private(
+                &files.ca_cert,
+                &pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())),
+            )?;
             tracing::info!(path = %files.ca_cert.display(), "generated the agent callback CA");
-            (cert.der().to_vec(), key)
+            (der, key)
         };
         let existing = if files.server_cert.exists() && files.server_key.exists() {
             let der = pem_der(&files.server_cert)?;
@@ -218,30 +268,46 @@ impl ServerIdentity {
         let (server_der, server_key_pem) = match existing {
             Some(der) => (der, read_private(&files.server_key)?),
             None => {
-                let issuer = rcgen::Issuer::from_ca_cert_der(&ca_der.clone().into(), &ca_key)
-                    .map_err(|e| tls_err(files.ca_cert.display().to_string(), e))?;
-                let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-                    .map_err(|e| tls_err("generating the callback server key", e))?;
-                let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
-                    .map_err(|e| tls_err("callback server certificate", e))?;
-                params.subject_alt_names = san_types(names);
-                params
-                    .distinguished_name
-                    .push(rcgen::DnType::CommonName, "shepherd agent callback");
-                params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-                params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-                params.not_after = rcgen::date_time_ymd(2124, 1, 1);
-                let cert = params
-                    .signed_by(&key, &issuer)
-                    .map_err(|e| tls_err("callback server certificate", e))?;
-                write_private(&files.server_key, &key.serialize_pem())?;
-                write_private(&files.server_cert, &cert.pem())?;
+                let (der, key_pem) = issue_server(&ca_der, &ca_key, names)?;
+                write_private(&files.server_key, &key_pem)?;
+                write_private(
+                    &files.server_cert,
+                    &pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())),
+                )?;
                 tracing::info!(names = %names.join(", "), "issued the agent callback server certificate");
-                (cert.der().to_vec(), key.serialize_pem())
+                (der, key_pem)
             }
         };
+        Self::assemble(
+            ca_der,
+            server_der,
+            &server_key_pem,
+            &files.server_key.display().to_string(),
+        )
+    }
+
+    /// The identity of a shepherd serving the fleet's CA (stored in the
+    /// BMDB, `bmdb::callback`): a server certificate for `names`, issued
+    /// in memory at each start by that CA.
+    pub fn issued_by(
+        ca_der: &[u8],
+        ca_key_pem: &str,
+        names: &[String],
+    ) -> Result<ServerIdentity, TlsError> {
+        let ca_key = rcgen::KeyPair::from_pem(ca_key_pem)
+            .map_err(|e| tls_err("the fleet's callback CA key (callback_ca)", e))?;
+        let (der, key_pem) = issue_server(ca_der, &ca_key, names)?;
+        Self::assemble(ca_der.to_vec(), der, &key_pem, "the callback server key")
+    }
+
+    fn assemble(
+        ca_der: Vec<u8>,
+        server_der: Vec<u8>,
+        server_key_pem: &str,
+        what: &str,
+    ) -> Result<ServerIdentity, TlsError> {
         let key_der = pem::parse(server_key_pem)
-            .map_err(|e| tls_err(files.server_key.display().to_string(), e))?
+            .map_err(|e| tls_err(what, e))?
             .contents()
             .to_vec();
         Ok(ServerIdentity {

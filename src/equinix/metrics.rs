@@ -162,12 +162,12 @@ impl ApiMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "shepherd_equinix_requests",
-            "Equinix API requests by operation and status.",
+            "Equinix API requests by operation and status",
             self.requests.clone(),
         );
         r.register_with_unit(
             "shepherd_equinix_request_duration",
-            "Equinix API request latency.",
+            "Equinix API request latency",
             Unit::Seconds,
             self.duration.clone(),
         );

@@ -71,11 +71,23 @@ async fn hold_keeps_the_selectors_away_and_release_gives_the_machine_back() {
         })
         .await
         .unwrap();
+    shepherd::testing::served_since(
+        &f.bmdb,
+        shepherd::testing::TEST_ENDPOINT,
+        std::time::Duration::from_secs(86400),
+    )
+    .await;
     let recovery = async || {
         f.bmdb
             .transact(async |tx| {
-                selectors::needs_recovery(tx, Provider::Equinix, 10, RecoveryThresholds::default())
-                    .await
+                selectors::needs_recovery(
+                    tx,
+                    Provider::Equinix,
+                    10,
+                    RecoveryThresholds::default(),
+                    Some(shepherd::testing::TEST_ENDPOINT),
+                )
+                .await
             })
             .await
             .unwrap()

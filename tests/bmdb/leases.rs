@@ -190,7 +190,7 @@ async fn finish_writes_in_the_releasing_transaction_or_not_at_all() {
     // f fails: nothing is written, the lease is still held.
     let r = work
         .finish(async |tx| {
-            machines::set_agent_started(tx, mid, &[7u8; 32]).await?;
+            machines::set_agent_started(tx, mid, &[7u8; 32], None).await?;
             Err(BmdbError::Invalid("agent reply rejected".into()))
         })
         .await;
@@ -208,7 +208,7 @@ async fn finish_writes_in_the_releasing_transaction_or_not_at_all() {
         .unwrap();
     let mut work = lease(&s, Process::ShepherdAgentStart, ids[0]).await;
     assert_eq!(count(&bmdb, "SELECT count(*) FROM work_backoff").await, 1);
-    work.finish(async |tx| machines::set_agent_started(tx, mid, &[7u8; 32]).await)
+    work.finish(async |tx| machines::set_agent_started(tx, mid, &[7u8; 32], None).await)
         .await
         .unwrap();
     assert_eq!(

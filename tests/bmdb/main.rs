@@ -3,6 +3,8 @@
 
 mod actions;
 mod backoff;
+mod brake;
+mod callback;
 mod history;
 mod leases;
 mod migrations;

@@ -6,7 +6,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
     ('machines', 'sessions', 'work', 'work_history', 'work_backoff', 'machine_provided', 'machine_agent_started', \
      'machine_agent_heartbeat', 'machine_hardware_report', 'machine_os_installation_request', \
      'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts', 'fleet_duty', 'machine_hold', \
-     'machine_reboot_request', 'operator_action')";
+     'machine_reboot_request', 'operator_action', 'callback_ca', 'callback_endpoint', \
+     'recovery_power_action', 'recovery_brake')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -23,14 +24,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V5__heartbeat_summary_per_statement",
             "V6__machine_bmc_facts",
             "V7__fleet_duties",
-            "V8__operator_actions"
+            "V8__operator_actions",
+            "V9__fair_recovery"
         ]
     );
-    assert_eq!(first.version, Some(8));
-    assert_eq!(count(&bmdb, TABLES).await, 17);
+    assert_eq!(first.version, Some(9));
+    assert_eq!(count(&bmdb, TABLES).await, 21);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(8));
+    assert_eq!(again.version, Some(9));
 }
 
 #[actix_rt::test]
@@ -43,13 +45,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 8],
+        [0, 9],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 17);
+    assert_eq!(count(&a, TABLES).await, 21);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        8
+        9
     );
 }
 
@@ -81,15 +83,28 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V5__heartbeat_summary_per_statement",
             "V6__machine_bmc_facts",
             "V7__fleet_duties",
-            "V8__operator_actions"
+            "V8__operator_actions",
+            "V9__fair_recovery"
         ]
     );
+    shepherd::testing::served_since(
+        &bmdb,
+        shepherd::testing::TEST_ENDPOINT,
+        std::time::Duration::from_secs(86400),
+    )
+    .await;
     let (start, recovery) = bmdb
         .transact(async |tx| {
             Ok((
                 selectors::needs_agent_start(tx, Provider::Equinix, 10).await?,
-                selectors::needs_recovery(tx, Provider::Equinix, 10, RecoveryThresholds::default())
-                    .await?,
+                selectors::needs_recovery(
+                    tx,
+                    Provider::Equinix,
+                    10,
+                    RecoveryThresholds::default(),
+                    Some(shepherd::testing::TEST_ENDPOINT),
+                )
+                .await?,
             ))
         })
         .await
@@ -130,9 +145,16 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V5__heartbeat_summary_per_statement",
             "V6__machine_bmc_facts",
             "V7__fleet_duties",
-            "V8__operator_actions"
+            "V8__operator_actions",
+            "V9__fair_recovery"
         ]
     );
+    shepherd::testing::served_since(
+        &bmdb,
+        shepherd::testing::TEST_ENDPOINT,
+        std::time::Duration::from_secs(86400),
+    )
+    .await;
     let (machine, session) = bmdb
         .transact(async |tx| {
             let m = tx.query_one(MACHINE, &[]).await?;

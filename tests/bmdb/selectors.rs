@@ -1,4 +1,5 @@
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use shepherd::bmdb::selectors::{self, ProvidedMachine, RecoveryThresholds};
 use shepherd::bmdb::{Bmdb, BmdbError, Process, Provider, Tx};
@@ -204,10 +205,22 @@ async fn run(bmdb: &Bmdb, sql: &'static str, mid: Uuid) {
 async fn selected(bmdb: &Bmdb, provider: Provider) -> (BTreeSet<Uuid>, BTreeSet<Uuid>) {
     let ids =
         |v: Vec<ProvidedMachine>| v.into_iter().map(|m| m.machine_id).collect::<BTreeSet<_>>();
+    shepherd::testing::served_since(
+        bmdb,
+        shepherd::testing::TEST_ENDPOINT,
+        Duration::from_secs(86400),
+    )
+    .await;
     bmdb.transact(async |tx| {
         let start = selectors::needs_agent_start(tx, provider, 1000).await?;
-        let recovery =
-            selectors::needs_recovery(tx, provider, 1000, RecoveryThresholds::default()).await?;
+        let recovery = selectors::needs_recovery(
+            tx,
+            provider,
+            1000,
+            RecoveryThresholds::default(),
+            Some(shepherd::testing::TEST_ENDPOINT),
+        )
+        .await?;
         Ok((ids(start), ids(recovery)))
     })
     .await
@@ -348,11 +361,21 @@ async fn thresholds_are_configurable() {
         let t = RecoveryThresholds {
             silent_after_start: std::time::Duration::from_secs(silent_min * 60),
             heartbeat_stale_after: std::time::Duration::from_secs(600),
+            callback_grace: std::time::Duration::from_secs(60),
         };
-        bmdb.transact(async |tx| selectors::needs_recovery(tx, Equinix, 10, t).await)
-            .await
-            .unwrap()
-            .len()
+        shepherd::testing::served_since(
+            &bmdb,
+            shepherd::testing::TEST_ENDPOINT,
+            Duration::from_secs(86400),
+        )
+        .await;
+        bmdb.transact(async |tx| {
+            selectors::needs_recovery(tx, Equinix, 10, t, Some(shepherd::testing::TEST_ENDPOINT))
+                .await
+        })
+        .await
+        .unwrap()
+        .len()
     };
     assert_eq!(with(30).await, 0);
     assert_eq!(with(5).await, 1);
@@ -385,7 +408,8 @@ async fn concurrent_leasers_through_the_selector_spread_over_machines() {
                         let mid = w.machine_id();
                         assert_eq!(w.item().machine_id, mid);
                         w.finish(async |tx| {
-                            shepherd::bmdb::machines::set_agent_started(tx, mid, &[1; 32]).await
+                            shepherd::bmdb::machines::set_agent_started(tx, mid, &[1; 32], None)
+                                .await
                         })
                         .await
                         .unwrap();

@@ -923,3 +923,76 @@ async fn actions_through_the_json_api_are_audited_by_token_name_and_refused_with
     let (st, _) = get(format!("http://{a}{hold}"), tok).await;
     assert_eq!(st, 405);
 }
+
+#[actix_rt::test]
+async fn small_defects_found_from_outside_stay_fixed() {
+    let f = fleet().await;
+    let token = "s3cret-admin-token";
+    let a = serve(&f, Some(token));
+    let client = awc::Client::default();
+    // The bearer scheme is case-insensitive (RFC 7235).
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let r = client
+            .get(format!("http://{a}/api/v1/machines"))
+            .insert_header(("Authorization", format!("{scheme} {token}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{scheme}");
+    }
+    // Every answer carries nosniff: pages, JSON, errors, health, 404s.
+    for (path, tok) in [
+        ("/healthz", None),
+        ("/api/v1/machines", Some(token)),
+        ("/api/v1/machines", None),
+        ("/api/v1/machines/nope", Some(token)),
+        ("/metrics", Some(token)),
+        ("/", Some(token)),
+        ("/login", None),
+    ] {
+        let mut req = client.get(format!("http://{a}{path}"));
+        if let Some(t) = tok {
+            req = req.insert_header(("Authorization", format!("Bearer {t}")));
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(
+            r.headers()
+                .get("x-content-type-options")
+                .and_then(|v| v.to_str().ok()),
+            Some("nosniff"),
+            "{path}"
+        );
+    }
+    // Errors do not echo markup from the request.
+    for path in [
+        "/api/v1/machines/%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+        "/api/v1/machines?%3Cscript%3E=1",
+        "/api/v1/machines?state=%3Cscript%3E",
+    ] {
+        let (status, body) = get(format!("http://{a}{path}"), Some(token)).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(!body.contains('<') && !body.contains('>'), "{path}: {body}");
+        serde_json::from_str::<serde_json::Value>(&body).expect("JSON");
+    }
+    // Paging out of range is a 400 naming the field, not clamped.
+    for (q, field) in [
+        ("limit=0", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=1001", "limit"),
+        ("offset=-5", "offset"),
+    ] {
+        let (status, body) = get(format!("http://{a}/api/v1/machines?{q}"), Some(token)).await;
+        assert_eq!(status, 400, "{q}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(v["error"].as_str().unwrap().starts_with(field), "{q}: {v}");
+    }
+    let (status, _) = get(format!("http://{a}/api/v1/machines?limit=1000&offset=0"), Some(token)).await;
+    assert_eq!(status, 200);
+    // Help texts end in one period (the library adds it).
+    let (_, body) = get(format!("http://{a}/metrics"), Some(token)).await;
+    let helps: Vec<&str> = body.lines().filter(|l| l.starts_with("# HELP")).collect();
+    assert!(!helps.is_empty());
+    for h in helps {
+        assert!(!h.ends_with(".."), "{h}");
+    }
+}

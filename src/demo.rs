@@ -160,6 +160,9 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     cfg.recoverer.reboot_settle = Duration::from_secs(3);
     cfg.recoverer.backoff_initial = Duration::from_secs(5);
     cfg.recoverer.parallelism = 16;
+    cfg.recoverer.callback_grace = every * 2;
+    cfg.recoverer.agent_restart_wait = every * 5;
+    cfg.recoverer.agent_return_wait = every * 3;
     opts.heartbeat_stale_after = cfg.recoverer.heartbeat_stale_after;
     cfg.validate()?;
 
@@ -247,7 +250,7 @@ async fn progress(bmdb: &Bmdb, fresh: Duration) -> anyhow::Result<Progress> {
 }
 
 /// Machines whose recovery started, by ID.
-async fn recovered_machines(bmdb: &Bmdb) -> anyhow::Result<BTreeSet<String>> {
+async fn recoveries_started(bmdb: &Bmdb) -> anyhow::Result<BTreeSet<String>> {
     Ok(bmdb
         .transact(async |tx| {
             Ok(tx
@@ -259,6 +262,28 @@ async fn recovered_machines(bmdb: &Bmdb) -> anyhow::Result<BTreeSet<String>> {
                 .await?
                 .iter()
                 .map(|r| r.get(0))
+                .collect())
+        })
+        .await?)
+}
+
+/// Machines recovered, by ID, with how (the last recovery's history detail).
+async fn recovered_machines(
+    bmdb: &Bmdb,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    Ok(bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT DISTINCT ON (machine_id) machine_id::text, coalesce(detail, 'recovered') \
+                       FROM work_history \
+                      WHERE process = 'ShepherdRecovery' AND event = 'Finished' \
+                      ORDER BY machine_id, work_history_id DESC",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
                 .collect())
         })
         .await?)
@@ -319,9 +344,12 @@ impl Silenced {
         let now_back = heartbeating_since(bmdb, &ids, self.at.elapsed()).await?;
         let recovered = recovered_machines(bmdb).await?;
         for (ip, id) in &self.machines {
-            if now_back.contains(id) && recovered.contains(id) && self.back.insert(id.clone()) {
+            let Some(how) = recovered.get(id) else {
+                continue;
+            };
+            if now_back.contains(id) && self.back.insert(id.clone()) {
                 println!(
-                    "  machine {id} ({ip}) recovered: rebooted, taken over again, heartbeating ({:.1}s after it went silent)",
+                    "  machine {id} ({ip}) recovered: {how}; heartbeating ({:.1}s after it went silent)",
                     self.at.elapsed().as_secs_f64()
                 );
             }
@@ -446,7 +474,7 @@ async fn watch(
         if let Some(s) = &mut silenced {
             if s.check(bmdb).await? {
                 let ids: BTreeSet<String> = s.machines.iter().map(|(_, id)| id.clone()).collect();
-                let recovered = recovered_machines(bmdb).await?;
+                let recovered = recoveries_started(bmdb).await?;
                 let others: Vec<&String> = recovered.difference(&ids).collect();
                 println!(
                     "all {} silenced machines recovered and heartbeating again in {:.1}s; {} other machines recovered",

@@ -316,6 +316,9 @@ impl Sshd {
         let host = crate::ssh::SshIdentity::load_or_generate(&host_key_path).unwrap();
         let authorized = dir.path().join("authorized_keys");
         std::fs::write(&authorized, authorized_keys.join("\n") + "\n").unwrap();
+        // Agents run here run on the test's own host: never as a systemd
+        // unit of it.
+        std::fs::write(dir.path().join("takeover-agent.unit"), "off\n").unwrap();
         let config = dir.path().join("sshd_config");
         std::fs::write(
             &config,

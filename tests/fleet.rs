@@ -63,6 +63,89 @@ impl Rig {
         )
     }
 
+    /// A shepherd serving the fleet's callback name (`--resolve`) at
+    /// `listen`, with its admin server on `admin`.
+    fn shepherd_at(
+        &self,
+        name: &str,
+        listen: &str,
+        admin: &str,
+        env: &[(&str, &str)],
+    ) -> ShepherdProcess {
+        let mut all = vec![
+            ("SHEPHERD__BMDB__URL", self.db.url()),
+            ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
+            ("SHEPHERD__BMDB__SESSION_GC_GRACE", "1s".into()),
+            ("SHEPHERD__ADMIN__LISTEN", admin.into()),
+            ("SHEPHERD__BMAAS__LISTEN", listen.into()),
+            ("SHEPHERD__RECOVERER__BACKOFF_INITIAL", "2s".into()),
+            ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
+        ];
+        all.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        ShepherdProcess::start(
+            Path::new(SHEPHERD),
+            &self.fleet.config,
+            self.dir.path().join(format!("{name}.log")),
+            &all,
+        )
+    }
+
+    /// Machines whose agent called within `secs` seconds.
+    async fn fresh(&self, secs: f64) -> i64 {
+        self.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query_one(
+                        "SELECT count(*) FROM machine_agent_heartbeat h JOIN machine_agent_started USING (machine_id) \
+                         WHERE h.agent_heartbeat_at > now() - make_interval(secs => $1)",
+                        &[&secs],
+                    )
+                    .await?
+                    .get(0))
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `want` machines called within `secs` seconds.
+    async fn wait_fresh(
+        &self,
+        want: i64,
+        secs: f64,
+        timeout: Duration,
+        running: &mut [&mut ShepherdProcess],
+    ) -> Duration {
+        let started = Instant::now();
+        loop {
+            let n = self.fresh(secs).await;
+            if n >= want {
+                return started.elapsed();
+            }
+            for s in running.iter_mut() {
+                s.assert_running();
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "timed out waiting for {want} machines heartbeating ({n}):\n{}",
+                running
+                    .iter()
+                    .map(|s| s.log_tail())
+                    .collect::<Vec<_>>()
+                    .join("\n----\n")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Power cycles the Equinix simulator saw.
+    async fn reboots(&self) -> u64 {
+        let stats = self.fleet.api_stats().await;
+        stats["reboots"]
+            .as_object()
+            .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+            .unwrap_or(0)
+    }
+
     async fn count(&self, sql: &'static str) -> i64 {
         shepherd::testing::count(&self.bmdb, sql).await
     }
@@ -279,4 +362,218 @@ async fn the_provisioning_duty_passes_on_when_its_holder_is_killed() {
     // kill, if any, is adopted from the listing, not created again.
     assert_eq!(create_requests(&stats), (40, 0), "{}", stats["statuses"]);
     assert_eq!(rig.count(PROVIDED).await, 40);
+}
+
+/// Recoveries begun, by any shepherd.
+const RECOVERIES: &str =
+    "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' AND event = 'Started'";
+
+/// `n` shepherds behind one callback name (its addresses 127.0.`subnet`.201…),
+/// all of a fleet's agents heartbeating; one is SIGKILLed and stays down:
+/// its agents move to the others, and no machine is recovered.
+async fn one_of_several_shepherds_dies(n: usize, subnet: u8) {
+    let addrs: Vec<String> = (1..=n).map(|i| format!("127.0.{subnet}.{}", 200 + i)).collect();
+    let resolve = format!("callback.fleet.test={}", addrs.join(","));
+    // Agents call every 2 s: silence is 10 s (fleet-sim's configuration).
+    let rig = Rig::new(
+        30,
+        Ipv4Addr::new(127, 0, subnet, 1),
+        &["--agent-interval", "2s", "--resolve", &resolve],
+    )
+    .await;
+    let mut shepherds: Vec<ShepherdProcess> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| rig.shepherd_at(&format!("s{i}"), &format!("{a}:7830"), "127.0.0.1:0", &[]))
+        .collect();
+    {
+        let mut running: Vec<&mut ShepherdProcess> = shepherds.iter_mut().collect();
+        rig.wait_fresh(30, 4.0, Duration::from_secs(180), &mut running).await;
+    }
+    let mut dead = shepherds.pop().unwrap();
+    dead.kill();
+    let killed_at = Instant::now();
+    // Every agent calls a survivor again: all 30 heard from since the kill.
+    let moved = {
+        let mut running: Vec<&mut ShepherdProcess> = shepherds.iter_mut().collect();
+        loop {
+            let since = killed_at.elapsed().as_secs_f64();
+            if rig.fresh(since).await >= 30 && killed_at.elapsed() > Duration::from_secs(4) {
+                break killed_at.elapsed();
+            }
+            for s in running.iter_mut() {
+                s.assert_running();
+            }
+            assert!(killed_at.elapsed() < Duration::from_secs(30), "agents did not move");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    eprintln!("{n} shepherds, one killed: every agent heard from again within {moved:?}");
+    // Three times the threshold with one shepherd down: nothing recovered.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    for s in shepherds.iter_mut() {
+        s.assert_running();
+    }
+    assert_eq!(rig.fresh(4.0).await, 30, "every machine heartbeating through a survivor");
+    assert_eq!(rig.count(RECOVERIES).await, 0, "no machine recovered");
+    assert_eq!(rig.reboots().await, 0, "no machine rebooted");
+    let report = rig.fleet.report().await;
+    assert_eq!(report["agents_started"], 30, "no agent restarted: {report}");
+    for s in shepherds.iter_mut() {
+        assert_eq!(s.terminate(Duration::from_secs(20)), Some(0));
+    }
+}
+
+#[actix_rt::test]
+async fn when_one_of_two_shepherds_dies_its_agents_call_the_other_and_nothing_is_rebooted() {
+    one_of_several_shepherds_dies(2, 24).await;
+}
+
+#[actix_rt::test]
+async fn when_one_of_three_shepherds_dies_its_agents_call_the_others_and_nothing_is_rebooted() {
+    one_of_several_shepherds_dies(3, 25).await;
+}
+
+#[actix_rt::test]
+async fn a_shepherd_stopped_for_three_thresholds_reboots_nothing_on_its_return() {
+    let rig = Rig::new(
+        30,
+        Ipv4Addr::new(127, 0, 26, 1),
+        &["--agent-interval", "2s", "--resolve", "callback.fleet.test=127.0.26.201"],
+    )
+    .await;
+    let listen = "127.0.26.201:7830";
+    let mut a = rig.shepherd_at("a", listen, "127.0.0.1:0", &[]);
+    rig.wait_fresh(30, 4.0, Duration::from_secs(180), &mut [&mut a]).await;
+    assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
+    // Down for three times the 10 s threshold.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(rig.fresh(10.0).await, 0, "every agent silent while it was down");
+    let mut a = rig.shepherd_at("a-again", listen, "127.0.0.1:0", &[]);
+    let back = rig.wait_fresh(30, 4.0, Duration::from_secs(60), &mut [&mut a]).await;
+    eprintln!("every agent heard from again {back:?} after the restart");
+    // Past the threshold and the grace after the return: nothing recovered.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    a.assert_running();
+    assert_eq!(rig.fresh(4.0).await, 30);
+    assert_eq!(rig.count(RECOVERIES).await, 0, "no machine recovered");
+    assert_eq!(rig.reboots().await, 0, "no machine rebooted");
+    assert_eq!(rig.fleet.report().await["agents_started"], 30);
+    assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
+}
+
+async fn post(url: String, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
+    let req = awc::Client::default().post(&url);
+    let mut r = match body {
+        Some(b) => req.send_json(&b).await.unwrap(),
+        None => req.send().await.unwrap(),
+    };
+    let status = r.status().as_u16();
+    let body = r.body().limit(16 << 20).await.unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+}
+
+async fn get_text(url: String) -> String {
+    let mut r = awc::Client::default().get(&url).send().await.unwrap();
+    assert!(r.status().is_success(), "{url}: {}", r.status());
+    String::from_utf8_lossy(&r.body().limit(16 << 20).await.unwrap()).into_owned()
+}
+
+#[actix_rt::test]
+async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() {
+    // Agents call every second: silence is 5 s.
+    let rig = Rig::new(
+        20,
+        Ipv4Addr::new(127, 0, 27, 1),
+        &["--agent-interval", "1s", "--resolve", "callback.fleet.test=127.0.27.201"],
+    )
+    .await;
+    let admin = format!("127.0.0.1:{}", Sshd::free_port());
+    let mut a = rig.shepherd_at("a", "127.0.27.201:7830", &admin, &[]);
+    rig.wait_fresh(20, 3.0, Duration::from_secs(180), &mut [&mut a]).await;
+    // Every machine cut off: agents stopped, SSH refused.
+    let control = format!("http://{}/fleet", rig.fleet.control);
+    let (st, cut) = post(format!("{control}/partition?count=20"), None).await;
+    assert_eq!((st, cut.as_object().unwrap().len()), (200, 20));
+    // The brake holds: at most its count (3) power-cycled.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let brake = loop {
+        let b: serde_json::Value =
+            serde_json::from_str(&get_text(format!("http://{admin}/api/v1/brake")).await).unwrap();
+        if b["brake"]["engaged"] == true && b["brake"]["silent"].as_i64() == Some(20) {
+            break b;
+        }
+        a.assert_running();
+        assert!(Instant::now() < deadline, "the brake did not engage: {b}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(brake["brake"]["limit"], 3, "{brake}");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let braked = rig.reboots().await;
+    assert!(braked <= 3, "{braked} power cycles with the brake on");
+    let metrics = get_text(format!("http://{admin}/metrics")).await;
+    assert!(metrics.contains("shepherd_recovery_brake_engaged 1"), "{metrics}");
+    assert!(metrics.contains("shepherd_silent_machines 20"), "{metrics}");
+    let page = get_text(format!("http://{admin}/")).await;
+    assert!(page.contains("id=\"brake\"") && page.contains("Recovery brake engaged"), "{page}");
+    let ready = get_text(format!("http://{admin}/readyz")).await;
+    assert!(ready.contains("\"engaged\":true"), "{ready}");
+    assert!(a.log_count("RECOVERY BRAKE ENGAGED") >= 1, "{}", a.log_tail());
+    // An operator releases it (audited): power actions resume.
+    let (st, v) = post(
+        format!("http://{admin}/api/v1/brake/release"),
+        Some(serde_json::json!({"reason": "the partition is real", "for": "5m"})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["action"]["actor"], "anonymous");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while rig.reboots().await <= braked.max(3) {
+        a.assert_running();
+        assert!(Instant::now() < deadline, "no power action after the release: {}", a.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The partition heals: every machine comes back (taken over again).
+    post(format!("{control}/reconnect"), None).await;
+    rig.wait_fresh(20, 3.0, Duration::from_secs(180), &mut [&mut a]).await;
+    assert_eq!(rig.count(WORK).await, 0, "no lease left without a worker");
+    assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
+}
+
+#[actix_rt::test]
+async fn a_killed_agent_is_restarted_over_ssh_and_a_machine_cut_off_is_power_cycled() {
+    let rig = Rig::new(
+        10,
+        Ipv4Addr::new(127, 0, 28, 1),
+        &["--agent-interval", "1s", "--resolve", "callback.fleet.test=127.0.28.201"],
+    )
+    .await;
+    let mut a = rig.shepherd_at("a", "127.0.28.201:7830", "127.0.0.1:0", &[]);
+    rig.wait_fresh(10, 3.0, Duration::from_secs(120), &mut [&mut a]).await;
+    let control = format!("http://{}/fleet", rig.fleet.control);
+    // Two agents killed; their machines' SSH answers.
+    let (_, killed) = post(format!("{control}/silence?count=2"), None).await;
+    assert_eq!(killed.as_object().unwrap().len(), 2);
+    let restarted: &'static str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+         AND event = 'Finished' AND detail LIKE 'agent restarted%'";
+    rig.wait_for("two agents restarted", restarted, 2, Duration::from_secs(60), &mut [&mut a])
+        .await;
+    rig.wait_fresh(10, 3.0, Duration::from_secs(30), &mut [&mut a]).await;
+    assert_eq!(rig.reboots().await, 0, "no power action for an agent restarted in place");
+    // A machine cut off (agent and SSH gone): power-cycled.
+    let (_, cut) = post(format!("{control}/partition?count=1"), None).await;
+    assert_eq!(cut.as_object().unwrap().len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rig.reboots().await == 0 {
+        a.assert_running();
+        assert!(Instant::now() < deadline, "not power-cycled: {}", a.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    post(format!("{control}/reconnect"), None).await;
+    rig.wait_fresh(10, 3.0, Duration::from_secs(120), &mut [&mut a]).await;
+    assert_eq!(rig.reboots().await, 1);
+    let again: &'static str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+         AND event = 'Finished' AND detail LIKE 'rebooted%'";
+    assert_eq!(rig.count(again).await, 1, "the history says how");
+    assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
 }

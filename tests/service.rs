@@ -103,14 +103,23 @@ impl Rig {
     /// Waits until `machine`'s history is one takeover, one recovery and
     /// a takeover again.
     async fn wait_for_recovery(&self, machine: uuid::Uuid, s: &Shepherd) {
-        let want = [
-            "ShepherdAgentStart Started",
-            "ShepherdAgentStart Finished",
-            "ShepherdRecovery Started",
-            "ShepherdRecovery Finished",
-            "ShepherdAgentStart Started",
-            "ShepherdAgentStart Finished",
-        ];
+        self.wait_for_history(
+            machine,
+            &[
+                "ShepherdAgentStart Started",
+                "ShepherdAgentStart Finished",
+                "ShepherdRecovery Started",
+                "ShepherdRecovery Finished",
+                "ShepherdAgentStart Started",
+                "ShepherdAgentStart Finished",
+            ],
+            s,
+        )
+        .await
+    }
+
+    /// Waits until `machine`'s history is exactly `want` ("process event").
+    async fn wait_for_history(&self, machine: uuid::Uuid, want: &[&str], s: &Shepherd) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let h: Vec<String> = self
@@ -896,7 +905,8 @@ async fn a_machine_gone_quiet_is_rebooted_and_taken_over_again() {
     let sim = Sim::start(3, &["--reboot-delay", "1s"]);
     let text = rig.equinix_config(&sim)
         + "\n[recoverer]\nsilent_after_start = \"1h\"\nheartbeat_stale_after = \"30s\"\npoll_interval = \"200ms\"\n\
-           reboot_poll = \"100ms\"\nreboot_settle = \"3s\"\n";
+           reboot_poll = \"100ms\"\nreboot_settle = \"3s\"\ncallback_grace = \"1s\"\n\
+           agent_restart_wait = \"2s\"\nagent_return_wait = \"1s\"\n";
     let config = rig.write_config("shepherd.toml", &text);
     let mut s = rig.shepherd(&config, "shepherd.log");
     rig.wait_for("3 agents", AGENTS, 3, Duration::from_secs(60), &mut s)
@@ -931,7 +941,26 @@ async fn a_machine_gone_quiet_is_rebooted_and_taken_over_again() {
         })
         .await
         .unwrap();
+    // The others keep reporting in while the quiet one is recovered.
+    let keep = {
+        let bmdb = rig.bmdb.clone();
+        actix_rt::spawn(async move {
+            loop {
+                let _ = bmdb
+                    .transact(async |tx| {
+                        tx.execute(
+                            "UPDATE machine_agent_heartbeat SET agent_heartbeat_at = now() WHERE machine_id <> $1",
+                            &[&quiet],
+                        )
+                        .await
+                    })
+                    .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
     rig.wait_for_recovery(quiet, &s).await;
+    keep.abort();
     let stats = sim.stats().await;
     assert_eq!(stats["reboots"][device.as_str()], 1, "{}", stats["reboots"]);
     assert_eq!(
@@ -1046,7 +1075,7 @@ async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_recovers_
     for s in &silenced {
         let id = s.split_whitespace().next().unwrap();
         assert!(
-            stdout.contains(&format!("machine {id} (")) && stdout.contains(" recovered: rebooted"),
+            stdout.lines().any(|l| l.contains(&format!("machine {id} (")) && l.contains(" recovered: agent restarted over SSH")),
             "{id} not shown recovered:\n{stdout}"
         );
     }
@@ -1328,7 +1357,7 @@ async fn two_shepherds_share_forty_reservations_and_one_of_them_provisions() {
 // ---- the whole life cycle: resident agents call back ----
 
 #[actix_rt::test]
-async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back() {
+async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh_without_a_reboot() {
     let rig = Rig::new().await;
     let sim = Sim::start(2, &["--reboot-delay", "1s"]);
     let port = Sshd::free_port();
@@ -1337,7 +1366,7 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back
         "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
         &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
     ) + "\n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
-           reboot_poll = \"100ms\"\nreboot_settle = \"2s\"\n";
+           reboot_poll = \"100ms\"\nreboot_settle = \"2s\"\ncallback_grace = \"1s\"\n";
     let config = rig.write_config("shepherd.toml", &text);
     let mut s = rig.shepherd(&config, "shepherd.log");
     rig.wait_for("2 agents", AGENTS, 2, Duration::from_secs(60), &mut s)
@@ -1439,7 +1468,18 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back
         .unwrap();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
 
-    rig.wait_for_recovery(quiet, &s).await;
+    // Recovered in one step, with no new takeover.
+    rig.wait_for_history(
+        quiet,
+        &[
+            "ShepherdAgentStart Started",
+            "ShepherdAgentStart Finished",
+            "ShepherdRecovery Started",
+            "ShepherdRecovery Finished",
+        ],
+        &s,
+    )
+    .await;
     // Heartbeating again, from its new agent.
     rig.wait_for(
         "2 heartbeating again",
@@ -1455,17 +1495,25 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_recovered_and_back
         .parse()
         .unwrap();
     assert_ne!(new_pid, pid);
+    // Its SSH answered: the agent was restarted in place, no power action.
     let stats = sim.stats().await;
-    assert_eq!(stats["reboots"][device.as_str()], 1, "{}", stats["reboots"]);
     assert_eq!(
-        stats["reboots"].as_object().unwrap().len(),
-        1,
-        "only the machine whose agent died is rebooted"
+        stats["reboots"].as_object().map(|m| m.len()).unwrap_or(0),
+        0,
+        "no machine is rebooted ({device}): {}",
+        stats["reboots"]
     );
     assert_eq!(
         rig.count(RECOVERIES).await,
         2,
         "one recovery: Started, Finished"
+    );
+    assert_eq!(
+        rig.count("SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+                   AND event = 'Finished' AND detail LIKE 'agent restarted over SSH%'")
+            .await,
+        1,
+        "the history says how"
     );
     s.terminate().await;
 }
@@ -1493,7 +1541,8 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
          {{ id = \"node-1\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }}, system = \"{}\" }} }},\n\
          {{ id = \"node-2\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }} }} }},\n]\n\
          \n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
-         reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\n\
+         reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\ncallback_grace = \"1s\"\n\
+         agent_return_wait = \"1s\"\n\
          \n[updater]\ninterval = \"500ms\"\n",
         rig.base_config()
             .replace(
@@ -1595,7 +1644,11 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
         "{show}"
     );
 
-    // Both agents die.
+    // Both agents die, and no agent can be started on the machines (their
+    // SSH answers, the agent crashes): the gentle step fails, the BMC
+    // power-cycles.
+    let mode = rig.sshd.dir().join("takeover-agent.mode");
+    std::fs::write(&mode, "crash").unwrap();
     let ids: Vec<(uuid::Uuid, String)> = rig.provided().await;
     for (id, _) in &ids {
         let pid_file = rig.sshd.dir().join(format!("agent-{id}.pid"));
@@ -1606,6 +1659,16 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
             .unwrap();
         kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
     }
+    // Once both power actions are under way, agents start again.
+    rig.wait_for(
+        "two power actions",
+        "SELECT count(*) FROM recovery_power_action",
+        2,
+        Duration::from_secs(60),
+        &mut s,
+    )
+    .await;
+    std::fs::remove_file(&mode).unwrap();
     // node-1: rebooted through its BMC (the emulator saw the reset and the
     // power go off and on), taken over again, heartbeating again.
     rig.wait_for_recovery(ids[0].0, &s).await;
@@ -1763,6 +1826,7 @@ async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_an
         "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
          {{ id = \"node-9\", address = \"127.0.0.1\", bmc = {{ url = \"{bmc}\", username = \"admin\", password = \"pw-0b7e\" }} }},\n]\n\
          \n[recoverer]\nsilent_after_start = \"2s\"\npoll_interval = \"200ms\"\nbackoff_initial = \"30s\"\n\
+         callback_grace = \"1s\"\nagent_restart_wait = \"1s\"\n\
          \n[redfish]\ntimeout = \"3s\"\n",
         rig.base_config()
     );
@@ -1976,7 +2040,7 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
         &format!("[admin]\nlisten = \"127.0.0.1:0\"\ntokens = {{ alice = \"{ALICE}\" }}\n"),
     ) + "\n[updater]\ninterval = \"300ms\"\n\
            \n[recoverer]\nsilent_after_start = \"1h\"\nheartbeat_stale_after = \"5m\"\npoll_interval = \"200ms\"\n\
-           reboot_poll = \"100ms\"\nreboot_settle = \"3s\"\n";
+           reboot_poll = \"100ms\"\nreboot_settle = \"3s\"\nagent_return_wait = \"1s\"\n";
     let config = rig.write_config("shepherd.toml", &text);
     let mut s = rig.shepherd(&config, "shepherd.log");
     rig.wait_for("4 agents", AGENTS, 4, Duration::from_secs(60), &mut s)

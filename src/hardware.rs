@@ -348,7 +348,9 @@ fn nics(root: &Path) -> Vec<NetworkInterface> {
                     // then the carrier tells.
                     link_up: match read(root, &format!("{d}/operstate")).as_deref() {
                         Some("up") => true,
-                        Some("unknown") => read(root, &format!("{d}/carrier")).as_deref() == Some("1"),
+                        Some("unknown") => {
+                            read(root, &format!("{d}/carrier")).as_deref() == Some("1")
+                        }
                         _ => false,
                     },
                     current_speed_bytes: mbps * 1_000_000 / 8,
@@ -560,7 +562,11 @@ mod tests {
         put(r, "/proc/meminfo", "MemTotal:       1000000 kB\n");
         // Two 16 GiB modules (one in MB, one by extended size), an empty slot.
         put_bytes(r, "/sys/firmware/dmi/entries/17-0/raw", &dimm(16384, 0));
-        put_bytes(r, "/sys/firmware/dmi/entries/17-1/raw", &dimm(0x7FFF, 16384));
+        put_bytes(
+            r,
+            "/sys/firmware/dmi/entries/17-1/raw",
+            &dimm(0x7FFF, 16384),
+        );
         put_bytes(r, "/sys/firmware/dmi/entries/17-2/raw", &dimm(0, 0));
         // A legacy BIOS that does not support UEFI.
         let mut bios = vec![0u8; 0x18];
@@ -580,7 +586,11 @@ mod tests {
         put(r, "/sys/block/sdb/size", "100\n");
         put(r, "/sys/block/sdb/device/vendor", "SEAGATE\n");
         put(r, "/sys/block/sdb/dev", "8:16\n");
-        put(r, "/run/udev/data/b8:16", "S:disk/by-id/x\nE:ID_SERIAL_SHORT=ZA1B2C3\nE:ID_WWN=0x5000c500deadbeef\n");
+        put(
+            r,
+            "/run/udev/data/b8:16",
+            "S:disk/by-id/x\nE:ID_SERIAL_SHORT=ZA1B2C3\nE:ID_WWN=0x5000c500deadbeef\n",
+        );
         // A virtio NIC reports operstate "unknown" and its carrier.
         put(r, "/sys/class/net/ens3/address", "52:54:00:12:34:56\n");
         put(r, "/sys/class/net/ens3/operstate", "unknown\n");
@@ -591,15 +601,25 @@ mod tests {
         let n = report.report.unwrap();
         assert_eq!(n.memory_installed_bytes, 32 << 30);
         let ratio = 1_000_000.0 * 1024.0 / (32u64 << 30) as f64;
-        assert!((n.memory_usable_ratio as f64 - ratio).abs() < 1e-6, "{}", n.memory_usable_ratio);
+        assert!(
+            (n.memory_usable_ratio as f64 - ratio).abs() < 1e-6,
+            "{}",
+            n.memory_usable_ratio
+        );
         assert_eq!(n.efi_support, EfiSupport::Unsupported as i32);
         let disk = |i: usize| &n.block_device[i];
         assert_eq!(disk(0).serial_number, "S3Z1NB", "sda: VPD page 0x80");
         assert_eq!(disk(0).protocol, block_device::Protocol::Ata as i32);
-        assert_eq!(disk(0).wwn, vec![0x50, 0x00, 0xc5, 0x00, 0xa1, 0xb2, 0xc3, 0xd4]);
+        assert_eq!(
+            disk(0).wwn,
+            vec![0x50, 0x00, 0xc5, 0x00, 0xa1, 0xb2, 0xc3, 0xd4]
+        );
         assert_eq!(disk(1).serial_number, "ZA1B2C3", "sdb: udev");
         assert_eq!(disk(1).protocol, block_device::Protocol::Scsi as i32);
-        assert_eq!(disk(1).wwn, vec![0x50, 0x00, 0xc5, 0x00, 0xde, 0xad, 0xbe, 0xef]);
+        assert_eq!(
+            disk(1).wwn,
+            vec![0x50, 0x00, 0xc5, 0x00, 0xde, 0xad, 0xbe, 0xef]
+        );
         assert_eq!(disk(2).serial_number, "VIRT-123", "vda: virtio's serial");
         assert!(n.network_interface[0].link_up, "carrier up");
 
@@ -658,7 +678,11 @@ mod tests {
             (n.manufacturer.as_str(), n.product.as_str()),
             ("Acme", "Box 9000")
         );
-        assert_eq!(n.memory_installed_bytes, 65536 * 1024, "no SMBIOS: MemTotal");
+        assert_eq!(
+            n.memory_installed_bytes,
+            65536 * 1024,
+            "no SMBIOS: MemTotal"
+        );
         assert!(report.warning.iter().any(|w| w.contains("SMBIOS")));
         assert_eq!(n.cpu.len(), 2, "two packages");
         assert_eq!((n.cpu[0].cores, n.cpu[0].hardware_threads), (2, 4));

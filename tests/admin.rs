@@ -986,7 +986,11 @@ async fn small_defects_found_from_outside_stay_fixed() {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert!(v["error"].as_str().unwrap().starts_with(field), "{q}: {v}");
     }
-    let (status, _) = get(format!("http://{a}/api/v1/machines?limit=1000&offset=0"), Some(token)).await;
+    let (status, _) = get(
+        format!("http://{a}/api/v1/machines?limit=1000&offset=0"),
+        Some(token),
+    )
+    .await;
     assert_eq!(status, 200);
     // Help texts end in one period (the library adds it).
     let (_, body) = get(format!("http://{a}/metrics"), Some(token)).await;

@@ -1075,7 +1075,10 @@ async fn the_demo_takes_twenty_machines_over_from_a_0700_directory_and_recovers_
     for s in &silenced {
         let id = s.split_whitespace().next().unwrap();
         assert!(
-            stdout.lines().any(|l| l.contains(&format!("machine {id} (")) && l.contains(" recovered: agent restarted over SSH")),
+            stdout
+                .lines()
+                .any(|l| l.contains(&format!("machine {id} ("))
+                    && l.contains(" recovered: agent restarted over SSH")),
             "{id} not shown recovered:\n{stdout}"
         );
     }
@@ -1357,7 +1360,8 @@ async fn two_shepherds_share_forty_reservations_and_one_of_them_provisions() {
 // ---- the whole life cycle: resident agents call back ----
 
 #[actix_rt::test]
-async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh_without_a_reboot() {
+async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh_without_a_reboot()
+{
     let rig = Rig::new().await;
     let sim = Sim::start(2, &["--reboot-delay", "1s"]);
     let port = Sshd::free_port();
@@ -1509,9 +1513,11 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh
         "one recovery: Started, Finished"
     );
     assert_eq!(
-        rig.count("SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
-                   AND event = 'Finished' AND detail LIKE 'agent restarted over SSH%'")
-            .await,
+        rig.count(
+            "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+                   AND event = 'Finished' AND detail LIKE 'agent restarted over SSH%'"
+        )
+        .await,
         1,
         "the history says how"
     );

@@ -745,7 +745,10 @@ async fn run_action(
         let all: Vec<&str> = actions::Action::ALL.iter().map(|a| a.as_str()).collect();
         return Err((
             StatusCode::NOT_FOUND,
-            format!("not an action: the path's action must be one of {}", all.join(", ")),
+            format!(
+                "not an action: the path's action must be one of {}",
+                all.join(", ")
+            ),
         ));
     };
     let process = match body.process.as_deref() {

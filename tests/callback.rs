@@ -428,3 +428,109 @@ async fn a_database_outage_answers_unavailable_and_the_server_recovers() {
     }
     assert_eq!(rig.rows(HEARTBEATS, id).await, 1);
 }
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !f().await {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The real agent, started over SSH (OpenSSH's sshd) against this callback:
+/// a second takeover stops the agent the first left, and an agent whose key
+/// is refused for longer than its limit exits.
+#[actix_rt::test]
+async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
+    use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
+    use shepherd::testing::Sshd;
+    let db = TestDb::new().await;
+    let rig = Rig::new(db.bmdb().await).await;
+    let keys = tempfile::tempdir().unwrap();
+    let identity = SshIdentity::load_or_generate(&keys.path().join("id_ed25519")).unwrap();
+    let sshd = Sshd::start(
+        SocketAddr::new([127, 0, 0, 1].into(), Sshd::free_port()),
+        &[identity.public_key()],
+    );
+    std::fs::write(sshd.dir().join("takeover-agent.interval"), "200ms").unwrap();
+    std::fs::write(sshd.dir().join("takeover-agent.refused-limit"), "2s").unwrap();
+    let settings = shepherd::initializer::TakeoverSettings {
+        ssh: SshSettings {
+            user: "root".into(),
+            connect_timeout: Duration::from_secs(5),
+            host_keys: HostKeyPolicy::InsecureIgnore,
+            known_hosts_file: None,
+            max_stdout: 1 << 20,
+            max_stderr: 64 << 10,
+            upload_by_exec: false,
+        },
+        port: sshd.addr.port(),
+        exchange_timeout: Duration::from_secs(30),
+        identity,
+        agent: std::fs::read(env!("CARGO_BIN_EXE_takeover-agent"))
+            .unwrap()
+            .into(),
+        agent_path: format!("{}/agent-{{machine_id}}", sshd.dir().display()),
+        endpoint: rig.callback.addr.to_string(),
+        ca_certificate: Some(rig.callback.ca_der.clone()),
+    };
+    let mid = rig.machine(rand::random()).await;
+    let pid_file = sshd.dir().join(format!("agent-{mid}.pid"));
+    let log_file = sshd.dir().join(format!("agent-{mid}.log"));
+    let take_over = async || {
+        shepherd::initializer::take_over(&settings, mid, [127, 0, 0, 1].into(), None)
+            .await
+            .unwrap_or_else(|f| panic!("takeover: {}", f.cause))
+    };
+    let record = async |key: [u8; 32]| {
+        rig.bmdb
+            .transact(async |tx| machines::set_agent_started(tx, mid, &key, None).await)
+            .await
+            .unwrap()
+    };
+    let pid = || -> i32 {
+        std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let first = take_over().await;
+    record(first.agent_key).await;
+    until("the first agent heartbeats", Duration::from_secs(30), async || {
+        rig.rows(HEARTBEATS, mid).await == 1
+    })
+    .await;
+    let old = pid();
+    assert!(!gone(old));
+
+    // Taken over again: the new agent stops the old one.
+    let second = take_over().await;
+    until("the old agent stopped", Duration::from_secs(10), async || gone(old)).await;
+    let new = pid();
+    assert_ne!(new, old);
+    assert!(!gone(new), "the new agent runs");
+    // Its key is never recorded: refused for 2 s, it exits.
+    assert_ne!(second.agent_key, first.agent_key);
+    until("the refused agent exits", Duration::from_secs(20), async || gone(new)).await;
+    let log = std::fs::read_to_string(&log_file).unwrap();
+    assert!(log.contains("refused as unauthenticated for 2s"), "{log}");
+    // The log's lines carry their time, and name causes, not "transport error".
+    let line = log.lines().find(|l| l.contains("heartbeat refused")).unwrap();
+    assert!(
+        line.len() > 24 && line.as_bytes()[4] == b'-' && line.contains('T') && line.contains('Z'),
+        "{line}"
+    );
+    assert!(!log.contains("transport error"), "{log}");
+}

@@ -264,7 +264,9 @@ fn block_devices(root: &Path) -> Vec<BlockDevice> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            if ["loop", "ram", "zram", "dm-", "md", "sr"]
+            // Not disks to install on: loop, RAM, device-mapper and RAID
+            // devices, optical drives, floppies, network block devices.
+            if ["loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd"]
                 .iter()
                 .any(|p| name.starts_with(p))
             {
@@ -369,6 +371,8 @@ pub struct HardwareSummary {
     pub product: String,
     pub serial_number: String,
     pub memory_bytes: i64,
+    /// The share of it the kernel can use.
+    pub memory_usable_ratio: f32,
     pub cpus: Vec<CpuSummary>,
     pub disks: Vec<DiskSummary>,
     pub nics: Vec<NicSummary>,
@@ -388,6 +392,8 @@ pub struct CpuSummary {
 pub struct DiskSummary {
     pub model: String,
     pub serial_number: String,
+    /// The World Wide Name, hex.
+    pub wwn: String,
     pub capacity_bytes: i64,
     pub protocol: String,
     pub rotational: bool,
@@ -411,6 +417,7 @@ pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
         product: n.product,
         serial_number: n.serial_number,
         memory_bytes: n.memory_installed_bytes,
+        memory_usable_ratio: n.memory_usable_ratio,
         cpus: n
             .cpu
             .into_iter()
@@ -427,6 +434,7 @@ pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
             .map(|d| DiskSummary {
                 model: d.device_model,
                 serial_number: d.serial_number,
+                wwn: d.wwn.iter().map(|b| format!("{b:02x}")).collect(),
                 capacity_bytes: d.capacity_bytes,
                 protocol: block_device::Protocol::try_from(d.protocol)
                     .map(|p| p.as_str_name().trim_start_matches("PROTOCOL_").to_string())
@@ -480,7 +488,7 @@ impl std::fmt::Display for HardwareSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} {} (serial {}), memory {}, EFI {}",
+            "{} {} (serial {}), memory {} ({:.0}% usable), EFI {}",
             self.manufacturer,
             self.product,
             if self.serial_number.is_empty() {
@@ -489,6 +497,7 @@ impl std::fmt::Display for HardwareSummary {
                 &self.serial_number
             },
             bytes(self.memory_bytes),
+            self.memory_usable_ratio * 100.0,
             self.efi
         )?;
         for c in &self.cpus {
@@ -501,11 +510,21 @@ impl std::fmt::Display for HardwareSummary {
         for d in &self.disks {
             writeln!(
                 f,
-                "disk  {} {} {}{}",
+                "disk  {} {} {}{}{}{}",
                 d.protocol,
                 d.model,
                 bytes(d.capacity_bytes),
-                if d.rotational { ", rotational" } else { "" }
+                if d.rotational { ", rotational" } else { "" },
+                if d.serial_number.is_empty() {
+                    String::new()
+                } else {
+                    format!(", serial {}", d.serial_number)
+                },
+                if d.wwn.is_empty() {
+                    String::new()
+                } else {
+                    format!(", wwn {}", d.wwn)
+                }
             )?;
         }
         for n in &self.nics {

@@ -159,3 +159,38 @@ async fn mass_silence_engages_the_brake_at_once_and_it_lets_go_when_agents_retur
         1
     );
 }
+
+#[actix_rt::test]
+async fn a_machine_whose_recovery_keeps_failing_shows_as_such() {
+    use shepherd::bmdb::machines::{self, FleetFilter, MachineState};
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = agents(&bmdb, 2, 2).await;
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO work_backoff VALUES ($1, 'ShepherdRecovery', now() + interval '1 hour', 'reboot: no BMC', 60)",
+            &[&ids[0]],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+    let (counts, page) = bmdb
+        .transact(async |tx| {
+            let filter = FleetFilter {
+                state: Some(MachineState::RecoveryBackoff),
+                ..Default::default()
+            };
+            Ok((
+                machines::fleet_counts(tx).await?,
+                machines::fleet_page(tx, &filter, 10, 0).await?,
+            ))
+        })
+        .await
+        .unwrap();
+    let n = |s: MachineState| counts.iter().find(|(c, _)| *c == s).map(|(_, n)| *n).unwrap_or(0);
+    assert_eq!(n(MachineState::RecoveryBackoff), 1);
+    assert_eq!(n(MachineState::AgentStarted), 1);
+    assert_eq!(page.0.iter().map(|m| m.machine_id).collect::<Vec<_>>(), vec![ids[0]]);
+    assert_eq!(MachineState::parse("recovery-backoff"), Some(MachineState::RecoveryBackoff));
+}

@@ -442,7 +442,7 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
             .await?
         {
             actions::Outcome::Done(a) => {
-                println!("{} {}: {}", a.action, a.machine_id, a.detail);
+                println!("{} {}: {}", a.action, req.machine_id, a.detail);
                 Ok(())
             }
             actions::Outcome::Refused(why) => anyhow::bail!("{} refused: {why}", req.action),

@@ -854,3 +854,9 @@ pub async fn served_since(bmdb: &Bmdb, endpoint: &str, ago: Duration) {
     .await
     .unwrap();
 }
+
+/// [`TEST_ENDPOINT`] served for a day: every silent machine on it (or with
+/// no recorded endpoint, judged by it) is judgeable.
+pub async fn serve_test_endpoint(bmdb: &Bmdb) {
+    served_since(bmdb, TEST_ENDPOINT, Duration::from_secs(86400)).await
+}

@@ -508,26 +508,41 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
     };
     let first = take_over().await;
     record(first.agent_key).await;
-    until("the first agent heartbeats", Duration::from_secs(30), async || {
-        rig.rows(HEARTBEATS, mid).await == 1
-    })
+    until(
+        "the first agent heartbeats",
+        Duration::from_secs(30),
+        async || rig.rows(HEARTBEATS, mid).await == 1,
+    )
     .await;
     let old = pid();
     assert!(!gone(old));
 
     // Taken over again: the new agent stops the old one.
     let second = take_over().await;
-    until("the old agent stopped", Duration::from_secs(10), async || gone(old)).await;
+    until(
+        "the old agent stopped",
+        Duration::from_secs(10),
+        async || gone(old),
+    )
+    .await;
     let new = pid();
     assert_ne!(new, old);
     assert!(!gone(new), "the new agent runs");
     // Its key is never recorded: refused for 2 s, it exits.
     assert_ne!(second.agent_key, first.agent_key);
-    until("the refused agent exits", Duration::from_secs(20), async || gone(new)).await;
+    until(
+        "the refused agent exits",
+        Duration::from_secs(20),
+        async || gone(new),
+    )
+    .await;
     let log = std::fs::read_to_string(&log_file).unwrap();
     assert!(log.contains("refused as unauthenticated for 2s"), "{log}");
     // The log's lines carry their time, and name causes, not "transport error".
-    let line = log.lines().find(|l| l.contains("heartbeat refused")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("heartbeat refused"))
+        .unwrap();
     assert!(
         line.len() > 24 && line.as_bytes()[4] == b'-' && line.contains('T') && line.contains('Z'),
         "{line}"

@@ -45,22 +45,56 @@ impl Rig {
     /// with its own admin and callback addresses.
     fn shepherd(&self, name: &str, env: &[(&str, &str)]) -> ShepherdProcess {
         let callback = format!("127.0.0.1:{}", Sshd::free_port());
-        let mut all = vec![
+        let all = vec![
             ("SHEPHERD__BMDB__URL", self.db.url()),
             ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
             ("SHEPHERD__BMDB__SESSION_GC_GRACE", "1s".into()),
             ("SHEPHERD__ADMIN__LISTEN", "127.0.0.1:0".into()),
             ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
             ("SHEPHERD__BMAAS__ENDPOINT", callback),
-            ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
         ];
-        all.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        self.run(name, all, env)
+    }
+
+    /// `shepherd run` on the fleet's configuration and this test's
+    /// database, with `vars` and then `env` as overrides.
+    fn run<'a>(
+        &self,
+        name: &str,
+        mut vars: Vec<(&'a str, String)>,
+        env: &[(&'a str, &str)],
+    ) -> ShepherdProcess {
+        vars.push(("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()));
+        vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
         ShepherdProcess::start(
             Path::new(SHEPHERD),
             &self.fleet.config,
             self.dir.path().join(format!("{name}.log")),
-            &all,
+            &vars,
         )
+    }
+
+    /// A fleet of `machines` on 127.0.`subnet`.1… whose agents call every
+    /// `interval` and resolve `callback.fleet.test` to one address per
+    /// shepherd to come (127.0.`subnet`.201…, returned as listen
+    /// addresses, port 7830).
+    async fn behind_one_name(
+        machines: usize,
+        subnet: u8,
+        interval: &str,
+        shepherds: usize,
+    ) -> (Rig, Vec<String>) {
+        let addrs: Vec<String> = (1..=shepherds)
+            .map(|i| format!("127.0.{subnet}.{}", 200 + i))
+            .collect();
+        let resolve = format!("callback.fleet.test={}", addrs.join(","));
+        let rig = Rig::new(
+            machines,
+            Ipv4Addr::new(127, 0, subnet, 1),
+            &["--agent-interval", interval, "--resolve", &resolve],
+        )
+        .await;
+        (rig, addrs.iter().map(|a| format!("{a}:7830")).collect())
     }
 
     /// A shepherd serving the fleet's callback name (`--resolve`) at
@@ -72,22 +106,15 @@ impl Rig {
         admin: &str,
         env: &[(&str, &str)],
     ) -> ShepherdProcess {
-        let mut all = vec![
+        let all = vec![
             ("SHEPHERD__BMDB__URL", self.db.url()),
             ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
             ("SHEPHERD__BMDB__SESSION_GC_GRACE", "1s".into()),
             ("SHEPHERD__ADMIN__LISTEN", admin.into()),
             ("SHEPHERD__BMAAS__LISTEN", listen.into()),
             ("SHEPHERD__RECOVERER__BACKOFF_INITIAL", "2s".into()),
-            ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
         ];
-        all.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
-        ShepherdProcess::start(
-            Path::new(SHEPHERD),
-            &self.fleet.config,
-            self.dir.path().join(format!("{name}.log")),
-            &all,
-        )
+        self.run(name, all, env)
     }
 
     /// Machines whose agent called within `secs` seconds.
@@ -121,19 +148,26 @@ impl Rig {
             if n >= want {
                 return started.elapsed();
             }
-            for s in running.iter_mut() {
-                s.assert_running();
-            }
-            assert!(
+            keep_waiting(
+                running,
                 started.elapsed() < timeout,
-                "timed out waiting for {want} machines heartbeating ({n}):\n{}",
-                running
-                    .iter()
-                    .map(|s| s.log_tail())
-                    .collect::<Vec<_>>()
-                    .join("\n----\n")
+                format_args!("{want} machines heartbeating ({n})"),
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the Equinix simulator saw more than `than` power cycles.
+    async fn wait_for_reboots(&self, than: u64, timeout: Duration, s: &mut ShepherdProcess) {
+        let deadline = Instant::now() + timeout;
+        while self.reboots().await <= than {
+            s.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "no more than {than} power cycles: {}",
+                s.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -164,17 +198,10 @@ impl Rig {
             if n >= want {
                 return;
             }
-            for s in running.iter_mut() {
-                s.assert_running();
-            }
-            assert!(
+            keep_waiting(
+                running,
                 Instant::now() < deadline,
-                "timed out waiting for {what} ({n}, want {want}):\n{}",
-                running
-                    .iter()
-                    .map(|s| s.log_tail())
-                    .collect::<Vec<_>>()
-                    .join("\n----\n")
+                format_args!("{what} ({n}, want {want})"),
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -205,6 +232,23 @@ impl Rig {
             .parse()
             .ok()
     }
+}
+
+/// Every shepherd still runs and there is `time` left, or the test fails
+/// naming what it waited for, with the shepherds' logs.
+fn keep_waiting(running: &mut [&mut ShepherdProcess], time: bool, what: std::fmt::Arguments<'_>) {
+    for s in running.iter_mut() {
+        s.assert_running();
+    }
+    assert!(
+        time,
+        "timed out waiting for {what}:\n{}",
+        running
+            .iter()
+            .map(|s| s.log_tail())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    );
 }
 
 fn create_requests(stats: &serde_json::Value) -> (u64, u64) {
@@ -372,21 +416,12 @@ const RECOVERIES: &str =
 /// all of a fleet's agents heartbeating; one is SIGKILLed and stays down:
 /// its agents move to the others, and no machine is recovered.
 async fn one_of_several_shepherds_dies(n: usize, subnet: u8) {
-    let addrs: Vec<String> = (1..=n)
-        .map(|i| format!("127.0.{subnet}.{}", 200 + i))
-        .collect();
-    let resolve = format!("callback.fleet.test={}", addrs.join(","));
     // Agents call every 2 s: silence is 10 s (fleet-sim's configuration).
-    let rig = Rig::new(
-        30,
-        Ipv4Addr::new(127, 0, subnet, 1),
-        &["--agent-interval", "2s", "--resolve", &resolve],
-    )
-    .await;
+    let (rig, addrs) = Rig::behind_one_name(30, subnet, "2s", n).await;
     let mut shepherds: Vec<ShepherdProcess> = addrs
         .iter()
         .enumerate()
-        .map(|(i, a)| rig.shepherd_at(&format!("s{i}"), &format!("{a}:7830"), "127.0.0.1:0", &[]))
+        .map(|(i, a)| rig.shepherd_at(&format!("s{i}"), a, "127.0.0.1:0", &[]))
         .collect();
     {
         let mut running: Vec<&mut ShepherdProcess> = shepherds.iter_mut().collect();
@@ -447,18 +482,8 @@ async fn when_one_of_three_shepherds_dies_its_agents_call_the_others_and_nothing
 
 #[actix_rt::test]
 async fn a_shepherd_stopped_for_three_thresholds_reboots_nothing_on_its_return() {
-    let rig = Rig::new(
-        30,
-        Ipv4Addr::new(127, 0, 26, 1),
-        &[
-            "--agent-interval",
-            "2s",
-            "--resolve",
-            "callback.fleet.test=127.0.26.201",
-        ],
-    )
-    .await;
-    let listen = "127.0.26.201:7830";
+    let (rig, listen) = Rig::behind_one_name(30, 26, "2s", 1).await;
+    let listen = listen[0].as_str();
     let mut a = rig.shepherd_at("a", listen, "127.0.0.1:0", &[]);
     rig.wait_fresh(30, 4.0, Duration::from_secs(180), &mut [&mut a])
         .await;
@@ -508,19 +533,10 @@ async fn get_text(url: String) -> String {
 #[actix_rt::test]
 async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() {
     // Agents call every second: silence is 5 s.
-    let rig = Rig::new(
-        20,
-        Ipv4Addr::new(127, 0, 27, 1),
-        &[
-            "--agent-interval",
-            "1s",
-            "--resolve",
-            "callback.fleet.test=127.0.27.201",
-        ],
-    )
-    .await;
+    let (rig, listen) = Rig::behind_one_name(20, 27, "1s", 1).await;
+    let listen = listen[0].as_str();
     let admin = format!("127.0.0.1:{}", Sshd::free_port());
-    let mut a = rig.shepherd_at("a", "127.0.27.201:7830", &admin, &[]);
+    let mut a = rig.shepherd_at("a", listen, &admin, &[]);
     rig.wait_fresh(20, 3.0, Duration::from_secs(180), &mut [&mut a])
         .await;
     // Every machine cut off: agents stopped, SSH refused.
@@ -569,16 +585,8 @@ async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() 
     .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["action"]["actor"], "anonymous");
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while rig.reboots().await <= braked.max(3) {
-        a.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "no power action after the release: {}",
-            a.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    rig.wait_for_reboots(braked.max(3), Duration::from_secs(90), &mut a)
+        .await;
     // The partition heals: every machine comes back (taken over again).
     post(format!("{control}/reconnect"), None).await;
     rig.wait_fresh(20, 3.0, Duration::from_secs(180), &mut [&mut a])
@@ -589,18 +597,9 @@ async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() 
 
 #[actix_rt::test]
 async fn a_killed_agent_is_restarted_over_ssh_and_a_machine_cut_off_is_power_cycled() {
-    let rig = Rig::new(
-        10,
-        Ipv4Addr::new(127, 0, 28, 1),
-        &[
-            "--agent-interval",
-            "1s",
-            "--resolve",
-            "callback.fleet.test=127.0.28.201",
-        ],
-    )
-    .await;
-    let mut a = rig.shepherd_at("a", "127.0.28.201:7830", "127.0.0.1:0", &[]);
+    let (rig, listen) = Rig::behind_one_name(10, 28, "1s", 1).await;
+    let listen = listen[0].as_str();
+    let mut a = rig.shepherd_at("a", listen, "127.0.0.1:0", &[]);
     rig.wait_fresh(10, 3.0, Duration::from_secs(120), &mut [&mut a])
         .await;
     let control = format!("http://{}/fleet", rig.fleet.control);
@@ -627,16 +626,8 @@ async fn a_killed_agent_is_restarted_over_ssh_and_a_machine_cut_off_is_power_cyc
     // A machine cut off (agent and SSH gone): power-cycled.
     let (_, cut) = post(format!("{control}/partition?count=1"), None).await;
     assert_eq!(cut.as_object().unwrap().len(), 1);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while rig.reboots().await == 0 {
-        a.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "not power-cycled: {}",
-            a.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    rig.wait_for_reboots(0, Duration::from_secs(60), &mut a)
+        .await;
     post(format!("{control}/reconnect"), None).await;
     rig.wait_fresh(10, 3.0, Duration::from_secs(120), &mut [&mut a])
         .await;

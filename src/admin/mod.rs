@@ -406,21 +406,10 @@ async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
                 "serving_since": rfc3339(e.serving_since),
                 "served_until": rfc3339(e.served_until),
             })).collect::<Vec<_>>(),
-            "operator_actions": acts.iter().map(fleet_audit_json).collect::<Vec<_>>(),
+            "operator_actions": acts.iter().map(audit_json).collect::<Vec<_>>(),
         })),
         Err(e) => internal(e),
     }
-}
-
-fn fleet_audit_json(a: &actions::FleetAudit) -> serde_json::Value {
-    json!({
-        "id": a.id,
-        "action": a.action,
-        "actor": a.actor,
-        "timestamp": rfc3339(a.timestamp),
-        "reason": a.reason,
-        "detail": a.detail,
-    })
 }
 
 /// A brake release's parameters.
@@ -439,7 +428,7 @@ async fn release_brake(
     admin: &Admin,
     operator: &Operator,
     body: ReleaseBody,
-) -> Result<actions::FleetAudit, (actix_web::http::StatusCode, String)> {
+) -> Result<actions::Audit, (actix_web::http::StatusCode, String)> {
     use actix_web::http::StatusCode;
     if admin.judge.is_none() {
         return Err((
@@ -521,7 +510,7 @@ async fn api_brake_release(
         return error_response(StatusCode::UNAUTHORIZED, "a bearer token is required");
     };
     match release_brake(&admin, &operator, parsed).await {
-        Ok(a) => HttpResponse::Ok().json(json!({ "action": fleet_audit_json(&a) })),
+        Ok(a) => HttpResponse::Ok().json(json!({ "action": audit_json(&a) })),
         Err((status, msg)) => error_response(status, &msg),
     }
 }

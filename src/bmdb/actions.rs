@@ -101,11 +101,12 @@ impl Request {
     }
 }
 
-/// An audit row.
+/// An audit row (fleet-wide actions, such as releasing the recovery brake,
+/// name no machine).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Audit {
     pub id: Uuid,
-    pub machine_id: Uuid,
+    pub machine_id: Option<Uuid>,
     pub action: String,
     pub actor: String,
     #[serde(with = "humantime_serde")]
@@ -171,7 +172,18 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         }
     }
     if let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&req.id]).await? {
-        return Ok(Outcome::Done(audit_from(&r)));
+        let a = audit_from(&r);
+        if a.machine_id != Some(req.machine_id) {
+            return Ok(Outcome::Refused(format!(
+                "request {} was another action's ({} {})",
+                req.id,
+                a.action,
+                a.machine_id
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "fleet".into())
+            )));
+        }
+        return Ok(Outcome::Done(a));
     }
     // The summary row is what the selectors lock: holding it, no control
     // loop leases the machine under this transaction.
@@ -317,7 +329,7 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
             AUDIT_INSERT,
             &[
                 &req.id,
-                &m,
+                &Some(m),
                 &req.action.as_str(),
                 &req.actor,
                 &req.reason,
@@ -384,38 +396,14 @@ pub async fn held_ids(tx: &mut Tx<'_>) -> Result<std::collections::HashSet<Uuid>
         .collect())
 }
 
-/// An audit row of a fleet-wide action (releasing the recovery brake).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct FleetAudit {
-    pub id: Uuid,
-    pub action: String,
-    pub actor: String,
-    #[serde(with = "humantime_serde")]
-    pub timestamp: SystemTime,
-    pub reason: Option<String>,
-    pub detail: String,
-}
-
-fn fleet_audit_from(r: &tokio_postgres::Row) -> FleetAudit {
-    FleetAudit {
-        id: r.get(0),
-        action: r.get(1),
-        actor: r.get(2),
-        timestamp: r.get(3),
-        reason: r.get(4),
-        detail: r.get(5),
-    }
-}
-
 /// The fleet-wide audit row with this ID, if any.
-pub async fn fleet_audit(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<FleetAudit>, BmdbError> {
-    const SQL: &str = "SELECT operator_action_id, action, actor, \"timestamp\", reason, detail \
-         FROM operator_action WHERE operator_action_id = $1 AND machine_id IS NULL";
+pub async fn fleet_audit(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<Audit>, BmdbError> {
     Ok(tx
-        .query_opt(SQL, &[&id])
+        .query_opt(AUDIT_BY_ID, &[&id])
         .await?
         .as_ref()
-        .map(fleet_audit_from))
+        .map(audit_from)
+        .filter(|a| a.machine_id.is_none()))
 }
 
 /// Appends a fleet-wide audit row.
@@ -426,29 +414,33 @@ pub async fn record_fleet_action(
     actor: &str,
     reason: Option<&str>,
     detail: &str,
-) -> Result<FleetAudit, BmdbError> {
+) -> Result<Audit, BmdbError> {
     if reason.is_some_and(|r| r.len() > MAX_REASON) {
         return Err(BmdbError::Invalid(format!(
             "the reason is longer than {MAX_REASON} bytes"
         )));
     }
-    const SQL: &str = "INSERT INTO operator_action (operator_action_id, machine_id, action, actor, \
-           \"timestamp\", reason, detail) VALUES ($1, NULL, $2, $3, now(), $4, $5) \
-         RETURNING operator_action_id, action, actor, \"timestamp\", reason, detail";
+    let none: Option<Uuid> = None;
     let r = tx
-        .query_one(SQL, &[&id, &action, &actor, &reason, &detail])
+        .query_one(
+            AUDIT_INSERT,
+            &[&id, &none, &action, &actor, &reason, &detail],
+        )
         .await?;
-    Ok(fleet_audit_from(&r))
+    Ok(audit_from(&r))
 }
 
 /// The last fleet-wide actions, newest first.
-pub async fn fleet_actions(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<FleetAudit>, BmdbError> {
-    const SQL: &str = "SELECT operator_action_id, action, actor, \"timestamp\", reason, detail \
-         FROM operator_action WHERE machine_id IS NULL ORDER BY \"timestamp\" DESC LIMIT $1";
+pub async fn fleet_actions(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<Audit>, BmdbError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        audit_columns!(),
+        " FROM operator_action WHERE machine_id IS NULL ORDER BY \"timestamp\" DESC LIMIT $1"
+    );
     Ok(tx
         .query(SQL, &[&limit])
         .await?
         .iter()
-        .map(fleet_audit_from)
+        .map(audit_from)
         .collect())
 }

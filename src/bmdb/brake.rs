@@ -194,7 +194,7 @@ pub async fn release(
     actor: &str,
     reason: Option<&str>,
     for_: Duration,
-) -> Result<super::actions::FleetAudit, BmdbError> {
+) -> Result<super::actions::Audit, BmdbError> {
     if let Some(a) = super::actions::fleet_audit(tx, request_id).await? {
         return Ok(a);
     }

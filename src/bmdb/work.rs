@@ -49,7 +49,7 @@ async fn cancel(
     until_recorded(session, mid, process, "cancel", async || {
         session
             .transact(async |tx| {
-                release(tx, mid, process, sid, HistoryEvent::Canceled, cause).await
+                release(tx, mid, process, sid, HistoryEvent::Canceled, cause, None).await
             })
             .await
     })
@@ -129,19 +129,9 @@ pub(super) async fn start(
     Ok(n == 1)
 }
 
+/// Deletes the work row and records `event` with its cause (failures) or
+/// what the work did (`work_history.detail`); `LeaseLost` without the row.
 async fn release(
-    tx: &mut Tx<'_>,
-    machine_id: Uuid,
-    process: Process,
-    session_id: Uuid,
-    event: HistoryEvent,
-    cause: Option<&str>,
-) -> Result<(), BmdbError> {
-    release_noting(tx, machine_id, process, session_id, event, cause, None).await
-}
-
-/// As `release`, with what the work did (`work_history.detail`).
-async fn release_noting(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
     process: Process,
@@ -236,8 +226,7 @@ impl<T> Work<T> {
         until_recorded(&session, mid, process, "finish", async || {
             session
                 .transact(async |tx| {
-                    release_noting(tx, mid, process, sid, HistoryEvent::Finished, None, detail)
-                        .await?;
+                    release(tx, mid, process, sid, HistoryEvent::Finished, None, detail).await?;
                     tx.execute(BACKOFF_CLEAR, &[&mid, &process]).await?;
                     f(tx).await
                 })
@@ -268,7 +257,16 @@ impl<T> Work<T> {
         let wait = until_recorded(&session, mid, process, "failure", async || {
             session
                 .transact(async |tx| {
-                    release(tx, mid, process, sid, HistoryEvent::Failed, Some(cause)).await?;
+                    release(
+                        tx,
+                        mid,
+                        process,
+                        sid,
+                        HistoryEvent::Failed,
+                        Some(cause),
+                        None,
+                    )
+                    .await?;
                     let last: Option<i64> = tx
                         .query_opt(BACKOFF_LAST, &[&mid, &process])
                         .await?

@@ -71,12 +71,7 @@ async fn hold_keeps_the_selectors_away_and_release_gives_the_machine_back() {
         })
         .await
         .unwrap();
-    shepherd::testing::served_since(
-        &f.bmdb,
-        shepherd::testing::TEST_ENDPOINT,
-        std::time::Duration::from_secs(86400),
-    )
-    .await;
+    shepherd::testing::serve_test_endpoint(&f.bmdb).await;
     let recovery = async || {
         f.bmdb
             .transact(async |tx| {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use shepherd::bmdb::brake::{self, BrakeSettings, Judge};
 use shepherd::bmdb::selectors::RecoveryThresholds;
 use shepherd::bmdb::{Bmdb, Provider};
-use shepherd::testing::{TEST_ENDPOINT, TestDb, served_since};
+use shepherd::testing::{TEST_ENDPOINT, TestDb};
 use uuid::Uuid;
 
 use crate::{count, provided_machines};
@@ -26,7 +26,7 @@ fn judge() -> Judge {
 /// `n` machines with agents on the test endpoint, the first `silent` of
 /// them last heard from an hour ago, the rest now.
 async fn agents(bmdb: &Bmdb, n: usize, silent: usize) -> Vec<Uuid> {
-    served_since(bmdb, TEST_ENDPOINT, Duration::from_secs(86400)).await;
+    shepherd::testing::serve_test_endpoint(bmdb).await;
     let ids = provided_machines(bmdb, Provider::Equinix, n).await;
     for (i, id) in ids.iter().enumerate() {
         let ago = if i < silent { 3600.0 } else { 0.0 };
@@ -188,9 +188,21 @@ async fn a_machine_whose_recovery_keeps_failing_shows_as_such() {
         })
         .await
         .unwrap();
-    let n = |s: MachineState| counts.iter().find(|(c, _)| *c == s).map(|(_, n)| *n).unwrap_or(0);
+    let n = |s: MachineState| {
+        counts
+            .iter()
+            .find(|(c, _)| *c == s)
+            .map(|(_, n)| *n)
+            .unwrap_or(0)
+    };
     assert_eq!(n(MachineState::RecoveryBackoff), 1);
     assert_eq!(n(MachineState::AgentStarted), 1);
-    assert_eq!(page.0.iter().map(|m| m.machine_id).collect::<Vec<_>>(), vec![ids[0]]);
-    assert_eq!(MachineState::parse("recovery-backoff"), Some(MachineState::RecoveryBackoff));
+    assert_eq!(
+        page.0.iter().map(|m| m.machine_id).collect::<Vec<_>>(),
+        vec![ids[0]]
+    );
+    assert_eq!(
+        MachineState::parse("recovery-backoff"),
+        Some(MachineState::RecoveryBackoff)
+    );
 }

@@ -87,12 +87,7 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V9__fair_recovery"
         ]
     );
-    shepherd::testing::served_since(
-        &bmdb,
-        shepherd::testing::TEST_ENDPOINT,
-        std::time::Duration::from_secs(86400),
-    )
-    .await;
+    shepherd::testing::serve_test_endpoint(&bmdb).await;
     let (start, recovery) = bmdb
         .transact(async |tx| {
             Ok((
@@ -149,12 +144,7 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V9__fair_recovery"
         ]
     );
-    shepherd::testing::served_since(
-        &bmdb,
-        shepherd::testing::TEST_ENDPOINT,
-        std::time::Duration::from_secs(86400),
-    )
-    .await;
+    shepherd::testing::serve_test_endpoint(&bmdb).await;
     let (machine, session) = bmdb
         .transact(async |tx| {
             let m = tx.query_one(MACHINE, &[]).await?;

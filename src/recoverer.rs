@@ -22,7 +22,6 @@
 //! - The history's `detail` and `shepherd_recoveries_total{step}` say which
 //!   step recovered each machine.
 
-use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -365,21 +364,14 @@ async fn restart_agent(
     } else {
         None
     };
-    let known_key = match known.as_deref().map(russh::keys::PublicKey::from_openssh) {
-        None => None,
-        Some(Ok(k)) => Some(k),
-        Some(Err(e)) => return Err(format!("the recorded host key is unreadable: {e}")),
-    };
+    let known_key = crate::initializer::parse_host_key(known.as_deref())?;
     let taken = crate::initializer::take_over(t, mid, address, known_key)
         .await
         .map_err(|f| f.cause)?;
     let record_host_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
     let started_at: SystemTime = session
         .transact(async |tx| {
-            machines::set_agent_started(tx, mid, &taken.agent_key, Some(&t.endpoint)).await?;
-            if record_host_key {
-                machines::record_host_key(tx, mid, &taken.host_key).await?;
-            }
+            crate::initializer::record_agent(tx, mid, &taken, &t.endpoint, record_host_key).await?;
             Ok(tx.query_one(DB_NOW, &[]).await?.get(0))
         })
         .await
@@ -476,7 +468,8 @@ pub struct BrakeWatch {
     judge: Judge,
     every: Duration,
     session: Option<Session>,
-    engaged: Rc<Cell<bool>>,
+    /// Whether it held at the last look (to say when that changes).
+    engaged: bool,
     busy: bool,
 }
 
@@ -486,45 +479,52 @@ impl BrakeWatch {
             judge,
             every,
             session: None,
-            engaged: Rc::new(Cell::new(false)),
+            engaged: false,
             busy: false,
         }
     }
 
     fn look(&mut self, ctx: &mut Context<Self>) {
-        let Some(session) = self.session.clone() else {
+        let Some(session) = self.session.clone().filter(|_| !self.busy) else {
             return;
         };
-        if self.busy {
-            return;
-        }
         self.busy = true;
         let judge = self.judge.clone();
-        let engaged = self.engaged.clone();
         ctx.spawn(
             async move {
-                match session.transact(async |tx| brake::watch(tx, &judge).await).await {
-                    Ok((st, changed)) => {
-                        if st.engaged && (changed || !engaged.get()) {
-                            tracing::error!(
-                                silent = st.silent,
-                                fleet = st.fleet,
-                                limit = st.limit,
-                                power_actions = st.power_actions_in_window,
-                                "RECOVERY BRAKE ENGAGED: no power action for silence until it lets go: {}; \
-                                 `shepherd brake release` to override",
-                                st.reason.as_deref().unwrap_or("")
-                            );
-                        } else if !st.engaged && (changed || engaged.get()) {
-                            tracing::warn!(silent = st.silent, limit = st.limit, "recovery brake let go: power actions for silence resume");
-                        }
-                        engaged.set(st.engaged);
-                    }
-                    Err(e) => tracing::debug!(error = %e, "evaluating the recovery brake failed"),
-                }
+                session
+                    .transact(async |tx| brake::watch(tx, &judge).await)
+                    .await
             }
             .into_actor(self)
-            .map(|_, act, _| act.busy = false),
+            .map(|r, act, _| {
+                act.busy = false;
+                let st = match r {
+                    Ok((st, _)) => st,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "evaluating the recovery brake failed");
+                        return;
+                    }
+                };
+                if st.engaged && !act.engaged {
+                    tracing::error!(
+                        silent = st.silent,
+                        fleet = st.fleet,
+                        limit = st.limit,
+                        power_actions = st.power_actions_in_window,
+                        "RECOVERY BRAKE ENGAGED: no power action for silence until it lets go: {}; \
+                             `shepherd brake release` to override",
+                        st.reason.as_deref().unwrap_or("")
+                    );
+                } else if !st.engaged && act.engaged {
+                    tracing::warn!(
+                        silent = st.silent,
+                        limit = st.limit,
+                        "recovery brake let go: power actions for silence resume"
+                    );
+                }
+                act.engaged = st.engaged;
+            }),
         );
     }
 }

@@ -79,6 +79,18 @@ impl Rig {
 
     /// The configuration for a static inventory of `hosts` hosts on the
     /// rig's sshd, with these `[bmdb]` keys added.
+    /// `config` with a callback the agents can reach (a free port on
+    /// loopback, as listen address and endpoint), agents calling every
+    /// 300 ms.
+    fn calling(&self, config: String) -> String {
+        let port = Sshd::free_port();
+        std::fs::write(self.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
+        config.replace(
+            "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
+            &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
+        )
+    }
+
     fn inventory_config(&self, hosts: usize, bmdb: &str) -> String {
         format!(
             "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [{}]\n",
@@ -1364,12 +1376,8 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh
 {
     let rig = Rig::new().await;
     let sim = Sim::start(2, &["--reboot-delay", "1s"]);
-    let port = Sshd::free_port();
-    std::fs::write(rig.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
-    let text = rig.equinix_config(&sim).replace(
-        "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
-        &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
-    ) + "\n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
+    let text = rig.calling(rig.equinix_config(&sim))
+        + "\n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
            reboot_poll = \"100ms\"\nreboot_settle = \"2s\"\ncallback_grace = \"1s\"\n";
     let config = rig.write_config("shepherd.toml", &text);
     let mut s = rig.shepherd(&config, "shepherd.log");
@@ -1540,8 +1548,6 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     std::fs::write(&secret, format!("{password}\n")).unwrap();
     let wrong = rig.dir.path().join("wrong-password");
     std::fs::write(&wrong, "wrong-password-e07c\n").unwrap();
-    let port = Sshd::free_port();
-    std::fs::write(rig.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
     let text = format!(
         "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
          {{ id = \"node-1\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }}, system = \"{}\" }} }},\n\
@@ -1550,11 +1556,7 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
          reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\ncallback_grace = \"1s\"\n\
          agent_return_wait = \"1s\"\n\
          \n[updater]\ninterval = \"500ms\"\n",
-        rig.base_config()
-            .replace(
-                "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
-                &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
-            )
+        rig.calling(rig.base_config())
             // Everything shepherd does with a BMC, at trace level.
             .replace(
                 "level = \"info,tokio_postgres=warn,refinery_core=warn\"",
@@ -2431,14 +2433,7 @@ async fn operators_act_through_the_api_and_the_cli_and_held_machines_are_left_al
 #[actix_rt::test]
 async fn an_inventory_host_without_a_bmc_whose_agent_is_gone_comes_back_heartbeating() {
     let rig = Rig::new().await;
-    let port = Sshd::free_port();
-    std::fs::write(rig.sshd.dir().join("takeover-agent.interval"), "300ms").unwrap();
-    let text = rig
-        .inventory_config(1, "session_interval = \"2s\"")
-        .replace(
-            "[bmaas]\nlisten = \"127.0.0.1:0\"\n",
-            &format!("[bmaas]\nlisten = \"127.0.0.1:{port}\"\nendpoint = \"127.0.0.1:{port}\"\n"),
-        )
+    let text = rig.calling(rig.inventory_config(1, "session_interval = \"2s\""))
         + "\n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
            callback_grace = \"1s\"\nbackoff_initial = \"30s\"\n";
     let config = rig.write_config("shepherd.toml", &text);

@@ -492,19 +492,9 @@ async fn api_brake_release(
     if let Err(r) = json_post(&req) {
         return r;
     }
-    let parsed: ReleaseBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ReleaseBody::default()
-    } else {
-        let de = &mut serde_json::Deserializer::from_slice(&body);
-        match serde_path_to_error::deserialize(de) {
-            Ok(b) => b,
-            Err(e) => {
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    &format!("body {}: {}", e.path(), e.inner()),
-                );
-            }
-        }
+    let parsed: ReleaseBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let Some(operator) = req.extensions().get::<Operator>().cloned() else {
         return error_response(StatusCode::UNAUTHORIZED, "a bearer token is required");
@@ -513,6 +503,21 @@ async fn api_brake_release(
         Ok(a) => HttpResponse::Ok().json(json!({ "action": audit_json(&a) })),
         Err((status, msg)) => error_response(status, &msg),
     }
+}
+
+/// An API POST's JSON body (empty: the defaults), or a 400 naming the
+/// field that is wrong.
+fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, HttpResponse> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        error_response(
+            actix_web::http::StatusCode::BAD_REQUEST,
+            &format!("body {}: {}", e.path(), e.inner()),
+        )
+    })
 }
 
 /// An API POST must say `Content-Type: application/json` (no form can)
@@ -805,19 +810,9 @@ async fn api_action(
     if let Err(r) = json_post(&req) {
         return r;
     }
-    let parsed: ActionBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ActionBody::default()
-    } else {
-        let de = &mut serde_json::Deserializer::from_slice(&body);
-        match serde_path_to_error::deserialize(de) {
-            Ok(b) => b,
-            Err(e) => {
-                return err(
-                    StatusCode::BAD_REQUEST,
-                    format!("body {}: {}", e.path(), e.inner()),
-                );
-            }
-        }
+    let parsed: ActionBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let Some(operator) = req.extensions().get::<Operator>().cloned() else {
         return err(

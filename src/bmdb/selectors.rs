@@ -93,59 +93,77 @@ const NEEDS_AGENT_START: &str = summary_selector!(
 );
 
 /// The machine's agent was given an endpoint served without a break for
-/// the threshold `$3` plus the agents' allowance `$5` (`$4`: the endpoint
-/// assumed for agents taken over before endpoints were recorded).
+/// the threshold `$t` plus the agents' allowance `$grace` (`$own`: the
+/// endpoint assumed for agents taken over before endpoints were
+/// recorded). The three are parameter numbers, as literals.
 macro_rules! judgeable {
-    () => {
-        " AND EXISTS (SELECT 1 FROM machine_agent_started a \
-             JOIN callback_endpoint c ON c.endpoint = COALESCE(a.agent_endpoint, $4) \
-            WHERE a.machine_id = s.machine_id AND c.served_until > now() \
-              AND c.serving_since <= now() - make_interval(secs => $3 + $5))"
+    ($t:literal, $own:literal, $grace:literal) => {
+        concat!(
+            " AND EXISTS (SELECT 1 FROM machine_agent_started a \
+                 JOIN callback_endpoint c ON c.endpoint = COALESCE(a.agent_endpoint, ",
+            $own,
+            ") WHERE a.machine_id = s.machine_id AND c.served_until > now() \
+                  AND c.serving_since <= now() - make_interval(secs => ",
+            $t,
+            " + ",
+            $grace,
+            "))"
+        )
     };
 }
 
-/// Silent: the last heartbeat older than `$3`, or none `$3` after the
-/// start; judgeable (see above).
+/// Silent: the last heartbeat older than the threshold, or none that long
+/// after the start; judgeable (see above).
 macro_rules! stale {
-    () => {
+    ($t:literal, $own:literal, $grace:literal) => {
         concat!(
             "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NOT NULL \
              AND NOT s.installation_fulfilled \
-             AND s.agent_heartbeat_at < now() - make_interval(secs => $3)",
-            judgeable!()
+             AND s.agent_heartbeat_at < now() - make_interval(secs => ",
+            $t,
+            ")",
+            judgeable!($t, $own, $grace)
         )
     };
 }
 macro_rules! silent {
-    () => {
+    ($t:literal, $own:literal, $grace:literal) => {
         concat!(
             "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NULL \
              AND NOT s.installation_fulfilled \
-             AND s.agent_started_at < now() - make_interval(secs => $3)",
-            judgeable!()
+             AND s.agent_started_at < now() - make_interval(secs => ",
+            $t,
+            ")",
+            judgeable!($t, $own, $grace)
         )
     };
 }
 
 const NEEDS_RECOVERY_STALE: &str = summary_selector!(
-    concat!(stale!(), " AND s.recovery_not_before <= now()"),
+    concat!(
+        stale!("$3", "$4", "$5"),
+        " AND s.recovery_not_before <= now()"
+    ),
     "s.agent_heartbeat_at"
 );
 
 const NEEDS_RECOVERY_SILENT: &str = summary_selector!(
-    concat!(silent!(), " AND s.recovery_not_before <= now()"),
+    concat!(
+        silent!("$3", "$4", "$5"),
+        " AND s.recovery_not_before <= now()"
+    ),
     "s.agent_started_at"
 );
 
 /// Machines judged silent now (leased, backed off or not), held ones
-/// excepted: what the brake counts. `$1`: provider; `$2` unused (NULL).
+/// excepted: what the brake counts. `$1`: provider.
 const COUNT_STALE: &str = concat!(
-    "SELECT count(*) FROM machine_summary s WHERE s.provider = $1 AND $2::int IS NULL AND NOT s.held AND ",
-    stale!()
+    "SELECT count(*) FROM machine_summary s WHERE s.provider = $1 AND NOT s.held AND ",
+    stale!("$2", "$3", "$4")
 );
 const COUNT_SILENT: &str = concat!(
-    "SELECT count(*) FROM machine_summary s WHERE s.provider = $1 AND $2::int IS NULL AND NOT s.held AND ",
-    silent!()
+    "SELECT count(*) FROM machine_summary s WHERE s.provider = $1 AND NOT s.held AND ",
+    silent!("$2", "$3", "$4")
 );
 
 const NEEDS_REBOOT: &str = summary_selector!(
@@ -264,17 +282,13 @@ pub async fn silent_count(
     own_endpoint: Option<&str>,
 ) -> Result<i64, BmdbError> {
     let grace = thresholds.callback_grace.as_secs_f64();
-    let none: Option<i32> = None;
     let mut n = 0;
     for (sql, t) in [
         (COUNT_STALE, thresholds.heartbeat_stale_after),
         (COUNT_SILENT, thresholds.silent_after_start),
     ] {
         let row = tx
-            .query_one(
-                sql,
-                &[&provider, &none, &t.as_secs_f64(), &own_endpoint, &grace],
-            )
+            .query_one(sql, &[&provider, &t.as_secs_f64(), &own_endpoint, &grace])
             .await?;
         n += row.get::<_, i64>(0);
     }

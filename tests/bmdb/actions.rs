@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use shepherd::bmdb::actions::{self, Action, Outcome, Request};
-use shepherd::bmdb::selectors::{self, RecoveryThresholds};
+use shepherd::bmdb::selectors;
 use shepherd::bmdb::{Bmdb, Process, Provider};
 use uuid::Uuid;
 
@@ -74,16 +74,7 @@ async fn hold_keeps_the_selectors_away_and_release_gives_the_machine_back() {
     shepherd::testing::serve_test_endpoint(&f.bmdb).await;
     let recovery = async || {
         f.bmdb
-            .transact(async |tx| {
-                selectors::needs_recovery(
-                    tx,
-                    Provider::Equinix,
-                    10,
-                    RecoveryThresholds::default(),
-                    Some(shepherd::testing::TEST_ENDPOINT),
-                )
-                .await
-            })
+            .transact(async |tx| crate::due_for_recovery(tx, Provider::Equinix).await)
             .await
             .unwrap()
             .len()

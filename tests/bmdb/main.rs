@@ -66,6 +66,22 @@ pub fn pick(
 
 pub use shepherd::testing::count;
 
+/// Machines of `provider` due for recovery by the default thresholds,
+/// agents judged by the test endpoint (`testing::serve_test_endpoint`).
+pub async fn due_for_recovery(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+) -> Result<Vec<shepherd::bmdb::selectors::ProvidedMachine>, BmdbError> {
+    shepherd::bmdb::selectors::needs_recovery(
+        tx,
+        provider,
+        1000,
+        shepherd::bmdb::selectors::RecoveryThresholds::default(),
+        Some(shepherd::testing::TEST_ENDPOINT),
+    )
+    .await
+}
+
 /// A test database with provided machines and a session.
 pub struct Fleet {
     /// Dropping it drops the database: keep it bound.

@@ -58,7 +58,7 @@ async fn two_processes_migrating_at_once_do_not_collide() {
 #[actix_rt::test]
 async fn the_summary_is_backfilled_for_machines_that_predate_it() {
     use shepherd::bmdb::Provider;
-    use shepherd::bmdb::selectors::{self, RecoveryThresholds};
+    use shepherd::bmdb::selectors;
     let db = TestDb::new_unmigrated().await;
     let bmdb = db.bmdb().await;
     assert_eq!(
@@ -92,14 +92,7 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
         .transact(async |tx| {
             Ok((
                 selectors::needs_agent_start(tx, Provider::Equinix, 10).await?,
-                selectors::needs_recovery(
-                    tx,
-                    Provider::Equinix,
-                    10,
-                    RecoveryThresholds::default(),
-                    Some(shepherd::testing::TEST_ENDPOINT),
-                )
-                .await?,
+                crate::due_for_recovery(tx, Provider::Equinix).await?,
             ))
         })
         .await

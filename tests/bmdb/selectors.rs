@@ -207,14 +207,7 @@ async fn selected(bmdb: &Bmdb, provider: Provider) -> (BTreeSet<Uuid>, BTreeSet<
     shepherd::testing::serve_test_endpoint(bmdb).await;
     bmdb.transact(async |tx| {
         let start = selectors::needs_agent_start(tx, provider, 1000).await?;
-        let recovery = selectors::needs_recovery(
-            tx,
-            provider,
-            1000,
-            RecoveryThresholds::default(),
-            Some(shepherd::testing::TEST_ENDPOINT),
-        )
-        .await?;
+        let recovery = crate::due_for_recovery(tx, provider).await?;
         Ok((ids(start), ids(recovery)))
     })
     .await

@@ -12,9 +12,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use shepherd::equinix::sim::{SimConfig, Simulator};
 use shepherd::equinix::{ApiMetrics, ClientSettings, EquinixApi};
 use shepherd::secret::Secret;
+use shepherd::sim::equinix::{SimConfig, Simulator};
 
 fn settings(sim: &Simulator, interval: Duration) -> ClientSettings {
     ClientSettings {

@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shepherd::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd::sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
 
 const FLEET_SIM: &str = env!("CARGO_BIN_EXE_fleet-sim");
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
@@ -218,7 +218,7 @@ fn main() {
     let counts = list("SHEPHERD_BENCH_SHEPHERDS", "1,2,4");
     // The agent stripped, as one would ship it: the takeover's bytes are
     // mostly the agent upload.
-    let agent = shepherd::testing::stripped_copy(Path::new(AGENT));
+    let agent = shepherd::sim::testing::stripped_copy(Path::new(AGENT));
     let size = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
     println!("agent payload: {:.1} MB", size as f64 / 1e6);
     actix_rt::System::new().block_on(async {

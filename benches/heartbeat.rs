@@ -19,9 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shepherd::agent::api::{HeartbeatRequest, HeartbeatResponseRaw};
-use shepherd::callback::{Callback, CertFiles, HEARTBEAT_PATHS, ServerIdentity, client};
-use shepherd::testing::TestDb;
+use shepherd::callback::{Callback, CertFiles, HEARTBEAT_PATHS, ServerIdentity};
+use shepherd::sim::testing::TestDb;
+use shepherd_agent::api::{HeartbeatRequest, HeartbeatResponseRaw};
+use shepherd_agent::callback as client;
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -174,7 +175,7 @@ async fn run(n: usize, connections: usize, in_flight: usize, seconds: u64) -> Ro
     let accepted = (after.accepted - before.accepted) as f64;
     let batches = (after.batches - before.batches).max(1) as f64;
     let concurrency = connections * in_flight;
-    let pgbench = shepherd::testing::pgbench(
+    let pgbench = shepherd::sim::testing::pgbench(
         &db.config,
         PGBENCH_SCRIPT,
         concurrency,
@@ -232,6 +233,6 @@ fn main() {
     );
     println!(
         "Targets: >= 5x the reference shape and >= 20000 heartbeats/s. Peak RSS (clients included): {:.0} MB",
-        shepherd::testing::peak_rss_mb()
+        shepherd::sim::testing::peak_rss_mb()
     );
 }

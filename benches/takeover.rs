@@ -17,8 +17,8 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, BmdbSession, GetSession, Provider};
 use shepherd::control::{SetSession, WorkMailbox};
 use shepherd::initializer::{Initializer, TakeoverSettings};
+use shepherd::sim::testing::{Sshd, TestDb};
 use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
-use shepherd::testing::{Sshd, TestDb};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_takeover-agent");
 
@@ -106,7 +106,7 @@ fn baseline(machines: usize, parallelism: usize, agent: &std::path::Path) -> Opt
     let init = keys.path().join("init.bin");
     {
         use prost::Message;
-        let m = shepherd::agent::init_message(uuid::Uuid::new_v4(), "bmaas.bench:443", None);
+        let m = shepherd_agent::init_message(uuid::Uuid::new_v4(), "bmaas.bench:443", None);
         std::fs::write(&init, m.encode_to_vec()).unwrap();
     }
     let opts = format!(
@@ -148,7 +148,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
     // The payload both sides upload: the agent stripped, as one would ship it.
-    let agent = shepherd::testing::stripped_copy(std::path::Path::new(AGENT));
+    let agent = shepherd::sim::testing::stripped_copy(std::path::Path::new(AGENT));
     let payload = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
     let parallelisms: Vec<usize> = std::env::var("SHEPHERD_BENCH_PARALLELISM")
         .unwrap_or_else(|_| "1,8,32".into())

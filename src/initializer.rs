@@ -15,12 +15,12 @@ use prost::Message;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::agent;
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, Provider, Tx, Work, machines};
 use crate::config::{Config, ConfigError, UploadMethod};
 use crate::control::{ControlLoop, WorkOutcome, Worker, WorkerDone};
 use crate::ssh::{self, HostKeyPolicy, SshIdentity, SshSettings};
+use shepherd_agent as agent;
 
 /// Asks the provider for a machine's address when the BMDB has none.
 pub type AddressLookup =

@@ -8,31 +8,34 @@
 //!
 //! Used as a service (`shepherd run --config …`) or as a library inside an
 //! existing actix application.
+//!
+//! The house (ARCHITECTURE.md): the service's modules below, the agent
+//! that runs on machines in its own crate (`shepherd_agent`, which the
+//! service reads for the protocol and never the reverse), and everything
+//! simulated under [`sim`], behind the `sim` feature, which the service
+//! never imports.
 
 pub mod admin;
-pub mod agent;
-pub mod bmcsim;
+pub mod backoff;
 pub mod bmdb;
 pub mod callback;
 pub mod config;
 pub mod control;
-pub mod demo;
 pub mod equinix;
-pub mod fleetsim;
-pub mod hardware;
 pub mod initializer;
-pub mod machinesim;
 pub mod provider;
 pub mod provisioner;
 pub mod recoverer;
 pub mod redfish;
 pub mod secret;
 pub mod ssh;
+pub mod status;
 pub mod supervisor;
 pub mod telemetry;
-#[doc(hidden)]
-pub mod testing;
 pub mod updater;
+
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use bmdb::{Bmdb, BmdbError};
 pub use config::{Config, ConfigError};

@@ -57,6 +57,7 @@ enum Command {
     /// Run the whole system locally, with no configuration: an embedded
     /// PostgreSQL, the Equinix Metal simulator, simulated machines on
     /// 127.0.1.x, and shepherd taking them all over.
+    #[cfg(feature = "sim")]
     Demo {
         /// How many machines.
         #[arg(long, default_value_t = 20)]
@@ -87,6 +88,7 @@ enum Command {
     },
 }
 
+#[cfg(feature = "sim")]
 fn parse_provider(s: &str) -> Result<shepherd::config::ProviderKind, String> {
     match s {
         "equinix" => Ok(shepherd::config::ProviderKind::Equinix),
@@ -262,7 +264,7 @@ fn main() -> ExitCode {
         // Bad inventory file entries are skipped at run time, not fatal:
         // show them here.
         if let Some(f) = &cfg.provider.inventory.file {
-            if let Ok(read) = shepherd::provider::inventory::read_file(f) {
+            if let Ok(read) = shepherd::config::inventory::read_file(f) {
                 for p in &read.problems {
                     eprintln!("shepherd: warning: {p}");
                 }
@@ -288,7 +290,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    #[cfg_attr(not(feature = "sim"), allow(unused_mut))]
     let mut log = cfg.log.clone();
+    #[cfg(feature = "sim")]
     if matches!(cli.command, Command::Demo { .. }) && std::env::var_os("RUST_LOG").is_none() {
         // The demo's own progress lines are the output; logs only for trouble.
         log.level = "warn".into();
@@ -303,6 +307,7 @@ fn main() -> ExitCode {
             Command::Brake { command } => {
                 brake_command(cfg, command.unwrap_or(BrakeCommand::Show)).await
             }
+            #[cfg(feature = "sim")]
             Command::Demo {
                 machines,
                 admin_listen,
@@ -312,7 +317,7 @@ fn main() -> ExitCode {
                 silence,
                 provider,
             } => {
-                let opts = shepherd::demo::DemoOptions {
+                let opts = shepherd::sim::demo::DemoOptions {
                     machines,
                     admin_listen,
                     keep_running,
@@ -322,7 +327,7 @@ fn main() -> ExitCode {
                     heartbeat_stale_after: std::time::Duration::ZERO,
                     provider,
                 };
-                shepherd::demo::run(cfg, opts).await
+                shepherd::sim::demo::run(cfg, opts).await
             }
             Command::CheckConfig | Command::SshKey => unreachable!(),
         }
@@ -538,7 +543,7 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
             match d
                 .hardware_report
                 .as_deref()
-                .map(shepherd::hardware::summarize)
+                .map(shepherd_agent::hardware::summarize)
             {
                 None => println!("  hardware report  -"),
                 Some(Err(e)) => println!("  hardware report  {e}"),

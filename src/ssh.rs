@@ -13,19 +13,9 @@ use std::time::Duration;
 
 use russh::ChannelMsg;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKey};
-use serde::{Deserialize, Serialize};
 
-/// How a machine's SSH host key is checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HostKeyPolicy {
-    /// Record the key in the BMDB on first contact; refuse a changed key.
-    AcceptNew,
-    /// Accept only keys listed in `ssh.known_hosts_file`.
-    KnownHosts,
-    /// Accept any key (what the reference did). Not for production.
-    InsecureIgnore,
-}
+/// How a machine's SSH host key is checked (`ssh.host_keys`).
+pub use crate::config::HostKeyPolicy;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SshError {

@@ -24,6 +24,7 @@ use crate::provider::equinix::Equinix;
 use crate::provider::inventory::Inventory;
 use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
 use crate::recoverer::{AgentWaits, BrakeWatch, RebootWait, Recoverer};
+use crate::status::{GetSupervisorStatus, SupervisorStatus};
 use crate::updater::Updater;
 
 /// A new session is tried at most this far apart while the database is
@@ -224,19 +225,6 @@ pub struct Supervisor {
 #[rtype(result = "()")]
 pub struct Shutdown;
 
-#[derive(Message)]
-#[rtype(result = "SupervisorStatus")]
-pub struct GetSupervisorStatus;
-
-#[derive(Debug, Clone, Default)]
-pub struct SupervisorStatus {
-    pub session: Option<uuid::Uuid>,
-    pub initializer: Option<crate::control::MailboxStatus>,
-    pub recoverer: Option<crate::control::MailboxStatus>,
-    pub provisioner: Option<crate::provisioner::ProvisionerStatus>,
-    pub updater: Option<crate::updater::UpdaterStatus>,
-}
-
 impl Supervisor {
     pub fn new(
         cfg: Config,
@@ -381,9 +369,9 @@ pub fn judge(
 ) -> crate::bmdb::brake::Judge {
     crate::bmdb::brake::Judge {
         provider,
-        thresholds: cfg.recoverer.thresholds(),
+        thresholds: (&cfg.recoverer).into(),
         own_endpoint: endpoint,
-        brake: cfg.recoverer.brake(),
+        brake: (&cfg.recoverer).into(),
     }
 }
 
@@ -617,7 +605,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     let supervisor = Supervisor::new(cfg, parts, recovery_metrics).start();
     Ok(Running {
         admin: crate::admin::Admin {
-            supervisor: Some(supervisor.clone()),
+            supervisor: Some(supervisor.clone().recipient()),
             ..admin
         },
         supervisor,

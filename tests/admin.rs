@@ -11,7 +11,7 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, Bmdb, Process, Provider};
 use shepherd::equinix::{ApiMetrics, Operation};
 use shepherd::secret::Secret;
-use shepherd::testing::TestDb;
+use shepherd::sim::testing::TestDb;
 use uuid::Uuid;
 
 struct Fleet {
@@ -798,7 +798,7 @@ async fn forms_are_refused_across_sites_and_without_a_valid_csrf_token() {
         assert_eq!(status, want, "{what}: {body}");
     }
     assert_eq!(
-        shepherd::testing::count(&f.bmdb, "SELECT count(*) FROM operator_action").await,
+        shepherd::sim::testing::count(&f.bmdb, "SELECT count(*) FROM operator_action").await,
         0
     );
     // The page's own post, same origin: done, and back to the page.
@@ -815,7 +815,7 @@ async fn forms_are_refused_across_sites_and_without_a_valid_csrf_token() {
     .await;
     assert_eq!(status, 303, "{body}");
     assert_eq!(
-        shepherd::testing::count(&f.bmdb, "SELECT count(*) FROM machine_hold").await,
+        shepherd::sim::testing::count(&f.bmdb, "SELECT count(*) FROM machine_hold").await,
         1
     );
 }

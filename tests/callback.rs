@@ -5,16 +5,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use prost::Message;
-use shepherd::agent::api::{
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::bmdb::{Bmdb, Provider};
+use shepherd::callback::Callback;
+use shepherd::callback::{CertFiles, HEARTBEAT_PATHS, ServerIdentity};
+use shepherd::sim::testing::{OwnPostgres, TestDb};
+use shepherd_agent::api::{
     AgentHardwareReport, BlockDevice, Cpu, HeartbeatRequest, HeartbeatResponseRaw,
     NetworkInterface, Node, OsInstallationReport, OsInstallationRequest, cpu,
     os_installation_report,
 };
-use shepherd::bmdb::machines::{self, NewProvidedMachine};
-use shepherd::bmdb::{Bmdb, Provider};
-use shepherd::callback::{Callback, client};
-use shepherd::callback::{CertFiles, HEARTBEAT_PATHS, ServerIdentity};
-use shepherd::testing::{OwnPostgres, TestDb};
+use shepherd_agent::callback as client;
 use tonic::Code;
 use uuid::Uuid;
 
@@ -453,8 +454,8 @@ async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) 
 /// is refused for longer than its limit exits.
 #[actix_rt::test]
 async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
+    use shepherd::sim::testing::Sshd;
     use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
-    use shepherd::testing::Sshd;
     let db = TestDb::new().await;
     let rig = Rig::new(db.bmdb().await).await;
     let keys = tempfile::tempdir().unwrap();

@@ -11,8 +11,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
 use shepherd::bmdb::Bmdb;
+use shepherd::sim::testing::{OwnPostgres, Sshd, TestDb};
 use shepherd::ssh::SshIdentity;
-use shepherd::testing::{OwnPostgres, Sshd, TestDb};
 
 const PROJECT: &str = "6b4d2a9e-6f1a-4c1e-9b9a-3d1f5e7c0a01";
 const TOKEN: &str = "sim-token-for-tests";
@@ -341,7 +341,7 @@ failed_reservation_penalty = "2s"
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        shepherd::testing::count(&self.bmdb, sql).await
+        shepherd::sim::testing::count(&self.bmdb, sql).await
     }
 
     async fn wait_for(
@@ -1537,7 +1537,7 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh
 #[actix_rt::test]
 async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong_password_backs_off()
  {
-    use shepherd::testing::Sushy;
+    use shepherd::sim::testing::Sushy;
     let rig = Rig::new().await;
     let password = "bmc-secret-51d2a9";
     // Two BMCs: node-1's credentials are right, node-2's configured

@@ -155,7 +155,7 @@ pub async fn require_operator(
                 HttpResponse::Unauthorized()
                     .insert_header(("WWW-Authenticate", "Bearer"))
                     .content_type("text/html; charset=utf-8")
-                    .body(super::pages::login_form(&root(&r), None))
+                    .body(super::html::login_form(&root(&r), None))
             } else {
                 let mut r = super::error_response(
                     actix_web::http::StatusCode::UNAUTHORIZED,
@@ -210,7 +210,7 @@ pub async fn login(
     if token_name(&admin, form.token.trim().as_bytes()).is_none() {
         return HttpResponse::Unauthorized()
             .content_type("text/html; charset=utf-8")
-            .body(super::pages::login_form(
+            .body(super::html::login_form(
                 &root,
                 Some("That is not a token of this server."),
             ));
@@ -237,5 +237,5 @@ pub struct LoginForm {
 pub async fn login_page(req: HttpRequest) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
-        .body(super::pages::login_form(&root(&req), None))
+        .body(super::html::login_form(&root(&req), None))
 }

@@ -13,6 +13,7 @@
 //! server listens beyond loopback.
 
 mod auth;
+mod html;
 mod pages;
 
 use prometheus_client::metrics::counter::Counter;
@@ -21,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::time::SystemTime;
 
-use actix::Addr;
+use actix::Recipient;
 use actix_web::middleware::from_fn;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
@@ -31,13 +32,13 @@ use crate::bmdb::machines::{self, MachineDetail, MachineState, MachineSummary};
 use crate::bmdb::{Bmdb, ProviderStatus, actions};
 use crate::control::MailboxStatus;
 use crate::secret::Secret;
-use crate::supervisor::{GetSupervisorStatus, Supervisor, SupervisorStatus};
+use crate::status::{GetSupervisorStatus, SupervisorStatus};
 
 /// What the admin routes read from.
 #[derive(Clone)]
 pub struct Admin {
     pub bmdb: Bmdb,
-    pub supervisor: Option<Addr<Supervisor>>,
+    pub supervisor: Option<Recipient<GetSupervisorStatus>>,
     /// The process's metric series (Equinix API requests, heartbeats);
     /// `/metrics` adds the fleet's, read from the BMDB at each scrape.
     pub registry: std::sync::Arc<Registry>,
@@ -294,7 +295,7 @@ fn detail_json(d: &MachineDetail) -> serde_json::Value {
             })),
             "agent_started": d.agent_started.as_ref().map(|(at, key)| json!({"at": rfc3339(*at), "public_key": hex(key)})),
             "agent_heartbeat": d.agent_heartbeat.map(rfc3339),
-            "hardware_report": d.hardware_report.as_deref().map(|raw| match crate::hardware::summarize(raw) {
+            "hardware_report": d.hardware_report.as_deref().map(|raw| match shepherd_agent::hardware::summarize(raw) {
                 Ok(h) => json!(h),
                 Err(e) => json!({ "error": e }),
             }),

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::auth::{self, Operator};
+use super::html::{REFRESH_SECONDS, error_page, esc, page};
 use super::{
     ActionBody, Admin, Listing, Page, Query, hex, internal, load_detail, rfc3339, run_action,
     status,
@@ -19,83 +20,12 @@ use crate::bmdb::duty::Holder;
 use crate::bmdb::machines::{self, Heartbeat, MachineState};
 use crate::bmdb::overview::{self, Activity};
 
-/// Pages reload themselves this often.
-const REFRESH_SECONDS: u32 = 30;
 /// Machines per page of the fleet.
 const PAGE_SIZE: i64 = 100;
 /// The chart: buckets of this long…
 const CHART_BUCKET: Duration = Duration::from_secs(600);
 /// …this many (six hours).
 const CHART_BUCKETS: u32 = 36;
-
-pub(super) fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&#39;")
-}
-
-const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
-    table{border-collapse:collapse;margin:.5em 0}\
-    td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}\
-    th{background:#f4f4f4}.failed{color:#a00}.operator{background:#fff8e0}\
-    .held{background:#fde8c8}.notice{padding:.5em 1em;border:1px solid #e0b050;background:#fff8e0}\
-    .error{padding:.5em 1em;border:1px solid #c33;background:#fde8e8}\
-    form.filters{margin:1em 0}form.filters label{margin-right:1em}\
-    .actions form{display:inline-block;margin:0 1em .5em 0;padding:.5em;border:1px solid #ddd}\
-    section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.row>*{max-width:36em}.row>#activity{max-width:none}.muted{color:#777}nav a{margin-right:1em}\
-    .chart text{font:11px system-ui,sans-serif;fill:#444}";
-
-/// A whole page. `refresh`: reload itself every `REFRESH_SECONDS`.
-fn html(title: &str, body: &str, refresh: bool) -> String {
-    let refresh = if refresh {
-        format!("<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">")
-    } else {
-        String::new()
-    };
-    format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">{refresh}\
-         <meta name=\"viewport\" content=\"width=device-width\"><title>{t}</title>\
-         <style>{STYLE}</style></head><body><h1>{t}</h1>{body}</body></html>",
-        t = esc(title)
-    )
-}
-
-fn page(title: &str, body: &str, refresh: bool) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .body(html(title, body, refresh))
-}
-
-fn error_page(status: actix_web::http::StatusCode, message: &str, back: &str) -> HttpResponse {
-    let body = format!(
-        "<p class=\"error\" id=\"error\">{}</p><p><a href=\"{}\">back</a></p>",
-        esc(message),
-        esc(back)
-    );
-    HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .body(html("shepherd: not done", &body, false))
-}
-
-/// The login form (for servers with tokens).
-pub fn login_form(root: &str, error: Option<&str>) -> String {
-    let error = error
-        .map(|e| format!("<p class=\"error\">{}</p>", esc(e)))
-        .unwrap_or_default();
-    html(
-        "shepherd: log in",
-        &format!(
-            "{error}<form method=\"post\" action=\"{root}login\">\
-             <label>Admin token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" required></label> \
-             <button type=\"submit\">Log in</button></form>\
-             <p class=\"muted\">Or send <code>Authorization: Bearer &lt;token&gt;</code>.</p>",
-            root = esc(root)
-        ),
-        false,
-    )
-}
 
 fn ago(t: SystemTime) -> String {
     match SystemTime::now().duration_since(t) {
@@ -690,7 +620,11 @@ pub(super) async fn machine_page(
     }
 
     b.push_str("<h2>Hardware</h2>");
-    match d.hardware_report.as_deref().map(crate::hardware::summarize) {
+    match d
+        .hardware_report
+        .as_deref()
+        .map(shepherd_agent::hardware::summarize)
+    {
         None => b.push_str("<p id=\"hardware\">no report yet</p>"),
         Some(Err(e)) => {
             let _ = write!(b, "<p id=\"hardware\">{}</p>", esc(&e));
@@ -703,7 +637,7 @@ pub(super) async fn machine_page(
                 esc(&h.manufacturer),
                 esc(&h.product),
                 esc(&h.serial_number),
-                crate::hardware::bytes(h.memory_bytes),
+                shepherd_agent::hardware::bytes(h.memory_bytes),
                 esc(&h.efi)
             );
             for c in &h.cpus {
@@ -722,7 +656,7 @@ pub(super) async fn machine_page(
                     "<tr><th>disk</th><td>{} {} {}</td></tr>",
                     esc(&x.protocol),
                     esc(&x.model),
-                    crate::hardware::bytes(x.capacity_bytes)
+                    shepherd_agent::hardware::bytes(x.capacity_bytes)
                 );
             }
             for n in &h.nics {

@@ -35,6 +35,16 @@ pub struct BrakeSettings {
     pub window: Duration,
 }
 
+impl From<&crate::config::RecovererConfig> for BrakeSettings {
+    fn from(c: &crate::config::RecovererConfig) -> Self {
+        BrakeSettings {
+            max_silent: c.brake_max_silent,
+            max_silent_share: c.brake_max_silent_share,
+            window: c.brake_window,
+        }
+    }
+}
+
 impl Default for BrakeSettings {
     fn default() -> Self {
         BrakeSettings {

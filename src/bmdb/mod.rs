@@ -10,7 +10,6 @@
 //!   queries.
 
 pub mod actions;
-mod backoff;
 pub mod brake;
 pub mod callback;
 mod conn;
@@ -31,7 +30,7 @@ use rand::Rng;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-pub use backoff::{BACKOFF_CEILING_SECONDS, Backoff};
+pub use crate::backoff::{BACKOFF_CEILING_SECONDS, Backoff};
 pub use conn::Tx;
 pub use embedded::EmbeddedPostgres;
 pub use migrate::MigrationReport;

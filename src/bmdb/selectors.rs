@@ -208,6 +208,16 @@ pub struct RecoveryThresholds {
     pub callback_grace: Duration,
 }
 
+impl From<&crate::config::RecovererConfig> for RecoveryThresholds {
+    fn from(c: &crate::config::RecovererConfig) -> Self {
+        RecoveryThresholds {
+            silent_after_start: c.silent_after_start,
+            heartbeat_stale_after: c.heartbeat_stale_after,
+            callback_grace: c.callback_grace,
+        }
+    }
+}
+
 impl Default for RecoveryThresholds {
     fn default() -> Self {
         RecoveryThresholds {

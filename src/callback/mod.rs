@@ -8,8 +8,10 @@
 //! - [`writer`]: the `HeartbeatWriter` actor, which coalesces heartbeats
 //!   into one statement per batch (authentication included).
 //! - [`server`]: the gRPC service under both package names, over TLS.
+//!
+//! The agent's side (its client, its TLS configuration) is the agent's
+//! crate's, `shepherd_agent::callback`.
 
-pub mod client;
 pub mod metrics;
 pub mod server;
 pub mod tls;

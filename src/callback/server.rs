@@ -21,17 +21,14 @@ use uuid::Uuid;
 use super::metrics::{HeartbeatMetrics, Outcome};
 use super::tls::{KEY_LEN, ed25519_key};
 use super::writer::{Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat};
-use crate::agent::api::{
+use crate::bmdb::InstallationResult;
+use shepherd_agent::api::{
     AgentHardwareReport, HeartbeatRequestRaw, HeartbeatResponseRaw, OsInstallationReport,
     os_installation_report,
 };
-use crate::bmdb::InstallationResult;
 
 /// The method's path under each package agents in the field use.
-pub const HEARTBEAT_PATHS: [&str; 2] = [
-    "/cloud.bmaas.server.api.AgentCallback/Heartbeat",
-    "/cloud.agent.api.AgentCallback/Heartbeat",
-];
+pub use shepherd_agent::callback::HEARTBEAT_PATHS;
 
 /// How long a client has to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

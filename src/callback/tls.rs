@@ -403,63 +403,6 @@ impl ClientCertVerifier for AgentCertVerifier {
     }
 }
 
-/// An agent's TLS client configuration: trusts `ca_der` only, presents a
-/// self-signed certificate of the ed25519 key `seed`, offers ALPN `h2`.
-/// Used by the resident agent, the tests and the benchmark.
-pub fn agent_client_config(
-    ca_der: &[u8],
-    seed: &[u8; 32],
-) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(ca_der.to_vec()))
-        .map_err(|e| tls_err("the callback CA certificate", e))?;
-    let (cert, key) = self_signed_agent_cert(seed)?;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| tls_err("agent TLS", e))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(vec![cert], key)
-        .map_err(|e| tls_err("agent certificate", e))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
-}
-
-/// A self-signed certificate of the ed25519 key with this seed.
-pub fn self_signed_agent_cert(
-    seed: &[u8; 32],
-) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>), TlsError> {
-    let pkcs8 = ed25519_pkcs8(seed);
-    let key = rcgen::KeyPair::try_from(pkcs8.as_slice()).map_err(|e| tls_err("agent key", e))?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
-        .map_err(|e| tls_err("agent certificate", e))?;
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "shepherd agent");
-    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2124, 1, 1);
-    let cert = params
-        .self_signed(&key)
-        .map_err(|e| tls_err("agent certificate", e))?;
-    Ok((
-        cert.der().clone(),
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pkcs8)),
-    ))
-}
-
-/// PKCS#8 v1 of an ed25519 private key (RFC 8410): a fixed prefix and the
-/// 32-byte seed.
-fn ed25519_pkcs8(seed: &[u8; 32]) -> Vec<u8> {
-    const PREFIX: [u8; 16] = [
-        0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
-        0x20,
-    ];
-    let mut v = PREFIX.to_vec();
-    v.extend_from_slice(seed);
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,7 +434,7 @@ mod tests {
     #[test]
     fn an_agent_certificate_carries_its_key() {
         let seed = [7u8; 32];
-        let (cert, _) = self_signed_agent_cert(&seed).unwrap();
+        let (cert, _) = shepherd_agent::callback::self_signed_agent_cert(&seed).unwrap();
         let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
         assert_eq!(ed25519_key(&cert), Some(public.to_bytes()));
     }

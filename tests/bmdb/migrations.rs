@@ -1,4 +1,4 @@
-use shepherd::testing::TestDb;
+use shepherd::sim::testing::TestDb;
 
 use crate::count;
 
@@ -87,7 +87,7 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V9__fair_recovery"
         ]
     );
-    shepherd::testing::serve_test_endpoint(&bmdb).await;
+    shepherd::sim::testing::serve_test_endpoint(&bmdb).await;
     let (start, recovery) = bmdb
         .transact(async |tx| {
             Ok((
@@ -137,7 +137,7 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V9__fair_recovery"
         ]
     );
-    shepherd::testing::serve_test_endpoint(&bmdb).await;
+    shepherd::sim::testing::serve_test_endpoint(&bmdb).await;
     let (machine, session) = bmdb
         .transact(async |tx| {
             let m = tx.query_one(MACHINE, &[]).await?;

@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use shepherd::equinix::model::{Device, DeviceCreateRequest};
-use shepherd::equinix::sim::{Faults, SimConfig, Simulator, Stats};
 use shepherd::equinix::{
     ApiMetrics, ClientSettings, EquinixApi, EquinixError, Operation, WITNESS_TAG_PREFIX,
 };
 use shepherd::secret::Secret;
+use shepherd::sim::equinix::{Faults, SimConfig, Simulator, Stats};
 
 const ANY_PORT: &str = "127.0.0.1:0";
 

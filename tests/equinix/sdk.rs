@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use shepherd::equinix::sim::{SimConfig, Simulator};
+use shepherd::sim::equinix::{SimConfig, Simulator};
 
 #[actix_rt::test]
 async fn every_response_shape_satisfies_the_official_python_sdk() {

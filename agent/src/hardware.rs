@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::agent::api::{
+use crate::api::{
     AgentHardwareReport, BlockDevice, Cpu, EfiSupport, NetworkInterface, Node, block_device, cpu,
 };
 

@@ -16,12 +16,12 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::bmcsim::BmcSim;
 use crate::bmdb::Bmdb;
 use crate::config::{BmcConfig, BmcTls, Config, InventoryMachine, ProviderKind};
-use crate::equinix::sim::{Addressing, SimConfig, Simulator};
-use crate::machinesim::MachineSim;
 use crate::secret::Secret;
+use crate::sim::bmc::BmcSim;
+use crate::sim::equinix::{Addressing, SimConfig, Simulator};
+use crate::sim::machine::MachineSim;
 use crate::ssh::{HostKeyPolicy, SshIdentity};
 
 pub struct DemoOptions {

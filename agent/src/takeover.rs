@@ -1,14 +1,8 @@
-//! The agent takeover protocol (shared/CONTRACTS.md §1): the generated
-//! protobuf types and the one place a reply is judged.
+//! The takeover protocol (shared/CONTRACTS.md §1): the message shepherd
+//! sends on the agent's stdin, and the one place the agent's reply is
+//! judged.
 
-/// Generated from `proto/agent.proto`.
-pub mod api {
-    include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
-}
-
-pub mod resident;
-
-use api::{TakeoverInit, TakeoverResponse, takeover_response};
+use crate::api::{TakeoverInit, TakeoverResponse, takeover_response};
 use prost::Message;
 
 /// The public key length an agent must reply with (ed25519).
@@ -80,8 +74,8 @@ pub fn check_reply(sent: &TakeoverInit, stdout: &[u8]) -> Result<Takeover, Reply
 
 #[cfg(test)]
 mod tests {
-    use super::api::*;
     use super::*;
+    use crate::api::*;
 
     fn sent() -> TakeoverInit {
         init_message(uuid::Uuid::nil(), "bmaas.example:443", None)

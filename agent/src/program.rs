@@ -1,4 +1,4 @@
-//! `takeover-agent`: a stand-in for the real agent, for tests, benchmarks
+//! `takeover-agent` (its `main` is [`main`]): a stand-in for the real agent, for tests, benchmarks
 //! and the demo. Reads a `TakeoverInit` from stdin and replies a
 //! `TakeoverResponse` success echoing it, with a fresh ed25519 public key.
 //!
@@ -31,14 +31,9 @@ use std::time::Duration;
 
 use prost::Message;
 
-/// The protocol types, generated from proto/agent.proto. Included directly
-/// rather than through the shepherd library, so the agent stays small: it is
-/// the payload every takeover uploads.
-#[allow(dead_code)] // the callback messages: used by the resident agent to come
-mod api {
-    include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
-}
-use api::{TakeoverError, TakeoverInit, TakeoverResponse, TakeoverSuccess, takeover_response};
+use crate::api::{
+    TakeoverError, TakeoverInit, TakeoverResponse, TakeoverSuccess, takeover_response,
+};
 
 fn mode(exe: &Option<PathBuf>) -> String {
     let mut args = std::env::args().skip(1);
@@ -86,7 +81,8 @@ fn fresh_key() -> Vec<u8> {
     public_key(&rand::random())
 }
 
-fn main() {
+/// The agent program: the takeover on stdin, then the resident agent.
+pub fn main() {
     let exe = std::env::current_exe().ok();
     if std::env::args().nth(1).as_deref() == Some("--resident") {
         // Started by its systemd unit (at boot, or by a takeover).
@@ -180,16 +176,16 @@ fn main() {
 }
 
 /// The resident agent: heartbeats after the takeover
-/// (`shepherd::agent::resident` does the calling).
+/// (`crate::resident` does the calling).
 mod resident {
     use std::io::Write;
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
-    use shepherd::agent::api::{AgentHardwareReport, os_installation_report};
-    use shepherd::agent::resident::{Host, Resident};
+    use crate::api::{AgentHardwareReport, os_installation_report};
+    use crate::resident::{Host, Resident};
 
-    use super::api::TakeoverInit;
+    use crate::api::TakeoverInit;
 
     fn sidecar(exe: &Path, name: &str) -> Option<String> {
         let dir = exe.parent()?;
@@ -217,7 +213,7 @@ mod resident {
         };
         if how == "handoff" {
             let path = with_suffix(&exe, ".handoff");
-            if let Err(e) = shepherd::agent::resident::write_handoff(&path, &resident) {
+            if let Err(e) = crate::resident::write_handoff(&path, &resident) {
                 eprintln!("takeover-agent: cannot write {}: {e}", path.display());
                 std::process::exit(4);
             }
@@ -257,7 +253,7 @@ mod resident {
             .enable_all()
             .build()
             .expect("a runtime");
-        rt.block_on(shepherd::agent::resident::run(resident, ThisHost { exe }));
+        rt.block_on(crate::resident::run(resident, ThisHost { exe }));
         std::process::exit(0);
     }
 
@@ -268,7 +264,7 @@ mod resident {
             std::process::exit(1);
         };
         let state = with_suffix(&exe, ".state");
-        let resident = match shepherd::agent::resident::read_state(&state) {
+        let resident = match crate::resident::read_state(&state) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("takeover-agent: {}: {e}", state.display());
@@ -347,7 +343,7 @@ mod resident {
     /// Writes the state and the unit, and (re)starts it: the agent then
     /// survives reboots and a restart replaces the previous one.
     fn install_unit(exe: &Path, unit: &str, resident: &Resident) -> std::io::Result<()> {
-        shepherd::agent::resident::write_state(&with_suffix(exe, ".state"), resident)?;
+        crate::resident::write_state(&with_suffix(exe, ".state"), resident)?;
         let text = format!(
             "# Written by shepherd's agent at its takeover; rewritten by the next.\n\
              [Unit]\n\
@@ -440,7 +436,7 @@ mod resident {
         }
 
         fn hardware_report(&self) -> AgentHardwareReport {
-            shepherd::hardware::report()
+            crate::hardware::report()
         }
 
         fn log(&self, line: std::fmt::Arguments<'_>) {
@@ -453,7 +449,7 @@ mod resident {
         fn refused_limit(&self) -> Duration {
             sidecar(&self.exe, "takeover-agent.refused-limit")
                 .and_then(|s| humantime::parse_duration(&s).ok())
-                .unwrap_or(shepherd::agent::resident::REFUSED_LIMIT)
+                .unwrap_or(crate::resident::REFUSED_LIMIT)
         }
     }
 }

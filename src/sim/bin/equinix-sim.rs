@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use clap::Parser;
-use shepherd::equinix::sim::{Addressing, Faults, SimConfig, Simulator};
+use shepherd::sim::equinix::{Addressing, Faults, SimConfig, Simulator};
 
 #[derive(Parser)]
 #[command(

@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use shepherd::equinix::sim::Faults;
-use shepherd::fleetsim::{FleetOptions, FleetSim};
 use shepherd::secret::write_private;
+use shepherd::sim::equinix::Faults;
+use shepherd::sim::fleet::{FleetOptions, FleetSim};
 
 #[derive(Parser)]
 #[command(

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use prost::Message as _;
 
-use super::api::{
+use crate::api::{
     AgentHardwareReport, HeartbeatRequest, HeartbeatResponseRaw, OsInstallationReport,
     OsInstallationRequest, os_installation_report,
 };
-use crate::callback::client;
+use crate::callback as client;
 
 /// What the agent was told at its takeover, and its key.
 #[derive(Clone)]
@@ -165,7 +165,7 @@ impl Addresses {
 /// retries agree) and resolves the name again.
 pub async fn run(resident: Resident, host: impl Host) {
     let endpoint = resident.endpoint.as_str();
-    let server_name = crate::config::endpoint_host(endpoint)
+    let server_name = crate::callback::endpoint_host(endpoint)
         .unwrap_or("localhost")
         .to_string();
     let mut report_sent = false;
@@ -185,14 +185,13 @@ pub async fn run(resident: Resident, host: impl Host) {
     ));
     // The TLS client (its certificate made from the key) once, for every
     // connection.
-    let tls =
-        match crate::callback::tls::agent_client_config(&resident.ca_certificate, &resident.seed) {
-            Ok(t) => t,
-            Err(e) => {
-                host.log(format_args!("cannot make the TLS client: {e}"));
-                return;
-            }
-        };
+    let tls = match crate::callback::agent_client_config(&resident.ca_certificate, &resident.seed) {
+        Ok(t) => t,
+        Err(e) => {
+            host.log(format_args!("cannot make the TLS client: {e}"));
+            return;
+        }
+    };
     while host.alive() {
         // Resolve when nothing is known yet, and after every address failed.
         if addrs.list.is_empty() || (channel.is_none() && addrs.failed_in_row >= addrs.list.len()) {
@@ -317,7 +316,7 @@ pub fn write_handoff(path: &std::path::Path, r: &Resident) -> std::io::Result<()
         b.extend_from_slice(&(part.len() as u32).to_be_bytes());
         b.extend_from_slice(part);
     }
-    crate::secret::write_private(path, &b)
+    crate::files::write_private(path, &b)
 }
 
 /// The resident agent's state, kept (0600) beside it when it runs as a

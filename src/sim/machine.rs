@@ -165,7 +165,7 @@ impl Agents {
         self.inner.lock().unwrap().runs.entry(ip).or_default().execs += 1;
     }
 
-    fn start(&self, ip: IpAddr, resident: crate::agent::resident::Resident) {
+    fn start(&self, ip: IpAddr, resident: shepherd_agent::resident::Resident) {
         let mut inner = self.inner.lock().unwrap();
         inner.runs.entry(ip).or_default().agents += 1;
         let host = SimHost {
@@ -174,7 +174,7 @@ impl Agents {
             names: inner.names.clone(),
         };
         let machine_id = resident.machine_id.clone();
-        let task = tokio::spawn(crate::agent::resident::run(resident, host));
+        let task = tokio::spawn(shepherd_agent::resident::run(resident, host));
         if let Some(old) = inner.running.insert(ip, RunningAgent { machine_id, task }) {
             old.task.abort();
         }
@@ -194,17 +194,17 @@ struct SimHost {
     names: Arc<HashMap<String, Vec<IpAddr>>>,
 }
 
-impl crate::agent::resident::Host for SimHost {
+impl shepherd_agent::resident::Host for SimHost {
     fn interval(&self) -> std::time::Duration {
         self.interval
     }
 
-    fn install(&self, _generation: i64) -> crate::agent::api::os_installation_report::Result {
-        use crate::agent::api::os_installation_report::{Result, Success};
+    fn install(&self, _generation: i64) -> shepherd_agent::api::os_installation_report::Result {
+        use shepherd_agent::api::os_installation_report::{Result, Success};
         Result::Success(Success {})
     }
 
-    fn hardware_report(&self) -> crate::agent::api::AgentHardwareReport {
+    fn hardware_report(&self) -> shepherd_agent::api::AgentHardwareReport {
         simulated_hardware(self.ip)
     }
 
@@ -222,8 +222,8 @@ impl crate::agent::resident::Host for SimHost {
 
 /// A small server, the same for every simulated machine but for its serial
 /// number and MAC addresses (taken from its address).
-pub fn simulated_hardware(ip: IpAddr) -> crate::agent::api::AgentHardwareReport {
-    use crate::agent::api::{
+pub fn simulated_hardware(ip: IpAddr) -> shepherd_agent::api::AgentHardwareReport {
+    use shepherd_agent::api::{
         AgentHardwareReport, BlockDevice, Cpu, EfiSupport, NetworkInterface, Node, block_device,
     };
     let octets = match ip {
@@ -517,7 +517,7 @@ async fn run(mut channel: Channel<Msg>, path: PathBuf, ip: IpAddr, agents: Agent
         .unwrap_or(255);
     let mut handoff = path.clone().into_os_string();
     handoff.push(".handoff");
-    match crate::agent::resident::take_handoff(Path::new(&handoff)) {
+    match shepherd_agent::resident::take_handoff(Path::new(&handoff)) {
         Ok(resident) => agents.start(ip, resident),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(machine = %ip, "agent handoff: {e}"),

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::secret::{Secret, redact_database_url};
 
+pub mod inventory;
+
 /// Environment variables with this prefix override file keys:
 /// `SHEPHERD__BMDB__URL` is `bmdb.url`.
 pub const ENV_PREFIX: &str = "SHEPHERD";
@@ -261,6 +263,18 @@ impl EquinixConfig {
     }
 }
 
+/// How a machine's SSH host key is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostKeyPolicy {
+    /// Record the key in the BMDB on first contact; refuse a changed key.
+    AcceptNew,
+    /// Accept only keys listed in `ssh.known_hosts_file`.
+    KnownHosts,
+    /// Accept any key (what the reference did). Not for production.
+    InsecureIgnore,
+}
+
 /// How shepherd logs in to machines.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -274,7 +288,7 @@ pub struct SshConfig {
     /// The whole takeover exchange: connect, upload, run, reply.
     #[serde(with = "humantime_serde")]
     pub exchange_timeout: Duration,
-    pub host_keys: crate::ssh::HostKeyPolicy,
+    pub host_keys: HostKeyPolicy,
     /// For `host_keys = "known-hosts"`.
     pub known_hosts_file: Option<PathBuf>,
     /// Largest agent reply accepted, in bytes.
@@ -298,7 +312,7 @@ impl Default for SshConfig {
             key_file: PathBuf::from("var/ssh/shepherd_ed25519"),
             connect_timeout: Duration::from_secs(10),
             exchange_timeout: Duration::from_secs(120),
-            host_keys: crate::ssh::HostKeyPolicy::AcceptNew,
+            host_keys: HostKeyPolicy::AcceptNew,
             known_hosts_file: None,
             max_stdout: 1 << 20,
             upload: UploadMethod::Sftp,
@@ -323,9 +337,7 @@ impl SshConfig {
                 "must be at least ssh.connect_timeout",
             ));
         }
-        if self.host_keys == crate::ssh::HostKeyPolicy::KnownHosts
-            && self.known_hosts_file.is_none()
-        {
+        if self.host_keys == HostKeyPolicy::KnownHosts && self.known_hosts_file.is_none() {
             return Err(ConfigError::key(
                 "ssh.known_hosts_file",
                 "must be set when ssh.host_keys is known-hosts",
@@ -419,8 +431,8 @@ impl InitializerConfig {
         Ok(())
     }
 
-    pub fn backoff(&self) -> crate::bmdb::Backoff {
-        crate::bmdb::Backoff {
+    pub fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff {
             initial: self.backoff_initial,
             maximum: Some(self.backoff_max),
             exponent: self.backoff_exponent,
@@ -778,24 +790,8 @@ impl Default for RecovererConfig {
 }
 
 impl RecovererConfig {
-    pub fn thresholds(&self) -> crate::bmdb::selectors::RecoveryThresholds {
-        crate::bmdb::selectors::RecoveryThresholds {
-            silent_after_start: self.silent_after_start,
-            heartbeat_stale_after: self.heartbeat_stale_after,
-            callback_grace: self.callback_grace,
-        }
-    }
-
-    pub fn brake(&self) -> crate::bmdb::brake::BrakeSettings {
-        crate::bmdb::brake::BrakeSettings {
-            max_silent: self.brake_max_silent,
-            max_silent_share: self.brake_max_silent_share,
-            window: self.brake_window,
-        }
-    }
-
-    pub fn backoff(&self) -> crate::bmdb::Backoff {
-        crate::bmdb::Backoff {
+    pub fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff {
             initial: self.backoff_initial,
             maximum: Some(self.backoff_max),
             exponent: self.backoff_exponent,
@@ -902,13 +898,9 @@ impl BmaasConfig {
     }
 }
 
-/// The host of a `host:port` endpoint (`[v6]:port` too).
-pub fn endpoint_host(endpoint: &str) -> Option<&str> {
-    let (host, port) = endpoint.trim().rsplit_once(':')?;
-    port.parse::<u16>().ok()?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    (!host.is_empty()).then_some(host)
-}
+/// The host of a `host:port` endpoint (`[v6]:port` too), read as agents
+/// read it.
+pub use shepherd_agent::callback::endpoint_host;
 
 /// The admin HTTP server.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -1079,7 +1071,7 @@ impl ProviderConfig {
                             ConfigError::key(format!("provider.inventory.machines[{i}].bmc.{k}"), e)
                         })?;
                     }
-                    if let Err(e) = crate::provider::inventory::check_id(&m.id) {
+                    if let Err(e) = inventory::check_id(&m.id) {
                         return Err(ConfigError::key(
                             format!("provider.inventory.machines[{i}].id"),
                             e,
@@ -1093,7 +1085,7 @@ impl ProviderConfig {
                     }
                 }
                 if let Some(f) = &self.inventory.file {
-                    crate::provider::inventory::read_file(f)
+                    inventory::read_file(f)
                         .map_err(|m| ConfigError::key("provider.inventory.file", m))?;
                 }
             }

@@ -18,9 +18,9 @@ use std::time::Duration;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use serde::Serialize;
 
-use crate::equinix::sim::{Addressing, Faults, SimConfig, Simulator};
-use crate::machinesim::{MachineSim, Runs};
 use crate::secret::write_private;
+use crate::sim::equinix::{Addressing, Faults, SimConfig, Simulator};
+use crate::sim::machine::{MachineSim, Runs};
 use crate::ssh::SshIdentity;
 
 pub struct FleetOptions {
@@ -325,7 +325,7 @@ fn toml_path(p: &Path) -> String {
         .replace('"', "\\\"")
 }
 
-fn fleet_report(agents: &crate::machinesim::Agents, machines: usize) -> FleetReport {
+fn fleet_report(agents: &crate::sim::machine::Agents, machines: usize) -> FleetReport {
     let runs: BTreeMap<IpAddr, Runs> = agents.runs().into_iter().collect();
     FleetReport {
         machines,
@@ -342,7 +342,7 @@ fn fleet_report(agents: &crate::machinesim::Agents, machines: usize) -> FleetRep
     }
 }
 
-type Control = web::Data<(crate::machinesim::Agents, usize)>;
+type Control = web::Data<(crate::sim::machine::Agents, usize)>;
 
 async fn report(c: Control) -> HttpResponse {
     HttpResponse::Ok().json(fleet_report(&c.0, c.1))

@@ -1,0 +1,496 @@
+//! The house's rules (ARCHITECTURE.md, "The house"), checked on the
+//! source: the service's modules import only modules of a lower layer (so
+//! there is no circle among them), the files of one module form no circle,
+//! nothing in the service reaches the simulated floor (`src/sim/`), and the
+//! agent's crate links nothing of the service, directly or not.
+//!
+//!     cargo test --test house -- --nocapture
+//!
+//! prints the layers and every import between modules it found
+//! (`SHEPHERD_HOUSE_ROOT=DIR` reads another checkout's tree instead).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The service's modules, bottom up. A module may import only modules of
+/// a strictly lower layer. (`main.rs`, the binary, may import any; `sim`
+/// may import any and nothing imports it.)
+const LAYERS: &[&[&str]] = &[
+    &["secret", "backoff"],
+    &["config"],
+    &["bmdb", "equinix", "ssh", "telemetry"],
+    &["redfish", "callback", "control"],
+    &["provider", "initializer"],
+    &["provisioner", "recoverer", "updater"],
+    &["status"],
+    &["admin"],
+    &["supervisor"],
+];
+
+/// What the agent's crate must never depend on, at any depth: the service,
+/// its actor system, its database client, its HTTP server and client.
+const NOT_FOR_THE_AGENT: &[&str] = &[
+    "shepherd",
+    "actix",
+    "actix-rt",
+    "actix-web",
+    "awc",
+    "tokio-postgres",
+    "postgres-types",
+    "bb8",
+    "refinery",
+    "config",
+    "prometheus-client",
+    "russh",
+];
+
+/// This checkout, or the one `SHEPHERD_HOUSE_ROOT` names (to read
+/// another revision's tree against today's rules).
+fn root() -> PathBuf {
+    std::env::var_os("SHEPHERD_HOUSE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Source without comments, string and character literals (so a path in a
+/// doc comment or a message is not an import).
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    while i < b.len() {
+        if b[i..].starts_with(b"//") {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if b[i..].starts_with(b"/*") {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i..].starts_with(b"/*") {
+                    depth += 1;
+                    i += 2;
+                } else if b[i..].starts_with(b"*/") {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if (b[i] == b'r' || (b[i] == b'b' && b.get(i + 1) == Some(&b'r')))
+            && (i == 0 || !ident(b[i - 1]))
+            && {
+                let s = if b[i] == b'b' { i + 2 } else { i + 1 };
+                let hashes = b[s..].iter().take_while(|&&c| c == b'#').count();
+                b.get(s + hashes) == Some(&b'"')
+            }
+        {
+            let s = if b[i] == b'b' { i + 2 } else { i + 1 };
+            let hashes = b[s..].iter().take_while(|&&c| c == b'#').count();
+            let close: Vec<u8> = std::iter::once(b'"')
+                .chain(std::iter::repeat_n(b'#', hashes))
+                .collect();
+            let body = s + hashes + 1;
+            let end = b[body..]
+                .windows(close.len())
+                .position(|w| w == close.as_slice())
+                .map_or(b.len(), |p| body + p + close.len());
+            out.push_str("\"\"");
+            i = end;
+        } else if b[i] == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if b[i] == b'\'' {
+            // A character literal ('x', '\n', '\u{..}'), not a lifetime.
+            let lit = if b.get(i + 1) == Some(&b'\\') {
+                b[i + 2..]
+                    .iter()
+                    .position(|&c| c == b'\'')
+                    .map(|p| i + 3 + p)
+            } else {
+                let ch = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                (b.get(i + 1 + ch) == Some(&b'\'')).then_some(i + 2 + ch)
+            };
+            match lit {
+                Some(end) => {
+                    out.push_str("'c'");
+                    i = end;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            let ch = text[i..].chars().next().unwrap();
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// The first path segments after `prefix::` (and inside `prefix::{…}`
+/// groups): the modules a file reaches through `prefix`.
+fn reached(code: &str, prefix: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let pat = format!("{prefix}::");
+    let b = code.as_bytes();
+    let mut at = 0;
+    while let Some(p) = code[at..].find(&pat) {
+        let start = at + p;
+        at = start + pat.len();
+        if start > 0 && (b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_') {
+            continue;
+        }
+        if b.get(at) == Some(&b'{') {
+            // A group: the first segment of each of its top-level items.
+            let (mut depth, mut expecting, mut name) = (0, false, String::new());
+            for &c in &b[at..] {
+                let is_ident = c.is_ascii_alphanumeric() || c == b'_';
+                if depth == 1 && expecting && is_ident {
+                    name.push(c as char);
+                    continue;
+                }
+                if !name.is_empty() {
+                    found.insert(std::mem::take(&mut name));
+                    expecting = false;
+                }
+                match c {
+                    b'{' => {
+                        depth += 1;
+                        expecting = depth == 1;
+                    }
+                    b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    b',' if depth == 1 => expecting = true,
+                    _ => {}
+                }
+            }
+        } else {
+            let name: String = code[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+/// `src/admin/pages.rs` → ["admin", "pages"]; `src/admin/mod.rs` → ["admin"].
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|l| l == "mod") || parts == ["lib"] {
+        parts.pop();
+    }
+    parts
+}
+
+struct SourceFile {
+    /// Relative to the checkout: `src/admin/mod.rs`.
+    path: String,
+    module: Vec<String>,
+    code: String,
+}
+
+fn service_files() -> Vec<SourceFile> {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| SourceFile {
+            path: f.strip_prefix(root()).unwrap().display().to_string(),
+            module: module_path(&src, &f),
+            code: code_only(&std::fs::read_to_string(&f).unwrap()),
+        })
+        .collect()
+}
+
+/// What the crate root re-exports (`pub use bmdb::{Bmdb, BmdbError};`):
+/// name → the module it comes from.
+fn root_reexports() -> BTreeMap<String, String> {
+    let lib = code_only(&std::fs::read_to_string(root().join("src/lib.rs")).unwrap());
+    let mut names = BTreeMap::new();
+    for stmt in lib.split(';') {
+        let Some(rest) = stmt.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, items)) = rest.split_once("::") else {
+            continue;
+        };
+        for item in items.trim_matches(['{', '}', ' ', '\n']).split(',') {
+            let name = item.rsplit(" as ").next().unwrap().trim();
+            if !name.is_empty() {
+                names.insert(name.to_string(), module.trim().to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The modules (top level, or siblings under one parent) a file imports.
+fn imports(f: &SourceFile) -> (BTreeSet<String>, BTreeSet<String>) {
+    let reexports = root_reexports();
+    let top: BTreeSet<String> = reached(&f.code, "crate")
+        .into_iter()
+        .map(|n| reexports.get(&n).cloned().unwrap_or(n))
+        .collect();
+    // `super::` from `a/b.rs` is `a`; from `a/mod.rs` (module [a]) it is the
+    // crate root, i.e. a top-level module.
+    let supers = reached(&f.code, "super");
+    let mut siblings = BTreeSet::new();
+    let mut top = top;
+    match f.module.len() {
+        0 => {}
+        1 => top.extend(supers),
+        _ => siblings.extend(supers),
+    }
+    (top, siblings)
+}
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
+}
+
+#[test]
+fn the_service_imports_only_lower_layers() {
+    let files = service_files();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for f in &files {
+        let Some(module) = f.module.first() else {
+            continue; // lib.rs declares the modules
+        };
+        if ["main", "bin", "sim"].contains(&module.as_str()) {
+            continue;
+        }
+        let Some(layer) = layer_of(module) else {
+            wrong.push(format!(
+                "{} is not in a layer: add `{module}` to LAYERS here and to ARCHITECTURE.md",
+                f.path
+            ));
+            continue;
+        };
+        for to in imports(f).0 {
+            if &to == module || to == "self" {
+                continue;
+            }
+            edges.entry(module.clone()).or_default().insert(to.clone());
+            match layer_of(&to) {
+                Some(l) if l < layer => {}
+                _ => wrong.push(format!(
+                    "{} ({module}, layer {layer}) imports {to} ({})",
+                    f.path,
+                    layer_of(&to).map_or("not a layer".to_string(), |l| format!("layer {l}"))
+                )),
+            }
+        }
+    }
+    println!("layers, bottom up:");
+    for (i, l) in LAYERS.iter().enumerate() {
+        println!("  {i}: {}", l.join(", "));
+    }
+    println!("imports:");
+    for (from, to) in &edges {
+        println!(
+            "  {from} -> {}",
+            to.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports against the layers:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_files_of_a_module_form_no_circle() {
+    let files = service_files();
+    // parent → (file → sibling files it imports)
+    let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for f in &files {
+        if f.module.len() < 2 {
+            continue;
+        }
+        let (parent, name) = f.module.split_at(f.module.len() - 1);
+        let siblings = imports(f).1;
+        graphs
+            .entry(parent.to_vec())
+            .or_default()
+            .insert(name[0].clone(), siblings);
+    }
+    let mut circles = Vec::new();
+    for (parent, g) in &graphs {
+        // Depth-first search for a back edge among the files present.
+        fn visit(
+            n: &str,
+            g: &BTreeMap<String, BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut BTreeSet<String>,
+            circles: &mut Vec<String>,
+        ) {
+            if let Some(i) = path.iter().position(|p| p == n) {
+                circles.push(format!("{} -> {n}", path[i..].join(" -> ")));
+                return;
+            }
+            if !done.insert(n.to_string()) {
+                return;
+            }
+            path.push(n.to_string());
+            for m in g
+                .get(n)
+                .into_iter()
+                .flatten()
+                .filter(|m| g.contains_key(*m))
+            {
+                visit(m, g, path, done, circles);
+            }
+            path.pop();
+        }
+        let mut found = Vec::new();
+        let mut done = BTreeSet::new();
+        for n in g.keys() {
+            visit(n, g, &mut Vec::new(), &mut done, &mut found);
+        }
+        for c in found {
+            circles.push(format!("src/{}/: {c}", parent.join("/")));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files importing each other:\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn nothing_in_the_service_reaches_the_simulated_floor() {
+    let mut wrong = Vec::new();
+    for f in service_files() {
+        let Some(module) = f.module.first() else {
+            continue;
+        };
+        if ["main", "bin", "sim"].contains(&module.as_str()) {
+            continue;
+        }
+        if imports(&f).0.contains("sim") {
+            wrong.push(f.path.clone());
+        }
+    }
+    assert!(wrong.is_empty(), "the service imports sim: {wrong:?}");
+    // main.rs may run the demo, only when the floor is built.
+    let main = std::fs::read_to_string(root().join("src/main.rs")).unwrap();
+    let uses = main.matches("shepherd::sim::").count();
+    let gated = main.matches("#[cfg(feature = \"sim\")]").count();
+    assert!(
+        uses == 0 || gated > 0,
+        "main.rs uses sim without the feature"
+    );
+}
+
+#[test]
+fn the_agent_crate_is_written_against_no_service_module() {
+    let src = root().join("agent/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() >= 5, "agent/src: {files:?}");
+    let mut wrong = Vec::new();
+    for f in files {
+        let code = code_only(&std::fs::read_to_string(&f).unwrap());
+        let reach = reached(&code, "shepherd");
+        if !reach.is_empty() {
+            wrong.push(format!("{}: shepherd::{reach:?}", f.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_agent_links_nothing_of_the_service() {
+    // Every crate the agent's build pulls in, at any depth, as cargo
+    // resolves it (normal dependencies: what ends up in the binary).
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-p",
+            "shepherd-agent",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let crates: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(
+        crates.contains("shepherd-agent") && crates.contains("tonic"),
+        "{tree}"
+    );
+    let bad: Vec<&&str> = NOT_FOR_THE_AGENT
+        .iter()
+        .filter(|c| crates.contains(**c))
+        .collect();
+    println!("the agent's crates ({}): {crates:?}", crates.len());
+    assert!(bad.is_empty(), "the agent depends on {bad:?}");
+}
+
+#[test]
+fn the_reader_sees_imports_as_the_compiler_does() {
+    // The checks above read the source; make sure they read it right.
+    let code = code_only(
+        "use crate::{a, b::{c, d}, e::f};\n// crate::comment\nlet s = \"crate::string\";\n\
+         let r = r#\"crate::raw \"quoted\"\"#; let c = '\"'; fn x<'a>(_: &'a str) {}\n\
+         super::g::h(); crate::i::j(); my_crate::k();",
+    );
+    let top: Vec<String> = reached(&code, "crate").into_iter().collect();
+    assert_eq!(top, ["a", "b", "e", "i"]);
+    let sup: Vec<String> = reached(&code, "super").into_iter().collect();
+    assert_eq!(sup, ["g"]);
+}

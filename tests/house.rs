@@ -262,7 +262,8 @@ fn root_reexports() -> BTreeMap<String, String> {
 
 /// The modules (top level, or siblings under one parent) a file imports.
 fn imports(f: &SourceFile) -> (BTreeSet<String>, BTreeSet<String>) {
-    let reexports = root_reexports();
+    static REEXPORTS: std::sync::OnceLock<BTreeMap<String, String>> = std::sync::OnceLock::new();
+    let reexports = REEXPORTS.get_or_init(root_reexports);
     let top: BTreeSet<String> = reached(&f.code, "crate")
         .into_iter()
         .map(|n| reexports.get(&n).cloned().unwrap_or(n))

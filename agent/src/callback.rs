@@ -26,17 +26,20 @@ pub fn endpoint_host(endpoint: &str) -> Option<&str> {
     (!host.is_empty()).then_some(host)
 }
 
-/// Why an agent's TLS configuration could not be made.
+/// Why a TLS configuration, key or certificate of the callback could not be
+/// made or read (the agent's here; the server's in shepherd's
+/// `callback::tls`): what it was, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{what}: {message}")]
 pub struct TlsError {
-    what: &'static str,
+    what: String,
     message: String,
 }
 
-fn tls_err(what: &'static str, message: impl std::fmt::Display) -> TlsError {
+/// A [`TlsError`] about `what`.
+pub fn tls_err(what: impl Into<String>, message: impl std::fmt::Display) -> TlsError {
     TlsError {
-        what,
+        what: what.into(),
         message: message.to_string(),
     }
 }

@@ -23,19 +23,8 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 /// The ed25519 public key length.
 pub const KEY_LEN: usize = 32;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{what}: {message}")]
-pub struct TlsError {
-    what: String,
-    message: String,
-}
-
-fn tls_err(what: impl Into<String>, message: impl std::fmt::Display) -> TlsError {
-    TlsError {
-        what: what.into(),
-        message: message.to_string(),
-    }
-}
+pub use shepherd_agent::callback::TlsError;
+use shepherd_agent::callback::tls_err;
 
 /// Where the callback's certificates live, or come from.
 #[derive(Debug, Clone)]

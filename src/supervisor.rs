@@ -24,6 +24,7 @@ use crate::provider::equinix::Equinix;
 use crate::provider::inventory::Inventory;
 use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
 use crate::recoverer::{AgentWaits, BrakeWatch, RebootWait, Recoverer};
+use crate::rollouts::RolloutDriver;
 use crate::status::{GetSupervisorStatus, SupervisorStatus};
 use crate::updater::Updater;
 
@@ -44,6 +45,21 @@ pub struct Parts {
     pub serves: Option<String>,
     /// The agent callback's certificates, when it is enabled.
     pub callback: Option<crate::callback::ServerIdentity>,
+}
+
+/// Where agents fetch served images: `installations.images_endpoint`, else
+/// the agents' callback host with the image server's port, else the image
+/// server's own address.
+pub fn images_endpoint(cfg: &Config, callback: Option<&str>) -> String {
+    if let Some(e) = &cfg.installations.images_endpoint {
+        return e.clone();
+    }
+    let port = cfg.installations.images_listen.port();
+    match callback.and_then(crate::config::endpoint_host) {
+        Some(h) if h.contains(':') => format!("[{h}]:{port}"),
+        Some(h) => format!("{h}:{port}"),
+        None => cfg.installations.images_listen.to_string(),
+    }
 }
 
 /// The agent callback's identity: the fleet's CA, shared by every shepherd
@@ -74,6 +90,19 @@ async fn callback_identity(
     let ip = cfg.bmaas.listen.ip();
     if !ip.is_unspecified() && !names.contains(&ip.to_string()) {
         names.push(ip.to_string());
+    }
+    // The image server presents the same certificate.
+    if cfg.installations.images_dir.is_some() {
+        let images = images_endpoint(cfg, endpoint);
+        if let Some(h) = crate::config::endpoint_host(&images) {
+            if !names.iter().any(|n| n == h) {
+                names.push(h.to_string());
+            }
+        }
+        let ip = cfg.installations.images_listen.ip();
+        if !ip.is_unspecified() && !names.contains(&ip.to_string()) {
+            names.push(ip.to_string());
+        }
     }
     let files = crate::callback::CertFiles::in_dir(&dir);
     let local = crate::callback::tls::local_ca(&files)
@@ -216,6 +245,7 @@ pub struct Supervisor {
     initializer: Option<Addr<WorkMailbox<Initializer>>>,
     recoverer: Option<Addr<WorkMailbox<Recoverer>>>,
     updater: Option<Addr<Updater>>,
+    rollouts: Option<Addr<RolloutDriver>>,
     session_backoff: Duration,
     shutting_down: bool,
 }
@@ -245,6 +275,7 @@ impl Supervisor {
             initializer: None,
             recoverer: None,
             updater: None,
+            rollouts: None,
             session_backoff: Duration::ZERO,
             shutting_down: false,
         }
@@ -294,6 +325,20 @@ impl Supervisor {
             self.updater =
                 Some(Updater::new(self.provider.clone(), self.cfg.updater.interval).start());
         }
+        let driver = self.rollouts.get_or_insert_with(|| {
+            RolloutDriver::new(self.cfg.installations.rollout_interval).start()
+        });
+        let _ = driver;
+    }
+
+    /// The rollout driver (started with the children, or now), for the
+    /// admin routes to nudge.
+    pub fn rollout_driver(&mut self) -> Addr<RolloutDriver> {
+        self.rollouts
+            .get_or_insert_with(|| {
+                RolloutDriver::new(self.cfg.installations.rollout_interval).start()
+            })
+            .clone()
     }
 
     /// How this shepherd judges silence: the provider, the thresholds,
@@ -316,6 +361,9 @@ impl Supervisor {
         }
         if let Some(r) = &self.recoverer {
             r.do_send(SetSession(session.clone()));
+        }
+        if let Some(d) = &self.rollouts {
+            d.do_send(SetSession(session.clone()));
         }
         if let Some(u) = &self.updater {
             u.do_send(SetSession(session));
@@ -492,6 +540,9 @@ impl Handler<Shutdown> for Supervisor {
         if let Some(u) = &updater {
             u.do_send(SetSession(None));
         }
+        if let Some(d) = &self.rollouts {
+            d.do_send(SetSession(None));
+        }
         let drain = self.cfg.supervisor.drain_timeout;
         Box::pin(
             async move {
@@ -539,6 +590,8 @@ pub struct Running {
     pub admin: crate::admin::Admin,
     /// The agent callback server, when enabled.
     pub callback: Option<crate::callback::Callback>,
+    /// The image server, when `installations.images_dir` is set.
+    pub images: Option<crate::images::ImageServer>,
 }
 
 impl Running {
@@ -556,6 +609,35 @@ impl Running {
 /// `Running::shutdown` when the application stops.
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     let mut parts = Parts::build(&cfg).await?;
+    let mut images = None;
+    let mut catalog = None;
+    if let Some(dir) = &cfg.installations.images_dir {
+        let Some(identity) = parts.callback.as_ref() else {
+            return Err(crate::ConfigError::key(
+                "installations.images_dir",
+                "the image server needs the agent callback's CA: set bmaas.enabled",
+            )
+            .into());
+        };
+        if !dir.is_dir() {
+            return Err(crate::ConfigError::key(
+                "installations.images_dir",
+                format!("{} is not a directory", dir.display()),
+            )
+            .into());
+        }
+        let c = crate::images::ImageCatalog::new(
+            dir.clone(),
+            &images_endpoint(&cfg, parts.serves.as_deref()),
+            identity.ca_der.clone(),
+        );
+        let tls = identity.web_server_config()?;
+        images = Some(
+            crate::images::ImageServer::start(&c, cfg.installations.images_listen, tls, 2)
+                .map_err(|e| anyhow::anyhow!("installations.images_listen {e}"))?,
+        );
+        catalog = Some(c);
+    }
     let callback = match parts.callback.take() {
         Some(identity) => Some(
             crate::callback::Callback::start(
@@ -602,14 +684,19 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         brake_release: cfg.recoverer.brake_release,
         ..admin
     };
-    let supervisor = Supervisor::new(cfg, parts, recovery_metrics).start();
+    let mut supervisor = Supervisor::new(cfg, parts, recovery_metrics);
+    let driver = supervisor.rollout_driver();
+    let supervisor = supervisor.start();
     Ok(Running {
         admin: crate::admin::Admin {
             supervisor: Some(supervisor.clone().recipient()),
+            rollouts: Some(driver.recipient()),
+            images: catalog,
             ..admin
         },
         supervisor,
         callback,
+        images,
     })
 }
 

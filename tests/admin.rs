@@ -625,35 +625,13 @@ fn evil_page(action: String) -> SocketAddr {
     addr
 }
 
-/// Runs tests/browser/admin_pages.py: what it saw, as JSON.
-async fn browse(args: Vec<String>) -> serde_json::Value {
-    tokio::task::spawn_blocking(move || {
-        let out = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/browser/admin_pages.py"
-            ))
-            .args(&args)
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "admin_pages.py {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    })
-    .await
-    .unwrap()
-}
-
 #[actix_rt::test]
 async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser() {
     let f = fleet().await;
     let token = "browser-admin-token-0123";
     let a = serve(&f, Some(token));
     let evil = evil_page(format!("http://{a}/machines/{}/release", f.pending));
-    let seen = browse(vec![
+    let seen = shepherd::sim::testing::browse(vec![
         "walk".into(),
         format!("http://{a}"),
         token.into(),

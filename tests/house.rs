@@ -19,10 +19,10 @@ use std::process::Command;
 const LAYERS: &[&[&str]] = &[
     &["secret", "backoff"],
     &["config"],
-    &["bmdb", "equinix", "ssh", "telemetry"],
+    &["bmdb", "equinix", "images", "ssh", "telemetry"],
     &["redfish", "callback", "control"],
     &["provider", "initializer"],
-    &["provisioner", "recoverer", "updater"],
+    &["provisioner", "recoverer", "rollouts", "updater"],
     &["status"],
     &["admin"],
     &["supervisor"],

@@ -16,10 +16,13 @@
 //! - [`callback`]: how an agent reaches the callback (TLS, gRPC, endpoint).
 //! - [`hardware`]: the hardware report read from /proc and /sys, and its
 //!   summary for operators.
+//! - [`install`]: operating system images written to a disk, streamed,
+//!   verified, resumed, bounded (CONTRACTS.md §4a).
 //! - [`files`]: private files (state, keys).
 //! - [`program`]: the `takeover-agent` program itself.
 
 /// Generated from `proto/agent.proto` and `proto/callback.proto`.
+#[allow(clippy::large_enum_variant)]
 pub mod api {
     include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
 }
@@ -27,6 +30,7 @@ pub mod api {
 pub mod callback;
 pub mod files;
 pub mod hardware;
+pub mod install;
 pub mod program;
 pub mod resident;
 pub mod takeover;

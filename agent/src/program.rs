@@ -18,8 +18,11 @@
 //! beside it, e.g. `500ms`, for tests), over TLS verified with the CA it was
 //! given, authenticated by a self-signed certificate of its key; its
 //! hardware report goes with the first heartbeat; an installation request
-//! is answered with a report of its generation (success, or an error if a
-//! `takeover-agent.install` file beside it says `error`). It backs off
+//! is carried out ([`crate::install`]: the image written to the disk the
+//! hints choose, on the disks a `takeover-agent.disks` file beside it lists
+//! if there is one) and answered with a report of its generation; a
+//! `takeover-agent.reboot` file saying `off` keeps it from rebooting
+//! afterwards. It backs off
 //! while the server is unreachable, and exits once its executable is gone.
 //! With `TAKEOVER_AGENT_RESIDENT=handoff` it hands its key and endpoint to
 //! the simulated machine that ran it (a `<executable>.handoff` file), which
@@ -81,6 +84,110 @@ fn fresh_key() -> Vec<u8> {
     public_key(&rand::random())
 }
 
+/// `takeover-agent --install URL DIGEST DISK [CA.der]`: installs an image
+/// by hand, as an installation request would, onto DISK (a block device,
+/// or a file standing for one), and prints one JSON line: the outcome, the
+/// seconds it took, the seconds to the first byte on the disk, the bytes
+/// fetched and written, and the process's peak resident memory. For an
+/// operator at a machine's console, and for the installation benchmark.
+fn install_by_hand(args: Vec<String>) -> i32 {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    let [url, digest, disk, rest @ ..] = args.as_slice() else {
+        eprintln!("usage: takeover-agent --install URL DIGEST DISK [CA.der]");
+        return 2;
+    };
+    let ca = match rest.first() {
+        Some(p) => match std::fs::read(p) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("takeover-agent: {p}: {e}");
+                return 2;
+            }
+        },
+        None => Vec::new(),
+    };
+    let path = std::path::Path::new(disk);
+    let target = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => crate::install::disk::Disk::file(path, m.len()),
+        _ => crate::install::disk::Disk::probe(path),
+    };
+    let target = match target {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("takeover-agent: {disk}: {e}");
+            return 2;
+        }
+    };
+    let req = crate::api::ImageInstallation {
+        url: url.clone(),
+        digest: digest.clone(),
+        ca_certificate: ca,
+        allow_boot_disk: true,
+        ..Default::default()
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("takeover-agent: {e}");
+            return 1;
+        }
+    };
+    let counters = Arc::new(crate::install::Counters::default());
+    let started = std::time::Instant::now();
+    let first = Arc::new(std::sync::Mutex::new(None::<f64>));
+    let watch = {
+        let (c, first) = (counters.clone(), first.clone());
+        std::thread::spawn(move || {
+            while c.written.load(Ordering::Relaxed) == 0 && started.elapsed().as_secs() < 3600 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            *first.lock().unwrap() = Some(started.elapsed().as_secs_f64());
+        })
+    };
+    let log = |l: std::fmt::Arguments<'_>| eprintln!("takeover-agent: {l}");
+    let r = rt.block_on(crate::install::install(
+        &req,
+        vec![target],
+        counters.clone(),
+        &crate::install::Limits::default(),
+        &log,
+    ));
+    let seconds = started.elapsed().as_secs_f64();
+    if r.is_err() {
+        counters.written.store(1, Ordering::Relaxed);
+    }
+    let _ = watch.join();
+    let peak_kb: u64 = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    let first = first.lock().unwrap().unwrap_or(seconds);
+    match r {
+        Ok(i) => {
+            println!(
+                "{{\"ok\":true,\"seconds\":{seconds:.3},\"first_byte_seconds\":{first:.3},\"fetched\":{},\"written\":{},\"peak_rss_kb\":{peak_kb},\"digest\":\"{}\"}}",
+                i.fetched, i.written, i.digest
+            );
+            0
+        }
+        Err(f) => {
+            println!(
+                "{{\"ok\":false,\"seconds\":{seconds:.3},\"peak_rss_kb\":{peak_kb},\"error\":{:?}}}",
+                f.error
+            );
+            1
+        }
+    }
+}
+
 /// The agent program: the takeover on stdin, then the resident agent.
 pub fn main() {
     let exe = std::env::current_exe().ok();
@@ -88,6 +195,9 @@ pub fn main() {
         // Started by its systemd unit (at boot, or by a takeover).
         resident::from_state(exe);
         return;
+    }
+    if std::env::args().nth(1).as_deref() == Some("--install") {
+        std::process::exit(install_by_hand(std::env::args().skip(2).collect()));
     }
     let mode = mode(&exe);
     let mut input = Vec::new();
@@ -182,7 +292,8 @@ mod resident {
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
-    use crate::api::{AgentHardwareReport, os_installation_report};
+    use crate::api::AgentHardwareReport;
+    use crate::install::disk::Disk;
     use crate::resident::{Host, Resident};
 
     use crate::api::TakeoverInit;
@@ -253,7 +364,11 @@ mod resident {
             .enable_all()
             .build()
             .expect("a runtime");
-        rt.block_on(crate::resident::run(resident, ThisHost { exe }));
+        // Read now: by the time a reboot is asked for, the files beside the
+        // agent may be the installed image's.
+        let reboot_off = std::env::var("TAKEOVER_AGENT_REBOOT").is_ok_and(|v| v == "0")
+            || sidecar(&exe, "takeover-agent.reboot").as_deref() == Some("off");
+        rt.block_on(crate::resident::run(resident, ThisHost { exe, reboot_off }));
         std::process::exit(0);
     }
 
@@ -411,6 +526,8 @@ mod resident {
     /// executable, read each round.
     struct ThisHost {
         exe: PathBuf,
+        /// Rebooting is turned off (tests on a developer's machine).
+        reboot_off: bool,
     }
 
     impl Host for ThisHost {
@@ -425,14 +542,58 @@ mod resident {
             self.exe.exists()
         }
 
-        fn install(&self, _generation: i64) -> os_installation_report::Result {
-            if sidecar(&self.exe, "takeover-agent.install").as_deref() == Some("error") {
-                os_installation_report::Result::Error(os_installation_report::Error {
-                    error: "simulated installation failure".into(),
+        /// The machine's disks, or those a `takeover-agent.disks` file
+        /// beside the executable lists (a device path per line; `PATH
+        /// SIZE` for a file standing for a disk of SIZE bytes).
+        fn disks(&self) -> Vec<Disk> {
+            let Some(list) = sidecar(&self.exe, "takeover-agent.disks") else {
+                return crate::install::disk::list();
+            };
+            list.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .filter_map(|l| {
+                    let r = match l.split_once(' ') {
+                        Some((p, size)) => size
+                            .trim()
+                            .parse()
+                            .map_err(|e| std::io::Error::other(format!("size {size:?}: {e}")))
+                            .and_then(|n| Disk::file(p, n)),
+                        None => Disk::probe(Path::new(l)),
+                    };
+                    r.map_err(|e| self.log(format_args!("takeover-agent.disks: {l}: {e}")))
+                        .ok()
                 })
-            } else {
-                os_installation_report::Result::Success(os_installation_report::Success {})
+                .collect()
+        }
+
+        fn install_record(&self) -> Option<PathBuf> {
+            Some(with_suffix(&self.exe, ".installation"))
+        }
+
+        /// The kernel's reboot call; a
+        /// `takeover-agent.reboot` file saying `off` beside the executable
+        /// when the agent started (or `TAKEOVER_AGENT_REBOOT=0`) turns it
+        /// into a log line, for tests on a developer's machine.
+        fn reboot(&self) -> Result<(), String> {
+            if self.reboot_off {
+                self.log(format_args!("rebooting is turned off here: not rebooting"));
+                return Ok(());
             }
+            // The installer flushed (and, after writing this system's own
+            // disk, wrote its guarded regions last): nothing more to sync.
+            nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT)
+                .map(|_| ())
+                .map_err(|e| format!("reboot(2): {e}"))
+        }
+
+        fn logger(&self) -> crate::resident::Logger {
+            std::sync::Arc::new(|line: std::fmt::Arguments<'_>| {
+                eprintln!(
+                    "{} takeover-agent: {line}",
+                    humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                )
+            })
         }
 
         fn hardware_report(&self) -> AgentHardwareReport {

@@ -20,8 +20,7 @@ use std::time::Duration;
 use prost::Message as _;
 
 use crate::api::{
-    AgentHardwareReport, HeartbeatRequest, HeartbeatResponseRaw, OsInstallationReport,
-    OsInstallationRequest, os_installation_report,
+    AgentHardwareReport, HeartbeatRequest, HeartbeatResponseRaw, OsInstallationRequest,
 };
 use crate::callback as client;
 
@@ -46,6 +45,9 @@ impl std::fmt::Debug for Resident {
     }
 }
 
+/// Where log lines of work beside the heartbeat loop go.
+pub type Logger = std::sync::Arc<dyn Fn(std::fmt::Arguments<'_>) + Send + Sync>;
+
 /// The machine an agent runs on, as the heartbeat loop sees it.
 pub trait Host: Send + 'static {
     /// Time until the next heartbeat; read before each wait.
@@ -54,12 +56,30 @@ pub trait Host: Send + 'static {
     fn alive(&self) -> bool {
         true
     }
-    /// The outcome of installing what generation `generation` asked for.
-    fn install(&self, generation: i64) -> os_installation_report::Result;
+    /// The disks an installation may write (chosen among by the request's
+    /// hints); read when an installation starts.
+    fn disks(&self) -> Vec<crate::install::disk::Disk> {
+        crate::install::disk::list()
+    }
+    /// Where the record of the last installation is kept across restarts
+    /// (None: in memory only).
+    fn install_record(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+    /// Time and retry limits of installations.
+    fn install_limits(&self) -> crate::install::Limits {
+        crate::install::Limits::default()
+    }
+    /// Reboots into the installed system, once its report was received.
+    fn reboot(&self) -> Result<(), String> {
+        Err("this host does not reboot".into())
+    }
     /// What the machine is made of, sent with the first heartbeat.
     fn hardware_report(&self) -> AgentHardwareReport;
     /// Where the agent's own log lines go.
     fn log(&self, line: std::fmt::Arguments<'_>);
+    /// The same, for an installation's own task.
+    fn logger(&self) -> Logger;
     /// The addresses `endpoint` stands for, when this host resolves it its
     /// own way (a simulated fleet's names); None: the system's resolver,
     /// as gRPC clients resolve DNS names.
@@ -73,6 +93,9 @@ pub trait Host: Send + 'static {
     }
 }
 
+/// While an installation is in hand the agent calls at least this often,
+/// so that its progress is seen.
+pub const INSTALLING_INTERVAL: Duration = Duration::from_secs(5);
 /// No answer within this long is a lost call: reconnect.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Agents calling at least this often keep their connection between calls.
@@ -169,7 +192,9 @@ pub async fn run(resident: Resident, host: impl Host) {
         .unwrap_or("localhost")
         .to_string();
     let mut report_sent = false;
-    let mut answer: Option<OsInstallationReport> = None;
+    // The report of an installation, sent until shepherd has it.
+    let mut answer: Option<crate::install::Answer> = None;
+    let mut installer = crate::install::Installer::new(host.install_record());
     let mut channel = None;
     let mut backoff = BACKOFF_INITIAL;
     let mut refused_since: Option<std::time::Instant> = None;
@@ -192,7 +217,10 @@ pub async fn run(resident: Resident, host: impl Host) {
             return;
         }
     };
-    while host.alive() {
+    // Once the running system's own disk was written, its files are not
+    // looked at again (reading the new image as the old filesystem makes
+    // the kernel record errors, which it writes to the disk).
+    while installer.wrote_boot_disk() || host.alive() {
         // Resolve when nothing is known yet, and after every address failed.
         if addrs.list.is_empty() || (channel.is_none() && addrs.failed_in_row >= addrs.list.len()) {
             addrs.failed_in_row = 0;
@@ -210,13 +238,17 @@ pub async fn run(resident: Resident, host: impl Host) {
                 }
             }
         }
+        if let Some(a) = installer.poll(&|l| host.log(l)) {
+            answer = Some(a);
+        }
         let ok = match channel.clone() {
             None => false,
             Some((c, addr)) => {
                 let req = HeartbeatRequest {
                     machine_id: resident.machine_id.clone(),
                     hardware_report: (!report_sent).then(|| host.hardware_report()),
-                    installation_report: answer.clone(),
+                    installation_report: answer.as_ref().map(|a| a.report.clone()),
+                    installation_progress: installer.progress(),
                 };
                 let call = client::call::<_, HeartbeatResponseRaw>(
                     c,
@@ -228,13 +260,42 @@ pub async fn run(resident: Resident, host: impl Host) {
                         report_sent = true;
                         refused_since = None;
                         addrs.answered();
-                        answer = resp.installation_request.and_then(|raw| {
-                            let r = OsInstallationRequest::decode(raw.as_slice()).ok()?;
-                            Some(OsInstallationReport {
-                                generation: r.generation,
-                                result: Some(host.install(r.generation)),
-                            })
-                        });
+                        let asked = resp
+                            .installation_request
+                            .and_then(|raw| OsInstallationRequest::decode(raw.as_slice()).ok());
+                        // An answer sent and no longer asked for was received.
+                        if let Some(a) = answer.take_if(|a| {
+                            asked
+                                .as_ref()
+                                .is_none_or(|r| r.generation != a.report.generation)
+                        }) {
+                            installer.acknowledged(a.report.generation);
+                            if a.reboot {
+                                installer.rebooting(&|l| host.log(l));
+                                host.log(format_args!(
+                                    "generation {} installed and reported: rebooting",
+                                    a.report.generation
+                                ));
+                                if let Err(e) = host.reboot() {
+                                    host.log(format_args!("cannot reboot: {e}"));
+                                }
+                            }
+                        }
+                        if let Some(r) = asked {
+                            let pending = answer
+                                .as_ref()
+                                .is_some_and(|a| a.report.generation == r.generation);
+                            if !pending {
+                                if let Some(a) = installer.request(
+                                    r,
+                                    || host.disks(),
+                                    host.install_limits(),
+                                    host.logger(),
+                                ) {
+                                    answer = Some(a);
+                                }
+                            }
+                        }
                         true
                     }
                     Ok(Err(status)) if status.code() == tonic::Code::Unauthenticated => {
@@ -282,7 +343,14 @@ pub async fn run(resident: Resident, host: impl Host) {
                 }
             }
         };
-        let every = host.interval();
+        let mut every = if installer.wrote_boot_disk() {
+            INSTALLING_INTERVAL
+        } else {
+            host.interval()
+        };
+        if installer.busy().is_some() {
+            every = every.min(INSTALLING_INTERVAL);
+        }
         if every >= KEEP_CONNECTION_BELOW {
             channel = None;
         }

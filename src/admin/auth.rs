@@ -239,3 +239,38 @@ pub async fn login_page(req: HttpRequest) -> HttpResponse {
         .content_type("text/html; charset=utf-8")
         .body(super::html::login_form(&root(&req), None))
 }
+
+/// The forms the pages post: each carries the CSRF token of its page.
+pub trait Form: serde::de::DeserializeOwned {
+    fn csrf(&self) -> &str;
+}
+
+/// A page's posted form, checked: from this site, parsed, by a logged-in
+/// operator, with a CSRF token bound to `bound` (a machine ID, or a form's
+/// name). Otherwise the error page, with a link back to `back`.
+pub(super) fn checked_form<T: Form>(
+    admin: &Admin,
+    req: &HttpRequest,
+    body: &[u8],
+    bound: &str,
+    back: &str,
+) -> Result<(T, Operator), HttpResponse> {
+    use super::html::error_page;
+    use actix_web::http::StatusCode;
+    same_origin(req).map_err(|e| error_page(StatusCode::FORBIDDEN, &e, back))?;
+    let form: T = serde_urlencoded::from_bytes(body)
+        .map_err(|e| error_page(StatusCode::BAD_REQUEST, &format!("the form: {e}"), back))?;
+    let operator = req
+        .extensions()
+        .get::<Operator>()
+        .cloned()
+        .ok_or_else(|| error_page(StatusCode::UNAUTHORIZED, "log in first", back))?;
+    if !admin.csrf.verify(&operator, bound, form.csrf()) {
+        return Err(error_page(
+            StatusCode::FORBIDDEN,
+            "the form's CSRF token is not valid here (reload the page and try again)",
+            back,
+        ));
+    }
+    Ok((form, operator))
+}

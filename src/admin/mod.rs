@@ -14,6 +14,7 @@
 
 mod auth;
 mod html;
+mod install_pages;
 mod pages;
 
 use prometheus_client::metrics::counter::Counter;
@@ -57,6 +58,10 @@ pub struct Admin {
     pub judge: Option<crate::bmdb::brake::Judge>,
     /// How long an operator's release of the brake lasts by default.
     pub brake_release: std::time::Duration,
+    /// Told when a rollout was created or canceled (moves it at once).
+    pub rollouts: Option<Recipient<crate::rollouts::Nudge>>,
+    /// The images this process serves, when it does.
+    pub images: Option<crate::images::ImageCatalog>,
 }
 
 impl Admin {
@@ -73,6 +78,8 @@ impl Admin {
             equinix: None,
             judge: None,
             brake_release: std::time::Duration::from_secs(3600),
+            rollouts: None,
+            images: None,
         }
     }
 }
@@ -96,6 +103,8 @@ impl RequestBudget {
 }
 
 pub use auth::{CsrfKey, Operator};
+
+pub mod installs;
 
 /// The admin routes, for `App::configure`. Needs `web::Data<Admin>`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -121,18 +130,64 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     .service(read_only("/metrics", metrics))
                     .service(read_only("/api/v1/machines", api_machines))
                     .service(read_only("/api/v1/machines/{id}", api_machine))
+                    .service(post_only(
+                        "/api/v1/machines/{id}/install",
+                        installs::api_install,
+                    ))
                     .service(post_only("/api/v1/machines/{id}/{action}", api_action))
+                    .service(
+                        web::resource("/api/v1/rollouts")
+                            .route(web::get().to(installs::api_rollouts))
+                            .route(web::head().to(installs::api_rollouts))
+                            .route(web::post().to(installs::api_rollout_create))
+                            .default_service(web::to(get_or_post_only)),
+                    )
+                    .service(read_only("/api/v1/rollouts/{id}", installs::api_rollout))
+                    .service(post_only(
+                        "/api/v1/rollouts/{id}/cancel",
+                        installs::api_rollout_cancel,
+                    ))
+                    .service(read_only("/api/v1/images", installs::api_images))
                     .service(read_only("/api/v1/brake", api_brake))
                     .service(post_only("/api/v1/brake/release", api_brake_release))
                     .service(post_only("/brake/release", pages::brake_form))
                     .service(read_only("/", pages::fleet_page))
                     .service(read_only("/machines/{id}", pages::machine_page))
-                    .service(post_only("/machines/{id}/{action}", pages::form_action)),
+                    .service(post_only(
+                        "/machines/{id}/install",
+                        install_pages::install_form,
+                    ))
+                    .service(post_only("/machines/{id}/{action}", pages::form_action))
+                    .service(
+                        web::resource("/rollouts")
+                            .route(web::get().to(install_pages::rollouts_page))
+                            .route(web::head().to(install_pages::rollouts_page))
+                            .route(web::post().to(install_pages::rollout_form))
+                            .default_service(web::to(get_or_post_only)),
+                    )
+                    .service(read_only("/rollouts/{id}", install_pages::rollout_page))
+                    .service(post_only(
+                        "/rollouts/{id}/cancel",
+                        install_pages::cancel_form,
+                    )),
             ),
     );
 }
 
 /// A resource that answers POST; any other method is 405 with `Allow`.
+/// 405 for a resource that takes GET, HEAD and POST.
+async fn get_or_post_only() -> HttpResponse {
+    let mut r = error_response(
+        actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed here (GET, HEAD or POST)",
+    );
+    r.headers_mut().insert(
+        actix_web::http::header::ALLOW,
+        actix_web::http::header::HeaderValue::from_static("GET, HEAD, POST"),
+    );
+    r
+}
+
 fn post_only<F, Args>(path: &str, handler: F) -> actix_web::Resource
 where
     F: actix_web::Handler<Args>,
@@ -336,6 +391,7 @@ fn detail_json(d: &MachineDetail) -> serde_json::Value {
             "by": by, "at": rfc3339(*at),
         })),
         "operator_actions": d.actions.iter().map(audit_json).collect::<Vec<_>>(),
+        "installation": d.installation.as_ref().map(installs::installation_json),
     })
 }
 

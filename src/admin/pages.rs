@@ -90,6 +90,18 @@ pub(super) struct BrakeForm {
     for_: String,
 }
 
+impl auth::Form for BrakeForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+impl auth::Form for ActionForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 /// `POST /brake/release` from the fleet page's banner: checks the origin
 /// and the CSRF token, releases, and sends the browser back to the page.
 pub(super) async fn brake_form(
@@ -97,27 +109,12 @@ pub(super) async fn brake_form(
     req: HttpRequest,
     form: web::Bytes,
 ) -> HttpResponse {
-    use actix_web::http::StatusCode;
     let back = "../".to_string();
-    if let Err(e) = auth::same_origin(&req) {
-        return error_page(StatusCode::FORBIDDEN, &e, &back);
-    }
-    let form: BrakeForm = match serde_urlencoded::from_bytes(&form) {
-        Ok(f) => f,
-        Err(e) => {
-            return error_page(StatusCode::BAD_REQUEST, &format!("the form: {e}"), &back);
-        }
-    };
-    let Some(operator) = req_operator(&req) else {
-        return error_page(StatusCode::UNAUTHORIZED, "log in first", &back);
-    };
-    if !admin.csrf.verify(&operator, BRAKE_FORM, &form.csrf) {
-        return error_page(
-            StatusCode::FORBIDDEN,
-            "the form's CSRF token is not valid here (reload the fleet page and try again)",
-            &back,
-        );
-    }
+    let (form, operator) =
+        match auth::checked_form::<BrakeForm>(&admin, &req, &form, BRAKE_FORM, &back) {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
     let body = super::ReleaseBody {
         reason: Some(form.reason),
         for_: Some(form.for_),
@@ -208,7 +205,8 @@ pub(super) async fn fleet_page(
         b,
         "<nav><a href=\"#machines\">machines</a><a href=\"#activity\">activity</a>\
          <a href=\"#sessions\">sessions</a><a href=\"#provisioner\">provisioner</a>\
-         <a href=\"#budget\">Equinix requests</a><a href=\"metrics\">metrics</a></nav>\
+         <a href=\"#budget\">Equinix requests</a><a href=\"rollouts\">rollouts</a>\
+         <a href=\"metrics\">metrics</a></nav>\
          <div class=\"row\"><div><p id=\"total\">{total} machines</p>\
          <p id=\"agents\">agents: <span id=\"heartbeating\">{heartbeating}</span> heartbeating, \
          <span id=\"silent\">{silent}</span> silent (no heartbeat within {})</p>\
@@ -235,7 +233,18 @@ pub(super) async fn fleet_page(
     );
 
     // The machines go last (they are long); the overview stays on top.
-    let machines_html = machines_section(&q, &filter, &list, matching, offset, limit);
+    let machines_html = machines_section(&q, &filter, &list, matching, offset, limit)
+        + &super::install_pages::fleet_rollout_form(
+            &admin,
+            req_operator(&req).as_ref(),
+            &[
+                ("state", q.state.as_deref()),
+                ("provider_status", q.provider_status.as_deref()),
+                ("heartbeat", q.heartbeat.as_deref()),
+                ("q", q.q.as_deref()),
+            ],
+            matching,
+        );
 
     b.push_str(
         "<section id=\"sessions\"><h2>Sessions</h2><table id=\"session-list\"><tr><th>session</th>\
@@ -619,6 +628,11 @@ pub(super) async fn machine_page(
         b.push_str("</section>");
     }
 
+    b.push_str(&super::install_pages::machine_section(
+        &admin,
+        &d,
+        operator.as_ref(),
+    ));
     b.push_str("<h2>Hardware</h2>");
     match d
         .hardware_report
@@ -773,28 +787,12 @@ pub(super) async fn form_action(
     path: web::Path<(String, String)>,
     form: web::Bytes,
 ) -> HttpResponse {
-    use actix_web::http::StatusCode;
     let (id, action) = path.into_inner();
     let back = format!("../{}", esc(&id));
-    if let Err(e) = auth::same_origin(&req) {
-        return error_page(StatusCode::FORBIDDEN, &e, &back);
-    }
-    let form: ActionForm = match serde_urlencoded::from_bytes(&form) {
-        Ok(f) => f,
-        Err(e) => {
-            return error_page(StatusCode::BAD_REQUEST, &format!("the form: {e}"), &back);
-        }
+    let (form, operator) = match auth::checked_form::<ActionForm>(&admin, &req, &form, &id, &back) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
-    let Some(operator) = req.extensions().get::<Operator>().cloned() else {
-        return error_page(StatusCode::UNAUTHORIZED, "log in first", &back);
-    };
-    if !admin.csrf.verify(&operator, &id, &form.csrf) {
-        return error_page(
-            StatusCode::FORBIDDEN,
-            "the form's CSRF token is not valid here (reload the machine page and try again)",
-            &back,
-        );
-    }
     let body = ActionBody {
         reason: Some(form.reason),
         process: Some(form.process),

@@ -132,12 +132,12 @@ macro_rules! audit_columns {
         "operator_action_id, machine_id, action, actor, \"timestamp\", reason, detail"
     };
 }
-const AUDIT_BY_ID: &str = concat!(
+pub(super) const AUDIT_BY_ID: &str = concat!(
     "SELECT ",
     audit_columns!(),
     " FROM operator_action WHERE operator_action_id = $1"
 );
-const AUDIT_INSERT: &str = concat!(
+pub(super) const AUDIT_INSERT: &str = concat!(
     "INSERT INTO operator_action (",
     audit_columns!(),
     ") VALUES ($1, $2, $3, $4, now(), $5, $6) RETURNING ",
@@ -149,7 +149,7 @@ const AUDIT_OF_MACHINE: &str = concat!(
     " FROM operator_action WHERE machine_id = $1 ORDER BY \"timestamp\", operator_action_id"
 );
 
-fn audit_from(r: &tokio_postgres::Row) -> Audit {
+pub(super) fn audit_from(r: &tokio_postgres::Row) -> Audit {
     Audit {
         id: r.get(0),
         machine_id: r.get(1),

@@ -218,21 +218,27 @@ pub enum MachineState {
     /// The agent went quiet and its recovery failed; waiting out the
     /// Recoverer's backoff.
     RecoveryBackoff,
+    /// Its agent is installing an operating system (asked, not answered).
+    Installing,
     /// Its OS installation is done.
     Installed,
+    /// Its agent answered the last installation with an error.
+    InstallFailed,
     /// No provider record.
     Unprovided,
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 8] = [
+    pub const ALL: [MachineState; 10] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
         MachineState::Held,
         MachineState::AgentStarted,
         MachineState::RecoveryBackoff,
+        MachineState::Installing,
         MachineState::Installed,
+        MachineState::InstallFailed,
         MachineState::Unprovided,
     ];
 
@@ -244,7 +250,9 @@ impl MachineState {
             MachineState::Held => "held",
             MachineState::AgentStarted => "agent-started",
             MachineState::RecoveryBackoff => "recovery-backoff",
+            MachineState::Installing => "installing",
             MachineState::Installed => "installed",
+            MachineState::InstallFailed => "install-failed",
             MachineState::Unprovided => "unprovided",
         }
     }
@@ -292,7 +300,9 @@ macro_rules! state_column {
     () => {
         "CASE WHEN s.shepherd_work THEN 'leased' \
               WHEN s.held THEN 'held' \
-              WHEN s.installation_fulfilled THEN 'installed' \
+              WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
+              WHEN s.installation = 'installing' AND s.agent_started_at IS NOT NULL \
+                   THEN 'installing' \
               WHEN s.agent_started_at IS NOT NULL AND s.recovery_not_before > now() \
                    THEN 'recovery-backoff' \
               WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
@@ -466,6 +476,8 @@ pub struct MachineDetail {
     pub reboot_request: Option<(String, SystemTime)>,
     /// What operators did to it, oldest first.
     pub actions: Vec<super::actions::Audit>,
+    /// The installation shepherd asked of it last, with its progress.
+    pub installation: Option<super::installations::Installation>,
 }
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
@@ -528,6 +540,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         hold: super::actions::hold(tx, machine_id).await?,
         reboot_request: super::actions::reboot_request(tx, machine_id).await?,
         actions: super::actions::audit(tx, machine_id).await?,
+        installation: super::installations::installation(tx, machine_id).await?,
     }))
 }
 

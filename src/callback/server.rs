@@ -23,8 +23,8 @@ use super::tls::{KEY_LEN, ed25519_key};
 use super::writer::{Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat};
 use crate::bmdb::InstallationResult;
 use shepherd_agent::api::{
-    AgentHardwareReport, HeartbeatRequestRaw, HeartbeatResponseRaw, OsInstallationReport,
-    os_installation_report,
+    AgentHardwareReport, HeartbeatRequestRaw, HeartbeatResponseRaw, InstallationProgress,
+    OsInstallationReport, os_installation_report,
 };
 
 /// The method's path under each package agents in the field use.
@@ -89,11 +89,21 @@ fn beat(peer: Option<&AgentPeer>, req: HeartbeatRequestRaw) -> Result<Beat, Stat
             })
         }
     };
+    let progress = match req.installation_progress {
+        None => None,
+        Some(raw) => {
+            let p = InstallationProgress::decode(raw.as_slice()).map_err(|e| {
+                Status::invalid_argument(format!("installation_progress does not decode: {e}"))
+            })?;
+            Some((p.generation, raw))
+        }
+    };
     Ok(Beat {
         machine_id,
         key,
         hardware_report: req.hardware_report,
         installation,
+        progress,
     })
 }
 

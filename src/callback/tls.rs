@@ -324,6 +324,26 @@ impl ServerIdentity {
     }
 }
 
+impl ServerIdentity {
+    /// A rustls configuration for plain HTTPS with the same certificate
+    /// (the image server): TLS 1.2 and 1.3, ALPN `http/1.1`, no client
+    /// certificate.
+    pub fn web_server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls_err("image server TLS", e))?
+            .with_no_client_auth()
+            .with_single_cert(
+                self.chain.clone(),
+                PrivateKeyDer::Pkcs8(self.key.clone_key()),
+            )
+            .map_err(|e| tls_err("image server certificate", e))?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(cfg)
+    }
+}
+
 /// The ed25519 public key of a certificate, if that is its key.
 pub fn ed25519_key(cert: &[u8]) -> Option<[u8; KEY_LEN]> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert).ok()?;

@@ -3,8 +3,8 @@
 //! Heartbeats that arrive while earlier batches are being written wait
 //! together and go to the BMDB as one statement: authenticate (the
 //! machine's `machine_agent_started` must hold exactly the caller's key),
-//! upsert the heartbeat, the hardware report and the installation report
-//! where given, and read the pending installation request, all for every
+//! upsert the heartbeat, the hardware report, the installation report and
+//! the installation progress where given, and read the pending installation request, all for every
 //! heartbeat of the batch at once. Each caller is answered only after the
 //! batch committed. Authentication reads the BMDB in that same statement,
 //! so there is no cache to go stale when another process changes a key.
@@ -28,6 +28,8 @@ pub struct Beat {
     /// `AgentHardwareReport` bytes exactly as received.
     pub hardware_report: Option<Vec<u8>>,
     pub installation: Option<InstallationReport>,
+    /// `InstallationProgress` bytes exactly as received, and its generation.
+    pub progress: Option<(i64, Vec<u8>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -212,8 +214,9 @@ impl Handler<GetWriterStats> for HeartbeatWriter {
 /// request answered by a report in this very batch is excluded by the
 /// batch's own generation.
 const WRITE_BEATS: &str = "WITH input AS ( \
-         SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::int4[], $5::text[], $6::bytea[]) \
-             AS i(machine_id, agent_key, hardware, generation, result, report)), \
+         SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::int4[], $5::text[], $6::bytea[], \
+                              $7::int8[], $8::bytea[]) \
+             AS i(machine_id, agent_key, hardware, generation, result, report, progress_generation, progress)), \
      auth AS ( \
          SELECT i.* FROM input i JOIN machine_agent_started a \
              ON a.machine_id = i.machine_id AND a.agent_public_key = i.agent_key), \
@@ -232,7 +235,12 @@ const WRITE_BEATS: &str = "WITH input AS ( \
          FROM auth WHERE generation IS NOT NULL \
          ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
              os_installation_result = EXCLUDED.os_installation_result, \
-             os_installation_report_raw = EXCLUDED.os_installation_report_raw) \
+             os_installation_report_raw = EXCLUDED.os_installation_report_raw), \
+     progress AS ( \
+         INSERT INTO machine_installation_progress (machine_id, generation, progress_raw, progress_at) \
+         SELECT machine_id, progress_generation, progress, now() FROM auth WHERE progress IS NOT NULL \
+         ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
+             progress_raw = EXCLUDED.progress_raw, progress_at = EXCLUDED.progress_at) \
      SELECT a.machine_id, r.os_installation_request_raw FROM auth a \
      LEFT JOIN machine_os_installation_request r ON r.machine_id = a.machine_id \
          AND a.generation IS DISTINCT FROM r.generation \
@@ -260,13 +268,30 @@ async fn write(bmdb: &Bmdb, beats: &[Beat]) -> Result<Vec<BeatOutcome>, BmdbErro
         .iter()
         .map(|b| b.installation.as_ref().map(|i| i.raw.clone()))
         .collect();
+    let progress_generations: Vec<Option<i64>> = beats
+        .iter()
+        .map(|b| b.progress.as_ref().map(|p| p.0))
+        .collect();
+    let progress: Vec<Option<Vec<u8>>> = beats
+        .iter()
+        .map(|b| b.progress.as_ref().map(|p| p.1.clone()))
+        .collect();
     // One statement, its own transaction: one round trip per batch. Every
     // part is an upsert of the same values, so running it twice is the
     // same as once.
     let rows = bmdb
         .query_idempotent(
             WRITE_BEATS,
-            &[&ids, &keys, &hardware, &generations, &results, &reports],
+            &[
+                &ids,
+                &keys,
+                &hardware,
+                &generations,
+                &results,
+                &reports,
+                &progress_generations,
+                &progress,
+            ],
         )
         .await?;
     let mut answered: std::collections::HashMap<Uuid, Option<Vec<u8>>> = rows

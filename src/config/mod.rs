@@ -56,6 +56,7 @@ pub struct Config {
     pub provisioner: ProvisionerConfig,
     pub recoverer: RecovererConfig,
     pub updater: UpdaterConfig,
+    pub installations: InstallationsConfig,
     pub supervisor: SupervisorConfig,
     pub admin: AdminConfig,
     pub bmaas: BmaasConfig,
@@ -1017,6 +1018,63 @@ impl Default for UpdaterConfig {
     }
 }
 
+/// Operating system installations: rollouts, and the image server.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InstallationsConfig {
+    /// How often running rollouts are moved on.
+    #[serde(with = "humantime_serde")]
+    pub rollout_interval: Duration,
+    /// shepherd serves the images in this directory (HTTP Range, over TLS
+    /// with a certificate of the callback CA, which agents are given).
+    /// Unset: no image server; installations name their image's URL.
+    pub images_dir: Option<PathBuf>,
+    pub images_listen: std::net::SocketAddr,
+    /// `host:port` agents fetch served images from. Unset: the host of
+    /// `bmaas.endpoint` and the port of `images_listen`.
+    pub images_endpoint: Option<String>,
+}
+
+impl Default for InstallationsConfig {
+    fn default() -> Self {
+        InstallationsConfig {
+            rollout_interval: Duration::from_secs(5),
+            images_dir: None,
+            images_listen: ([127, 0, 0, 1], 7831).into(),
+            images_endpoint: None,
+        }
+    }
+}
+
+impl InstallationsConfig {
+    fn validate(&mut self) -> Result<(), ConfigError> {
+        if self.rollout_interval.is_zero() {
+            return Err(ConfigError::key(
+                "installations.rollout_interval",
+                "must be positive",
+            ));
+        }
+        if self
+            .images_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            self.images_dir = None;
+        }
+        if let Some(e) = &self.images_endpoint {
+            if e.trim().is_empty() {
+                self.images_endpoint = None;
+            } else if endpoint_host(e).is_none() {
+                return Err(ConfigError::key(
+                    "installations.images_endpoint",
+                    "must be host:port (where agents fetch served images)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisorConfig {
@@ -1257,6 +1315,7 @@ impl Config {
         if self.updater.interval.is_zero() {
             return Err(ConfigError::key("updater.interval", "must be positive"));
         }
+        self.installations.validate()?;
         if self.supervisor.restart_backoff.is_zero() {
             return Err(ConfigError::key(
                 "supervisor.restart_backoff",

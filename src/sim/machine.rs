@@ -59,6 +59,10 @@ struct AgentsInner {
     /// Machines cut off (a partition): their SSH refuses connections.
     cut_off: std::collections::HashSet<IpAddr>,
     running: HashMap<IpAddr, RunningAgent>,
+    /// Each machine's directory: its disk (a sparse file) is `disk0` there.
+    root: PathBuf,
+    /// Machines rebooted into an installed system (their agent stopped).
+    rebooted: HashMap<IpAddr, u32>,
     /// Programs run per machine, and of those the agents that handed over
     /// (takeovers that succeeded on the machine's side).
     runs: HashMap<IpAddr, Runs>,
@@ -79,9 +83,11 @@ struct RunningAgent {
 }
 
 impl Agents {
-    fn new() -> Agents {
+    fn new(root: PathBuf) -> Agents {
         Agents {
             inner: Arc::new(std::sync::Mutex::new(AgentsInner {
+                root,
+                rebooted: HashMap::new(),
                 interval: std::time::Duration::from_secs(30),
                 names: Arc::new(HashMap::new()),
                 cut_off: Default::default(),
@@ -156,6 +162,11 @@ impl Agents {
         self.inner.lock().unwrap().runs.clone()
     }
 
+    /// Machines rebooted into an installed system, and how often.
+    pub fn rebooted(&self) -> HashMap<IpAddr, u32> {
+        self.inner.lock().unwrap().rebooted.clone()
+    }
+
     /// Machines whose agent runs now.
     pub fn running(&self) -> usize {
         self.inner.lock().unwrap().running.len()
@@ -172,6 +183,9 @@ impl Agents {
             ip,
             interval: inner.interval,
             names: inner.names.clone(),
+            dir: inner.root.join(ip.to_string()),
+            rebooted: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            agents: self.clone(),
         };
         let machine_id = resident.machine_id.clone();
         let task = tokio::spawn(shepherd_agent::resident::run(resident, host));
@@ -192,16 +206,75 @@ struct SimHost {
     ip: IpAddr,
     interval: std::time::Duration,
     names: Arc<HashMap<String, Vec<IpAddr>>>,
+    /// The machine's directory (its disk lives there).
+    dir: PathBuf,
+    /// Set once the agent rebooted the machine into an installed system:
+    /// the agent then stops, as the installed system runs none.
+    rebooted: Arc<std::sync::atomic::AtomicBool>,
+    agents: Agents,
 }
+
+/// The simulated disk's size: sparse, so only what is written takes room.
+pub const SIM_DISK_BYTES: u64 = 480_103_981_056;
 
 impl shepherd_agent::resident::Host for SimHost {
     fn interval(&self) -> std::time::Duration {
         self.interval
     }
 
-    fn install(&self, _generation: i64) -> shepherd_agent::api::os_installation_report::Result {
-        use shepherd_agent::api::os_installation_report::{Result, Success};
-        Result::Success(Success {})
+    fn alive(&self) -> bool {
+        !self.rebooted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// One NVMe disk, a sparse file in the machine's directory, with the
+    /// serial and model of its hardware report.
+    fn disks(&self) -> Vec<shepherd_agent::install::disk::Disk> {
+        let report = simulated_hardware(self.ip);
+        let Some(d) = report
+            .report
+            .and_then(|n| n.block_device.into_iter().next())
+        else {
+            return Vec::new();
+        };
+        let _ = std::fs::create_dir_all(&self.dir);
+        match shepherd_agent::install::disk::Disk::file(self.dir.join("disk0"), SIM_DISK_BYTES) {
+            Ok(mut disk) => {
+                disk.serial = Some(d.serial_number);
+                disk.model = Some(d.device_model);
+                disk.by_path = vec!["pci-0000:01:00.0-nvme-1".into()];
+                vec![disk]
+            }
+            Err(e) => {
+                tracing::warn!(machine = %self.ip, error = %e, "cannot make the simulated disk");
+                Vec::new()
+            }
+        }
+    }
+
+    /// EFI variables are files in the machine's directory.
+    fn install_limits(&self) -> shepherd_agent::install::Limits {
+        let efivars = self.dir.join("efivars");
+        let _ = std::fs::create_dir_all(&efivars);
+        shepherd_agent::install::Limits {
+            efivars,
+            ..Default::default()
+        }
+    }
+
+    /// The machine boots its installed system: the agent stops.
+    fn reboot(&self) -> Result<(), String> {
+        self.rebooted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut inner = self.agents.inner.lock().unwrap();
+        *inner.rebooted.entry(self.ip).or_default() += 1;
+        Ok(())
+    }
+
+    fn logger(&self) -> shepherd_agent::resident::Logger {
+        let ip = self.ip;
+        Arc::new(
+            move |line: std::fmt::Arguments<'_>| tracing::debug!(machine = %ip, "agent: {line}"),
+        )
     }
 
     fn hardware_report(&self) -> shepherd_agent::api::AgentHardwareReport {
@@ -298,7 +371,7 @@ impl MachineSim {
         });
         let mut tasks = Vec::new();
         let mut addresses = Vec::new();
-        let agents = Agents::new();
+        let agents = Agents::new(root.to_path_buf());
         for i in 0..count {
             let ip = Ipv4Addr::from(u32::from(first) + i as u32);
             let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), port)).await?;

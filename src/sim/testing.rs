@@ -293,7 +293,17 @@ const SSHD: &str = "/usr/sbin/sshd";
 
 impl Sshd {
     /// A free TCP port on 127.0.0.1.
+    /// A port free on 127.0.0.1 now, for a server a test starts. Chosen
+    /// below the kernel's ephemeral range (32768 and up), where outgoing
+    /// connections take their ports, so that none of the test's own
+    /// connections takes it before the server binds it.
     pub fn free_port() -> u16 {
+        for _ in 0..200 {
+            let port = rand::random_range(20_000..32_000);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -859,4 +869,27 @@ pub async fn served_since(bmdb: &Bmdb, endpoint: &str, ago: Duration) {
 /// no recorded endpoint, judged by it) is judgeable.
 pub async fn serve_test_endpoint(bmdb: &Bmdb) {
     served_since(bmdb, TEST_ENDPOINT, Duration::from_secs(86400)).await
+}
+
+/// Runs `tests/browser/admin_pages.py` (headless Chromium through
+/// chromedriver) with `args`: what it saw, as JSON.
+pub async fn browse(args: Vec<String>) -> serde_json::Value {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/browser/admin_pages.py"
+            ))
+            .args(&args)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "admin_pages.py {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    })
+    .await
+    .unwrap()
 }

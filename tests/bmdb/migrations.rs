@@ -7,7 +7,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_agent_heartbeat', 'machine_hardware_report', 'machine_os_installation_request', \
      'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts', 'fleet_duty', 'machine_hold', \
      'machine_reboot_request', 'operator_action', 'callback_ca', 'callback_endpoint', \
-     'recovery_power_action', 'recovery_brake')";
+     'recovery_power_action', 'recovery_brake', 'machine_installation', \
+     'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -25,14 +26,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V6__machine_bmc_facts",
             "V7__fleet_duties",
             "V8__operator_actions",
-            "V9__fair_recovery"
+            "V9__fair_recovery",
+            "V10__installations"
         ]
     );
-    assert_eq!(first.version, Some(9));
-    assert_eq!(count(&bmdb, TABLES).await, 21);
+    assert_eq!(first.version, Some(10));
+    assert_eq!(count(&bmdb, TABLES).await, 26);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(9));
+    assert_eq!(again.version, Some(10));
 }
 
 #[actix_rt::test]
@@ -45,13 +47,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 9],
+        [0, 10],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 21);
+    assert_eq!(count(&a, TABLES).await, 26);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        9
+        10
     );
 }
 
@@ -84,7 +86,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V6__machine_bmc_facts",
             "V7__fleet_duties",
             "V8__operator_actions",
-            "V9__fair_recovery"
+            "V9__fair_recovery",
+            "V10__installations"
         ]
     );
     shepherd::sim::testing::serve_test_endpoint(&bmdb).await;
@@ -134,7 +137,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V6__machine_bmc_facts",
             "V7__fleet_duties",
             "V8__operator_actions",
-            "V9__fair_recovery"
+            "V9__fair_recovery",
+            "V10__installations"
         ]
     );
     shepherd::sim::testing::serve_test_endpoint(&bmdb).await;

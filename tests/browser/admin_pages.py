@@ -3,6 +3,7 @@ operator would, and prints what it saw as JSON (tests/admin.rs asserts it).
 
     admin_pages.py walk BASE TOKEN PENDING_ID BACKED_OFF_ID STARTED_PROVIDER_ID EVIL_ORIGIN
     admin_pages.py screenshot URL PNG [WIDTH HEIGHT]
+    admin_pages.py install BASE MACHINE_ID SERVED_IMAGE PNG
 """
 
 import json
@@ -110,10 +111,58 @@ def screenshot(url, png, width=1280, height=2400):
         d.quit()
 
 
+def text(d, css):
+    found = d.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else None
+
+
+def install(base, machine, image, png):
+    """Asks for an installation with the machine page's form (no token:
+    the loopback's anonymous operator), then reloads the page until the
+    installation ends, noting every state, phase and progress seen."""
+    import time
+    seen = {"states": [], "phases": [], "progress": []}
+    d = browser(1280, 1800)
+    try:
+        d.get(f"{base}/machines/{machine}")
+        seen["before"] = text(d, "#install-none")
+        Select(d.find_element(By.NAME, "served")).select_by_value(image)
+        d.find_element(By.CSS_SELECTOR, "#form-install input[name=reason]").send_keys("from the page")
+        navigate(d, d.find_element(By.ID, "button-install").click)
+        seen["done_notice"] = text(d, "#done")
+        deadline = time.time() + 90
+        while True:
+            state = text(d, "#install-state")
+            if not seen["states"] or seen["states"][-1] != state:
+                seen["states"].append(state)
+            phase = text(d, "#install-phase")
+            if phase and (not seen["phases"] or seen["phases"][-1] != phase):
+                seen["phases"].append(phase)
+            bars = d.find_elements(By.ID, "install-progress")
+            if bars:
+                seen["progress"].append([bars[0].get_attribute("value"), bars[0].get_attribute("max")])
+            if state in ("installed", "install-failed") or time.time() > deadline:
+                break
+            time.sleep(0.3)
+            navigate(d, d.refresh)
+        seen["machine_state"] = text(d, "#state")
+        seen["bytes"] = text(d, "#install-bytes")
+        seen["result"] = text(d, "#install-result")
+        seen["by"] = text(d, "#install-by")
+        seen["events"] = [r.find_elements(By.TAG_NAME, "td")[2].text
+                          for r in d.find_elements(By.CSS_SELECTOR, "#install-history tr.install-event")]
+        d.save_screenshot(png)
+    finally:
+        d.quit()
+    print(json.dumps(seen))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "walk":
         walk(*sys.argv[2:8])
     elif sys.argv[1] == "screenshot":
         screenshot(*sys.argv[2:])
+    elif sys.argv[1] == "install":
+        install(*sys.argv[2:6])
     else:
-        sys.exit("walk or screenshot")
+        sys.exit("walk, screenshot or install")

@@ -1,0 +1,402 @@
+//! Fetching an image over HTTP(S), bounded in time at every step: the
+//! connection (TCP, TLS and the response's head) within `connect`, every
+//! piece of the body within `stall` of the last, the whole within the
+//! installation's deadline. A connection that drops or stalls midway is
+//! resumed where it stopped with a `Range` request (`If-Range` the first
+//! response's validator); a server that answers a resumption with the
+//! whole body again is read past what was already taken. Only attempts
+//! that bring nothing count against `retries`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http_body_util::BodyExt as _;
+use hyper_util::rt::TokioIo;
+
+/// Bytes are handed on in pieces of this size (the last may be shorter).
+pub const PIECE: usize = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct FetchLimits {
+    pub connect: Duration,
+    pub stall: Duration,
+    /// Attempts in a row that bring no byte before the fetch fails.
+    pub retries: u32,
+}
+
+impl Default for FetchLimits {
+    fn default() -> Self {
+        FetchLimits {
+            connect: Duration::from_secs(15),
+            stall: Duration::from_secs(30),
+            retries: 5,
+        }
+    }
+}
+
+/// What was fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fetched {
+    pub bytes: u64,
+    /// Connections resumed after the first.
+    pub resumes: u32,
+}
+
+/// Where the image is.
+#[derive(Debug, Clone)]
+struct Source {
+    https: bool,
+    host: String,
+    port: u16,
+    /// The request target: path and query.
+    target: String,
+    authority: String,
+}
+
+fn parse(url: &str) -> Result<Source, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("the image URL {url:?} is not a URL: {e}"))?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        other => {
+            return Err(format!(
+                "the image URL {url:?} has scheme {:?}; http and https are supported",
+                other.unwrap_or("")
+            ));
+        }
+    };
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("the image URL {url:?} names no host"))?;
+    if authority.as_str().contains('@') {
+        return Err("the image URL carries credentials; they are not supported".into());
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok(Source {
+        https,
+        port: authority.port_u16().unwrap_or(if https { 443 } else { 80 }),
+        host,
+        target: uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_else(|| "/".into()),
+        authority: authority.as_str().to_string(),
+    })
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// The TLS client for image servers: the request's CA if it gave one,
+/// else the web PKI roots.
+pub fn tls_config(ca_der: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    if ca_der.is_empty() {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    } else {
+        roots
+            .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
+            .map_err(|e| format!("the request's CA certificate: {e}"))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
+}
+
+async fn connect(src: &Source, tls: &Arc<rustls::ClientConfig>) -> Result<Box<dyn Io>, String> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((src.host.as_str(), src.port))
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", src.host))?
+        .collect();
+    let mut last = format!("{} resolves to no address", src.host);
+    for addr in addrs {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(tcp) => {
+                let _ = tcp.set_nodelay(true);
+                if !src.https {
+                    return Ok(Box::new(tcp));
+                }
+                let name = rustls::pki_types::ServerName::try_from(src.host.clone())
+                    .map_err(|e| format!("server name {}: {e}", src.host))?;
+                return match tokio_rustls::TlsConnector::from(tls.clone())
+                    .connect(name, tcp)
+                    .await
+                {
+                    Ok(s) => Ok(Box::new(s)),
+                    Err(e) => Err(format!("TLS with {addr}: {e}")),
+                };
+            }
+            Err(e) => last = format!("cannot connect to {addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// How one attempt ended.
+enum Attempt {
+    /// The body is complete.
+    Done,
+    /// Cut short (dropped, stalled, refused): the cause; try again.
+    Broken(String),
+    /// Not worth trying again (a 404, a changed length): the cause.
+    Fatal(String),
+}
+
+/// Fetches `url` from byte 0 to its end, handing every piece (of up to
+/// [`PIECE`] bytes, in order, each exactly once) to `sink`; a sink error
+/// stops the fetch with that error. `on_resume` is told of every
+/// resumption and its cause.
+pub async fn fetch<S, R>(
+    url: &str,
+    ca_der: &[u8],
+    expected_size: Option<u64>,
+    limits: &FetchLimits,
+    mut sink: S,
+    mut on_resume: R,
+) -> Result<Fetched, String>
+where
+    S: AsyncSink,
+    R: FnMut(u64, &str),
+{
+    let src = parse(url)?;
+    let tls = tls_config(ca_der)?;
+    let mut state = State {
+        taken: 0,
+        total: expected_size,
+        validator: None,
+        piece: BytesMut::with_capacity(PIECE),
+    };
+    let mut resumes = 0;
+    let mut fruitless = 0;
+    loop {
+        let before = state.taken;
+        let outcome = attempt(&src, &tls, limits, &mut state, &mut sink).await;
+        match outcome {
+            Attempt::Done => {
+                if !state.piece.is_empty() {
+                    let p = state.piece.split().freeze();
+                    sink.put(p).await?;
+                }
+                return Ok(Fetched {
+                    bytes: state.taken,
+                    resumes,
+                });
+            }
+            Attempt::Fatal(e) => return Err(e),
+            Attempt::Broken(cause) => {
+                if state.taken > before {
+                    fruitless = 0;
+                } else {
+                    fruitless += 1;
+                }
+                if fruitless > limits.retries {
+                    return Err(format!(
+                        "fetching {url} failed at byte {}: {cause} ({} attempts in a row brought nothing)",
+                        state.taken, fruitless
+                    ));
+                }
+                // At most 10 s between attempts.
+                let pause = Duration::from_millis(250 * (1 << fruitless.min(5)))
+                    .min(Duration::from_secs(10));
+                tokio::time::sleep(pause).await;
+                resumes += 1;
+                on_resume(state.taken, &cause);
+            }
+        }
+    }
+}
+
+/// Where the pieces go.
+pub trait AsyncSink {
+    fn put(&mut self, piece: Bytes)
+    -> impl std::future::Future<Output = Result<(), String>> + Send;
+}
+
+struct State {
+    /// Bytes of the body taken so far (handed on or in `piece`).
+    taken: u64,
+    total: Option<u64>,
+    /// The first response's ETag (strong) or Last-Modified.
+    validator: Option<String>,
+    piece: BytesMut,
+}
+
+async fn attempt<S: AsyncSink>(
+    src: &Source,
+    tls: &Arc<rustls::ClientConfig>,
+    limits: &FetchLimits,
+    state: &mut State,
+    sink: &mut S,
+) -> Attempt {
+    let head = async {
+        let io = connect(src, tls).await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("HTTP with {}: {e}", src.authority))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = http::Request::get(src.target.as_str())
+            .header(header::HOST, src.authority.as_str())
+            .header(header::USER_AGENT, "shepherd-agent")
+            .header(header::ACCEPT_ENCODING, "identity");
+        if state.taken > 0 {
+            req = req.header(header::RANGE, format!("bytes={}-", state.taken));
+            if let Some(v) = &state.validator {
+                req = req.header(header::IF_RANGE, v.as_str());
+            }
+        }
+        let req = req
+            .body(http_body_util::Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("request to {}: {e}", src.authority))
+    };
+    let resp = match tokio::time::timeout(limits.connect, head).await {
+        Err(_) => {
+            return Attempt::Broken(format!(
+                "{} did not answer within {}",
+                src.authority,
+                humantime::format_duration(limits.connect)
+            ));
+        }
+        Ok(Err(e)) => return Attempt::Broken(e),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    // Bytes of this body to drop: a server that ignored the Range sends
+    // the whole again.
+    let mut skip = 0u64;
+    match status.as_u16() {
+        200 => {
+            skip = state.taken;
+            let len = content_length(&resp);
+            if let (Some(total), Some(len)) = (state.total, len) {
+                if total != len {
+                    return Attempt::Fatal(format!(
+                        "the image at {} is {len} bytes, expected {total}",
+                        src.target
+                    ));
+                }
+            }
+            state.total = state.total.or(len);
+            if state.validator.is_none() {
+                state.validator = validator(&resp);
+            }
+        }
+        206 if state.taken > 0 => {
+            let range = resp
+                .headers()
+                .get(header::CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let start = range
+                .strip_prefix("bytes ")
+                .and_then(|r| r.split('-').next())
+                .and_then(|s| s.parse::<u64>().ok());
+            if start != Some(state.taken) {
+                return Attempt::Fatal(format!(
+                    "asked {} for bytes from {}, it sent {range:?}",
+                    src.authority, state.taken
+                ));
+            }
+        }
+        500..=599 | 408 | 429 => {
+            return Attempt::Broken(format!("{} answered {status}", src.authority));
+        }
+        _ => {
+            return Attempt::Fatal(format!(
+                "{} answered {status} for {}",
+                src.authority, src.target
+            ));
+        }
+    }
+    let mut body = resp.into_body();
+    loop {
+        let frame = match tokio::time::timeout(limits.stall, body.frame()).await {
+            Err(_) => {
+                return Attempt::Broken(format!(
+                    "the download stalled: no data for {}",
+                    humantime::format_duration(limits.stall)
+                ));
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Attempt::Broken(format!("the connection broke: {e}")),
+            Ok(Some(Ok(f))) => f,
+        };
+        let Ok(mut data) = frame.into_data() else {
+            continue;
+        };
+        if skip > 0 {
+            let n = skip.min(data.len() as u64) as usize;
+            let _ = data.split_to(n);
+            skip -= n as u64;
+        }
+        state.taken += data.len() as u64;
+        if let Some(total) = state.total {
+            if state.taken > total {
+                return Attempt::Fatal(format!(
+                    "{} sent more than the {total} bytes expected",
+                    src.authority
+                ));
+            }
+        }
+        while !data.is_empty() {
+            let room = PIECE - state.piece.len();
+            let n = room.min(data.len());
+            state.piece.extend_from_slice(&data.split_to(n));
+            if state.piece.len() == PIECE {
+                let p = state.piece.split().freeze();
+                state.piece.reserve(PIECE);
+                if let Err(e) = sink.put(p).await {
+                    return Attempt::Fatal(e);
+                }
+            }
+        }
+    }
+    match state.total {
+        Some(total) if state.taken < total => Attempt::Broken(format!(
+            "the connection ended at byte {} of {total}",
+            state.taken
+        )),
+        _ => Attempt::Done,
+    }
+}
+
+fn content_length<B>(r: &http::Response<B>) -> Option<u64> {
+    r.headers()
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+fn validator<B>(r: &http::Response<B>) -> Option<String> {
+    let etag = r
+        .headers()
+        .get(header::ETAG)
+        .and_then(|v| v.to_str().ok())
+        .filter(|e| !e.starts_with("W/"));
+    etag.or_else(|| {
+        r.headers()
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| v.to_str().ok())
+    })
+    .map(str::to_string)
+}

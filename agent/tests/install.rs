@@ -1,0 +1,929 @@
+//! The agent's image installation against real block devices (loop
+//! devices, when this runs as root; files standing for disks otherwise)
+//! fed by a real HTTP server on loopback that can drop or stall a
+//! connection midway. Images are real GPT layouts (the kernel's own parser
+//! must find their partitions), compressed by the gzip, zstd and xz
+//! programs.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shepherd_agent::api::{
+    DiskHints, ImageInstallation, OsInstallationRequest, os_installation_request,
+};
+use shepherd_agent::install::disk::Disk;
+use shepherd_agent::install::fetch::FetchLimits;
+use shepherd_agent::install::{Counters, Installer, Limits, install};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const MIB: u64 = 1 << 20;
+
+// ---------------------------------------------------------------- disks
+
+/// A disk to write: a loop device over a file when we may make one, else
+/// the file itself.
+struct TestDisk {
+    file: PathBuf,
+    device: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn can_loop() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAN.get_or_init(|| {
+        let root = nix_is_root();
+        let ok = root
+            && Command::new("losetup")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+            && Path::new("/dev/loop-control").exists();
+        if !ok {
+            eprintln!("not root or no loop devices: files stand for the disks");
+        }
+        ok
+    })
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+impl TestDisk {
+    fn new(size: u64) -> TestDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk.img");
+        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
+        let device = can_loop().then(|| {
+            let out = Command::new("losetup")
+                .args(["--find", "--show", "--partscan"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "losetup: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        });
+        TestDisk {
+            file,
+            device,
+            _dir: dir,
+        }
+    }
+
+    fn disk(&self) -> Disk {
+        match &self.device {
+            Some(d) => Disk::probe(Path::new(d)).unwrap(),
+            None => Disk::file(&self.file, std::fs::metadata(&self.file).unwrap().len()).unwrap(),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        match &self.device {
+            Some(d) => PathBuf::from(d),
+            None => self.file.clone(),
+        }
+    }
+
+    fn read(&self, at: u64, len: usize) -> Vec<u8> {
+        let f = std::fs::File::open(self.path()).unwrap();
+        let mut b = vec![0u8; len];
+        f.read_exact_at(&mut b, at).unwrap();
+        b
+    }
+
+    fn size(&self) -> u64 {
+        std::fs::metadata(&self.file).unwrap().len()
+    }
+
+    /// Partitions util-linux's `partx` (libblkid's parser) finds on the
+    /// disk; None when partx is not installed. (The kernel's own view is
+    /// not asked: kernels built without partition table support exist,
+    /// this machine's among them.)
+    fn partitions(&self) -> Option<usize> {
+        let out = Command::new("partx")
+            .args(["--show", "--noheadings", "--output", "NR"])
+            .arg(self.path())
+            .output()
+            .ok()?;
+        Some(String::from_utf8_lossy(&out.stdout).lines().count())
+    }
+}
+
+impl Drop for TestDisk {
+    fn drop(&mut self) {
+        if let Some(d) = &self.device {
+            let _ = Command::new("losetup").args(["-d", d]).status();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- images
+
+/// A GPT disk image of `size` bytes with two partitions (1 MiB–half,
+/// half–end less 1 MiB), filled with data that compresses some but not
+/// all the way.
+fn gpt_image(size: u64) -> Vec<u8> {
+    gpt_image_with(size, "0FC63DAF-8483-4772-8E79-3D69D8477DE4")
+}
+
+/// The same, its first partition of `first_type` (an EFI system partition's,
+/// say).
+fn gpt_image_with(size: u64, first_type: &str) -> Vec<u8> {
+    let sectors = size / 512;
+    let mut img = vec![0u8; size as usize];
+    // Content: runs of pseudo-random bytes and of zeros.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for (i, chunk) in img.chunks_mut(64 << 10).enumerate() {
+        if i % 3 != 2 {
+            for b in chunk.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = (x >> 24) as u8 & 0x3f;
+            }
+        }
+    }
+    // Protective MBR.
+    img[..512].fill(0);
+    img[446 + 4] = 0xee;
+    img[446 + 1..446 + 4].copy_from_slice(&[0, 2, 0]);
+    img[446 + 5..446 + 8].copy_from_slice(&[0xff, 0xff, 0xff]);
+    img[446 + 8..446 + 12].copy_from_slice(&1u32.to_le_bytes());
+    img[446 + 12..446 + 16]
+        .copy_from_slice(&((sectors - 1).min(u32::MAX as u64) as u32).to_le_bytes());
+    img[510] = 0x55;
+    img[511] = 0xaa;
+    // Partition entries: 128 of 128 bytes.
+    let mut entries = vec![0u8; 128 * 128];
+    let linux = guid_bytes("0FC63DAF-8483-4772-8E79-3D69D8477DE4");
+    let first_usable = 34u64;
+    let last_usable = sectors - 34;
+    let parts = [(2048, sectors / 2 - 1), (sectors / 2, last_usable - 2048)];
+    for (i, (start, end)) in parts.iter().enumerate() {
+        let e = &mut entries[i * 128..(i + 1) * 128];
+        e[..16].copy_from_slice(&if i == 0 {
+            guid_bytes(first_type)
+        } else {
+            linux
+        });
+        e[16..32].copy_from_slice(&[i as u8 + 1; 16]);
+        e[32..40].copy_from_slice(&start.to_le_bytes());
+        e[40..48].copy_from_slice(&end.to_le_bytes());
+        let name: Vec<u8> = format!("part{}", i + 1)
+            .encode_utf16()
+            .flat_map(|c| c.to_le_bytes())
+            .collect();
+        e[56..56 + name.len()].copy_from_slice(&name);
+    }
+    let entries_crc = crc32fast::hash(&entries);
+    let header = |current: u64, backup: u64, entries_lba: u64| {
+        let mut h = vec![0u8; 92];
+        h[..8].copy_from_slice(b"EFI PART");
+        h[8..12].copy_from_slice(&0x0001_0000u32.to_le_bytes());
+        h[12..16].copy_from_slice(&92u32.to_le_bytes());
+        h[24..32].copy_from_slice(&current.to_le_bytes());
+        h[32..40].copy_from_slice(&backup.to_le_bytes());
+        h[40..48].copy_from_slice(&first_usable.to_le_bytes());
+        h[48..56].copy_from_slice(&last_usable.to_le_bytes());
+        h[56..72].copy_from_slice(&[0x42; 16]);
+        h[72..80].copy_from_slice(&entries_lba.to_le_bytes());
+        h[80..84].copy_from_slice(&128u32.to_le_bytes());
+        h[84..88].copy_from_slice(&128u32.to_le_bytes());
+        h[88..92].copy_from_slice(&entries_crc.to_le_bytes());
+        let crc = crc32fast::hash(&h);
+        h[16..20].copy_from_slice(&crc.to_le_bytes());
+        let mut sector = vec![0u8; 512];
+        sector[..92].copy_from_slice(&h);
+        sector
+    };
+    let last = sectors - 1;
+    img[512..1024].copy_from_slice(&header(1, last, 2));
+    img[1024..1024 + entries.len()].copy_from_slice(&entries);
+    let backup_entries = (last - 32) * 512;
+    img[backup_entries as usize..backup_entries as usize + entries.len()].copy_from_slice(&entries);
+    img[(last * 512) as usize..].copy_from_slice(&header(last, 1, last - 32));
+    img
+}
+
+/// Partitions partx finds in an image (None: no partx).
+fn image_partitions(image: &[u8]) -> Option<usize> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("image");
+    std::fs::write(&path, image).unwrap();
+    let out = Command::new("partx")
+        .args(["--show", "--noheadings", "--output", "NR"])
+        .arg(&path)
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).lines().count())
+}
+
+fn guid_bytes(s: &str) -> [u8; 16] {
+    let h: String = s.chars().filter(|c| *c != '-').collect();
+    let b: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    // Mixed endian: the first three fields little-endian.
+    [
+        b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6], b[8], b[9], b[10], b[11], b[12], b[13],
+        b[14], b[15],
+    ]
+}
+
+/// `data` compressed by the named program (`gzip`, `zstd`, `xz`).
+fn compress(program: &str, data: &[u8]) -> Vec<u8> {
+    let mut child = Command::new(program)
+        .arg("-c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    let mut stdin = child.stdin.take().unwrap();
+    let data = data.to_vec();
+    let feeder = std::thread::spawn(move || stdin.write_all(&data).unwrap());
+    let mut out = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    feeder.join().unwrap();
+    assert!(child.wait().unwrap().success());
+    out
+}
+
+fn sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
+}
+
+// ---------------------------------------------------------------- server
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Behaviour {
+    Normal,
+    /// The first response ends (the connection closed) after this many
+    /// body bytes.
+    DropOnceAt(u64),
+    /// Every response stops sending at this byte of the file, and hangs.
+    StallAt(u64),
+    /// Ignores Range (always the whole file), and the first response ends
+    /// after this many body bytes.
+    DropOnceIgnoringRanges(u64),
+}
+
+struct Server {
+    url: String,
+    /// Request lines, with their Range header if any.
+    log: Arc<Mutex<Vec<String>>>,
+    /// Body bytes sent over all connections.
+    sent: Arc<AtomicU64>,
+}
+
+async fn serve(data: Vec<u8>, behaviour: Behaviour) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let data = Arc::new(data);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sent = Arc::new(AtomicU64::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (l, s) = (log.clone(), sent.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                return;
+            };
+            let (data, log, sent, dropped) = (data.clone(), l.clone(), s.clone(), dropped.clone());
+            tokio::spawn(async move {
+                let _ = respond(sock, data, behaviour, log, sent, dropped).await;
+            });
+        }
+    });
+    Server {
+        url: format!("http://{addr}/images/disk.img"),
+        log,
+        sent,
+    }
+}
+
+async fn respond(
+    mut sock: tokio::net::TcpStream,
+    data: Arc<Vec<u8>>,
+    behaviour: Behaviour,
+    log: Arc<Mutex<Vec<String>>>,
+    sent: Arc<AtomicU64>,
+    dropped: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = sock.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let line = text.lines().next().unwrap_or("").to_string();
+    let range = text
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("range: bytes=")
+                .map(str::to_string)
+        })
+        .and_then(|r| r.trim_end_matches('-').parse::<u64>().ok())
+        .filter(|_| !matches!(behaviour, Behaviour::DropOnceIgnoringRanges(_)));
+    log.lock().unwrap().push(match range {
+        Some(r) => format!("{line} Range: bytes={r}-"),
+        None => line,
+    });
+    let len = data.len() as u64;
+    let start = range.unwrap_or(0);
+    let resp = if start > 0 {
+        format!(
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{}/{len}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n",
+            len - start,
+            len - 1
+        )
+    } else {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n"
+        )
+    };
+    sock.write_all(resp.as_bytes()).await?;
+    let mut at = start;
+    while at < len {
+        let mut end = (at + (64 << 10)).min(len);
+        match behaviour {
+            Behaviour::DropOnceAt(n) | Behaviour::DropOnceIgnoringRanges(n)
+                if !dropped.load(Ordering::SeqCst) && end >= n =>
+            {
+                end = n;
+                sock.write_all(&data[at as usize..end as usize]).await?;
+                sent.fetch_add(end - at, Ordering::SeqCst);
+                dropped.store(true, Ordering::SeqCst);
+                // Close without sending the rest.
+                return Ok(());
+            }
+            Behaviour::StallAt(n) if end >= n => {
+                end = n.max(at);
+                sock.write_all(&data[at as usize..end as usize]).await?;
+                sent.fetch_add(end - at, Ordering::SeqCst);
+                sock.flush().await?;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                return Ok(());
+            }
+            _ => {}
+        }
+        sock.write_all(&data[at as usize..end as usize]).await?;
+        sent.fetch_add(end - at, Ordering::SeqCst);
+        at = end;
+    }
+    sock.flush().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn request(url: &str, digest: &str, size: Option<u64>) -> ImageInstallation {
+    ImageInstallation {
+        url: url.into(),
+        digest: digest.into(),
+        size_bytes: size.map(|s| s as i64),
+        ..Default::default()
+    }
+}
+
+fn quick() -> Limits {
+    Limits {
+        fetch: FetchLimits {
+            connect: Duration::from_secs(5),
+            stall: Duration::from_secs(2),
+            retries: 2,
+        },
+        deadline: Duration::from_secs(120),
+        ..Limits::default()
+    }
+}
+
+fn log_line(l: std::fmt::Arguments<'_>) {
+    eprintln!("agent: {l}");
+}
+
+async fn run(
+    req: &ImageInstallation,
+    disks: Vec<Disk>,
+) -> Result<shepherd_agent::install::Installed, String> {
+    install(
+        req,
+        disks,
+        Arc::new(Counters::default()),
+        &quick(),
+        &log_line,
+    )
+    .await
+    .map_err(|f| f.error)
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_gzip_zstd_and_xz_images_are_written_byte_for_byte() {
+    let image = gpt_image(24 * MIB);
+    for (name, served) in [
+        ("raw", image.clone()),
+        ("gzip", compress("gzip", &image)),
+        ("zstd", compress("zstd", &image)),
+        ("xz", compress("xz", &image)),
+    ] {
+        let disk = TestDisk::new(32 * MIB);
+        // Whatever was on the disk past the image stays.
+        std::fs::File::options()
+            .write(true)
+            .open(disk.path())
+            .unwrap()
+            .write_all_at(&[0x5a; 4096], 30 * MIB)
+            .unwrap();
+        let server = serve(served.clone(), Behaviour::Normal).await;
+        let req = request(&server.url, &sha256(&served), Some(served.len() as u64));
+        let done = run(&req, vec![disk.disk()])
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(done.format.to_string(), name);
+        assert!(done.warnings.is_empty(), "{name}: {:?}", done.warnings);
+        assert_eq!(done.written, image.len() as u64, "{name}");
+        assert_eq!(done.fetched, served.len() as u64, "{name}");
+        assert!(
+            disk.read(0, image.len()) == image,
+            "{name}: the disk differs from the image"
+        );
+        assert_eq!(
+            disk.read(30 * MIB, 4096),
+            vec![0x5a; 4096],
+            "{name}: past the image"
+        );
+        if let Some(n) = disk.partitions() {
+            assert_eq!(n, 2, "{name}: partx sees the image's partitions");
+        }
+        assert_eq!(server.log.lock().unwrap().len(), 1, "{name}: one request");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_mismatch_wipes_both_partition_tables_and_names_both_digests() {
+    let image = gpt_image(8 * MIB);
+    let disk = TestDisk::new(8 * MIB);
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let err = run(&request(&server.url, &wrong, None), vec![disk.disk()])
+        .await
+        .unwrap_err();
+    assert!(err.contains(&wrong), "{err}");
+    assert!(err.contains(&sha256(&image)), "{err}");
+    assert!(err.contains("wiped"), "{err}");
+    // The image's middle was written; its tables are gone.
+    assert_eq!(disk.read(0, 1 << 20), vec![0u8; 1 << 20]);
+    assert_eq!(disk.read(disk.size() - MIB, 1 << 20), vec![0u8; 1 << 20]);
+    assert_eq!(disk.read(2 * MIB, 4096), image[2 << 20..(2 << 20) + 4096]);
+    assert_eq!(
+        image_partitions(&image),
+        Some(2),
+        "partx reads the image's GPT"
+    );
+    if let Some(n) = disk.partitions() {
+        assert_eq!(n, 0, "no partition left");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_is_resumed_with_a_range_request_not_restarted() {
+    let image = gpt_image(16 * MIB);
+    let served = compress("zstd", &image);
+    let half = served.len() as u64 / 2;
+    let disk = TestDisk::new(16 * MIB);
+    let server = serve(served.clone(), Behaviour::DropOnceAt(half)).await;
+    let counters = Arc::new(Counters::default());
+    let done = install(
+        &request(&server.url, &sha256(&served), None),
+        vec![disk.disk()],
+        counters.clone(),
+        &quick(),
+        &log_line,
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.resumes, 1);
+    assert!(disk.read(0, image.len()) == image);
+    let log = server.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(
+        log[1],
+        format!("GET /images/disk.img HTTP/1.1 Range: bytes={half}-")
+    );
+    // Each byte was sent once.
+    assert_eq!(server.sent.load(Ordering::SeqCst), served.len() as u64);
+    let p = counters.progress(0);
+    assert_eq!(p.resumes, 1);
+    assert_eq!(p.bytes_fetched, served.len() as i64);
+    assert_eq!(p.bytes_written, image.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_ignoring_ranges_is_read_past_what_was_taken() {
+    let image = gpt_image(8 * MIB);
+    let disk = TestDisk::new(8 * MIB);
+    let server = serve(image.clone(), Behaviour::DropOnceIgnoringRanges(3 * MIB)).await;
+    let done = run(
+        &request(&server.url, &sha256(&image), None),
+        vec![disk.disk()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.written, image.len() as u64);
+    assert_eq!(done.resumes, 1);
+    assert!(disk.read(0, image.len()) == image);
+    let log = server.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 2, "{log:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_download_fails_within_the_stall_limit() {
+    let image = gpt_image(8 * MIB);
+    let disk = TestDisk::new(8 * MIB);
+    let server = serve(image.clone(), Behaviour::StallAt(4 * MIB)).await;
+    let limits = quick();
+    let started = Instant::now();
+    let err = install(
+        &request(&server.url, &sha256(&image), None),
+        vec![disk.disk()],
+        Arc::new(Counters::default()),
+        &limits,
+        &log_line,
+    )
+    .await
+    .unwrap_err()
+    .error;
+    let took = started.elapsed();
+    assert!(err.contains("stalled"), "{err}");
+    assert!(err.contains("no data for 2s"), "{err}");
+    assert!(err.contains("wiped"), "half an image was written: {err}");
+    // The first stall, then each fruitless retry (itself a stall) and its
+    // pause.
+    let bound = limits.fetch.stall * (limits.fetch.retries + 2) + Duration::from_secs(4);
+    assert!(took < bound, "took {took:?}, more than {bound:?}");
+    assert!(took >= limits.fetch.stall, "took {took:?}");
+    // Resumed, not restarted.
+    let log = server.log.lock().unwrap().clone();
+    assert!(
+        log[1..].iter().all(|l| l.contains("Range: bytes=4194304-")),
+        "{log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hints_must_choose_exactly_one_disk() {
+    let image = gpt_image(4 * MIB);
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    let (small, large) = (TestDisk::new(8 * MIB), TestDisk::new(16 * MIB));
+    let mut req = request(&server.url, &sha256(&image), None);
+    let err = run(&req, vec![]).await.unwrap_err();
+    assert_eq!(err, "the machine has no disk to write");
+    let err = run(&req, vec![small.disk(), large.disk()])
+        .await
+        .unwrap_err();
+    assert!(
+        err.starts_with("2 disks match the disk hints (none given), one must:"),
+        "{err}"
+    );
+    assert!(err.contains(&small.path().display().to_string()), "{err}");
+    assert!(err.contains(&large.path().display().to_string()), "{err}");
+    req.disk = Some(DiskHints {
+        min_size_bytes: Some(32 * MIB as i64),
+        ..Default::default()
+    });
+    let err = run(&req, vec![small.disk(), large.disk()])
+        .await
+        .unwrap_err();
+    assert!(
+        err.starts_with("no disk matches the disk hints (at least 32.0 MiB)"),
+        "{err}"
+    );
+    assert_eq!(server.log.lock().unwrap().len(), 0, "nothing fetched");
+    req.disk = Some(DiskHints {
+        min_size_bytes: Some(12 * MIB as i64),
+        ..Default::default()
+    });
+    run(&req, vec![small.disk(), large.disk()]).await.unwrap();
+    assert!(large.read(0, image.len()) == image);
+    assert_eq!(
+        small.read(0, 4096),
+        vec![0; 4096],
+        "the other disk is untouched"
+    );
+    // The running system's disk is never a candidate unless allowed.
+    let mut boot = small.disk();
+    boot.boot = true;
+    req.disk = None;
+    let err = run(&req, vec![boot.clone()]).await.unwrap_err();
+    assert!(err.contains("boot disk"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_larger_than_the_disk_fails_and_wipes() {
+    let image = gpt_image(12 * MIB);
+    let served = compress("gzip", &image);
+    let disk = TestDisk::new(8 * MIB);
+    let server = serve(served.clone(), Behaviour::Normal).await;
+    let err = run(
+        &request(&server.url, &sha256(&served), None),
+        vec![disk.disk()],
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("larger than the disk"), "{err}");
+    assert!(err.contains("wiped"), "{err}");
+    assert_eq!(disk.read(0, 4096), vec![0; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formats_that_cannot_be_written_are_refused_before_writing() {
+    let mut qcow = b"QFI\xfb\0\0\0\x03".to_vec();
+    qcow.resize(1 << 20, 0);
+    for served in [qcow.clone(), compress("xz", &qcow)] {
+        let disk = TestDisk::new(4 * MIB);
+        std::fs::File::options()
+            .write(true)
+            .open(disk.path())
+            .unwrap()
+            .write_all_at(&[7; 512], 0)
+            .unwrap();
+        let server = serve(served.clone(), Behaviour::Normal).await;
+        let err = run(
+            &request(&server.url, &sha256(&served), None),
+            vec![disk.disk()],
+        )
+        .await
+        .unwrap_err();
+        assert!(err.contains("qcow2"), "{err}");
+        assert!(!err.contains("wiped"), "nothing was written: {err}");
+        assert_eq!(disk.read(0, 512), vec![7; 512]);
+    }
+}
+
+#[test]
+fn a_restart_mid_install_never_installs_that_generation_twice() {
+    let image = gpt_image(8 * MIB);
+    let disk = TestDisk::new(8 * MIB);
+    let state = tempfile::tempdir().unwrap();
+    let record = state.path().join("agent.installation");
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let ask = |url: &str| OsInstallationRequest {
+        generation: 5,
+        r#type: Some(os_installation_request::Type::Image(request(
+            url,
+            &sha256(&image),
+            None,
+        ))),
+    };
+    let logger: shepherd_agent::resident::Logger = Arc::new(log_line);
+    // The first agent gets halfway and dies (its runtime is dropped).
+    let first = rt();
+    let server = first.block_on(serve(image.clone(), Behaviour::StallAt(4 * MIB)));
+    let d = disk.disk();
+    first.block_on(async {
+        let mut installer = Installer::new(Some(record.clone()));
+        assert!(
+            installer
+                .request(ask(&server.url), || vec![d], quick(), logger.clone())
+                .is_none()
+        );
+        let until = Instant::now() + Duration::from_secs(20);
+        while server.sent.load(Ordering::SeqCst) < 4 * MIB {
+            assert!(Instant::now() < until, "the download did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(installer.progress().unwrap().generation, 5);
+        std::mem::forget(installer);
+    });
+    let requests = server.log.lock().unwrap().len();
+    drop(first);
+    assert!(
+        std::fs::read_to_string(&record)
+            .unwrap()
+            .contains("state=started")
+    );
+    // Its successor is asked for the same generation: it answers from the
+    // record, fetches nothing, and the half image cannot boot.
+    let second = rt();
+    let good = second.block_on(serve(image.clone(), Behaviour::Normal));
+    second.block_on(async {
+        let mut installer = Installer::new(Some(record.clone()));
+        let answer = installer
+            .request(
+                ask(&good.url),
+                || vec![disk.disk()],
+                quick(),
+                logger.clone(),
+            )
+            .expect("answered at once");
+        assert_eq!(answer.report.generation, 5);
+        let Some(shepherd_agent::api::os_installation_report::Result::Error(e)) =
+            answer.report.result.clone()
+        else {
+            panic!("not an error: {:?}", answer.report);
+        };
+        assert!(e.error.contains("restarted"), "{}", e.error);
+        assert!(!answer.reboot);
+        // Asked again: the same answer, still nothing fetched.
+        let again = installer
+            .request(
+                ask(&good.url),
+                || vec![disk.disk()],
+                quick(),
+                logger.clone(),
+            )
+            .unwrap();
+        assert_eq!(again.report, answer.report);
+    });
+    assert_eq!(good.log.lock().unwrap().len(), 0, "nothing fetched again");
+    assert_eq!(server.log.lock().unwrap().len(), requests);
+    assert_eq!(disk.read(0, 1 << 20), vec![0u8; 1 << 20], "tables wiped");
+    assert!(
+        std::fs::read_to_string(&record)
+            .unwrap()
+            .contains("state=failed")
+    );
+}
+
+#[test]
+fn a_metropolis_request_is_answered_with_an_error() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut installer = Installer::new(None);
+        let answer = installer
+            .request(
+                OsInstallationRequest {
+                    generation: 3,
+                    r#type: Some(os_installation_request::Type::Metropolis(Default::default())),
+                },
+                Vec::new,
+                Limits::default(),
+                Arc::new(log_line),
+            )
+            .unwrap();
+        let Some(shepherd_agent::api::os_installation_report::Result::Error(e)) =
+            answer.report.result
+        else {
+            panic!("{:?}", answer.report);
+        };
+        assert!(e.error.contains("cannot install Metropolis"), "{}", e.error);
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_efi_boot_entry_for_the_installed_disk_goes_first_in_the_boot_order() {
+    const GLOBAL: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
+    let image = gpt_image_with(8 * MIB, "C12A7328-F81F-11D2-BA4B-00A0C93EC93B");
+    let disk = TestDisk::new(8 * MIB);
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    // The firmware's variables as efivarfs shows them: attributes, data.
+    let vars = tempfile::tempdir().unwrap();
+    let var = |name: &str| vars.path().join(format!("{name}-{GLOBAL}"));
+    std::fs::write(var("BootOrder"), [7, 0, 0, 0, 1, 0, 2, 0]).unwrap();
+    std::fs::write(var("Boot0001"), [7, 0, 0, 0, 1, 0, 0, 0, b'x', 0, 0, 0]).unwrap();
+    let mut req = request(&server.url, &sha256(&image), None);
+    req.set_efi_boot_entry = true;
+    let mut limits = quick();
+    limits.efivars = vars.path().to_path_buf();
+    for round in 0..2 {
+        install(
+            &req,
+            vec![disk.disk()],
+            Arc::new(Counters::default()),
+            &limits,
+            &log_line,
+        )
+        .await
+        .unwrap();
+        // The first free number; the second installation reuses it.
+        let entry = std::fs::read(var("Boot0000")).unwrap();
+        assert_eq!(entry[..4], [7, 0, 0, 0], "non-volatile, boot and runtime");
+        let option = &entry[4..];
+        assert_eq!(option[..4], [1, 0, 0, 0], "active");
+        let path_len = u16::from_le_bytes([option[4], option[5]]) as usize;
+        let desc: Vec<u16> = option[6..]
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .take_while(|u| *u != 0)
+            .collect();
+        assert_eq!(
+            String::from_utf16(&desc).unwrap(),
+            "shepherd: installed system"
+        );
+        let path = &option[6 + 2 * (desc.len() + 1)..];
+        assert_eq!(path.len(), path_len);
+        // Hard drive node: partition 1 from LBA 2048, its GUID, GPT.
+        assert_eq!(path[..4], [4, 1, 42, 0]);
+        assert_eq!(u32::from_le_bytes(path[4..8].try_into().unwrap()), 1);
+        assert_eq!(u64::from_le_bytes(path[8..16].try_into().unwrap()), 2048);
+        let sectors = 8 * MIB / 512;
+        assert_eq!(
+            u64::from_le_bytes(path[16..24].try_into().unwrap()),
+            sectors / 2 - 2048
+        );
+        assert_eq!(path[24..40], [1u8; 16], "the partition's unique GUID");
+        assert_eq!(path[40..42], [2, 2]);
+        // File node, then the end.
+        assert_eq!(path[42..44], [4, 4]);
+        let file: Vec<u16> = path[46..]
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .take_while(|u| *u != 0)
+            .collect();
+        assert_eq!(
+            String::from_utf16(&file).unwrap(),
+            "\\EFI\\BOOT\\BOOTX64.EFI"
+        );
+        assert_eq!(path[path.len() - 4..], [0x7f, 0xff, 4, 0]);
+        assert_eq!(
+            std::fs::read(var("BootOrder")).unwrap(),
+            [7, 0, 0, 0, 0, 0, 1, 0, 2, 0],
+            "round {round}: ours first, the others kept in their order"
+        );
+    }
+    // A disk without an EFI system partition: the image stays, the error
+    // says why there is no entry.
+    let plain = gpt_image(8 * MIB);
+    let server = serve(plain.clone(), Behaviour::Normal).await;
+    let mut req = request(&server.url, &sha256(&plain), None);
+    req.set_efi_boot_entry = true;
+    let err = install(
+        &req,
+        vec![disk.disk()],
+        Arc::new(Counters::default()),
+        &limits,
+        &log_line,
+    )
+    .await
+    .unwrap_err()
+    .error;
+    assert!(err.contains("no EFI system partition"), "{err}");
+    assert!(disk.read(0, plain.len()) == plain, "written and verified");
+}
+
+#[test]
+fn guarded_regions_are_kept_as_they_pass_and_written_again() {
+    use shepherd_agent::install::disk::{GUARD_LEN, Target, rewrite};
+    let image = gpt_image(8 * MIB);
+    let disk = TestDisk::new(8 * MIB);
+    let mut target = Target::open(&disk.disk()).unwrap();
+    // One region straddles the boundary of two 4 MiB write blocks.
+    let (a, b) = (MIB, 4 * MIB - 1000);
+    target.guard(a);
+    target.guard(b);
+    for piece in image.chunks(300_000) {
+        target.write(piece).unwrap();
+    }
+    target.finish().unwrap();
+    let guards = target.guards();
+    assert_eq!(guards.len(), 2);
+    for (g, at) in guards.iter().zip([a, b]) {
+        assert_eq!(g.offset, at);
+        assert!(g.bytes == image[at as usize..at as usize + GUARD_LEN]);
+    }
+    // The old system writes its superblocks over the new image…
+    let f = std::fs::File::options()
+        .write(true)
+        .open(disk.path())
+        .unwrap();
+    f.write_all_at(&[0xee; 4096], a).unwrap();
+    f.write_all_at(&[0xee; 4096], b + 100).unwrap();
+    f.sync_all().unwrap();
+    assert!(disk.read(0, image.len()) != image);
+    // …and the last writes before the reboot put the image back.
+    rewrite(&disk.path(), &guards).unwrap();
+    assert!(disk.read(0, image.len()) == image);
+}

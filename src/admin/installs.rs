@@ -1,0 +1,544 @@
+//! Installations and rollouts in the API: asking one machine to install an
+//! image, rolling an image over a filtered set, reading and cancelling
+//! rollouts. The pages and the CLI go through the same functions.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+use shepherd_agent::api::{DiskHints, ImageInstallation};
+use uuid::Uuid;
+
+use super::{Admin, Operator, Page, error_response, json_body, json_post, rfc3339};
+use crate::bmdb::installations::{self, Asked, Asker, Installation};
+use crate::bmdb::rollouts::{self, Member, NewRollout, Rollout};
+
+/// Which disk, as the API takes it.
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct DiskBody {
+    pub serial: Option<String>,
+    pub wwn: Option<String>,
+    pub model: Option<String>,
+    pub by_path: Option<String>,
+    pub min_size_bytes: Option<i64>,
+    pub max_size_bytes: Option<i64>,
+    pub rotational: Option<bool>,
+}
+
+/// The image, as the API takes it: a URL and its digest, or the name of an
+/// image this shepherd serves (`served`; URL, digest and size are then
+/// shepherd's).
+#[derive(Deserialize, Default, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ImageBody {
+    pub url: Option<String>,
+    pub served: Option<String>,
+    pub digest: Option<String>,
+    pub size_bytes: Option<i64>,
+    pub disk: Option<DiskBody>,
+    #[serde(default)]
+    pub allow_boot_disk: bool,
+    /// Reboot into the installed system once the report is in.
+    #[serde(default)]
+    pub reboot: bool,
+    /// Make the installed disk the first EFI boot entry.
+    #[serde(default)]
+    pub set_efi_boot_entry: bool,
+    /// How long the agent may take, as `90m`, `2h` (default 2 h).
+    pub deadline: Option<String>,
+}
+
+/// What an [`ImageBody`] becomes, or a 400's message naming the field.
+pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallation, String> {
+    let mut image = ImageInstallation {
+        size_bytes: b.size_bytes,
+        allow_boot_disk: b.allow_boot_disk,
+        reboot: b.reboot,
+        set_efi_boot_entry: b.set_efi_boot_entry,
+        ..Default::default()
+    };
+    match (
+        b.url.filter(|u| !u.trim().is_empty()),
+        b.served.filter(|s| !s.trim().is_empty()),
+    ) {
+        (Some(_), Some(_)) => return Err("image: give url or served, not both".into()),
+        (None, None) => return Err("image: url (with digest) or served is required".into()),
+        (Some(url), None) => {
+            image.url = url.trim().to_string();
+            image.digest = b.digest.unwrap_or_default().trim().to_string();
+        }
+        (None, Some(name)) => {
+            let Some(catalog) = admin.images.clone() else {
+                return Err(
+                    "image.served: this shepherd serves no images (installations.images_dir)"
+                        .into(),
+                );
+            };
+            let name = name.trim().to_string();
+            let served = web::block(move || catalog.resolve(&name))
+                .await
+                .map_err(|e| format!("image.served: {e}"))?
+                .map_err(|e| format!("image.served: {e}"))?;
+            if let Some(d) = b.digest.as_deref().filter(|d| !d.trim().is_empty()) {
+                if !d.trim().eq_ignore_ascii_case(&served.digest) {
+                    return Err(format!(
+                        "image.digest: {d} is not the served image's ({})",
+                        served.digest
+                    ));
+                }
+            }
+            image.url = served.url;
+            image.digest = served.digest;
+            image.size_bytes = Some(served.size_bytes as i64);
+            image.ca_certificate = served.ca_certificate;
+        }
+    }
+    if let Some(d) = b.deadline.as_deref().filter(|d| !d.trim().is_empty()) {
+        let d = humantime::parse_duration(d.trim())
+            .ok()
+            .filter(|d| !d.is_zero() && d.as_secs() <= 7 * 86400)
+            .ok_or_else(|| format!("image.deadline: {d:?} is not a duration from 1s to 7d"))?;
+        image.deadline_seconds = d.as_secs() as i64;
+    }
+    if let Some(h) = b.disk {
+        image.disk = Some(DiskHints {
+            serial: h.serial.unwrap_or_default(),
+            wwn: h.wwn.unwrap_or_default(),
+            model: h.model.unwrap_or_default(),
+            by_path: h.by_path.unwrap_or_default(),
+            min_size_bytes: h.min_size_bytes,
+            max_size_bytes: h.max_size_bytes,
+            rotational: h.rotational,
+        });
+    }
+    installations::check_image(&image)?;
+    Ok(image)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct InstallBody {
+    pub image: Option<ImageBody>,
+    pub reason: Option<String>,
+    pub request_id: Option<Uuid>,
+}
+
+/// Asks `machine` to install; the generation and audit, or the error.
+pub async fn install(
+    admin: &Admin,
+    operator: &Operator,
+    machine: &str,
+    body: InstallBody,
+) -> Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let machine_id: Uuid = machine
+        .parse()
+        .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
+    let image = image_request(
+        admin,
+        body.image.ok_or_else(|| bad("image: required".into()))?,
+    )
+    .await
+    .map_err(bad)?;
+    let reason = body
+        .reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if reason
+        .as_ref()
+        .is_some_and(|r| r.len() > crate::bmdb::actions::MAX_REASON)
+    {
+        return Err(bad(format!(
+            "reason: at most {} bytes",
+            crate::bmdb::actions::MAX_REASON
+        )));
+    }
+    let asker = Asker {
+        actor: &operator.0,
+        action_id: body.request_id.unwrap_or_else(Uuid::new_v4),
+        rollout_id: None,
+        reason: reason.as_deref(),
+    };
+    match admin
+        .bmdb
+        .transact(async |tx| installations::ask(tx, machine_id, &image, &asker).await)
+        .await
+    {
+        Ok(Asked::Done { generation, audit }) => {
+            tracing::info!(%machine_id, generation, image = %image.url, actor = %operator.0, "installation asked");
+            Ok((generation, audit))
+        }
+        Ok(Asked::Refused(why)) => Err((StatusCode::CONFLICT, why)),
+        Ok(Asked::NotFound) => Err((
+            StatusCode::NOT_FOUND,
+            format!("machine {machine_id} is not in the BMDB"),
+        )),
+        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+    }
+}
+
+/// An API POST, checked: JSON from this site, its body parsed (empty: the
+/// defaults), and who sends it.
+fn api_post<T: serde::de::DeserializeOwned + Default>(
+    req: &HttpRequest,
+    body: &[u8],
+) -> Result<(T, Operator), HttpResponse> {
+    json_post(req)?;
+    let parsed = json_body(body)?;
+    let operator =
+        req.extensions().get::<Operator>().cloned().ok_or_else(|| {
+            error_response(StatusCode::UNAUTHORIZED, "a bearer token is required")
+        })?;
+    Ok((parsed, operator))
+}
+
+/// `POST /api/v1/machines/{id}/install`.
+pub async fn api_install(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let (parsed, op) = match api_post::<InstallBody>(&req, &body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match install(&admin, &op, &id, parsed).await {
+        Ok((generation, a)) => HttpResponse::Ok().json(json!({
+            "generation": generation,
+            "action": super::audit_json(&a),
+        })),
+        Err((status, msg)) => error_response(status, &msg),
+    }
+}
+
+/// The JSON of a machine's installation.
+pub fn installation_json(i: &Installation) -> serde_json::Value {
+    json!({
+        "generation": i.generation,
+        "image_url": i.image_url,
+        "image_digest": i.image_digest,
+        "requested_by": i.requested_by,
+        "requested_at": rfc3339(i.requested_at),
+        "rollout_id": i.rollout_id,
+        "state": i.state,
+        "progress": i.progress.as_ref().map(|(p, at)| json!({
+            "phase": phase_name(p.phase),
+            "bytes_fetched": p.bytes_fetched,
+            "bytes_written": p.bytes_written,
+            "bytes_total": p.bytes_total,
+            "rate_bytes_per_second": p.rate_bytes_per_second,
+            "disk": p.disk,
+            "resumes": p.resumes,
+            "at": rfc3339(*at),
+        })),
+        "result": i.result.as_ref().map(|(r, _)| r.to_string()),
+        "error": i.result.as_ref().and_then(|(_, e)| e.clone()),
+        "history": i.history.iter().map(|h| json!({
+            "generation": h.generation,
+            "event": h.event,
+            "timestamp": rfc3339(h.timestamp),
+            "detail": h.detail,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A progress phase's name, for people and JSON.
+pub fn phase_name(p: i32) -> &'static str {
+    use shepherd_agent::api::installation_progress::Phase;
+    match Phase::try_from(p).unwrap_or(Phase::Unknown) {
+        Phase::Unknown => "unknown",
+        Phase::Preparing => "preparing",
+        Phase::Writing => "writing",
+        Phase::Verifying => "verifying",
+        Phase::Done => "done",
+        Phase::Failed => "failed",
+        Phase::Rebooting => "rebooting",
+    }
+}
+
+// ---- rollouts ----
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutBody {
+    pub image: Option<ImageBody>,
+    /// Machines installing at once (default 1).
+    pub max_parallel: Option<i32>,
+    /// Failures tolerated; one more stops the rollout (default 0).
+    pub max_failures: Option<i32>,
+    /// The machines: these IDs, in this order…
+    pub machines: Option<Vec<Uuid>>,
+    /// …or the fleet page's filters.
+    pub state: Option<String>,
+    pub provider_status: Option<String>,
+    pub heartbeat: Option<String>,
+    pub q: Option<String>,
+    pub request_id: Option<Uuid>,
+}
+
+/// Creates a rollout; the rollout, or the error.
+pub async fn create_rollout(
+    admin: &Admin,
+    operator: &Operator,
+    body: RolloutBody,
+) -> Result<Rollout, (StatusCode, String)> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let max_parallel = body.max_parallel.unwrap_or(1);
+    if !(1..=10_000).contains(&max_parallel) {
+        return Err(bad(format!(
+            "max_parallel: {max_parallel} is outside 1 to 10000"
+        )));
+    }
+    let max_failures = body.max_failures.unwrap_or(0);
+    if max_failures < 0 {
+        return Err(bad(format!("max_failures: {max_failures} is negative")));
+    }
+    let image = image_request(
+        admin,
+        body.image.ok_or_else(|| bad("image: required".into()))?,
+    )
+    .await
+    .map_err(bad)?;
+    let page = Page {
+        state: body.state.clone(),
+        provider_status: body.provider_status.clone(),
+        heartbeat: body.heartbeat.clone(),
+        q: body.q.clone(),
+        limit: None,
+        offset: None,
+    };
+    let by_filter = page.state.is_some()
+        || page.provider_status.is_some()
+        || page.heartbeat.is_some()
+        || page.q.is_some();
+    if body.machines.is_some() && by_filter {
+        return Err(bad(
+            "machines: give machine IDs or filters (state, provider_status, heartbeat, q), not both"
+                .into(),
+        ));
+    }
+    let filter = page.filter(admin).map_err(|_| {
+        bad("a filter is not valid: see GET /api/v1/machines for the values".into())
+    })?;
+    let selection = match &body.machines {
+        Some(ids) => format!("{} machines by ID", ids.len()),
+        None => {
+            let mut parts = Vec::new();
+            for (k, v) in [
+                ("state", &page.state),
+                ("provider_status", &page.provider_status),
+                ("heartbeat", &page.heartbeat),
+                ("q", &page.q),
+            ] {
+                if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+                    parts.push(format!("{k}={v}"));
+                }
+            }
+            if parts.is_empty() {
+                "every machine".to_string()
+            } else {
+                parts.join(" ")
+            }
+        }
+    };
+    let id = body.request_id.unwrap_or_else(Uuid::new_v4);
+    let machines = body.machines;
+    let r = admin
+        .bmdb
+        .transact(async |tx| {
+            let ids: Vec<Uuid> = match &machines {
+                Some(ids) => {
+                    let mut seen = std::collections::HashSet::new();
+                    ids.iter().copied().filter(|i| seen.insert(*i)).collect()
+                }
+                None => crate::bmdb::machines::fleet_page(tx, &filter, 100_000, 0)
+                    .await?
+                    .0
+                    .into_iter()
+                    .map(|m| m.machine_id)
+                    .collect(),
+            };
+            rollouts::create(
+                tx,
+                &NewRollout {
+                    id,
+                    image: &image,
+                    max_parallel,
+                    max_failures,
+                    selection: &selection,
+                    machines: &ids,
+                    created_by: &operator.0,
+                },
+            )
+            .await
+        })
+        .await
+        .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}")))?;
+    tracing::info!(rollout = %r.id, machines = r.counts.waiting, image = %r.image_url, actor = %operator.0, %selection, "rollout created");
+    if let Some(d) = &admin.rollouts {
+        d.do_send(crate::rollouts::Nudge);
+    }
+    Ok(r)
+}
+
+pub fn rollout_json(r: &Rollout) -> serde_json::Value {
+    json!({
+        "rollout_id": r.id,
+        "image_url": r.image_url,
+        "max_parallel": r.max_parallel,
+        "max_failures": r.max_failures,
+        "selection": r.selection,
+        "created_at": rfc3339(r.created_at),
+        "created_by": r.created_by,
+        "state": r.state,
+        "ended_at": r.ended_at.map(rfc3339),
+        "end_reason": r.end_reason,
+        "counts": r.counts,
+    })
+}
+
+pub fn member_json(m: &Member) -> serde_json::Value {
+    json!({
+        "machine_id": m.machine_id,
+        "position": m.position,
+        "state": m.state,
+        "generation": m.generation,
+        "started_at": m.started_at.map(rfc3339),
+        "ended_at": m.ended_at.map(rfc3339),
+        "error": m.error,
+    })
+}
+
+/// `POST /api/v1/rollouts`.
+pub async fn api_rollout_create(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    let (parsed, op) = match api_post::<RolloutBody>(&req, &body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match create_rollout(&admin, &op, parsed).await {
+        Ok(r) => HttpResponse::Created().json(json!({ "rollout": rollout_json(&r) })),
+        Err((status, msg)) => error_response(status, &msg),
+    }
+}
+
+/// `GET /api/v1/rollouts`: the latest 100.
+pub async fn api_rollouts(admin: web::Data<Admin>) -> HttpResponse {
+    match admin
+        .bmdb
+        .transact(async |tx| rollouts::list(tx, 100).await)
+        .await
+    {
+        Ok(v) => HttpResponse::Ok().json(json!({
+            "rollouts": v.iter().map(rollout_json).collect::<Vec<_>>(),
+        })),
+        Err(e) => super::internal(e),
+    }
+}
+
+fn rollout_id(id: &str) -> Result<Uuid, HttpResponse> {
+    id.parse()
+        .map_err(|_| super::bad_request("the path's rollout ID is not a UUID".into()))
+}
+
+/// A rollout and its machines, or the error response.
+pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Member>), HttpResponse> {
+    let id = rollout_id(id)?;
+    match admin
+        .bmdb
+        .transact(async |tx| {
+            Ok(match rollouts::get(tx, id).await? {
+                Some(r) => Some((r, rollouts::members(tx, id).await?)),
+                None => None,
+            })
+        })
+        .await
+    {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(error_response(
+            StatusCode::NOT_FOUND,
+            &format!("rollout {id} does not exist"),
+        )),
+        Err(e) => Err(super::internal(e)),
+    }
+}
+
+/// `GET /api/v1/rollouts/{id}`.
+pub async fn api_rollout(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
+    match load_rollout(&admin, &id).await {
+        Ok((r, members)) => HttpResponse::Ok().json(json!({
+            "rollout": rollout_json(&r),
+            "machines": members.iter().map(member_json).collect::<Vec<_>>(),
+        })),
+        Err(r) => r,
+    }
+}
+
+/// Cancels a rollout for `operator`.
+pub async fn cancel_rollout(
+    admin: &Admin,
+    operator: &Operator,
+    id: &str,
+) -> Result<Rollout, HttpResponse> {
+    let id = rollout_id(id)?;
+    match admin
+        .bmdb
+        .transact(async |tx| rollouts::cancel(tx, id, &operator.0).await)
+        .await
+    {
+        Ok(Some(r)) => {
+            tracing::info!(rollout = %id, actor = %operator.0, state = %r.state, "rollout canceled");
+            Ok(r)
+        }
+        Ok(None) => Err(error_response(
+            StatusCode::NOT_FOUND,
+            &format!("rollout {id} does not exist"),
+        )),
+        Err(e) => Err(error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("BMDB: {e}"),
+        )),
+    }
+}
+
+/// `POST /api/v1/rollouts/{id}/cancel`.
+pub async fn api_rollout_cancel(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Empty {}
+    let (_, op) = match api_post::<Empty>(&req, &body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match cancel_rollout(&admin, &op, &id).await {
+        Ok(r) => HttpResponse::Ok().json(json!({ "rollout": rollout_json(&r) })),
+        Err(r) => r,
+    }
+}
+
+/// `GET /api/v1/images`: what this shepherd serves.
+pub async fn api_images(admin: web::Data<Admin>) -> HttpResponse {
+    let Some(c) = admin.images.clone() else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "this shepherd serves no images (installations.images_dir)",
+        );
+    };
+    match web::block(move || c.list()).await {
+        Ok(Ok(v)) => HttpResponse::Ok().json(json!({
+            "images": v.iter().map(|(n, s)| json!({"name": n, "size_bytes": s})).collect::<Vec<_>>(),
+        })),
+        Ok(Err(e)) => super::internal(format!("reading the image directory: {e}")),
+        Err(e) => super::internal(e),
+    }
+}

@@ -1,0 +1,299 @@
+//! Operating system installations as the BMDB keeps them: an operator's
+//! request becomes the next generation of the machine's
+//! `machine_os_installation_request` (CONTRACTS.md §2, §4a), with who
+//! asked and for which image beside it (`machine_installation`); agents'
+//! progress and reports arrive through the callback; the history says
+//! requested, installed, failed.
+
+use std::time::SystemTime;
+
+use prost::Message as _;
+use shepherd_agent::api::{
+    ImageInstallation, InstallationProgress, OsInstallationReport, OsInstallationRequest,
+    os_installation_report, os_installation_request,
+};
+use uuid::Uuid;
+
+use super::actions::{AUDIT_BY_ID, AUDIT_INSERT, Audit, audit_from};
+use super::{BmdbError, InstallationResult, Tx};
+
+/// How asking for an installation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// The request stands at this generation; the audit row.
+    Done {
+        generation: i32,
+        audit: Audit,
+    },
+    /// Not asked, and why (nothing changed).
+    Refused(String),
+    NotFound,
+}
+
+/// Who asks, and what to call the request.
+#[derive(Debug, Clone)]
+pub struct Asker<'a> {
+    /// An admin token's name, `cli`, or a rollout's description.
+    pub actor: &'a str,
+    /// The audit row's ID: a request retried after a lost answer finds its
+    /// own row instead of asking twice.
+    pub action_id: Uuid,
+    pub rollout_id: Option<Uuid>,
+    pub reason: Option<&'a str>,
+}
+
+const LOCK_MACHINE: &str = "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE";
+const CURRENT: &str = "SELECT rq.generation, rp.generation, i.requested_by, i.requested_at, \
+            EXISTS (SELECT 1 FROM machine_hold h WHERE h.machine_id = $1) \
+     FROM (SELECT $1::uuid AS machine_id) x \
+     LEFT JOIN machine_os_installation_request rq ON rq.machine_id = x.machine_id \
+     LEFT JOIN machine_os_installation_report rp ON rp.machine_id = x.machine_id \
+     LEFT JOIN machine_installation i ON i.machine_id = x.machine_id";
+const PUT_REQUEST: &str = "INSERT INTO machine_os_installation_request \
+         (machine_id, generation, os_installation_request_raw) VALUES ($1, $2, $3) \
+     ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
+         os_installation_request_raw = EXCLUDED.os_installation_request_raw";
+const PUT_INSTALLATION: &str = "INSERT INTO machine_installation \
+         (machine_id, generation, image_url, image_digest, requested_at, requested_by, rollout_id) \
+     VALUES ($1, $2, $3, $4, now(), $5, $6) \
+     ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
+         image_url = EXCLUDED.image_url, image_digest = EXCLUDED.image_digest, \
+         requested_at = EXCLUDED.requested_at, requested_by = EXCLUDED.requested_by, \
+         rollout_id = EXCLUDED.rollout_id";
+const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
+const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
+         (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, 'requested', now(), $3)";
+
+/// Checks what shepherd can check of an image request before any agent
+/// sees it; the error names the field.
+pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
+    let url = image.url.trim();
+    if url.is_empty() {
+        return Err("image.url: required".into());
+    }
+    match url.parse::<http::Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {}
+        _ => {
+            return Err(format!(
+                "image.url: {url:?} is not an http:// or https:// URL"
+            ));
+        }
+    }
+    shepherd_agent::install::parse_digest(&image.digest)
+        .map_err(|e| format!("image.digest: {e}"))?;
+    if image.size_bytes.is_some_and(|s| s < 0) {
+        return Err("image.size_bytes: negative".into());
+    }
+    if image.deadline_seconds < 0 {
+        return Err("image.deadline_seconds: negative".into());
+    }
+    if let Some(h) = &image.disk {
+        if let (Some(min), Some(max)) = (h.min_size_bytes, h.max_size_bytes) {
+            if min > max {
+                return Err(format!(
+                    "image.disk: min_size_bytes {min} is more than max_size_bytes {max}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Asks the machine's agent to install `image`, as the next generation.
+/// Refused while an installation is pending (asked, not answered) or the
+/// machine is held.
+pub async fn ask(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    image: &ImageInstallation,
+    asker: &Asker<'_>,
+) -> Result<Asked, BmdbError> {
+    if let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&asker.action_id]).await? {
+        // Asked before under this ID: that answer again.
+        let audit = audit_from(&r);
+        // The detail says "generation N: URL".
+        let generation = audit
+            .detail
+            .strip_prefix("generation ")
+            .and_then(|d| d.split(':').next())
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(0);
+        return Ok(Asked::Done { generation, audit });
+    }
+    if tx.query_opt(LOCK_MACHINE, &[&machine_id]).await?.is_none() {
+        return Ok(Asked::NotFound);
+    }
+    let r = tx.query_one(CURRENT, &[&machine_id]).await?;
+    let (requested, reported): (Option<i32>, Option<i32>) = (r.get(0), r.get(1));
+    let (by, at): (Option<String>, Option<SystemTime>) = (r.get(2), r.get(3));
+    if r.get::<_, bool>(4) {
+        return Ok(Asked::Refused(format!(
+            "machine {machine_id} is held; release it first"
+        )));
+    }
+    if let Some(g) = requested.filter(|g| Some(*g) != reported) {
+        return Ok(Asked::Refused(format!(
+            "machine {machine_id} is installing generation {g}{}; its agent has not reported yet",
+            match (by, at) {
+                (Some(by), Some(at)) => format!(
+                    " (asked by {by} at {})",
+                    humantime::format_rfc3339_seconds(at)
+                ),
+                _ => String::new(),
+            }
+        )));
+    }
+    let generation = requested.max(reported).unwrap_or(0).saturating_add(1);
+    let raw = OsInstallationRequest {
+        generation: generation.into(),
+        r#type: Some(os_installation_request::Type::Image(image.clone())),
+    }
+    .encode_to_vec();
+    tx.execute(PUT_REQUEST, &[&machine_id, &generation, &raw])
+        .await?;
+    tx.execute(
+        PUT_INSTALLATION,
+        &[
+            &machine_id,
+            &generation,
+            &image.url,
+            &image.digest,
+            &asker.actor,
+            &asker.rollout_id,
+        ],
+    )
+    .await?;
+    tx.execute(CLEAR_PROGRESS, &[&machine_id]).await?;
+    let detail = format!("generation {generation}: {}", image.url);
+    tx.execute(
+        HISTORY_REQUESTED,
+        &[
+            &machine_id,
+            &generation,
+            &format!("{} (by {})", image.url, asker.actor),
+        ],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            AUDIT_INSERT,
+            &[
+                &asker.action_id,
+                &machine_id,
+                &"install",
+                &asker.actor,
+                &asker.reason,
+                &detail,
+            ],
+        )
+        .await?;
+    Ok(Asked::Done {
+        generation,
+        audit: audit_from(&row),
+    })
+}
+
+/// A machine's installation as the pages and the API show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Installation {
+    pub generation: i32,
+    pub image_url: String,
+    pub image_digest: String,
+    pub requested_by: String,
+    pub requested_at: SystemTime,
+    pub rollout_id: Option<Uuid>,
+    /// `installing`, `installed` or `install-failed`.
+    pub state: String,
+    /// The agent's latest progress, and when it came.
+    pub progress: Option<(InstallationProgress, SystemTime)>,
+    /// The report of this generation: its result and, for an error, what
+    /// the agent said.
+    pub result: Option<(InstallationResult, Option<String>)>,
+    pub history: Vec<HistoryEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryEntry {
+    pub generation: i32,
+    pub event: String,
+    pub timestamp: SystemTime,
+    pub detail: Option<String>,
+}
+
+const VIEW: &str = "SELECT i.generation, i.image_url, i.image_digest, i.requested_by, i.requested_at, \
+            i.rollout_id, s.installation, p.progress_raw, p.progress_at, p.generation, \
+            rp.generation, rp.os_installation_result, rp.os_installation_report_raw \
+     FROM machine_installation i \
+     JOIN machine_summary s ON s.machine_id = i.machine_id \
+     LEFT JOIN machine_installation_progress p ON p.machine_id = i.machine_id \
+     LEFT JOIN machine_os_installation_report rp ON rp.machine_id = i.machine_id \
+     WHERE i.machine_id = $1";
+const HISTORY: &str = "SELECT generation, event, \"timestamp\", detail FROM installation_history \
+     WHERE machine_id = $1 ORDER BY \"timestamp\", generation LIMIT 200";
+
+/// The error an `OSInstallationReport`'s bytes carry, if they decode to
+/// one.
+pub fn report_error(raw: &[u8]) -> Option<String> {
+    match OsInstallationReport::decode(raw).ok()?.result? {
+        os_installation_report::Result::Error(e) => Some(e.error),
+        os_installation_report::Result::Success(_) => None,
+    }
+}
+
+/// The installation shepherd asked of `machine_id`, if any.
+pub async fn installation(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+) -> Result<Option<Installation>, BmdbError> {
+    let Some(r) = tx.query_opt(VIEW, &[&machine_id]).await? else {
+        return Ok(None);
+    };
+    let generation: i32 = r.get(0);
+    let progress = match (
+        r.get::<_, Option<Vec<u8>>>(7),
+        r.get::<_, Option<SystemTime>>(8),
+        r.get::<_, Option<i64>>(9),
+    ) {
+        (Some(raw), Some(at), Some(g)) if g == i64::from(generation) => {
+            InstallationProgress::decode(raw.as_slice())
+                .ok()
+                .map(|p| (p, at))
+        }
+        _ => None,
+    };
+    let result = match (
+        r.get::<_, Option<i32>>(10),
+        r.get::<_, Option<InstallationResult>>(11),
+        r.get::<_, Option<Vec<u8>>>(12),
+    ) {
+        (Some(g), Some(res), raw) if g == generation => {
+            Some((res, raw.as_deref().and_then(report_error)))
+        }
+        _ => None,
+    };
+    let history = tx
+        .query(HISTORY, &[&machine_id])
+        .await?
+        .iter()
+        .map(|h| HistoryEntry {
+            generation: h.get(0),
+            event: h.get(1),
+            timestamp: h.get(2),
+            detail: h.get(3),
+        })
+        .collect();
+    Ok(Some(Installation {
+        generation,
+        image_url: r.get(1),
+        image_digest: r.get(2),
+        requested_by: r.get(3),
+        requested_at: r.get(4),
+        rollout_id: r.get(5),
+        state: r
+            .get::<_, Option<String>>(6)
+            .unwrap_or_else(|| "installing".into()),
+        progress,
+        result,
+        history,
+    }))
+}

@@ -1,0 +1,217 @@
+//! The image server: shepherd serves the operating system images in one
+//! directory to the agents, so that an air-gapped fleet needs no other
+//! server. Plain HTTP/1.1 over TLS with a certificate of the callback CA
+//! (which every agent already trusts, and which an installation request
+//! carries), with Range requests for resumed downloads (actix-files).
+//!
+//! An installation names a served image by its file name; the
+//! [`ImageCatalog`] turns that into the URL agents fetch, the image's size
+//! and its SHA-256 digest (computed once per file version, on a blocking
+//! thread).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use sha2::Digest as _;
+
+/// What an installation needs to fetch a served image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedImage {
+    pub url: String,
+    pub size_bytes: u64,
+    /// `sha256:<hex>` of the file.
+    pub digest: String,
+    /// DER of the CA the server's certificate chains to.
+    pub ca_certificate: Vec<u8>,
+}
+
+/// A file's digest, valid while its length and modification time hold.
+type KnownDigest = (u64, SystemTime, String);
+
+/// The served directory, and where agents reach it.
+#[derive(Clone)]
+pub struct ImageCatalog {
+    dir: PathBuf,
+    /// `https://host:port/images/`.
+    base_url: String,
+    ca_der: Vec<u8>,
+    /// Digests by file, valid while its length and modification time hold.
+    digests: Arc<Mutex<HashMap<PathBuf, KnownDigest>>>,
+}
+
+impl std::fmt::Debug for ImageCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageCatalog")
+            .field("dir", &self.dir)
+            .field("base_url", &self.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A file name the catalog serves: no directories, nothing hidden.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-+".contains(c))
+}
+
+impl ImageCatalog {
+    /// Images in `dir`, fetched by agents at `endpoint` (`host:port`).
+    pub fn new(dir: PathBuf, endpoint: &str, ca_der: Vec<u8>) -> ImageCatalog {
+        let host = shepherd_agent::callback::endpoint_host(endpoint).unwrap_or("localhost");
+        let port = endpoint.rsplit_once(':').map(|(_, p)| p).unwrap_or("443");
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        ImageCatalog {
+            dir,
+            base_url: format!("https://{host}:{port}/images/"),
+            ca_der,
+            digests: Default::default(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The images served now: (name, size), by name.
+    pub fn list(&self) -> std::io::Result<Vec<(String, u64)>> {
+        let mut v: Vec<(String, u64)> = std::fs::read_dir(&self.dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let m = e.metadata().ok()?;
+                (m.is_file() && valid_name(&name)).then_some((name, m.len()))
+            })
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    /// The served image `name`: its URL, size and digest. Blocks while the
+    /// digest of a new or changed file is computed.
+    pub fn resolve(&self, name: &str) -> Result<ServedImage, String> {
+        if !valid_name(name) {
+            return Err(format!(
+                "{name:?} is not an image name (letters, digits, . _ - +; no directories)"
+            ));
+        }
+        let path = self.dir.join(name);
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| format!("image {name:?} in {}: {e}", self.dir.display()))?;
+        if !meta.is_file() {
+            return Err(format!("image {name:?} is not a file"));
+        }
+        let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        let cached = self
+            .digests
+            .lock()
+            .unwrap()
+            .get(&path)
+            .filter(|(len, t, _)| *len == meta.len() && *t == mtime)
+            .map(|(_, _, d)| d.clone());
+        let digest = match cached {
+            Some(d) => d,
+            None => {
+                let d = file_digest(&path).map_err(|e| format!("reading image {name:?}: {e}"))?;
+                self.digests
+                    .lock()
+                    .unwrap()
+                    .insert(path, (meta.len(), mtime, d.clone()));
+                d
+            }
+        };
+        Ok(ServedImage {
+            url: format!("{}{name}", self.base_url),
+            size_bytes: meta.len(),
+            digest,
+            ca_certificate: self.ca_der.clone(),
+        })
+    }
+}
+
+fn file_digest(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+async fn image(dir: web::Data<PathBuf>, req: HttpRequest, name: web::Path<String>) -> HttpResponse {
+    use actix_web::Responder as _;
+    if !valid_name(&name) {
+        return HttpResponse::NotFound().body("no such image\n");
+    }
+    match actix_files::NamedFile::open_async(dir.join(name.as_str())).await {
+        Ok(f) => f
+            .use_etag(true)
+            .use_last_modified(true)
+            .prefer_utf8(false)
+            .set_content_type(actix_web::mime::APPLICATION_OCTET_STREAM)
+            .respond_to(&req)
+            .map_into_boxed_body(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            HttpResponse::NotFound().body("no such image\n")
+        }
+        Err(e) => {
+            tracing::warn!(image = %name, error = %e, "serving an image failed");
+            HttpResponse::InternalServerError().body("the image cannot be read\n")
+        }
+    }
+}
+
+/// A running image server.
+pub struct ImageServer {
+    pub addr: SocketAddr,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl ImageServer {
+    /// Serves `catalog`'s directory on `listen` with `tls` (the callback
+    /// CA's certificate, no client certificate asked).
+    pub fn start(
+        catalog: &ImageCatalog,
+        listen: SocketAddr,
+        tls: rustls::ServerConfig,
+        workers: usize,
+    ) -> std::io::Result<ImageServer> {
+        let dir = web::Data::new(catalog.dir.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(dir.clone())
+                .route("/images/{name}", web::get().to(image))
+                .route("/images/{name}", web::head().to(image))
+        })
+        .workers(workers.max(1))
+        .disable_signals()
+        .bind_rustls_0_23(listen, tls)?;
+        let addr = server.addrs()[0];
+        let server = server.run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        tracing::info!(%addr, dir = %catalog.dir.display(), "image server listening");
+        Ok(ImageServer { addr, handle })
+    }
+
+    pub async fn stop(&self) {
+        self.handle.stop(true).await;
+    }
+}

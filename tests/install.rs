@@ -1,0 +1,691 @@
+//! Installations end to end: `fleet-sim` machines (their agents run the
+//! real installer onto a file standing for each machine's disk), one
+//! `shepherd run` serving the image from a directory over TLS, operators
+//! asking through the JSON API. What is checked is what an operator would
+//! look at: the API's progress and states, the report and history in the
+//! BMDB, the bytes on the machines' disks, a rollout's stop rule.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use shepherd::bmdb::Bmdb;
+use shepherd::sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+
+const FLEET_SIM: &str = env!("CARGO_BIN_EXE_fleet-sim");
+const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
+
+struct Rig {
+    _db: TestDb,
+    bmdb: Bmdb,
+    dir: tempfile::TempDir,
+    _fleet: FleetSimProcess,
+    shepherd: ShepherdProcess,
+    admin: String,
+    /// The image as it is written (decompressed).
+    image: Vec<u8>,
+}
+
+/// Bytes that compress some: runs of pseudo-random bytes and zeros.
+fn image(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for (i, chunk) in v.chunks_mut(32 << 10).enumerate() {
+        if i % 4 != 3 {
+            for b in chunk {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = (x >> 32) as u8 & 0x1f;
+            }
+        }
+    }
+    v
+}
+
+fn zstd(data: &[u8], out: &Path) {
+    let raw = out.with_extension("raw");
+    std::fs::write(&raw, data).unwrap();
+    let status = std::process::Command::new("zstd")
+        .args(["-q", "-f", "-o"])
+        .arg(out)
+        .arg(&raw)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::remove_file(raw).unwrap();
+}
+
+impl Rig {
+    async fn new(machines: usize, first: Ipv4Addr) -> Rig {
+        let db = TestDb::new().await;
+        let bmdb = db.bmdb().await;
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = FleetSimProcess::start(
+            Path::new(FLEET_SIM),
+            dir.path(),
+            machines,
+            first,
+            &["--agent-interval", "1s"],
+        );
+        let images = dir.path().join("images");
+        std::fs::create_dir(&images).unwrap();
+        let image = image(12 << 20);
+        zstd(&image, &images.join("debian.img.zst"));
+        let callback = format!("127.0.0.1:{}", Sshd::free_port());
+        let admin = format!("127.0.0.1:{}", Sshd::free_port());
+        let vars: Vec<(&str, String)> = vec![
+            ("SHEPHERD__BMDB__URL", db.url()),
+            ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
+            ("SHEPHERD__ADMIN__LISTEN", admin.clone()),
+            ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
+            ("SHEPHERD__BMAAS__ENDPOINT", callback),
+            (
+                "SHEPHERD__INSTALLATIONS__IMAGES_DIR",
+                images.display().to_string(),
+            ),
+            (
+                "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN",
+                format!("127.0.0.1:{}", Sshd::free_port()),
+            ),
+            ("SHEPHERD__INSTALLATIONS__ROLLOUT_INTERVAL", "500ms".into()),
+            ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
+        ];
+        let shepherd = ShepherdProcess::start(
+            Path::new(SHEPHERD),
+            &fleet.config,
+            dir.path().join("shepherd.log"),
+            &vars,
+        );
+        let mut rig = Rig {
+            _db: db,
+            bmdb,
+            dir,
+            _fleet: fleet,
+            shepherd,
+            admin: format!("http://{admin}"),
+            image,
+        };
+        rig.wait_heartbeating(machines as i64).await;
+        rig
+    }
+
+    async fn wait_heartbeating(&mut self, want: i64) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let n = shepherd::sim::testing::count(
+                &self.bmdb,
+                "SELECT count(*) FROM machine_agent_heartbeat",
+            )
+            .await;
+            if n >= want {
+                return;
+            }
+            self.shepherd.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{n} of {want} machines heartbeating: {}",
+                self.shepherd.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Machines with their addresses, in provider ID order.
+    async fn machines(&self) -> Vec<(uuid::Uuid, String)> {
+        self.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query(
+                        "SELECT machine_id, provider_ip_address FROM machine_provided \
+                         ORDER BY provider_id",
+                        &[],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect())
+            })
+            .await
+            .unwrap()
+    }
+
+    /// The file standing for the machine's disk.
+    fn disk(&self, ip: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("fleet/machines")
+            .join(ip)
+            .join("disk0")
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let url = format!("{}{path}", self.admin);
+        let mut r = awc::Client::default().get(&url).send().await.unwrap();
+        assert!(r.status().is_success(), "{url}: {}", r.status());
+        serde_json::from_slice(&r.body().limit(16 << 20).await.unwrap()).unwrap()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let url = format!("{}{path}", self.admin);
+        let mut r = awc::Client::default()
+            .post(&url)
+            .send_json(&body)
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.body().limit(16 << 20).await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    fn disk_holds_image(&self, ip: &str) -> bool {
+        use std::os::unix::fs::FileExt;
+        let Ok(f) = std::fs::File::open(self.disk(ip)) else {
+            return false;
+        };
+        let mut b = vec![0u8; self.image.len()];
+        f.read_exact_at(&mut b, 0).is_ok() && b == self.image
+    }
+}
+
+#[actix_rt::test]
+async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api() {
+    let mut rig = Rig::new(3, Ipv4Addr::new(127, 0, 62, 1)).await;
+    let machines = rig.machines().await;
+    let (id, ip) = machines[1].clone();
+    // Bad requests name what is wrong and ask nothing.
+    let install = format!("/api/v1/machines/{id}/install");
+    for (image, named) in [
+        (
+            json!({"url": "https://images.example/x.img"}),
+            "image.digest",
+        ),
+        (json!({"served": "nothing-here.img"}), "image.served"),
+        (
+            json!({"served": "../images/debian.img.zst"}),
+            "image.served",
+        ),
+        (
+            json!({"url": "ftp://images.example/x.img", "digest": format!("sha256:{}", "0".repeat(64))}),
+            "image.url",
+        ),
+    ] {
+        let (status, body) = rig.post(&install, json!({ "image": image })).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.to_string().contains(named), "{body}");
+    }
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/install"),
+            json!({"image": {"served": "debian.img.zst", "reboot": true}, "reason": "first OS"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 1);
+    assert_eq!(body["action"]["action"], "install");
+    // Follow it.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut states = Vec::new();
+    let detail = loop {
+        let d = rig.get(&format!("/api/v1/machines/{id}")).await;
+        let state = d["machine"]["state"].as_str().unwrap().to_string();
+        if states.last() != Some(&state) {
+            states.push(state.clone());
+        }
+        if state == "installed" || state == "install-failed" {
+            break d;
+        }
+        rig.shepherd.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "still {state}: {d:#}\n{}",
+            rig.shepherd.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let inst = &detail["installation"];
+    assert_eq!(detail["machine"]["state"], "installed", "{inst:#}");
+    assert_eq!(
+        states.first().map(String::as_str),
+        Some("installing"),
+        "{states:?}"
+    );
+    assert_eq!(inst["result"], "Success");
+    assert_eq!(inst["generation"], 1);
+    assert!(
+        inst["image_url"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://127.0.0.1:")
+    );
+    assert!(
+        inst["image_url"]
+            .as_str()
+            .unwrap()
+            .ends_with("/images/debian.img.zst")
+    );
+    assert_eq!(inst["requested_by"], "anonymous");
+    let p = &inst["progress"];
+    assert_eq!(p["bytes_written"], rig.image.len() as u64, "{p:#}");
+    assert_eq!(p["bytes_fetched"], p["bytes_total"], "{p:#}");
+    assert!(
+        p["bytes_fetched"].as_u64().unwrap() < rig.image.len() as u64,
+        "compressed"
+    );
+    assert!(
+        ["done", "rebooting"].contains(&p["phase"].as_str().unwrap()),
+        "{p:#}"
+    );
+    assert!(p["disk"].as_str().unwrap().ends_with("disk0"), "{p:#}");
+    let events: Vec<&str> = inst["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["requested", "installed"]);
+    assert!(rig.disk_holds_image(&ip), "the disk holds the image");
+    // The other machines were not touched.
+    for (_, other) in machines.iter().filter(|(m, _)| *m != id) {
+        assert!(!rig.disk(other).exists(), "{other} has a disk written");
+    }
+    // The report is stored as the contract says, and the agent rebooted
+    // into the installed system (it calls no more).
+    let (generation, result): (i32, String) = rig
+        .bmdb
+        .transact(async |tx| {
+            let r = tx
+                .query_one(
+                    "SELECT generation, os_installation_result::text \
+                     FROM machine_os_installation_report WHERE machine_id = $1",
+                    &[&id],
+                )
+                .await?;
+            Ok((r.get(0), r.get(1)))
+        })
+        .await
+        .unwrap();
+    assert_eq!((generation, result.as_str()), (1, "Success"));
+    let before = last_heartbeat(&rig.bmdb, id).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        last_heartbeat(&rig.bmdb, id).await,
+        before,
+        "the agent is gone"
+    );
+    // Installed machines are left alone: no recovery, no takeover.
+    let work = shepherd::sim::testing::count(&rig.bmdb, "SELECT count(*) FROM work").await;
+    assert_eq!(work, 0);
+    // A second installation is the next generation.
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/install"),
+            json!({"image": {"served": "debian.img.zst"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 2);
+    assert_eq!(
+        rig.get(&format!("/api/v1/machines/{id}")).await["machine"]["state"],
+        "installing"
+    );
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/install"),
+            json!({"image": {"served": "debian.img.zst"}}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body.to_string().contains("installing generation 2"),
+        "{body}"
+    );
+}
+
+async fn last_heartbeat(bmdb: &Bmdb, id: uuid::Uuid) -> Option<std::time::SystemTime> {
+    bmdb.transact(async |tx| {
+        Ok(tx
+            .query_opt(
+                "SELECT agent_heartbeat_at FROM machine_agent_heartbeat WHERE machine_id = $1",
+                &[&id],
+            )
+            .await?
+            .map(|r| r.get(0)))
+    })
+    .await
+    .unwrap()
+}
+
+#[actix_rt::test]
+async fn a_rollout_over_twenty_machines_stops_once_more_failed_than_allowed() {
+    let mut rig = Rig::new(20, Ipv4Addr::new(127, 0, 63, 1)).await;
+    let machines = rig.machines().await;
+    assert_eq!(machines.len(), 20);
+    // Two machines whose disk cannot be opened: their agents fail.
+    let failing = [4usize, 7];
+    for i in failing {
+        std::fs::create_dir_all(rig.disk(&machines[i].1)).unwrap();
+    }
+    let ids: Vec<String> = machines.iter().map(|(m, _)| m.to_string()).collect();
+    let (status, body) = rig
+        .post(
+            "/api/v1/rollouts",
+            json!({
+                "image": {"served": "debian.img.zst"},
+                "machines": ids,
+                "max_parallel": 3,
+                "max_failures": 1,
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let rollout = body["rollout"]["rollout_id"].as_str().unwrap().to_string();
+    assert_eq!(body["rollout"]["counts"]["waiting"], 20);
+    // Watch it: never more than 3 running.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let done = loop {
+        let r = rig.get(&format!("/api/v1/rollouts/{rollout}")).await;
+        let running = r["rollout"]["counts"]["running"].as_i64().unwrap();
+        assert!(running <= 3, "{running} running: {r:#}");
+        if r["rollout"]["state"] != "running" {
+            break r;
+        }
+        rig.shepherd.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "rollout still running: {r:#}\n{}",
+            rig.shepherd.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let r = &done["rollout"];
+    assert_eq!(r["state"], "stopped", "{done:#}");
+    assert_eq!(r["counts"]["failed"], 2, "{done:#}");
+    assert!(
+        r["end_reason"]
+            .as_str()
+            .unwrap()
+            .contains("more than the 1 allowed")
+    );
+    let members = done["machines"].as_array().unwrap();
+    let failed: Vec<usize> = members
+        .iter()
+        .filter(|m| m["state"] == "failed")
+        .map(|m| m["position"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(failed, failing);
+    for m in members.iter().filter(|m| m["state"] == "failed") {
+        assert!(m["error"].as_str().unwrap().contains("no disk"), "{m:#}");
+    }
+    // The stop rule: the round that saw the second failure stopped the
+    // rollout, and none started a machine after it; machines wait that
+    // were never asked, and stay so.
+    let ended = r["ended_at"].as_str().unwrap();
+    for m in members.iter().filter(|m| !m["started_at"].is_null()) {
+        assert!(
+            m["started_at"].as_str().unwrap() <= ended,
+            "{m:#} after {ended}"
+        );
+    }
+    let waiting: Vec<&Value> = members.iter().filter(|m| m["state"] == "waiting").collect();
+    assert!(!waiting.is_empty(), "{done:#}");
+    for m in &waiting {
+        assert!(m["generation"].is_null());
+    }
+    let asked = shepherd::sim::testing::count(
+        &rig.bmdb,
+        "SELECT count(*) FROM machine_os_installation_request",
+    )
+    .await;
+    assert_eq!(asked as usize, 20 - waiting.len());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = shepherd::sim::testing::count(
+        &rig.bmdb,
+        "SELECT count(*) FROM machine_os_installation_request",
+    )
+    .await;
+    assert_eq!(later, asked, "nothing asked after the stop");
+    // The ones that were asked and did not fail hold the image (those still
+    // running finish after the stop).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for m in members
+        .iter()
+        .filter(|m| m["state"] == "done" || m["state"] == "running")
+    {
+        let pos = m["position"].as_u64().unwrap() as usize;
+        while !rig.disk_holds_image(&machines[pos].1) {
+            assert!(
+                Instant::now() < deadline,
+                "machine {pos} never got the image"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for m in &waiting {
+        let pos = m["position"].as_u64().unwrap() as usize;
+        assert!(
+            !rig.disk(&machines[pos].1).exists(),
+            "waiting machine {pos} was written"
+        );
+    }
+    // Listed, and a stopped rollout cannot be canceled into anything else.
+    let list = rig.get("/api/v1/rollouts").await;
+    assert_eq!(list["rollouts"][0]["rollout_id"], rollout.as_str());
+    let (status, body) = rig
+        .post(&format!("/api/v1/rollouts/{rollout}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rollout"]["state"], "stopped");
+}
+
+#[actix_rt::test]
+async fn an_operator_installs_from_the_machine_page_in_a_browser_and_watches_it_end() {
+    let rig = Rig::new(2, Ipv4Addr::new(127, 0, 64, 1)).await;
+    let machines = rig.machines().await;
+    let (id, ip) = machines[0].clone();
+    let png = rig.dir.path().join("install.png");
+    let seen = shepherd::sim::testing::browse(vec![
+        "install".into(),
+        rig.admin.clone(),
+        id.to_string(),
+        "debian.img.zst".into(),
+        png.display().to_string(),
+    ])
+    .await;
+    assert_eq!(seen["before"], "No installation asked yet.", "{seen:#}");
+    assert!(
+        seen["done_notice"]
+            .as_str()
+            .unwrap()
+            .starts_with("install by anonymous: generation 1:"),
+        "{seen:#}"
+    );
+    assert_eq!(seen["states"][0], "installing", "{seen:#}");
+    assert_eq!(seen["machine_state"], "installed", "{seen:#}");
+    assert_eq!(seen["result"], "Success", "{seen:#}");
+    assert!(
+        seen["by"].as_str().unwrap().starts_with("anonymous at "),
+        "{seen:#}"
+    );
+    assert_eq!(
+        seen["events"],
+        json!(["requested", "installed"]),
+        "{seen:#}"
+    );
+    // The last progress bar is full, and says what was written.
+    let last = seen["progress"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last[0], last[1], "{seen:#}");
+    assert!(
+        seen["bytes"]
+            .as_str()
+            .unwrap()
+            .ends_with("fetched, 12 MiB written"),
+        "{seen:#}"
+    );
+    assert!(rig.disk_holds_image(&ip));
+    assert!(std::fs::metadata(&png).unwrap().len() > 10_000);
+}
+
+/// `shepherd machines install` and `shepherd rollouts` against a BMDB of
+/// three machines (no shepherd running: the CLI writes the requests and
+/// the rollout; running shepherds would carry them out).
+#[actix_rt::test]
+async fn the_command_line_asks_installs_and_starts_follows_and_cancels_rollouts() {
+    use shepherd::bmdb::machines::{self, NewProvidedMachine};
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let m = NewProvidedMachine {
+            provider: shepherd::bmdb::Provider::Equinix,
+            provider_id: format!("cli-{i}"),
+            reservation_id: None,
+            ip_address: Some(format!("127.0.9.{}", i + 1)),
+            location: None,
+            status: None,
+        };
+        ids.push(
+            bmdb.transact(async |tx| machines::create_provided(tx, &m).await)
+                .await
+                .unwrap(),
+        );
+    }
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(SHEPHERD)
+            .args(args)
+            .env("SHEPHERD__BMDB__URL", db.url())
+            .env("SHEPHERD__LOG__LEVEL", "warn")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let digest = format!("sha256:{}", "0f".repeat(32));
+    let id = ids[0].to_string();
+    // Wrong input is named, and asks nothing.
+    let (code, _, err) = run(&[
+        "machines",
+        "install",
+        &id,
+        "--url",
+        "https://images.example/a.img",
+        "--digest",
+        "md5:abc",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("image.digest"), "{err}");
+    let (code, _, err) = run(&["machines", "install", &id, "--served", "a.img"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("installations.images_dir"), "{err}");
+    let (code, _, err) = run(&[
+        "machines",
+        "install",
+        "--url",
+        "https://images.example/a.img",
+        "--digest",
+        &digest,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("name the machines"), "{err}");
+    // One machine.
+    let (code, out, err) = run(&[
+        "machines",
+        "install",
+        &id,
+        "--url",
+        "https://images.example/a.img",
+        "--digest",
+        &digest,
+        "--disk-serial",
+        "S1",
+        "--reboot",
+        "--reason",
+        "first OS",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("install {id}: generation 1: https://images.example/a.img")
+    );
+    let (code, _, err) = run(&[
+        "machines",
+        "install",
+        &id,
+        "--url",
+        "https://images.example/a.img",
+        "--digest",
+        &digest,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("installing generation 1"), "{err}");
+    // What was stored is the contract's request, with shepherd's image.
+    let raw: Vec<u8> = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT os_installation_request_raw FROM machine_os_installation_request WHERE machine_id = $1",
+                    &[&ids[0]],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    use prost::Message as _;
+    let req = shepherd_agent::api::OsInstallationRequest::decode(raw.as_slice()).unwrap();
+    assert_eq!(req.generation, 1);
+    let Some(shepherd_agent::api::os_installation_request::Type::Image(image)) = req.r#type else {
+        panic!("{req:?}");
+    };
+    assert_eq!(image.digest, digest);
+    assert!(image.reboot);
+    assert_eq!(image.disk.unwrap().serial, "S1");
+    let (_, out, _) = run(&["machines", "show", &id]);
+    assert!(
+        out.contains("installation: generation 1 installing"),
+        "{out}"
+    );
+    assert!(out.contains("generation 1 requested"), "{out}");
+    // A rollout over the others, by search.
+    let (code, out, err) = run(&[
+        "machines",
+        "install",
+        "--search",
+        "cli-",
+        "--url",
+        "https://images.example/b.img",
+        "--digest",
+        &digest,
+        "--max-parallel",
+        "2",
+        "--max-failures",
+        "1",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("3 machines (q=cli-), 2 at once, stops after 2 failures"),
+        "{out}"
+    );
+    let rollout = out
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(':')
+        .to_string();
+    let (code, out, _) = run(&["rollouts", "list"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains(&rollout) && out.contains("waiting 3"), "{out}");
+    let (code, out, _) = run(&["rollouts", "cancel", &rollout]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("canceled") && out.contains("skipped 3"),
+        "{out}"
+    );
+    let (_, out, _) = run(&["rollouts", "show", &rollout]);
+    assert!(out.contains("ended: canceled by cli"), "{out}");
+}

@@ -14,6 +14,10 @@ pub struct GetSupervisorStatus;
 #[derive(Debug, Clone, Default)]
 pub struct SupervisorStatus {
     pub session: Option<uuid::Uuid>,
+    /// Sessions this process opened, and lost (ended other than by its
+    /// own shutdown), since it started.
+    pub sessions_opened: u64,
+    pub sessions_lost: u64,
     pub initializer: Option<crate::control::MailboxStatus>,
     pub recoverer: Option<crate::control::MailboxStatus>,
     pub provisioner: Option<crate::provisioner::ProvisionerStatus>,

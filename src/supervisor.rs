@@ -247,6 +247,8 @@ pub struct Supervisor {
     updater: Option<Addr<Updater>>,
     rollouts: Option<Addr<RolloutDriver>>,
     session_backoff: Duration,
+    sessions_opened: u64,
+    sessions_lost: u64,
     shutting_down: bool,
 }
 
@@ -277,6 +279,8 @@ impl Supervisor {
             updater: None,
             rollouts: None,
             session_backoff: Duration::ZERO,
+            sessions_opened: 0,
+            sessions_lost: 0,
             shutting_down: false,
         }
     }
@@ -396,6 +400,7 @@ impl Supervisor {
                 Ok((addr, session)) => {
                     tracing::info!(session_id = %session.id(), "session open; provisioning and taking over");
                     act.session_backoff = Duration::ZERO;
+                    act.sessions_opened += 1;
                     act.session = Some(addr);
                     act.hand_over(Some(session));
                 }
@@ -448,6 +453,7 @@ impl Handler<SessionEnded> for Supervisor {
             return;
         }
         tracing::warn!(session_id = %msg.session_id, reason = %msg.reason, "session ended; opening a new one");
+        self.sessions_lost += 1;
         self.session = None;
         self.hand_over(None);
         self.session_backoff =
@@ -489,8 +495,13 @@ impl Handler<GetSupervisorStatus> for Supervisor {
         let rec = self.recoverer.clone();
         let prov = self.provisioner.clone();
         let upd = self.updater.clone();
+        let (sessions_opened, sessions_lost) = (self.sessions_opened, self.sessions_lost);
         Box::pin(async move {
-            let mut st = SupervisorStatus::default();
+            let mut st = SupervisorStatus {
+                sessions_opened,
+                sessions_lost,
+                ..SupervisorStatus::default()
+            };
             if let Some(s) = session {
                 st.session = s
                     .send(GetSession)

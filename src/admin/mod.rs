@@ -922,6 +922,72 @@ impl Scrape {
     }
 }
 
+/// The series read from the BMDB.
+fn fleet_samples(
+    p: &mut Scrape,
+    sessions: i64,
+    backoffs: &[(String, i64)],
+    counts: &[(MachineState, i64)],
+    heartbeating: i64,
+    silent: i64,
+    brake: Option<&crate::bmdb::brake::BrakeState>,
+) {
+    p.gauge(
+        "shepherd_bmdb_sessions",
+        "BMDB sessions alive (all shepherd processes)",
+        sessions,
+    );
+    p.gauges(
+        "shepherd_active_backoffs",
+        "Machines backed off now, per process",
+        backoffs
+            .iter()
+            .map(|(process, n)| (labels(&[("process", process)]), *n)),
+    );
+    p.gauges(
+        "shepherd_agents",
+        "Machines with a started agent, heartbeating or silent",
+        [
+            (labels(&[("state", "heartbeating")]), heartbeating),
+            (labels(&[("state", "silent")]), silent),
+        ],
+    );
+    p.gauges(
+        "shepherd_machines",
+        "Machines per state",
+        MachineState::ALL.iter().map(|s| {
+            let n = counts
+                .iter()
+                .find(|(c, _)| c == s)
+                .map(|(_, n)| *n)
+                .unwrap_or(0);
+            (labels(&[("state", s.as_str())]), n)
+        }),
+    );
+    if let Some(b) = brake {
+        p.gauge(
+            "shepherd_recovery_brake_engaged",
+            "Whether the recovery brake holds: no power action for silence until it lets go or an operator releases it",
+            b.engaged as i64,
+        );
+        p.gauge(
+            "shepherd_silent_machines",
+            "Machines judged silent now (their callback endpoint served for the whole threshold), held ones excepted",
+            b.silent,
+        );
+        p.gauge(
+            "shepherd_recovery_brake_limit",
+            "The most silent machines, and power actions for silence in the window, before the brake holds",
+            b.limit,
+        );
+        p.gauge(
+            "shepherd_recovery_power_actions_in_window",
+            "Power actions for silence within the brake's window (all shepherds)",
+            b.power_actions_in_window,
+        );
+    }
+}
+
 fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
@@ -1023,23 +1089,40 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             Ok((sessions, backoffs, counts, agents, brake))
         })
         .await;
-    let (sessions, backoffs, counts, (heartbeating, silent), brake) = match db {
-        Ok(v) => v,
-        Err(e) => {
-            return HttpResponse::ServiceUnavailable().body(format!("BMDB unreachable: {e}\n"));
-        }
-    };
     let st = status(&admin).await;
     let mut p = Scrape(Registry::default());
+    // What this process knows by itself is served while the BMDB is away
+    // (a restart, a failover): that is when it is looked at.
     p.gauge(
-        "shepherd_bmdb_sessions",
-        "BMDB sessions alive (all shepherd processes)",
-        sessions,
+        "shepherd_bmdb_up",
+        "Whether the BMDB answered this scrape's queries",
+        db.is_ok() as i64,
     );
     p.gauge(
         "shepherd_session_up",
         "Whether this process holds a live session",
         st.session.is_some() as i64,
+    );
+    p.counters(
+        "shepherd_sessions",
+        "BMDB sessions this process opened, and lost (ended other than by its own shutdown)",
+        [
+            (labels(&[("event", "opened")]), st.sessions_opened),
+            (labels(&[("event", "lost")]), st.sessions_lost),
+        ],
+    );
+    let tx = admin.bmdb.counters();
+    p.counters(
+        "shepherd_bmdb_transactions",
+        "BMDB transactions of this process by outcome: committed, run again after a conflict or a lost connection, commit outcome unknown (connection lost during COMMIT), failed",
+        [
+            ("committed", tx.committed),
+            ("retried-conflict", tx.retried_conflict),
+            ("retried-connection", tx.retried_connection),
+            ("commit-unknown", tx.commit_unknown),
+            ("failed", tx.failed),
+        ]
+        .map(|(o, n)| (labels(&[("outcome", o)]), n)),
     );
     mailbox_samples(
         &mut p,
@@ -1048,54 +1131,21 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             ("ShepherdRecovery", &st.recoverer),
         ],
     );
-    p.gauges(
-        "shepherd_active_backoffs",
-        "Machines backed off now, per process",
-        backoffs
-            .iter()
-            .map(|(process, n)| (labels(&[("process", process)]), *n)),
-    );
-    p.gauges(
-        "shepherd_agents",
-        "Machines with a started agent, heartbeating or silent",
-        [
-            (labels(&[("state", "heartbeating")]), heartbeating),
-            (labels(&[("state", "silent")]), silent),
-        ],
-    );
-    p.gauges(
-        "shepherd_machines",
-        "Machines per state",
-        MachineState::ALL.iter().map(|s| {
-            let n = counts
-                .iter()
-                .find(|(c, _)| c == s)
-                .map(|(_, n)| *n)
-                .unwrap_or(0);
-            (labels(&[("state", s.as_str())]), n)
-        }),
-    );
-    if let Some(b) = &brake {
-        p.gauge(
-            "shepherd_recovery_brake_engaged",
-            "Whether the recovery brake holds: no power action for silence until it lets go or an operator releases it",
-            b.engaged as i64,
-        );
-        p.gauge(
-            "shepherd_silent_machines",
-            "Machines judged silent now (their callback endpoint served for the whole threshold), held ones excepted",
-            b.silent,
-        );
-        p.gauge(
-            "shepherd_recovery_brake_limit",
-            "The most silent machines, and power actions for silence in the window, before the brake holds",
-            b.limit,
-        );
-        p.gauge(
-            "shepherd_recovery_power_actions_in_window",
-            "Power actions for silence within the brake's window (all shepherds)",
-            b.power_actions_in_window,
-        );
+    match db {
+        Ok((sessions, backoffs, counts, (heartbeating, silent), brake)) => {
+            fleet_samples(
+                &mut p,
+                sessions,
+                &backoffs,
+                &counts,
+                heartbeating,
+                silent,
+                brake.as_ref(),
+            );
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "/metrics: the BMDB did not answer; serving this process's own series")
+        }
     }
     if let Some(prov) = &st.provisioner {
         p.gauge(

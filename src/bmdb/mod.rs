@@ -26,6 +26,7 @@ mod session;
 mod work;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
@@ -119,8 +120,11 @@ fn is_connection_error(e: &tokio_postgres::Error) -> bool {
     if let Some(code) = e.code() {
         let c = code.code();
         // 08: connection exception; 57P01-57P03: admin/crash shutdown,
-        // cannot connect now (starting up or shutting down).
-        return c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03");
+        // cannot connect now (starting up or shutting down); 25006: a
+        // write refused by a read-only server, i.e. a connection that
+        // landed on a standby (after a failover, the old primary demoted):
+        // as good as lost, and nothing was written.
+        return c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "25006");
     }
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {
@@ -220,6 +224,10 @@ pub struct BmdbOptions {
     pub max_attempts: u32,
     pub session_interval: Duration,
     pub session_gc_grace: Duration,
+    /// How long a transaction whose connection was lost before COMMIT is
+    /// run again on new connections: a server restart, or a failover to
+    /// another host, kills every pooled connection at once.
+    pub failover_window: Duration,
 }
 
 impl From<&BmdbConfig> for BmdbOptions {
@@ -229,7 +237,56 @@ impl From<&BmdbConfig> for BmdbOptions {
             max_attempts: c.max_attempts,
             session_interval: c.session_interval,
             session_gc_grace: c.session_gc_grace,
+            failover_window: c.failover_window,
         }
+    }
+}
+
+/// What the pool's transactions came to, since this process started
+/// (`/metrics`: `shepherd_bmdb_transactions_total`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BmdbCounters {
+    /// Transactions and statements that committed.
+    pub committed: u64,
+    /// Run again after a serialization failure or deadlock.
+    pub retried_conflict: u64,
+    /// Run again after their connection was lost before COMMIT (a restart
+    /// or failover of the server).
+    pub retried_connection: u64,
+    /// Whose connection was lost during COMMIT: outcome unknown, handled
+    /// by the caller's `CommitUnknown` rule.
+    pub commit_unknown: u64,
+    /// Failed: the error went to the caller.
+    pub failed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    committed: AtomicU64,
+    retried_conflict: AtomicU64,
+    retried_connection: AtomicU64,
+    commit_unknown: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> BmdbCounters {
+        BmdbCounters {
+            committed: self.committed.load(Ordering::Relaxed),
+            retried_conflict: self.retried_conflict.load(Ordering::Relaxed),
+            retried_connection: self.retried_connection.load(Ordering::Relaxed),
+            commit_unknown: self.commit_unknown.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count<T>(&self, r: &Result<T, BmdbError>) {
+        let c = match r {
+            Ok(_) => &self.committed,
+            Err(BmdbError::CommitUnknown(_)) => &self.commit_unknown,
+            Err(_) => &self.failed,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -245,6 +302,7 @@ struct Inner {
     acquire_timeout: Duration,
     pool_size: u32,
     connect_errors: LastConnectError,
+    counters: Counters,
     /// Kept alive as long as any handle is: the embedded server, if any.
     _embedded: Option<Arc<EmbeddedPostgres>>,
 }
@@ -298,6 +356,25 @@ impl Bmdb {
         if pg.get_application_name().is_none() {
             pg.application_name("shepherd");
         }
+        // Several hosts are a replicated cluster: only its primary takes
+        // writes, and a connection must find it.
+        if pg.get_hosts().len() > 1
+            && pg.get_target_session_attrs() == tokio_postgres::config::TargetSessionAttrs::Any
+        {
+            pg.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
+        // A server whose host died answers nothing, not even a reset: the
+        // kernel's keepalives find that out in seconds rather than after
+        // the default two hours of silence (unless the URL says otherwise).
+        if pg.get_keepalives() && pg.get_keepalives_idle() == KEEPALIVES_DEFAULT_IDLE {
+            pg.keepalives_idle(Duration::from_secs(5));
+            if pg.get_keepalives_interval().is_none() {
+                pg.keepalives_interval(Duration::from_secs(2));
+            }
+            if pg.get_keepalives_retries().is_none() {
+                pg.keepalives_retries(3);
+            }
+        }
         let connect_errors = LastConnectError::default();
         // Checkout tests a connection only when it is closed or has been
         // idle (a database restart leaves the pool full of dead ones); a
@@ -336,6 +413,7 @@ impl Bmdb {
                 acquire_timeout,
                 pool_size,
                 connect_errors,
+                counters: Counters::default(),
                 _embedded: None,
             }),
         })
@@ -343,6 +421,11 @@ impl Bmdb {
 
     pub fn options(&self) -> &BmdbOptions {
         &self.inner.options
+    }
+
+    /// What this process's transactions came to so far.
+    pub fn counters(&self) -> BmdbCounters {
+        self.inner.counters.snapshot()
     }
 
     pub(crate) async fn conn(&self) -> Result<bb8::PooledConnection<'_, PgManager>, BmdbError> {
@@ -400,13 +483,24 @@ impl Bmdb {
     /// Runs `attempt` on a fresh checkout until it is done: on a
     /// serialization failure or deadlock it waits a jittered while and runs
     /// again (up to `max_attempts`); on a connection lost mid-way it runs
-    /// again on another connection, for up to `LOST_CONNECTION_WINDOW` (a
+    /// again on another connection, for up to `failover_window` (a
     /// server restart kills every pooled connection at once).
     async fn retrying<T>(
+        &self,
+        attempt: impl AsyncFnMut(&mut PgConn) -> Result<T, BmdbError>,
+    ) -> Result<T, BmdbError> {
+        let r = self.retrying_uncounted(attempt).await;
+        self.inner.counters.count(&r);
+        r
+    }
+
+    async fn retrying_uncounted<T>(
         &self,
         mut attempt: impl AsyncFnMut(&mut PgConn) -> Result<T, BmdbError>,
     ) -> Result<T, BmdbError> {
         let max_attempts = self.inner.options.max_attempts;
+        let window = self.inner.options.failover_window;
+        let counters = &self.inner.counters;
         let mut attempts = 0u32;
         let mut lost = 0u32;
         let mut lost_since = None;
@@ -423,6 +517,7 @@ impl Bmdb {
                             last: e.to_string(),
                         });
                     }
+                    counters.retried_conflict.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(attempts, error = %e, "retrying");
                     drop(conn);
                     tokio::time::sleep(retry_delay(attempts)).await;
@@ -431,14 +526,19 @@ impl Bmdb {
                     if lost_since
                         .get_or_insert_with(std::time::Instant::now)
                         .elapsed()
-                        < LOST_CONNECTION_WINDOW =>
+                        < window =>
                 {
                     lost += 1;
                     attempts -= 1;
+                    counters.retried_connection.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(lost, error = %m, "connection lost mid-way; retrying");
                     conn.mark_broken();
                     drop(conn);
                     tokio::time::sleep(Duration::from_millis(50 << lost.min(4))).await;
+                }
+                Err(e @ BmdbError::Unreachable(_)) => {
+                    conn.mark_broken();
+                    return Err(e);
                 }
                 other => return other,
             }
@@ -450,10 +550,8 @@ impl Bmdb {
 /// failed connection (at most half of it apart).
 const POOL_WAIT_SLICE: Duration = Duration::from_secs(1);
 
-/// How long a transaction whose connection was lost before COMMIT is re-run
-/// on other connections (a server restart kills every pooled connection,
-/// and connections made while it shuts down die too).
-const LOST_CONNECTION_WINDOW: Duration = Duration::from_secs(5);
+/// tokio-postgres' keepalive idle time unless told otherwise.
+const KEEPALIVES_DEFAULT_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 
 const SESSION_CHECK: &str =
     "SELECT 1 FROM sessions WHERE session_id = $1 AND session_deadline > now() FOR KEY SHARE";
@@ -503,12 +601,29 @@ fn retry_delay(attempt: u32) -> Duration {
 
 fn describe_target(pg: &tokio_postgres::Config) -> String {
     use tokio_postgres::config::Host;
-    let host = match pg.get_hosts().first() {
-        Some(Host::Tcp(h)) => h.clone(),
-        Some(Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".into(),
-    };
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let ports = pg.get_ports();
+    let mut hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            // One port for all hosts, or one each.
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match h {
+                Host::Tcp(h) => format!("{h}:{port}"),
+                Host::Unix(p) => format!("{}:{port}", p.display()),
+            }
+        })
+        .collect();
+    if hosts.is_empty() {
+        hosts.push("localhost:5432".into());
+    }
     let db = pg.get_dbname().unwrap_or("(default database)");
-    format!("PostgreSQL at {host}:{port}, database {db}")
+    match hosts.as_slice() {
+        [one] => format!("PostgreSQL at {one}, database {db}"),
+        many => format!(
+            "PostgreSQL at {} (the writable one), database {db}",
+            many.join(", ")
+        ),
+    }
 }

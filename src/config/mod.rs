@@ -98,6 +98,10 @@ pub struct BmdbConfig {
     pub isolation: Isolation,
     /// Attempts of a transaction that hits serialization failures.
     pub max_attempts: u32,
+    /// How long a transaction whose connection was lost is run again on
+    /// new connections (a server restart, a failover to another host).
+    #[serde(with = "humantime_serde")]
+    pub failover_window: Duration,
     pub embedded: EmbeddedConfig,
 }
 
@@ -114,6 +118,7 @@ impl Default for BmdbConfig {
             migrate_on_start: true,
             isolation: Isolation::ReadCommitted,
             max_attempts: 10,
+            failover_window: Duration::from_secs(30),
             embedded: EmbeddedConfig::default(),
         }
     }

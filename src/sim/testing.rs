@@ -234,6 +234,7 @@ impl TestDb {
             max_attempts: 50,
             session_interval: Duration::from_secs(10),
             session_gc_grace: Duration::from_secs(0),
+            failover_window: Duration::from_secs(5),
         }
     }
 
@@ -275,6 +276,41 @@ impl Drop for TestDb {
                 let _ = client.batch_execute(&drop_sql).await;
             }
         });
+    }
+}
+
+impl TestDb {
+    /// A pool with the test options on the database at `url` (a cluster's
+    /// several hosts, say), which the caller made and drops.
+    pub async fn connect_url(url: &str) -> Bmdb {
+        Bmdb::connect(
+            url.parse().expect("a PostgreSQL connection string"),
+            4,
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+            Self::options(Isolation::ReadCommitted),
+        )
+        .await
+        .expect("connect to the test database")
+    }
+
+    /// Creates database `name` (dropping an older one) on the server at
+    /// `url`.
+    pub async fn create_database(url: &str, name: &str) {
+        let config: tokio_postgres::Config = url.parse().expect("a PostgreSQL connection string");
+        let (client, conn) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect to create a database");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
     }
 }
 

@@ -116,7 +116,18 @@ pub struct RecoveryMetrics {
 }
 
 impl RecoveryMetrics {
+    /// Adds the series to `registry`, every step at 0 until it happens
+    /// (so that rates and alerts see the series from the start).
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        for step in [
+            Step::agent_restarted,
+            Step::rebooted,
+            Step::taken_over_again,
+            Step::braked,
+            Step::failed,
+        ] {
+            let _ = self.steps.get_or_create(&StepLabel { step });
+        }
         registry.register(
             "shepherd_recoveries",
             "Recoveries by the step that ended them: agent restarted over SSH, rebooted (agent back by itself), taken over again, braked (power action withheld), failed",

@@ -940,9 +940,16 @@ fn fleet_samples(
     p.gauges(
         "shepherd_active_backoffs",
         "Machines backed off now, per process",
-        backoffs
-            .iter()
-            .map(|(process, n)| (labels(&[("process", process)]), *n)),
+        // The processes that back off, at 0 when none is.
+        ["ShepherdAgentStart", "ShepherdRecovery"]
+            .into_iter()
+            .filter(|p| !backoffs.iter().any(|(b, _)| b == p))
+            .map(|p| (labels(&[("process", p)]), 0))
+            .chain(
+                backoffs
+                    .iter()
+                    .map(|(process, n)| (labels(&[("process", process)]), *n)),
+            ),
     );
     p.gauges(
         "shepherd_agents",
@@ -1146,6 +1153,24 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         Err(e) => {
             tracing::debug!(error = %e, "/metrics: the BMDB did not answer; serving this process's own series")
         }
+    }
+    if let Some(budget) = &admin.equinix {
+        let used = budget.metrics.last_hour();
+        p.gauge(
+            "shepherd_equinix_requests_last_hour",
+            "Equinix API requests this process made in the last 60 minutes",
+            used.requests as i64,
+        );
+        p.gauge(
+            "shepherd_equinix_throttled_last_hour",
+            "Equinix API requests answered 429 (rate limited) in the last 60 minutes",
+            used.throttled as i64,
+        );
+        p.gauge(
+            "shepherd_equinix_budget_per_hour",
+            "Equinix API requests an hour this process can make at most (its client's interval and parallelism)",
+            budget.per_hour() as i64,
+        );
     }
     if let Some(prov) = &st.provisioner {
         p.gauge(

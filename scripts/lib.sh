@@ -40,10 +40,11 @@ need_rust() {
 # (0.19.0 is the last release with equinix.services.metalv1), the
 # Prometheus project's Python client (its OpenMetrics parser reads
 # /metrics), OpenStack's Redfish emulator (sushy-tools, the BMCs) and
-# Selenium (drives Chromium through chromedriver on the admin pages).
-PYTHON_PACKAGES=('equinix==0.19.0' 'prometheus-client==0.26.0' 'sushy-tools==2.2.0' 'selenium==4.27.1')
+# Selenium (drives Chromium through chromedriver on the admin pages) and
+# schemathesis (checks the admin API against its OpenAPI description).
+PYTHON_PACKAGES=('equinix==0.19.0' 'prometheus-client==0.26.0' 'sushy-tools==2.2.0' 'selenium==4.27.1' 'schemathesis==4.32.5')
 need_python_packages() {
-  if python3 -c "import equinix.services.metalv1, prometheus_client.openmetrics.parser, sushy_tools.emulator.main, bcrypt, selenium.webdriver" >/dev/null 2>&1; then
+  if python3 -c "import equinix.services.metalv1, prometheus_client.openmetrics.parser, sushy_tools.emulator.main, bcrypt, selenium.webdriver, schemathesis.cli" >/dev/null 2>&1; then
     return 0
   fi
   echo "shepherd: installing ${PYTHON_PACKAGES[*]} (outside implementations the tests check against)" >&2

@@ -58,6 +58,20 @@ enum Command {
         #[command(subcommand)]
         command: Option<BrakeCommand>,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell) to standard output.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to standard output (`shepherd man |
+    /// man -l -`), or write one page per command into a directory.
+    Man {
+        /// Write shepherd.1, shepherd-run.1, shepherd-machines-list.1, …
+        /// here instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// Run the whole system locally, with no configuration: an embedded
     /// PostgreSQL, the Equinix Metal simulator, simulated machines on
     /// 127.0.1.x, and shepherd taking them all over.
@@ -340,6 +354,34 @@ fn parse_state(s: &str) -> Result<MachineState, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Made from the command line's own description, without configuration.
+    match &cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "shepherd",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { out_dir } => {
+            use clap::CommandFactory;
+            let written = match out_dir {
+                Some(dir) => clap_mangen::generate_to(Cli::command(), dir),
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+            };
+            return match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("shepherd: writing the manual page: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     let cfg = match Config::load(cli.config.as_deref()) {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -419,7 +461,12 @@ fn main() -> ExitCode {
                 };
                 shepherd::sim::demo::run(cfg, opts).await
             }
-            Command::CheckConfig | Command::SshKey => unreachable!(),
+            Command::CheckConfig
+            | Command::SshKey
+            | Command::Completions { .. }
+            | Command::Man { .. } => {
+                unreachable!()
+            }
         }
     });
     match result {

@@ -64,6 +64,48 @@ fn help_lists_the_subcommands() {
 }
 
 #[test]
+fn the_manual_pages_and_completions_come_from_the_command_line() {
+    // Even with a configuration that would not load: they need none.
+    let bad = config_file("[bmdb]\npool_size = \"many\"\n");
+    let o = shepherd()
+        .arg("--config")
+        .arg(bad.path())
+        .arg("man")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = stdout(&o);
+    assert!(page.contains(".TH shepherd 1"), "{page}");
+    assert!(page.contains("check\\-config"), "{page}");
+    let dir = tempfile::tempdir().unwrap();
+    let o = shepherd()
+        .args(["man", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let install = std::fs::read_to_string(dir.path().join("shepherd-machines-install.1")).unwrap();
+    assert!(install.contains("allow\\-boot\\-disk"), "{install}");
+    for (shell, needle) in [
+        ("bash", "complete -F _shepherd"),
+        ("zsh", "#compdef shepherd"),
+        ("fish", "complete -c shepherd"),
+    ] {
+        let o = shepherd().args(["completions", shell]).output().unwrap();
+        assert!(o.status.success(), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        assert!(script.contains(needle), "{shell}: {script}");
+        assert!(
+            script.contains("retakeover"),
+            "{shell} completes the subcommands"
+        );
+    }
+    let o = shepherd().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("tcsh"), "{}", stderr(&o));
+}
+
+#[test]
 fn defaults_are_a_valid_configuration() {
     let o = shepherd().arg("check-config").output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));

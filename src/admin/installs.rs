@@ -5,23 +5,25 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
-use serde_json::json;
 use shepherd_agent::api::{DiskHints, ImageInstallation};
 use uuid::Uuid;
 
-use super::{Admin, Operator, Page, error_response, json_body, json_post, rfc3339};
-use crate::bmdb::installations::{self, Asked, Asker, Installation};
+use super::{Admin, Operator, Page, error_response, json_body, json_post};
+use crate::bmdb::installations::{self, Asked, Asker};
 use crate::bmdb::rollouts::{self, Member, NewRollout, Rollout};
 
-/// Which disk, as the API takes it.
-#[derive(Deserialize, Default, Debug, Clone)]
+/// Which disk, as the API takes it: exactly one disk must match every
+/// hint given.
+#[derive(Deserialize, Default, Debug, Clone, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DiskBody {
     pub serial: Option<String>,
     pub wwn: Option<String>,
     pub model: Option<String>,
     pub by_path: Option<String>,
+    #[schema(minimum = 0)]
     pub min_size_bytes: Option<i64>,
+    #[schema(minimum = 0)]
     pub max_size_bytes: Option<i64>,
     pub rotational: Option<bool>,
 }
@@ -29,12 +31,16 @@ pub struct DiskBody {
 /// The image, as the API takes it: a URL and its digest, or the name of an
 /// image this shepherd serves (`served`; URL, digest and size are then
 /// shepherd's).
-#[derive(Deserialize, Default, Debug, Clone)]
+#[derive(Deserialize, Default, Debug, Clone, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImageBody {
+    /// An http:// or https:// URL (give `url` and `digest`, or `served`).
     pub url: Option<String>,
+    /// The name of an image this shepherd serves (`GET /api/v1/images`).
     pub served: Option<String>,
+    /// `sha256:<hex>` or `sha512:<hex>`.
     pub digest: Option<String>,
+    #[schema(minimum = 0)]
     pub size_bytes: Option<i64>,
     pub disk: Option<DiskBody>,
     #[serde(default)]
@@ -51,6 +57,14 @@ pub struct ImageBody {
 
 /// What an [`ImageBody`] becomes, or a 400's message naming the field.
 pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallation, String> {
+    for (field, v) in [
+        ("image.url", &b.url),
+        ("image.served", &b.served),
+        ("image.digest", &b.digest),
+        ("image.deadline", &b.deadline),
+    ] {
+        super::no_nul(field, v.as_deref())?;
+    }
     let mut image = ImageInstallation {
         size_bytes: b.size_bytes,
         allow_boot_disk: b.allow_boot_disk,
@@ -116,10 +130,13 @@ pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallat
     Ok(image)
 }
 
-#[derive(Deserialize, Default)]
+/// An installation on one machine.
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstallBody {
+    #[schema(value_type = ImageBody, required = true)]
     pub image: Option<ImageBody>,
+    #[schema(max_length = 1000)]
     pub reason: Option<String>,
     pub request_id: Option<Uuid>,
 }
@@ -141,19 +158,7 @@ pub async fn install(
     )
     .await
     .map_err(bad)?;
-    let reason = body
-        .reason
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.len() > crate::bmdb::actions::MAX_REASON)
-    {
-        return Err(bad(format!(
-            "reason: at most {} bytes",
-            crate::bmdb::actions::MAX_REASON
-        )));
-    }
+    let reason = super::check_reason(body.reason).map_err(bad)?;
     let asker = Asker {
         actor: &operator.0,
         action_id: body.request_id.unwrap_or_else(Uuid::new_v4),
@@ -184,7 +189,7 @@ fn api_post<T: serde::de::DeserializeOwned + Default>(
     req: &HttpRequest,
     body: &[u8],
 ) -> Result<(T, Operator), HttpResponse> {
-    json_post(req)?;
+    json_post(req, body)?;
     let parsed = json_body(body)?;
     let operator =
         req.extensions().get::<Operator>().cloned().ok_or_else(|| {
@@ -194,6 +199,18 @@ fn api_post<T: serde::de::DeserializeOwned + Default>(
 }
 
 /// `POST /api/v1/machines/{id}/install`.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/install", tag = "installations",
+    params(("id" = Uuid, Path, description = "the machine's ID")),
+    request_body(content = InstallBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "asked: the generation and the audit row", body = super::api::InstallAsked),
+        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
+        (status = 404, description = "no such machine", body = super::api::ErrorBody),
+        (status = 409, description = "the previous installation is unanswered, or the machine is held", body = super::api::ErrorBody),
+        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_install(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -205,43 +222,12 @@ pub async fn api_install(
         Err(r) => return r,
     };
     match install(&admin, &op, &id, parsed).await {
-        Ok((generation, a)) => HttpResponse::Ok().json(json!({
-            "generation": generation,
-            "action": super::audit_json(&a),
-        })),
+        Ok((generation, a)) => HttpResponse::Ok().json(super::api::InstallAsked {
+            generation,
+            action: (&a).into(),
+        }),
         Err((status, msg)) => error_response(status, &msg),
     }
-}
-
-/// The JSON of a machine's installation.
-pub fn installation_json(i: &Installation) -> serde_json::Value {
-    json!({
-        "generation": i.generation,
-        "image_url": i.image_url,
-        "image_digest": i.image_digest,
-        "requested_by": i.requested_by,
-        "requested_at": rfc3339(i.requested_at),
-        "rollout_id": i.rollout_id,
-        "state": i.state,
-        "progress": i.progress.as_ref().map(|(p, at)| json!({
-            "phase": phase_name(p.phase),
-            "bytes_fetched": p.bytes_fetched,
-            "bytes_written": p.bytes_written,
-            "bytes_total": p.bytes_total,
-            "rate_bytes_per_second": p.rate_bytes_per_second,
-            "disk": p.disk,
-            "resumes": p.resumes,
-            "at": rfc3339(*at),
-        })),
-        "result": i.result.as_ref().map(|(r, _)| r.to_string()),
-        "error": i.result.as_ref().and_then(|(_, e)| e.clone()),
-        "history": i.history.iter().map(|h| json!({
-            "generation": h.generation,
-            "event": h.event,
-            "timestamp": rfc3339(h.timestamp),
-            "detail": h.detail,
-        })).collect::<Vec<_>>(),
-    })
 }
 
 /// A progress phase's name, for people and JSON.
@@ -260,19 +246,26 @@ pub fn phase_name(p: i32) -> &'static str {
 
 // ---- rollouts ----
 
-#[derive(Deserialize, Default)]
+/// A rollout: the image, and the machines (IDs, or the fleet's filters).
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutBody {
+    #[schema(value_type = ImageBody, required = true)]
     pub image: Option<ImageBody>,
     /// Machines installing at once (default 1).
+    #[schema(minimum = 1, maximum = 10000)]
     pub max_parallel: Option<i32>,
     /// Failures tolerated; one more stops the rollout (default 0).
+    #[schema(minimum = 0)]
     pub max_failures: Option<i32>,
     /// The machines: these IDs, in this order…
     pub machines: Option<Vec<Uuid>>,
     /// …or the fleet page's filters.
+    #[schema(value_type = Option<super::openapi::MachineStateName>)]
     pub state: Option<String>,
+    #[schema(value_type = Option<super::openapi::ProviderStatusName>)]
     pub provider_status: Option<String>,
+    #[schema(value_type = Option<super::openapi::HeartbeatName>)]
     pub heartbeat: Option<String>,
     pub q: Option<String>,
     pub request_id: Option<Uuid>,
@@ -383,35 +376,16 @@ pub async fn create_rollout(
     Ok(r)
 }
 
-pub fn rollout_json(r: &Rollout) -> serde_json::Value {
-    json!({
-        "rollout_id": r.id,
-        "image_url": r.image_url,
-        "max_parallel": r.max_parallel,
-        "max_failures": r.max_failures,
-        "selection": r.selection,
-        "created_at": rfc3339(r.created_at),
-        "created_by": r.created_by,
-        "state": r.state,
-        "ended_at": r.ended_at.map(rfc3339),
-        "end_reason": r.end_reason,
-        "counts": r.counts,
-    })
-}
-
-pub fn member_json(m: &Member) -> serde_json::Value {
-    json!({
-        "machine_id": m.machine_id,
-        "position": m.position,
-        "state": m.state,
-        "generation": m.generation,
-        "started_at": m.started_at.map(rfc3339),
-        "ended_at": m.ended_at.map(rfc3339),
-        "error": m.error,
-    })
-}
-
 /// `POST /api/v1/rollouts`.
+#[utoipa::path(post, path = "/api/v1/rollouts", tag = "installations",
+    request_body(content = RolloutBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "the rollout, started", body = super::api::RolloutOne),
+        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
+        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollout_create(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -422,21 +396,28 @@ pub async fn api_rollout_create(
         Err(r) => return r,
     };
     match create_rollout(&admin, &op, parsed).await {
-        Ok(r) => HttpResponse::Created().json(json!({ "rollout": rollout_json(&r) })),
+        Ok(r) => HttpResponse::Created().json(super::api::RolloutOne {
+            rollout: (&r).into(),
+        }),
         Err((status, msg)) => error_response(status, &msg),
     }
 }
 
 /// `GET /api/v1/rollouts`: the latest 100.
+#[utoipa::path(get, path = "/api/v1/rollouts", tag = "installations",
+    responses(
+        (status = 200, description = "the latest 100 rollouts", body = super::api::RolloutList),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollouts(admin: web::Data<Admin>) -> HttpResponse {
     match admin
         .bmdb
         .transact(async |tx| rollouts::list(tx, 100).await)
         .await
     {
-        Ok(v) => HttpResponse::Ok().json(json!({
-            "rollouts": v.iter().map(rollout_json).collect::<Vec<_>>(),
-        })),
+        Ok(v) => HttpResponse::Ok().json(super::api::RolloutList {
+            rollouts: v.iter().map(super::api::RolloutView::from).collect(),
+        }),
         Err(e) => super::internal(e),
     }
 }
@@ -469,12 +450,23 @@ pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Membe
 }
 
 /// `GET /api/v1/rollouts/{id}`.
+#[utoipa::path(get, path = "/api/v1/rollouts/{id}", tag = "installations",
+    params(("id" = Uuid, Path, description = "the rollout's ID")),
+    responses(
+        (status = 200, description = "the rollout and its machines", body = super::api::RolloutDetail),
+        (status = 400, description = "the ID is not a UUID", body = super::api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 404, description = "no such rollout", body = super::api::ErrorBody),
+        (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollout(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
     match load_rollout(&admin, &id).await {
-        Ok((r, members)) => HttpResponse::Ok().json(json!({
-            "rollout": rollout_json(&r),
-            "machines": members.iter().map(member_json).collect::<Vec<_>>(),
-        })),
+        Ok((r, members)) => HttpResponse::Ok().json(super::api::RolloutDetail {
+            rollout: (&r).into(),
+            machines: members
+                .iter()
+                .map(super::api::RolloutMachine::from)
+                .collect(),
+        }),
         Err(r) => r,
     }
 }
@@ -507,26 +499,42 @@ pub async fn cancel_rollout(
 }
 
 /// `POST /api/v1/rollouts/{id}/cancel`.
+#[utoipa::path(post, path = "/api/v1/rollouts/{id}/cancel", tag = "installations",
+    params(("id" = Uuid, Path, description = "the rollout's ID")),
+    request_body(content = Option<super::openapi::Empty>, content_type = "application/json", description = "empty"),
+    responses(
+        (status = 200, description = "canceled (or already ended): the rollout", body = super::api::RolloutOne),
+        (status = 400, description = "the ID is not a UUID, or the body is not empty", body = super::api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
+        (status = 404, description = "no such rollout", body = super::api::ErrorBody),
+        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollout_cancel(
     admin: web::Data<Admin>,
     req: HttpRequest,
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct Empty {}
-    let (_, op) = match api_post::<Empty>(&req, &body) {
+    let (_, op) = match api_post::<super::openapi::Empty>(&req, &body) {
         Ok(v) => v,
         Err(r) => return r,
     };
     match cancel_rollout(&admin, &op, &id).await {
-        Ok(r) => HttpResponse::Ok().json(json!({ "rollout": rollout_json(&r) })),
+        Ok(r) => HttpResponse::Ok().json(super::api::RolloutOne {
+            rollout: (&r).into(),
+        }),
         Err(r) => r,
     }
 }
 
 /// `GET /api/v1/images`: what this shepherd serves.
+#[utoipa::path(get, path = "/api/v1/images", tag = "installations",
+    responses(
+        (status = 200, description = "the images this shepherd serves", body = super::api::ImageList),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 404, description = "this shepherd serves no images", body = super::api::ErrorBody),
+        (status = 500, description = "the image directory cannot be read", body = super::api::ErrorBody)))]
 pub async fn api_images(admin: web::Data<Admin>) -> HttpResponse {
     let Some(c) = admin.images.clone() else {
         return error_response(
@@ -535,9 +543,12 @@ pub async fn api_images(admin: web::Data<Admin>) -> HttpResponse {
         );
     };
     match web::block(move || c.list()).await {
-        Ok(Ok(v)) => HttpResponse::Ok().json(json!({
-            "images": v.iter().map(|(n, s)| json!({"name": n, "size_bytes": s})).collect::<Vec<_>>(),
-        })),
+        Ok(Ok(v)) => HttpResponse::Ok().json(super::api::ImageList {
+            images: v
+                .into_iter()
+                .map(|(name, size_bytes)| super::api::Image { name, size_bytes })
+                .collect(),
+        }),
         Ok(Err(e)) => super::internal(format!("reading the image directory: {e}")),
         Err(e) => super::internal(e),
     }

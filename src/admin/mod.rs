@@ -12,9 +12,11 @@
 //! `/healthz` and `/login` wants one ([`auth`]); one is required when the
 //! server listens beyond loopback.
 
+pub mod api;
 mod auth;
 mod html;
 mod install_pages;
+mod openapi;
 mod pages;
 
 use prometheus_client::metrics::counter::Counter;
@@ -148,6 +150,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         installs::api_rollout_cancel,
                     ))
                     .service(read_only("/api/v1/images", installs::api_images))
+                    .service(read_only("/api/v1/openapi.json", openapi::openapi_json))
                     .service(read_only("/api/v1/brake", api_brake))
                     .service(post_only("/api/v1/brake/release", api_brake_release))
                     .service(post_only("/brake/release", pages::brake_form))
@@ -276,6 +279,9 @@ pub(crate) fn error_response(status: actix_web::http::StatusCode, msg: &str) -> 
         .body(body)
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "health", security(()),
+    responses((status = 200, description = "alive", body = String, content_type = "text/plain")))]
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain").body("ok\n")
 }
@@ -287,6 +293,12 @@ async fn status(admin: &Admin) -> SupervisorStatus {
     }
 }
 
+/// Readiness: the BMDB answers and this process holds a session.
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "ready", body = api::Readiness),
+        (status = 503, description = "not ready: the body says why", body = api::Readiness),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody)))]
 async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     let db = admin
         .bmdb
@@ -297,17 +309,25 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     // The brake does not make the process unready (it is working as
     // meant), but whoever looks should see it.
     let brake = match brake_state(&admin).await {
-        Some(Ok(b)) => {
-            json!({ "engaged": b.engaged, "reason": b.reason, "silent": b.silent, "limit": b.limit })
-        }
-        Some(Err(e)) => json!({ "error": e.to_string() }),
-        None => serde_json::Value::Null,
+        Some(Ok(b)) => Some(api::ReadyBrake::State {
+            engaged: b.engaged,
+            reason: b.reason,
+            silent: b.silent,
+            limit: b.limit,
+        }),
+        Some(Err(e)) => Some(api::ReadyBrake::Unreadable {
+            error: e.to_string(),
+        }),
+        None => None,
     };
-    let body = json!({
-        "database": match &db { Ok(()) => "ok".to_string(), Err(e) => e.to_string() },
-        "session": st.session.map(|s| s.to_string()),
-        "recovery_brake": brake,
-    });
+    let body = api::Readiness {
+        database: match &db {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        },
+        session: st.session,
+        recovery_brake: brake,
+    };
     if db.is_ok() && session_ok {
         HttpResponse::Ok().json(body)
     } else {
@@ -323,90 +343,6 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn summary_json(m: &MachineSummary) -> serde_json::Value {
-    json!({
-        "machine_id": m.machine_id,
-        "provider": m.provider.map(|p| p.to_string()),
-        "provider_id": m.provider_id,
-        "address": m.address,
-        "provider_status": m.provider_status.map(|s| s.to_string()),
-        "state": m.state.as_str(),
-        "agent_heartbeat": m.agent_heartbeat.map(rfc3339),
-    })
-}
-
-fn detail_json(d: &MachineDetail) -> serde_json::Value {
-    json!({
-        "machine": summary_json(&d.summary),
-        "created_at": rfc3339(d.created_at),
-        "tags": {
-            "provided": d.provided.as_ref().map(|p| json!({
-                "provider": p.provider.to_string(),
-                "provider_id": p.provider_id,
-                "reservation_id": p.reservation_id,
-                "address": p.ip_address,
-                "location": p.location,
-                "status": p.status.map(|s| s.to_string()),
-            })),
-            "agent_started": d.agent_started.as_ref().map(|(at, key)| json!({"at": rfc3339(*at), "public_key": hex(key)})),
-            "agent_heartbeat": d.agent_heartbeat.map(rfc3339),
-            "hardware_report": d.hardware_report.as_deref().map(|raw| match shepherd_agent::hardware::summarize(raw) {
-                Ok(h) => json!(h),
-                Err(e) => json!({ "error": e }),
-            }),
-            "installation_request": d.installation_request,
-            "installation_report": d.installation_report.map(|(g, r)| json!({"generation": g, "result": r.to_string()})),
-            "ssh_host_key": d.ssh_host_key,
-            "bmc": d.bmc.as_ref().map(|f| json!({
-                "bmc_url": f.bmc_url,
-                "system": f.system_path,
-                "power_state": f.power_state,
-                "manufacturer": f.manufacturer,
-                "model": f.model,
-                "serial_number": f.serial_number,
-                "bios_version": f.bios_version,
-                "processor_count": f.processor_count,
-                "processor_model": f.processor_model,
-                "memory_gib": f.memory_gib,
-                "health": f.health,
-                "read_error": f.read_error,
-                "changed_at": f.changed_at.map(rfc3339),
-            })),
-        },
-        "leases": d.leases.iter().map(|l| json!({
-            "process": l.process.to_string(), "session_id": l.session_id, "component": l.component,
-        })).collect::<Vec<_>>(),
-        "backoffs": d.backoffs.iter().map(|(p, b)| json!({
-            "process": p.to_string(), "until": rfc3339(b.until), "cause": b.cause,
-            "last_interval_seconds": b.last_interval_seconds,
-        })).collect::<Vec<_>>(),
-        "history": d.history.iter().map(|h| json!({
-            "process": h.process.to_string(), "event": h.event.to_string(),
-            "timestamp": rfc3339(h.timestamp), "cause": h.failed_cause, "detail": h.detail,
-        })).collect::<Vec<_>>(),
-        "hold": d.hold.as_ref().map(|h| json!({
-            "by": h.by, "since": rfc3339(h.since), "reason": h.reason,
-        })),
-        "reboot_requested": d.reboot_request.as_ref().map(|(by, at)| json!({
-            "by": by, "at": rfc3339(*at),
-        })),
-        "operator_actions": d.actions.iter().map(audit_json).collect::<Vec<_>>(),
-        "installation": d.installation.as_ref().map(installs::installation_json),
-    })
-}
-
-fn audit_json(a: &actions::Audit) -> serde_json::Value {
-    json!({
-        "id": a.id,
-        "machine_id": a.machine_id,
-        "action": a.action,
-        "actor": a.actor,
-        "timestamp": rfc3339(a.timestamp),
-        "reason": a.reason,
-        "detail": a.detail,
-    })
-}
-
 /// The recovery brake as it stands, when this process judges silence.
 async fn brake_state(
     admin: &Admin,
@@ -420,23 +356,14 @@ async fn brake_state(
     )
 }
 
-fn brake_json(b: &crate::bmdb::brake::BrakeState) -> serde_json::Value {
-    json!({
-        "engaged": b.engaged,
-        "reason": b.reason,
-        "silent": b.silent,
-        "fleet": b.fleet,
-        "limit": b.limit,
-        "power_actions_in_window": b.power_actions_in_window,
-        "window_seconds": b.window.as_secs(),
-        "engaged_since": b.engaged_since.map(rfc3339),
-        "released_until": b.released_until.map(rfc3339),
-        "released_by": b.released_by,
-    })
-}
-
 /// `GET /api/v1/brake`: the recovery brake, the callback endpoints served
 /// (silence is judged only on those), the last fleet-wide actions.
+#[utoipa::path(get, path = "/api/v1/brake", tag = "recovery",
+    responses(
+        (status = 200, description = "the brake, the callback endpoints served, the last fleet-wide actions", body = api::BrakeBody),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
+        (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
     let Some(judge) = admin.judge.clone() else {
         return error_response(
@@ -455,24 +382,28 @@ async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
         })
         .await;
     match r {
-        Ok((b, endpoints, acts)) => HttpResponse::Ok().json(json!({
-            "brake": brake_json(&b),
-            "callback_endpoints": endpoints.iter().map(|e| json!({
-                "endpoint": e.endpoint,
-                "served": e.served,
-                "serving_since": rfc3339(e.serving_since),
-                "served_until": rfc3339(e.served_until),
-            })).collect::<Vec<_>>(),
-            "operator_actions": acts.iter().map(audit_json).collect::<Vec<_>>(),
-        })),
+        Ok((b, endpoints, acts)) => HttpResponse::Ok().json(api::BrakeBody {
+            brake: (&b).into(),
+            callback_endpoints: endpoints
+                .iter()
+                .map(|e| api::CallbackEndpoint {
+                    endpoint: e.endpoint.clone(),
+                    served: e.served,
+                    serving_since: rfc3339(e.serving_since),
+                    served_until: rfc3339(e.served_until),
+                })
+                .collect(),
+            operator_actions: acts.iter().map(api::Action::from).collect(),
+        }),
         Err(e) => internal(e),
     }
 }
 
 /// A brake release's parameters.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReleaseBody {
+    #[schema(max_length = 1000)]
     pub(crate) reason: Option<String>,
     /// How long, as `30m`, `2h` (default `recoverer.brake_release`).
     #[serde(rename = "for")]
@@ -510,19 +441,7 @@ async fn release_brake(
             }
         },
     };
-    let reason = body
-        .reason
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.len() > actions::MAX_REASON)
-    {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            format!("reason: at most {} bytes", actions::MAX_REASON),
-        ));
-    }
+    let reason = check_reason(body.reason).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     let id = body.request_id.unwrap_or_else(uuid::Uuid::new_v4);
     match admin
         .bmdb
@@ -540,13 +459,24 @@ async fn release_brake(
 }
 
 /// `POST /api/v1/brake/release`, a JSON body (may be empty).
+/// Releases the recovery brake for a while (audited).
+#[utoipa::path(post, path = "/api/v1/brake/release", tag = "recovery",
+    request_body(content = Option<ReleaseBody>, content_type = "application/json", description = "may be empty"),
+    responses(
+        (status = 200, description = "released: the audit row", body = api::ActionDone),
+        (status = 400, description = "a field is wrong (named)", body = api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 403, description = "sent from another site", body = api::ErrorBody),
+        (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
+        (status = 415, description = "not Content-Type: application/json", body = api::ErrorBody),
+        (status = 503, description = "the BMDB failed", body = api::ErrorBody)))]
 async fn api_brake_release(
     admin: web::Data<Admin>,
     req: HttpRequest,
     body: web::Bytes,
 ) -> HttpResponse {
     use actix_web::http::StatusCode;
-    if let Err(r) = json_post(&req) {
+    if let Err(r) = json_post(&req, &body) {
         return r;
     }
     let parsed: ReleaseBody = match json_body(&body) {
@@ -557,7 +487,9 @@ async fn api_brake_release(
         return error_response(StatusCode::UNAUTHORIZED, "a bearer token is required");
     };
     match release_brake(&admin, &operator, parsed).await {
-        Ok(a) => HttpResponse::Ok().json(json!({ "action": audit_json(&a) })),
+        Ok(a) => HttpResponse::Ok().json(api::ActionDone {
+            action: (&a).into(),
+        }),
         Err((status, msg)) => error_response(status, &msg),
     }
 }
@@ -565,7 +497,9 @@ async fn api_brake_release(
 /// An API POST's JSON body (empty: the defaults), or a 400 naming the
 /// field that is wrong.
 fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, HttpResponse> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    // Nothing, or JSON's null: every field takes its default.
+    let text = body.trim_ascii();
+    if text.is_empty() || text == b"null" {
         return Ok(T::default());
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
@@ -577,20 +511,20 @@ fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T,
     })
 }
 
-/// An API POST must say `Content-Type: application/json` (no form can)
-/// and come from this site.
-fn json_post(req: &HttpRequest) -> Result<(), HttpResponse> {
+/// An API POST with a body must say `Content-Type: application/json` (no
+/// form can); one without a body may say nothing, but no other type. It
+/// must come from this site.
+fn json_post(req: &HttpRequest, body: &[u8]) -> Result<(), HttpResponse> {
     use actix_web::http::StatusCode;
-    let json_type = req
+    let content_type = req
         .headers()
         .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("application/json")
-        });
-    if !json_type {
+        .map(|v| v.to_str().unwrap_or("").trim_start().to_ascii_lowercase());
+    let acceptable = match content_type {
+        Some(t) => t.starts_with("application/json"),
+        None => body.trim_ascii().is_empty(),
+    };
+    if !acceptable {
         return Err(error_response(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "actions want Content-Type: application/json",
@@ -600,15 +534,23 @@ fn json_post(req: &HttpRequest) -> Result<(), HttpResponse> {
 }
 
 /// A fleet listing's query: filters and paging.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct Page {
+    #[param(value_type = Option<openapi::MachineStateName>)]
     state: Option<String>,
+    #[param(value_type = Option<openapi::ProviderStatusName>)]
     provider_status: Option<String>,
+    #[param(value_type = Option<openapi::HeartbeatName>)]
     heartbeat: Option<String>,
     /// A machine ID's prefix, part of a provider ID, an address's prefix.
     q: Option<String>,
+    /// Machines on the page (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
+    /// Machines skipped.
+    #[param(minimum = 0)]
     offset: Option<i64>,
 }
 
@@ -629,6 +571,7 @@ impl Page {
 
     /// The filter, or a 400 naming the bad field.
     fn filter(&self, admin: &Admin) -> Result<machines::FleetFilter, HttpResponse> {
+        no_nul("q", self.q.as_deref()).map_err(bad_request)?;
         let provider_status = match self.provider_status.as_deref() {
             None | Some("") => None,
             Some(s) => Some(
@@ -660,6 +603,33 @@ impl Page {
             search: self.q.clone(),
         })
     }
+}
+
+/// Text the BMDB stores or searches: PostgreSQL's text holds no NUL
+/// character, so one is a 400 naming the field, not a database error.
+pub(crate) fn no_nul(field: &str, value: Option<&str>) -> Result<(), String> {
+    match value {
+        Some(v) if v.contains('\0') => Err(format!("{field}: contains a NUL character")),
+        _ => Ok(()),
+    }
+}
+
+/// An operator's reason as given: at most `MAX_REASON` characters (before
+/// trimming), no NUL; kept trimmed, and none when blank.
+pub(crate) fn check_reason(reason: Option<String>) -> Result<Option<String>, String> {
+    no_nul("reason", reason.as_deref())?;
+    if let Some(r) = &reason {
+        let n = r.chars().count();
+        if n > actions::MAX_REASON {
+            return Err(format!(
+                "reason: {n} characters; at most {}",
+                actions::MAX_REASON
+            ));
+        }
+    }
+    Ok(reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty()))
 }
 
 fn bad_request(msg: String) -> HttpResponse {
@@ -714,6 +684,13 @@ impl Listing {
     }
 }
 
+/// The fleet, filtered and paged, with counts per state.
+#[utoipa::path(get, path = "/api/v1/machines", tag = "machines", params(Page),
+    responses(
+        (status = 200, description = "a page of the fleet", body = api::MachineList),
+        (status = 400, description = "a parameter is wrong (named)", body = api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
     let filter = match q.filter(&admin) {
         Ok(f) => f,
@@ -728,14 +705,17 @@ async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpRes
         .transact(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
         .await;
     match r {
-        Ok(l) => HttpResponse::Ok().json(json!({
-            "machines": l.machines.iter().map(summary_json).collect::<Vec<_>>(),
-            "matching": l.matching,
-            "counts": l.counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-            "agents": { "heartbeating": l.heartbeating, "silent": l.silent },
-            "limit": limit,
-            "offset": offset,
-        })),
+        Ok(l) => HttpResponse::Ok().json(api::MachineList {
+            machines: l.machines.iter().map(api::Machine::from).collect(),
+            matching: l.matching,
+            counts: api::MachineList::counts(&l.counts),
+            agents: api::AgentCounts {
+                heartbeating: l.heartbeating,
+                silent: l.silent,
+            },
+            limit,
+            offset,
+        }),
         Err(e) => internal(e),
     }
 }
@@ -758,19 +738,31 @@ async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpRespo
     }
 }
 
+/// One machine: tags, leases, backoffs, history, hold, operators' actions,
+/// its installation.
+#[utoipa::path(get, path = "/api/v1/machines/{id}", tag = "machines",
+    params(("id" = Uuid, Path, description = "the machine's ID")),
+    responses(
+        (status = 200, description = "the machine", body = api::MachineDetailBody),
+        (status = 400, description = "the ID is not a UUID", body = api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 404, description = "no such machine", body = api::ErrorBody),
+        (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
     match load_detail(&admin, &id).await {
-        Ok(d) => HttpResponse::Ok().json(detail_json(&d)),
+        Ok(d) => HttpResponse::Ok().json(api::MachineDetailBody::from(&d)),
         Err(r) => r,
     }
 }
 
 /// An action's parameters, as the API and the forms give them.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ActionBody {
+    #[schema(max_length = 1000)]
     reason: Option<String>,
     /// Retry: only this process's backoff.
+    #[schema(value_type = Option<openapi::ProcessName>)]
     process: Option<String>,
     /// Retake over: also forget the recorded SSH host key.
     #[serde(default)]
@@ -816,25 +808,12 @@ async fn run_action(
             "forget_host_key: only retakeover takes it, not {action}"
         )));
     }
-    if let Some(r) = body
-        .reason
-        .as_deref()
-        .filter(|r| r.len() > actions::MAX_REASON)
-    {
-        return Err(bad(format!(
-            "reason: {} bytes; at most {}",
-            r.len(),
-            actions::MAX_REASON
-        )));
-    }
+    let reason = check_reason(body.reason).map_err(bad)?;
     let mut req = actions::Request::new(machine_id, action, operator.0.clone());
     if let Some(r) = body.request_id {
         req.id = r;
     }
-    req.reason = body
-        .reason
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
+    req.reason = reason;
     req.process = process;
     req.forget_host_key = body.forget_host_key;
     match admin
@@ -856,6 +835,22 @@ async fn run_action(
 }
 
 /// `POST /api/v1/machines/{id}/{action}`, a JSON body (may be empty).
+/// An operator's action on a machine (audited; a `request_id` sent again
+/// acts once).
+#[utoipa::path(post, path = "/api/v1/machines/{id}/{action}", tag = "machines",
+    params(
+        ("id" = Uuid, Path, description = "the machine's ID"),
+        ("action" = openapi::ActionName, Path, description = "what to do")),
+    request_body(content = Option<ActionBody>, content_type = "application/json", description = "may be empty"),
+    responses(
+        (status = 200, description = "done: the audit row", body = api::ActionDone),
+        (status = 400, description = "a field is wrong (named)", body = api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 403, description = "sent from another site", body = api::ErrorBody),
+        (status = 404, description = "no such machine or action", body = api::ErrorBody),
+        (status = 409, description = "refused: it would not do what it says (the reason)", body = api::ErrorBody),
+        (status = 415, description = "not Content-Type: application/json", body = api::ErrorBody),
+        (status = 503, description = "the BMDB failed", body = api::ErrorBody)))]
 async fn api_action(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -864,7 +859,7 @@ async fn api_action(
 ) -> HttpResponse {
     let err = |status, msg: String| error_response(status, &msg);
     use actix_web::http::StatusCode;
-    if let Err(r) = json_post(&req) {
+    if let Err(r) = json_post(&req, &body) {
         return r;
     }
     let parsed: ActionBody = match json_body(&body) {
@@ -879,7 +874,9 @@ async fn api_action(
     };
     let (id, action) = path.into_inner();
     match run_action(&admin, &operator, &id, &action, parsed).await {
-        Ok(a) => HttpResponse::Ok().json(json!({ "action": audit_json(&a) })),
+        Ok(a) => HttpResponse::Ok().json(api::ActionDone {
+            action: (&a).into(),
+        }),
         Err((status, msg)) => err(status, msg),
     }
 }
@@ -1076,6 +1073,12 @@ const SESSIONS_ALIVE: &str = "SELECT count(*) FROM sessions WHERE session_deadli
 const ACTIVE_BACKOFFS: &str =
     "SELECT process::text, count(*) FROM work_backoff WHERE until > now() GROUP BY process";
 
+/// OpenMetrics text for Prometheus.
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    responses(
+        (status = 200, description = "the series", body = String, content_type = "application/openmetrics-text"),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 500, description = "encoding failed", body = api::ErrorBody)))]
 async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     let db = admin
         .bmdb

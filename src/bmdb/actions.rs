@@ -124,7 +124,7 @@ pub enum Outcome {
     NotFound,
 }
 
-/// Longest reason kept (longer ones are refused, not cut).
+/// Longest reason kept, in characters (longer ones are refused, not cut).
 pub const MAX_REASON: usize = 1000;
 
 macro_rules! audit_columns {
@@ -164,10 +164,10 @@ pub(super) fn audit_from(r: &tokio_postgres::Row) -> Audit {
 /// Runs `req` in `tx`.
 pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
     if let Some(r) = &req.reason {
-        if r.len() > MAX_REASON {
+        let n = r.chars().count();
+        if n > MAX_REASON {
             return Ok(Outcome::Refused(format!(
-                "the reason is {} bytes; at most {MAX_REASON}",
-                r.len()
+                "the reason is {n} characters; at most {MAX_REASON}"
             )));
         }
     }

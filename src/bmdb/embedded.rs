@@ -402,6 +402,10 @@ impl EmbeddedPostgres {
             "listen_addresses=".into(),
             "-c".into(),
             "max_connections=200".into(),
+            // No JIT: the BMDB's queries are short, and the systemd unit's
+            // MemoryDenyWriteExecute forbids the code LLVM would write.
+            "-c".into(),
+            "jit=off".into(),
         ];
         if !cfg.fsync {
             for o in [

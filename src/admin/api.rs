@@ -1,0 +1,585 @@
+//! The JSON API's answers as types. The handlers serialize these, and the
+//! OpenAPI description (`/api/v1/openapi.json`, [`super::openapi`]) is
+//! derived from the same types, so the two cannot drift apart.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::bmdb::actions::Audit;
+use crate::bmdb::installations::Installation;
+use crate::bmdb::machines::{MachineDetail, MachineState, MachineSummary};
+use crate::bmdb::rollouts::{Member, Rollout};
+
+use super::{hex, rfc3339};
+
+/// Every error: what was wrong, naming the field or the path's part.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// `/readyz`.
+#[derive(Serialize, ToSchema)]
+pub struct Readiness {
+    /// `ok`, or why the BMDB did not answer.
+    pub database: String,
+    /// This process's BMDB session, if it holds one.
+    pub session: Option<Uuid>,
+    /// The recovery brake (null when this process does not run the
+    /// Recoverer).
+    pub recovery_brake: Option<ReadyBrake>,
+}
+
+/// The brake as `/readyz` shows it, or why it could not be read.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ReadyBrake {
+    State {
+        engaged: bool,
+        reason: Option<String>,
+        silent: i64,
+        limit: i64,
+    },
+    Unreadable {
+        error: String,
+    },
+}
+
+/// A machine as the fleet listing shows it.
+#[derive(Serialize, ToSchema)]
+pub struct Machine {
+    pub machine_id: Uuid,
+    /// `Equinix`, `Lumen` or `None` (owned hardware).
+    pub provider: Option<String>,
+    pub provider_id: Option<String>,
+    pub address: Option<String>,
+    /// The provider's status (`Running`, `Provisioning`, …).
+    pub provider_status: Option<String>,
+    #[schema(example = "agent-started")]
+    pub state: String,
+    /// When its agent last called (RFC 3339).
+    pub agent_heartbeat: Option<String>,
+}
+
+impl From<&MachineSummary> for Machine {
+    fn from(m: &MachineSummary) -> Self {
+        Machine {
+            machine_id: m.machine_id,
+            provider: m.provider.map(|p| p.to_string()),
+            provider_id: m.provider_id.clone(),
+            address: m.address.clone(),
+            provider_status: m.provider_status.map(|s| s.to_string()),
+            state: m.state.as_str().to_string(),
+            agent_heartbeat: m.agent_heartbeat.map(rfc3339),
+        }
+    }
+}
+
+/// `GET /api/v1/machines`: a page of the fleet.
+#[derive(Serialize, ToSchema)]
+pub struct MachineList {
+    pub machines: Vec<Machine>,
+    /// Machines the filter matches (all pages).
+    pub matching: i64,
+    /// Machines per state, the whole fleet.
+    pub counts: std::collections::BTreeMap<String, i64>,
+    pub agents: AgentCounts,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AgentCounts {
+    pub heartbeating: i64,
+    pub silent: i64,
+}
+
+impl MachineList {
+    pub fn counts(counts: &[(MachineState, i64)]) -> std::collections::BTreeMap<String, i64> {
+        counts
+            .iter()
+            .map(|(s, n)| (s.as_str().to_string(), *n))
+            .collect()
+    }
+}
+
+/// An operator's action, as audited.
+#[derive(Serialize, ToSchema)]
+pub struct Action {
+    pub id: Uuid,
+    /// Null for fleet-wide actions (a brake release).
+    pub machine_id: Option<Uuid>,
+    #[schema(example = "hold")]
+    pub action: String,
+    /// Who: a token's name, `cli`, or `anonymous`.
+    pub actor: String,
+    pub timestamp: String,
+    pub reason: Option<String>,
+    /// What it did.
+    pub detail: String,
+}
+
+impl From<&Audit> for Action {
+    fn from(a: &Audit) -> Self {
+        Action {
+            id: a.id,
+            machine_id: a.machine_id,
+            action: a.action.clone(),
+            actor: a.actor.clone(),
+            timestamp: rfc3339(a.timestamp),
+            reason: a.reason.clone(),
+            detail: a.detail.clone(),
+        }
+    }
+}
+
+/// The answer to an action: its audit row.
+#[derive(Serialize, ToSchema)]
+pub struct ActionDone {
+    pub action: Action,
+}
+
+/// `GET /api/v1/machines/{id}`.
+#[derive(Serialize, ToSchema)]
+pub struct MachineDetailBody {
+    pub machine: Machine,
+    pub created_at: String,
+    pub tags: Tags,
+    pub leases: Vec<Lease>,
+    pub backoffs: Vec<Backoff>,
+    pub history: Vec<HistoryEvent>,
+    pub hold: Option<Hold>,
+    pub reboot_requested: Option<RebootRequest>,
+    pub operator_actions: Vec<Action>,
+    pub installation: Option<InstallationBody>,
+}
+
+/// The machine's tags in the BMDB.
+#[derive(Serialize, ToSchema)]
+pub struct Tags {
+    pub provided: Option<Provided>,
+    pub agent_started: Option<AgentStarted>,
+    pub agent_heartbeat: Option<String>,
+    /// The agent's hardware report, summarized (or `{"error": …}` when it
+    /// cannot be read).
+    #[schema(value_type = Option<Object>)]
+    pub hardware_report: Option<serde_json::Value>,
+    /// The generation of the installation asked for.
+    pub installation_request: Option<i32>,
+    pub installation_report: Option<InstallationReport>,
+    /// Its SSH host key, as recorded at the first takeover.
+    pub ssh_host_key: Option<String>,
+    pub bmc: Option<Bmc>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Provided {
+    pub provider: String,
+    pub provider_id: String,
+    pub reservation_id: Option<String>,
+    pub address: Option<String>,
+    pub location: Option<String>,
+    pub status: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AgentStarted {
+    pub at: String,
+    /// The agent's Ed25519 public key, hex.
+    pub public_key: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct InstallationReport {
+    pub generation: i32,
+    /// `Success` or `Error`.
+    pub result: String,
+}
+
+/// What the machine's BMC says.
+#[derive(Serialize, ToSchema)]
+pub struct Bmc {
+    pub bmc_url: String,
+    pub system: Option<String>,
+    pub power_state: Option<String>,
+    pub manufacturer: Option<String>,
+    pub model: Option<String>,
+    pub serial_number: Option<String>,
+    pub bios_version: Option<String>,
+    pub processor_count: Option<i64>,
+    pub processor_model: Option<String>,
+    pub memory_gib: Option<f64>,
+    pub health: Option<String>,
+    pub read_error: Option<String>,
+    pub changed_at: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Lease {
+    pub process: String,
+    pub session_id: Uuid,
+    pub component: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Backoff {
+    pub process: String,
+    pub until: String,
+    pub cause: String,
+    pub last_interval_seconds: Option<i64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct HistoryEvent {
+    pub process: String,
+    /// `Started`, `Finished`, `Failed` or `Canceled`.
+    pub event: String,
+    pub timestamp: String,
+    pub cause: Option<String>,
+    pub detail: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Hold {
+    pub by: String,
+    pub since: String,
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RebootRequest {
+    pub by: String,
+    pub at: String,
+}
+
+impl From<&MachineDetail> for MachineDetailBody {
+    fn from(d: &MachineDetail) -> Self {
+        MachineDetailBody {
+            machine: (&d.summary).into(),
+            created_at: rfc3339(d.created_at),
+            tags: Tags {
+                provided: d.provided.as_ref().map(|p| Provided {
+                    provider: p.provider.to_string(),
+                    provider_id: p.provider_id.clone(),
+                    reservation_id: p.reservation_id.clone(),
+                    address: p.ip_address.clone(),
+                    location: p.location.clone(),
+                    status: p.status.map(|s| s.to_string()),
+                }),
+                agent_started: d.agent_started.as_ref().map(|(at, key)| AgentStarted {
+                    at: rfc3339(*at),
+                    public_key: hex(key),
+                }),
+                agent_heartbeat: d.agent_heartbeat.map(rfc3339),
+                hardware_report: d.hardware_report.as_deref().map(|raw| {
+                    match shepherd_agent::hardware::summarize(raw) {
+                        Ok(h) => serde_json::to_value(h).unwrap_or_default(),
+                        Err(e) => serde_json::json!({ "error": e }),
+                    }
+                }),
+                installation_request: d.installation_request,
+                installation_report: d.installation_report.map(|(g, r)| InstallationReport {
+                    generation: g,
+                    result: r.to_string(),
+                }),
+                ssh_host_key: d.ssh_host_key.clone(),
+                bmc: d.bmc.as_ref().map(|f| Bmc {
+                    bmc_url: f.bmc_url.clone(),
+                    system: f.system_path.clone(),
+                    power_state: f.power_state.clone(),
+                    manufacturer: f.manufacturer.clone(),
+                    model: f.model.clone(),
+                    serial_number: f.serial_number.clone(),
+                    bios_version: f.bios_version.clone(),
+                    processor_count: f.processor_count.map(i64::from),
+                    processor_model: f.processor_model.clone(),
+                    memory_gib: f.memory_gib,
+                    health: f.health.clone(),
+                    read_error: f.read_error.clone(),
+                    changed_at: f.changed_at.map(rfc3339),
+                }),
+            },
+            leases: d
+                .leases
+                .iter()
+                .map(|l| Lease {
+                    process: l.process.to_string(),
+                    session_id: l.session_id,
+                    component: l.component.clone(),
+                })
+                .collect(),
+            backoffs: d
+                .backoffs
+                .iter()
+                .map(|(p, b)| Backoff {
+                    process: p.to_string(),
+                    until: rfc3339(b.until),
+                    cause: b.cause.clone(),
+                    last_interval_seconds: b.last_interval_seconds,
+                })
+                .collect(),
+            history: d
+                .history
+                .iter()
+                .map(|h| HistoryEvent {
+                    process: h.process.to_string(),
+                    event: h.event.to_string(),
+                    timestamp: rfc3339(h.timestamp),
+                    cause: h.failed_cause.clone(),
+                    detail: h.detail.clone(),
+                })
+                .collect(),
+            hold: d.hold.as_ref().map(|h| Hold {
+                by: h.by.clone(),
+                since: rfc3339(h.since),
+                reason: h.reason.clone(),
+            }),
+            reboot_requested: d.reboot_request.as_ref().map(|(by, at)| RebootRequest {
+                by: by.clone(),
+                at: rfc3339(*at),
+            }),
+            operator_actions: d.actions.iter().map(Action::from).collect(),
+            installation: d.installation.as_ref().map(InstallationBody::from),
+        }
+    }
+}
+
+/// A machine's installation, with the agent's latest progress.
+#[derive(Serialize, ToSchema)]
+pub struct InstallationBody {
+    pub generation: i32,
+    pub image_url: String,
+    pub image_digest: String,
+    pub requested_by: String,
+    pub requested_at: String,
+    pub rollout_id: Option<Uuid>,
+    /// `installing`, `installed` or `install-failed`.
+    pub state: String,
+    pub progress: Option<Progress>,
+    /// `Success` or `Error`, once reported.
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub history: Vec<InstallationEvent>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Progress {
+    /// `preparing`, `writing`, `verifying`, `done`, `failed`, `rebooting`.
+    pub phase: String,
+    pub bytes_fetched: i64,
+    pub bytes_written: i64,
+    pub bytes_total: i64,
+    pub rate_bytes_per_second: i64,
+    pub disk: String,
+    pub resumes: i32,
+    pub at: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct InstallationEvent {
+    pub generation: i32,
+    pub event: String,
+    pub timestamp: String,
+    pub detail: Option<String>,
+}
+
+impl From<&Installation> for InstallationBody {
+    fn from(i: &Installation) -> Self {
+        InstallationBody {
+            generation: i.generation,
+            image_url: i.image_url.clone(),
+            image_digest: i.image_digest.clone(),
+            requested_by: i.requested_by.clone(),
+            requested_at: rfc3339(i.requested_at),
+            rollout_id: i.rollout_id,
+            state: i.state.clone(),
+            progress: i.progress.as_ref().map(|(p, at)| Progress {
+                phase: super::installs::phase_name(p.phase).to_string(),
+                bytes_fetched: p.bytes_fetched,
+                bytes_written: p.bytes_written,
+                bytes_total: p.bytes_total,
+                rate_bytes_per_second: p.rate_bytes_per_second,
+                disk: p.disk.clone(),
+                resumes: p.resumes,
+                at: rfc3339(*at),
+            }),
+            result: i.result.as_ref().map(|(r, _)| r.to_string()),
+            error: i.result.as_ref().and_then(|(_, e)| e.clone()),
+            history: i
+                .history
+                .iter()
+                .map(|h| InstallationEvent {
+                    generation: h.generation,
+                    event: h.event.clone(),
+                    timestamp: rfc3339(h.timestamp),
+                    detail: h.detail.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The answer to an install: the generation asked for and the audit row.
+#[derive(Serialize, ToSchema)]
+pub struct InstallAsked {
+    pub generation: i32,
+    pub action: Action,
+}
+
+/// A rollout: an image over a set of machines, a few at a time.
+#[derive(Serialize, ToSchema)]
+#[schema(as = Rollout)]
+pub struct RolloutView {
+    pub rollout_id: Uuid,
+    pub image_url: String,
+    pub max_parallel: i32,
+    pub max_failures: i32,
+    /// How the machines were chosen.
+    pub selection: String,
+    pub created_at: String,
+    pub created_by: String,
+    /// `running`, `done`, `stopped` or `canceled`.
+    pub state: String,
+    pub ended_at: Option<String>,
+    pub end_reason: Option<String>,
+    pub counts: RolloutCounts,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RolloutCounts {
+    pub waiting: i64,
+    pub running: i64,
+    pub done: i64,
+    pub failed: i64,
+    pub skipped: i64,
+}
+
+impl From<&Rollout> for RolloutView {
+    fn from(r: &Rollout) -> Self {
+        RolloutView {
+            rollout_id: r.id,
+            image_url: r.image_url.clone(),
+            max_parallel: r.max_parallel,
+            max_failures: r.max_failures,
+            selection: r.selection.clone(),
+            created_at: rfc3339(r.created_at),
+            created_by: r.created_by.clone(),
+            state: r.state.clone(),
+            ended_at: r.ended_at.map(rfc3339),
+            end_reason: r.end_reason.clone(),
+            counts: RolloutCounts {
+                waiting: r.counts.waiting,
+                running: r.counts.running,
+                done: r.counts.done,
+                failed: r.counts.failed,
+                skipped: r.counts.skipped,
+            },
+        }
+    }
+}
+
+/// A machine of a rollout.
+#[derive(Serialize, ToSchema)]
+pub struct RolloutMachine {
+    pub machine_id: Uuid,
+    pub position: i32,
+    /// `waiting`, `running`, `done`, `failed` or `skipped`.
+    pub state: String,
+    pub generation: Option<i32>,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub error: Option<String>,
+}
+
+impl From<&Member> for RolloutMachine {
+    fn from(m: &Member) -> Self {
+        RolloutMachine {
+            machine_id: m.machine_id,
+            position: m.position,
+            state: m.state.clone(),
+            generation: m.generation,
+            started_at: m.started_at.map(rfc3339),
+            ended_at: m.ended_at.map(rfc3339),
+            error: m.error.clone(),
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RolloutOne {
+    pub rollout: RolloutView,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RolloutList {
+    pub rollouts: Vec<RolloutView>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RolloutDetail {
+    pub rollout: RolloutView,
+    pub machines: Vec<RolloutMachine>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ImageList {
+    pub images: Vec<Image>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Image {
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+/// The recovery brake.
+#[derive(Serialize, ToSchema)]
+pub struct Brake {
+    pub engaged: bool,
+    pub reason: Option<String>,
+    pub silent: i64,
+    pub fleet: i64,
+    pub limit: i64,
+    pub power_actions_in_window: i64,
+    pub window_seconds: u64,
+    pub engaged_since: Option<String>,
+    pub released_until: Option<String>,
+    pub released_by: Option<String>,
+}
+
+impl From<&crate::bmdb::brake::BrakeState> for Brake {
+    fn from(b: &crate::bmdb::brake::BrakeState) -> Self {
+        Brake {
+            engaged: b.engaged,
+            reason: b.reason.clone(),
+            silent: b.silent,
+            fleet: b.fleet,
+            limit: b.limit,
+            power_actions_in_window: b.power_actions_in_window,
+            window_seconds: b.window.as_secs(),
+            engaged_since: b.engaged_since.map(rfc3339),
+            released_until: b.released_until.map(rfc3339),
+            released_by: b.released_by.clone(),
+        }
+    }
+}
+
+/// `GET /api/v1/brake`.
+#[derive(Serialize, ToSchema)]
+pub struct BrakeBody {
+    pub brake: Brake,
+    /// The agent callback endpoints shepherds serve: silence is judged
+    /// only on machines whose endpoint was served for the whole threshold.
+    pub callback_endpoints: Vec<CallbackEndpoint>,
+    /// The last fleet-wide actions.
+    pub operator_actions: Vec<Action>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CallbackEndpoint {
+    pub endpoint: String,
+    pub served: bool,
+    pub serving_since: String,
+    pub served_until: String,
+}

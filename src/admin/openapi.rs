@@ -1,0 +1,169 @@
+//! The admin API's OpenAPI 3.1 description, served at
+//! `/api/v1/openapi.json`: derived by utoipa from the handlers'
+//! annotations and the types they take ([`super::ActionBody`], …) and
+//! answer ([`super::api`]); the lists of values (states, processes,
+//! actions) come from the domain's own lists.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use actix_web::HttpResponse;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, ServerBuilder};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+
+use crate::bmdb::machines::{Heartbeat, MachineState};
+use crate::bmdb::{Process, ProviderStatus};
+
+/// A string schema whose values are `values` (and the empty string, "no
+/// filter", when `empty` is set).
+fn names(values: impl IntoIterator<Item = String>, empty: bool, what: &str) -> RefOr<Schema> {
+    let mut all: Vec<String> = values.into_iter().collect();
+    if empty {
+        all.push(String::new());
+    }
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(all))
+        .description(Some(what))
+        .into()
+}
+
+macro_rules! name_schema {
+    ($name:ident, $values:expr, $empty:expr, $what:literal) => {
+        #[doc = $what]
+        pub struct $name;
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                names($values, $empty, $what)
+            }
+        }
+        impl ToSchema for $name {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed(stringify!($name))
+            }
+        }
+    };
+}
+
+name_schema!(
+    MachineStateName,
+    MachineState::ALL.iter().map(|s| s.as_str().to_string()),
+    true,
+    "A machine's state (empty: any)"
+);
+name_schema!(
+    ProviderStatusName,
+    ProviderStatus::ALL.iter().map(|s| s.to_string()),
+    true,
+    "A provider status (empty: any)"
+);
+name_schema!(
+    HeartbeatName,
+    Heartbeat::ALL.iter().map(|h| h.as_str().to_string()),
+    true,
+    "Whether the agent calls (empty: any)"
+);
+name_schema!(
+    ProcessName,
+    Process::ALL.iter().map(|p| p.to_string()),
+    true,
+    "A process whose backoff to clear (empty: every one)"
+);
+name_schema!(
+    ActionName,
+    crate::bmdb::actions::Action::ALL
+        .iter()
+        .map(|a| a.as_str().to_string()),
+    false,
+    "An operator's action"
+);
+
+/// An empty JSON object.
+#[derive(serde::Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+/// The bearer scheme: `Authorization: Bearer <token>` with a token of
+/// `admin.token` or `admin.tokens`.
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A token of admin.token or admin.tokens (named: the audit says who). \
+                         A loopback server without tokens asks for none.",
+                    ))
+                    .build(),
+            ),
+        );
+        openapi.servers = Some(vec![ServerBuilder::new().url("/").build()]);
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "shepherd admin API",
+        description = "The fleet, operators' actions, installations and rollouts, the recovery brake. \
+                       Errors are `{\"error\": …}` naming what was wrong. POSTs want \
+                       `Content-Type: application/json` and come from this site.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    paths(
+        super::healthz,
+        super::readyz,
+        super::metrics,
+        super::api_machines,
+        super::api_machine,
+        super::installs::api_install,
+        super::api_action,
+        super::installs::api_rollouts,
+        super::installs::api_rollout_create,
+        super::installs::api_rollout,
+        super::installs::api_rollout_cancel,
+        super::installs::api_images,
+        super::api_brake,
+        super::api_brake_release,
+        openapi_json,
+    ),
+    components(schemas(ActionName)),
+    modifiers(&Security),
+    security(("bearer" = [])),
+    tags(
+        (name = "health", description = "Liveness, readiness, metrics"),
+        (name = "machines", description = "The fleet and operators' actions"),
+        (name = "installations", description = "Operating system installations and rollouts"),
+        (name = "recovery", description = "The recovery brake"),
+        (name = "api", description = "This description"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The description as JSON, made once.
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        ApiDoc::openapi()
+            .to_pretty_json()
+            .expect("the OpenAPI description serializes")
+    })
+}
+
+/// This API's OpenAPI description.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "api",
+    responses(
+        (status = 200, description = "the OpenAPI 3.1 description", content_type = "application/json", body = Object),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody)))]
+pub async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(document())
+}

@@ -2,14 +2,19 @@
 //! OpenAPI description (`/api/v1/openapi.json`, [`super::openapi`]) is
 //! derived from the same types, so the two cannot drift apart.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
-use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use crate::bmdb::actions::Audit;
 use crate::bmdb::installations::Installation;
-use crate::bmdb::machines::{MachineDetail, MachineState, MachineSummary};
+use crate::bmdb::machines::{Heartbeat, MachineDetail, MachineState, MachineSummary};
 use crate::bmdb::rollouts::{Member, Rollout};
+use crate::bmdb::{Process, ProviderStatus};
 
 use super::{hex, rfc3339};
 
@@ -395,7 +400,7 @@ impl From<&Installation> for InstallationBody {
             rollout_id: i.rollout_id,
             state: i.state.clone(),
             progress: i.progress.as_ref().map(|(p, at)| Progress {
-                phase: super::installs::phase_name(p.phase).to_string(),
+                phase: phase_name(p.phase).to_string(),
                 bytes_fetched: p.bytes_fetched,
                 bytes_written: p.bytes_written,
                 bytes_total: p.bytes_total,
@@ -583,3 +588,88 @@ pub struct CallbackEndpoint {
     pub serving_since: String,
     pub served_until: String,
 }
+
+/// A progress phase's name, for people and JSON.
+pub fn phase_name(p: i32) -> &'static str {
+    use shepherd_agent::api::installation_progress::Phase;
+    match Phase::try_from(p).unwrap_or(Phase::Unknown) {
+        Phase::Unknown => "unknown",
+        Phase::Preparing => "preparing",
+        Phase::Writing => "writing",
+        Phase::Verifying => "verifying",
+        Phase::Done => "done",
+        Phase::Failed => "failed",
+        Phase::Rebooting => "rebooting",
+    }
+}
+
+// ---- values the API takes, for the OpenAPI description ----
+
+/// A string schema whose values are `values` (and the empty string, "no
+/// filter", when `empty` is set).
+fn names(values: impl IntoIterator<Item = String>, empty: bool, what: &str) -> RefOr<Schema> {
+    let mut all: Vec<String> = values.into_iter().collect();
+    if empty {
+        all.push(String::new());
+    }
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(all))
+        .description(Some(what))
+        .into()
+}
+
+macro_rules! name_schema {
+    ($name:ident, $values:expr, $empty:expr, $what:literal) => {
+        #[doc = $what]
+        pub struct $name;
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                names($values, $empty, $what)
+            }
+        }
+        impl ToSchema for $name {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed(stringify!($name))
+            }
+        }
+    };
+}
+
+name_schema!(
+    MachineStateName,
+    MachineState::ALL.iter().map(|s| s.as_str().to_string()),
+    true,
+    "A machine's state (empty: any)"
+);
+name_schema!(
+    ProviderStatusName,
+    ProviderStatus::ALL.iter().map(|s| s.to_string()),
+    true,
+    "A provider status (empty: any)"
+);
+name_schema!(
+    HeartbeatName,
+    Heartbeat::ALL.iter().map(|h| h.as_str().to_string()),
+    true,
+    "Whether the agent calls (empty: any)"
+);
+name_schema!(
+    ProcessName,
+    Process::ALL.iter().map(|p| p.to_string()),
+    true,
+    "A process whose backoff to clear (empty: every one)"
+);
+name_schema!(
+    ActionName,
+    crate::bmdb::actions::Action::ALL
+        .iter()
+        .map(|a| a.as_str().to_string()),
+    false,
+    "An operator's action"
+);
+
+/// An empty JSON object.
+#[derive(serde::Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}

@@ -230,19 +230,7 @@ pub async fn api_install(
     }
 }
 
-/// A progress phase's name, for people and JSON.
-pub fn phase_name(p: i32) -> &'static str {
-    use shepherd_agent::api::installation_progress::Phase;
-    match Phase::try_from(p).unwrap_or(Phase::Unknown) {
-        Phase::Unknown => "unknown",
-        Phase::Preparing => "preparing",
-        Phase::Writing => "writing",
-        Phase::Verifying => "verifying",
-        Phase::Done => "done",
-        Phase::Failed => "failed",
-        Phase::Rebooting => "rebooting",
-    }
-}
+pub use super::api::phase_name;
 
 // ---- rollouts ----
 
@@ -261,11 +249,11 @@ pub struct RolloutBody {
     /// The machines: these IDs, in this order…
     pub machines: Option<Vec<Uuid>>,
     /// …or the fleet page's filters.
-    #[schema(value_type = Option<super::openapi::MachineStateName>)]
+    #[schema(value_type = Option<super::api::MachineStateName>)]
     pub state: Option<String>,
-    #[schema(value_type = Option<super::openapi::ProviderStatusName>)]
+    #[schema(value_type = Option<super::api::ProviderStatusName>)]
     pub provider_status: Option<String>,
-    #[schema(value_type = Option<super::openapi::HeartbeatName>)]
+    #[schema(value_type = Option<super::api::HeartbeatName>)]
     pub heartbeat: Option<String>,
     pub q: Option<String>,
     pub request_id: Option<Uuid>,
@@ -501,7 +489,7 @@ pub async fn cancel_rollout(
 /// `POST /api/v1/rollouts/{id}/cancel`.
 #[utoipa::path(post, path = "/api/v1/rollouts/{id}/cancel", tag = "installations",
     params(("id" = Uuid, Path, description = "the rollout's ID")),
-    request_body(content = Option<super::openapi::Empty>, content_type = "application/json", description = "empty"),
+    request_body(content = Option<super::api::Empty>, content_type = "application/json", description = "empty"),
     responses(
         (status = 200, description = "canceled (or already ended): the rollout", body = super::api::RolloutOne),
         (status = 400, description = "the ID is not a UUID, or the body is not empty", body = super::api::ErrorBody),
@@ -516,7 +504,7 @@ pub async fn api_rollout_cancel(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (_, op) = match api_post::<super::openapi::Empty>(&req, &body) {
+    let (_, op) = match api_post::<super::api::Empty>(&req, &body) {
         Ok(v) => v,
         Err(r) => return r,
     };

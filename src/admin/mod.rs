@@ -538,11 +538,11 @@ fn json_post(req: &HttpRequest, body: &[u8]) -> Result<(), HttpResponse> {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct Page {
-    #[param(value_type = Option<openapi::MachineStateName>)]
+    #[param(value_type = Option<api::MachineStateName>)]
     state: Option<String>,
-    #[param(value_type = Option<openapi::ProviderStatusName>)]
+    #[param(value_type = Option<api::ProviderStatusName>)]
     provider_status: Option<String>,
-    #[param(value_type = Option<openapi::HeartbeatName>)]
+    #[param(value_type = Option<api::HeartbeatName>)]
     heartbeat: Option<String>,
     /// A machine ID's prefix, part of a provider ID, an address's prefix.
     q: Option<String>,
@@ -762,7 +762,7 @@ struct ActionBody {
     #[schema(max_length = 1000)]
     reason: Option<String>,
     /// Retry: only this process's backoff.
-    #[schema(value_type = Option<openapi::ProcessName>)]
+    #[schema(value_type = Option<api::ProcessName>)]
     process: Option<String>,
     /// Retake over: also forget the recorded SSH host key.
     #[serde(default)]
@@ -840,7 +840,7 @@ async fn run_action(
 #[utoipa::path(post, path = "/api/v1/machines/{id}/{action}", tag = "machines",
     params(
         ("id" = Uuid, Path, description = "the machine's ID"),
-        ("action" = openapi::ActionName, Path, description = "what to do")),
+        ("action" = api::ActionName, Path, description = "what to do")),
     request_body(content = Option<ActionBody>, content_type = "application/json", description = "may be empty"),
     responses(
         (status = 200, description = "done: the audit row", body = api::ActionDone),

@@ -4,86 +4,14 @@
 //! answer ([`super::api`]); the lists of values (states, processes,
 //! actions) come from the domain's own lists.
 
-use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use actix_web::HttpResponse;
-use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::ServerBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{RefOr, ServerBuilder};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa::{Modify, OpenApi};
 
-use crate::bmdb::machines::{Heartbeat, MachineState};
-use crate::bmdb::{Process, ProviderStatus};
-
-/// A string schema whose values are `values` (and the empty string, "no
-/// filter", when `empty` is set).
-fn names(values: impl IntoIterator<Item = String>, empty: bool, what: &str) -> RefOr<Schema> {
-    let mut all: Vec<String> = values.into_iter().collect();
-    if empty {
-        all.push(String::new());
-    }
-    ObjectBuilder::new()
-        .schema_type(Type::String)
-        .enum_values(Some(all))
-        .description(Some(what))
-        .into()
-}
-
-macro_rules! name_schema {
-    ($name:ident, $values:expr, $empty:expr, $what:literal) => {
-        #[doc = $what]
-        pub struct $name;
-        impl PartialSchema for $name {
-            fn schema() -> RefOr<Schema> {
-                names($values, $empty, $what)
-            }
-        }
-        impl ToSchema for $name {
-            fn name() -> Cow<'static, str> {
-                Cow::Borrowed(stringify!($name))
-            }
-        }
-    };
-}
-
-name_schema!(
-    MachineStateName,
-    MachineState::ALL.iter().map(|s| s.as_str().to_string()),
-    true,
-    "A machine's state (empty: any)"
-);
-name_schema!(
-    ProviderStatusName,
-    ProviderStatus::ALL.iter().map(|s| s.to_string()),
-    true,
-    "A provider status (empty: any)"
-);
-name_schema!(
-    HeartbeatName,
-    Heartbeat::ALL.iter().map(|h| h.as_str().to_string()),
-    true,
-    "Whether the agent calls (empty: any)"
-);
-name_schema!(
-    ProcessName,
-    Process::ALL.iter().map(|p| p.to_string()),
-    true,
-    "A process whose backoff to clear (empty: every one)"
-);
-name_schema!(
-    ActionName,
-    crate::bmdb::actions::Action::ALL
-        .iter()
-        .map(|a| a.as_str().to_string()),
-    false,
-    "An operator's action"
-);
-
-/// An empty JSON object.
-#[derive(serde::Deserialize, Default, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Empty {}
+use super::api::ActionName;
 
 /// The bearer scheme: `Authorization: Bearer <token>` with a token of
 /// `admin.token` or `admin.tokens`.

@@ -1,7 +1,13 @@
 //! Logging: tracing with a filter from `log.level` (or `RUST_LOG`), as text
-//! or JSON lines on stderr.
+//! or JSON lines on stderr. Under systemd, when stderr is the journal's
+//! stream, each line starts with its syslog priority (`<4>` for a warning,
+//! sd-daemon(3)), so `journalctl -p warning` finds shepherd's warnings.
 
+use std::io::Write;
+
+use tracing::Level;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
 use crate::config::{LogConfig, LogFormat};
 
@@ -14,11 +20,69 @@ pub fn init(cfg: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(Stderr {
+            journal: stderr_is_journal(),
+        });
     let _ = match cfg.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Whether stderr is the stream systemd connected to the journal: the
+/// device and inode `JOURNAL_STREAM` names (systemd.exec(5)).
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM").ok().and_then(|v| {
+        let (d, i) = v.split_once(':')?;
+        Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?))
+    }) else {
+        return false;
+    };
+    std::fs::metadata("/proc/self/fd/2").is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+}
+
+/// stderr, each event's line prefixed with its syslog priority when it
+/// goes to the journal.
+struct Stderr {
+    journal: bool,
+}
+
+impl<'a> MakeWriter<'a> for Stderr {
+    type Writer = EventWriter;
+
+    fn make_writer(&'a self) -> EventWriter {
+        EventWriter { prefix: None }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> EventWriter {
+        let prefix = self.journal.then(|| match *meta.level() {
+            Level::ERROR => "<3>",
+            Level::WARN => "<4>",
+            Level::INFO => "<6>",
+            Level::DEBUG | Level::TRACE => "<7>",
+        });
+        EventWriter { prefix }
+    }
+}
+
+/// One event's writer: the prefix goes out with its first bytes.
+struct EventWriter {
+    prefix: Option<&'static str>,
+}
+
+impl Write for EventWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut err = std::io::stderr().lock();
+        if let Some(p) = self.prefix.take() {
+            err.write_all(p.as_bytes())?;
+        }
+        err.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// This process's peak resident set size in MB (`VmHWM`), 0 if unknown.

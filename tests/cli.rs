@@ -322,6 +322,42 @@ async fn an_unreachable_database_is_a_clear_error() {
     );
 }
 
+#[test]
+fn log_lines_carry_their_priority_when_stderr_is_the_journal() {
+    use std::os::unix::fs::MetadataExt;
+    // journald's stream as systemd announces it: JOURNAL_STREAM names the
+    // device and inode of stderr. A file stands for the socket here.
+    let run = |journal: bool| {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let meta = std::fs::metadata(log.path()).unwrap();
+        let mut cmd = shepherd();
+        cmd.arg("migrate")
+            .env(
+                "SHEPHERD__BMDB__URL",
+                "host=127.0.0.1 port=1 user=postgres dbname=nowhere",
+            )
+            .env("SHEPHERD__BMDB__CONNECT_TIMEOUT", "2s")
+            .stderr(log.reopen().unwrap());
+        if journal {
+            cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+        } else {
+            // Another file's: not this stream.
+            cmd.env(
+                "JOURNAL_STREAM",
+                format!("{}:{}", meta.dev(), meta.ino() + 1),
+            );
+        }
+        assert_eq!(cmd.status().unwrap().code(), Some(1));
+        std::fs::read_to_string(log.path()).unwrap()
+    };
+    let journal = run(true);
+    let error = journal.lines().find(|l| l.contains(" ERROR ")).unwrap();
+    assert!(error.starts_with("<3>"), "{journal}");
+    let plain = run(false);
+    assert!(!plain.contains("<3>"), "{plain}");
+    assert!(plain.contains(" ERROR "), "{plain}");
+}
+
 #[actix_rt::test]
 async fn run_holds_a_session_and_stops_cleanly_on_sigterm() {
     let db = TestDb::new().await;

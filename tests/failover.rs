@@ -290,6 +290,48 @@ async fn the_bmdb_fails_over_under_two_shepherds_and_nothing_committed_is_lost()
     let bmdb = TestDb::connect_url(&url).await;
     bmdb.migrate().await.unwrap();
 
+    // A connection that lands on a standby (here: one made to it on
+    // purpose) cannot write: that is a lost connection, retried and then
+    // reported as the database being unreachable, never a bug.
+    let standby = cluster
+        .members()
+        .await
+        .into_iter()
+        .find(|m| m.role != "leader")
+        .expect("a standby");
+    let standby_pid = cluster.postmaster(&standby);
+    let port = std::fs::read_to_string(
+        cluster
+            .dir
+            .path()
+            .join(&standby.name)
+            .join("data")
+            .join("postmaster.pid"),
+    )
+    .unwrap()
+    .lines()
+    .nth(3)
+    .unwrap()
+    .trim()
+    .to_string();
+    assert!(standby_pid > 0);
+    let on_standby = TestDb::connect_url(&format!(
+        "host=127.0.0.1 port={port} user=postgres dbname=bmdb target_session_attrs=any"
+    ))
+    .await;
+    let write = on_standby
+        .query_idempotent(
+            "DELETE FROM sessions WHERE session_deadline < now() - interval '1 day'",
+            &[],
+        )
+        .await;
+    match write {
+        Err(shepherd::bmdb::BmdbError::Unreachable(m)) => {
+            assert!(m.contains("read-only"), "{m}")
+        }
+        other => panic!("a write on a standby: {other:?}"),
+    }
+
     let dir = tempfile::tempdir().unwrap();
     let fleet = FleetSimProcess::start(
         Path::new(FLEET_SIM),

@@ -54,3 +54,8 @@ need_python_packages() {
   python3 -m pip install -q $user --disable-pip-version-check "${PYTHON_PACKAGES[@]}" 2>/dev/null ||
     python3 -m pip install -q $user --disable-pip-version-check --break-system-packages "${PYTHON_PACKAGES[@]}"
 }
+
+# A TCP port free on 127.0.0.1 now (for the VM scripts' forwards).
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}

@@ -724,7 +724,7 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                 if let Some((p, at)) = &i.progress {
                     println!(
                         "  progress         {} {} of {} fetched, {} written, {}/s, disk {} (at {})",
-                        shepherd::admin::installs::phase_name(p.phase),
+                        shepherd::admin::api::phase_name(p.phase),
                         shepherd_agent::hardware::bytes(p.bytes_fetched),
                         shepherd_agent::hardware::bytes(p.bytes_total),
                         shepherd_agent::hardware::bytes(p.bytes_written),

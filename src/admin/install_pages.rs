@@ -10,8 +10,9 @@ use std::fmt::Write as _;
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
+use super::api::phase_name;
 use super::html::{error_page, esc, page};
-use super::installs::{self, DiskBody, ImageBody, InstallBody, RolloutBody, phase_name};
+use super::installs::{self, DiskBody, ImageBody, InstallBody, RolloutBody};
 use super::{Admin, Operator, auth, rfc3339};
 use crate::bmdb::machines::MachineDetail;
 

@@ -230,8 +230,6 @@ pub async fn api_install(
     }
 }
 
-pub use super::api::phase_name;
-
 // ---- rollouts ----
 
 /// A rollout: the image, and the machines (IDs, or the fleet's filters).

@@ -137,13 +137,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         installs::api_install,
                     ))
                     .service(post_only("/api/v1/machines/{id}/{action}", api_action))
-                    .service(
-                        web::resource("/api/v1/rollouts")
-                            .route(web::get().to(installs::api_rollouts))
-                            .route(web::head().to(installs::api_rollouts))
-                            .route(web::post().to(installs::api_rollout_create))
-                            .default_service(web::to(get_or_post_only)),
-                    )
+                    .service(read_and_post(
+                        "/api/v1/rollouts",
+                        installs::api_rollouts,
+                        installs::api_rollout_create,
+                    ))
                     .service(read_only("/api/v1/rollouts/{id}", installs::api_rollout))
                     .service(post_only(
                         "/api/v1/rollouts/{id}/cancel",
@@ -161,13 +159,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                         install_pages::install_form,
                     ))
                     .service(post_only("/machines/{id}/{action}", pages::form_action))
-                    .service(
-                        web::resource("/rollouts")
-                            .route(web::get().to(install_pages::rollouts_page))
-                            .route(web::head().to(install_pages::rollouts_page))
-                            .route(web::post().to(install_pages::rollout_form))
-                            .default_service(web::to(get_or_post_only)),
-                    )
+                    .service(read_and_post(
+                        "/rollouts",
+                        install_pages::rollouts_page,
+                        install_pages::rollout_form,
+                    ))
                     .service(read_only("/rollouts/{id}", install_pages::rollout_page))
                     .service(post_only(
                         "/rollouts/{id}/cancel",
@@ -177,20 +173,48 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     );
 }
 
-/// A resource that answers POST; any other method is 405 with `Allow`.
-/// 405 for a resource that takes GET, HEAD and POST.
-async fn get_or_post_only() -> HttpResponse {
+/// 405 naming the method and what the resource takes, with `Allow`.
+fn method_not_allowed(
+    req: &actix_web::HttpRequest,
+    allow: &'static str,
+    usage: &'static str,
+) -> HttpResponse {
     let mut r = error_response(
         actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-        "method not allowed here (GET, HEAD or POST)",
+        &format!("{} is not allowed here; use {usage}", req.method()),
     );
     r.headers_mut().insert(
         actix_web::http::header::ALLOW,
-        actix_web::http::header::HeaderValue::from_static("GET, HEAD, POST"),
+        actix_web::http::header::HeaderValue::from_static(allow),
     );
     r
 }
 
+/// A resource that answers GET and HEAD with `read` and POST with
+/// `write`; any other method is 405 with `Allow`.
+fn read_and_post<R, RArgs, W, WArgs>(path: &str, read: R, write: W) -> actix_web::Resource
+where
+    R: actix_web::Handler<RArgs>,
+    RArgs: actix_web::FromRequest + 'static,
+    R::Output: actix_web::Responder + 'static,
+    W: actix_web::Handler<WArgs>,
+    WArgs: actix_web::FromRequest + 'static,
+    W::Output: actix_web::Responder + 'static,
+{
+    use actix_web::guard;
+    web::resource(path)
+        .route(
+            web::route()
+                .guard(guard::Any(guard::Get()).or(guard::Head()))
+                .to(read),
+        )
+        .route(web::post().to(write))
+        .default_service(web::to(|req: actix_web::HttpRequest| async move {
+            method_not_allowed(&req, "GET, HEAD, POST", "GET or POST")
+        }))
+}
+
+/// A resource that answers POST; any other method is 405 with `Allow`.
 fn post_only<F, Args>(path: &str, handler: F) -> actix_web::Resource
 where
     F: actix_web::Handler<Args>,
@@ -200,15 +224,7 @@ where
     web::resource(path)
         .route(web::post().to(handler))
         .default_service(web::to(|req: actix_web::HttpRequest| async move {
-            let mut r = error_response(
-                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-                &format!("{} is not allowed here; use POST", req.method()),
-            );
-            r.headers_mut().insert(
-                actix_web::http::header::ALLOW,
-                actix_web::http::header::HeaderValue::from_static("POST"),
-            );
-            r
+            method_not_allowed(&req, "POST", "POST")
         }))
 }
 
@@ -228,15 +244,7 @@ where
                 .to(handler),
         )
         .default_service(web::to(|req: actix_web::HttpRequest| async move {
-            let mut r = error_response(
-                actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
-                &format!("{} is not allowed here; use GET", req.method()),
-            );
-            r.headers_mut().insert(
-                actix_web::http::header::ALLOW,
-                actix_web::http::header::HeaderValue::from_static("GET, HEAD"),
-            );
-            r
+            method_not_allowed(&req, "GET, HEAD", "GET")
         }))
 }
 

@@ -239,15 +239,20 @@ impl TestDb {
     }
 
     pub async fn bmdb_with(&self, options: BmdbOptions, pool_size: u32) -> Bmdb {
+        Self::pool(self.config.clone(), options, pool_size).await
+    }
+
+    /// A pool on `config` as every test makes one.
+    async fn pool(config: tokio_postgres::Config, options: BmdbOptions, pool_size: u32) -> Bmdb {
         Bmdb::connect(
-            self.config.clone(),
+            config,
             pool_size,
             Duration::from_secs(5),
             Duration::from_secs(30),
             options,
         )
         .await
-        .expect("connect to test database")
+        .expect("connect to the test database")
     }
 
     /// This database as a key/value connection string.
@@ -283,15 +288,8 @@ impl TestDb {
     /// A pool with the test options on the database at `url` (a cluster's
     /// several hosts, say), which the caller made and drops.
     pub async fn connect_url(url: &str) -> Bmdb {
-        Bmdb::connect(
-            url.parse().expect("a PostgreSQL connection string"),
-            4,
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-            Self::options(Isolation::ReadCommitted),
-        )
-        .await
-        .expect("connect to the test database")
+        let config = url.parse().expect("a PostgreSQL connection string");
+        Self::pool(config, Self::options(Isolation::ReadCommitted), 4).await
     }
 
     /// Creates database `name` (dropping an older one) on the server at

@@ -11,8 +11,13 @@ use shepherd::equinix::model::{DeviceAction, SshKeyInput};
 
 use crate::{client, create_request, settings, simulator};
 
+/// The description: `SHEPHERD_EQUINIX_OPENAPI`, else the shared
+/// directory beside the checkout (it is reference data, not the project's).
 fn spec_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/equinix-metal-openapi")
+    match std::env::var_os("SHEPHERD_EQUINIX_OPENAPI") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/equinix-metal-openapi"),
+    }
 }
 
 fn load(file: &Path) -> Value {

@@ -1,5 +1,5 @@
 //! Rebuilds the crate when migrations/ changes. (The protobuf types are
-//! generated in the agent's crate, `agent/build.rs`.)
+//! generated in the protocol's crate, `proto/build.rs`.)
 
 fn main() {
     // The migrations are embedded by refinery's macro, which cannot tell

@@ -16,7 +16,7 @@ use shepherd::bmdb::machines;
 use shepherd::bmdb::selectors::{self, RecoveryThresholds};
 use shepherd::bmdb::{Bmdb, Process, Provider, Tx};
 use shepherd::config::Isolation;
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 
 const SELECTOR_SAMPLES: usize = 2000;
 
@@ -102,7 +102,7 @@ async fn recovery(tx: &mut Tx<'_>) -> usize {
         Provider::Equinix,
         1,
         RecoveryThresholds::default(),
-        Some(shepherd::sim::testing::TEST_ENDPOINT),
+        Some(shepherd_sim::testing::TEST_ENDPOINT),
     )
     .await
     .unwrap()
@@ -183,7 +183,7 @@ fn pgbench(
     clients: usize,
     seconds: u64,
 ) -> Option<f64> {
-    shepherd::sim::testing::pgbench(
+    shepherd_sim::testing::pgbench(
         cfg,
         PGBENCH_SCRIPT,
         clients,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use shepherd::equinix::{ApiMetrics, ClientSettings, EquinixApi};
 use shepherd::secret::Secret;
-use shepherd::sim::equinix::{SimConfig, Simulator};
+use shepherd_sim::equinix::{SimConfig, Simulator};
 
 fn settings(sim: &Simulator, interval: Duration) -> ClientSettings {
     ClientSettings {

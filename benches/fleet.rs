@@ -17,11 +17,9 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shepherd::sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
 
-const FLEET_SIM: &str = env!("CARGO_BIN_EXE_fleet-sim");
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
-const AGENT: &str = env!("CARGO_BIN_EXE_takeover-agent");
 
 const HEARTBEATING: &str = "SELECT count(*) FROM machine_agent_heartbeat \
                             JOIN machine_agent_started USING (machine_id)";
@@ -109,7 +107,7 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
     // heartbeat load stays near a thousand calls a second.
     let interval = format!("{}s", (machines / 100).max(10));
     let fleet = FleetSimProcess::start(
-        Path::new(FLEET_SIM),
+        &shepherd_sim::bin("fleet-sim"),
         dir.path(),
         machines,
         first,
@@ -218,7 +216,7 @@ fn main() {
     let counts = list("SHEPHERD_BENCH_SHEPHERDS", "1,2,4");
     // The agent stripped, as one would ship it: the takeover's bytes are
     // mostly the agent upload.
-    let agent = shepherd::sim::testing::stripped_copy(Path::new(AGENT));
+    let agent = shepherd_sim::testing::stripped_copy(&shepherd_sim::bin("takeover-agent"));
     let size = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
     println!("agent payload: {:.1} MB", size as f64 / 1e6);
     actix_rt::System::new().block_on(async {

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use shepherd::callback::{Callback, CertFiles, HEARTBEAT_PATHS, ServerIdentity};
-use shepherd::sim::testing::TestDb;
 use shepherd_agent::api::{HeartbeatRequest, HeartbeatResponseRaw};
 use shepherd_agent::callback as client;
+use shepherd_sim::testing::TestDb;
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -175,7 +175,7 @@ async fn run(n: usize, connections: usize, in_flight: usize, seconds: u64) -> Ro
     let accepted = (after.accepted - before.accepted) as f64;
     let batches = (after.batches - before.batches).max(1) as f64;
     let concurrency = connections * in_flight;
-    let pgbench = shepherd::sim::testing::pgbench(
+    let pgbench = shepherd_sim::testing::pgbench(
         &db.config,
         PGBENCH_SCRIPT,
         concurrency,
@@ -233,6 +233,6 @@ fn main() {
     );
     println!(
         "Targets: >= 5x the reference shape and >= 20000 heartbeats/s. Peak RSS (clients included): {:.0} MB",
-        shepherd::sim::testing::peak_rss_mb()
+        shepherd_sim::testing::peak_rss_mb()
     );
 }

@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 
 use shepherd::callback::{CertFiles, ServerIdentity};
 use shepherd::images::{ImageCatalog, ImageServer};
-use shepherd::sim::testing::Sshd;
+use shepherd_sim::testing::Sshd;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_takeover-agent");
 const MIB: u64 = 1 << 20;
 
 fn env_mib(name: &str, default: u64) -> u64 {
@@ -152,7 +151,7 @@ struct AgentRun {
 
 fn agent(url: &str, digest: &str, target: &Path, ca: &Path) -> AgentRun {
     settle();
-    let out = Command::new(AGENT)
+    let out = Command::new(shepherd_sim::bin("takeover-agent"))
         .args(["--install", url, digest])
         .arg(target)
         .arg(ca)

@@ -19,7 +19,7 @@ use shepherd::bmdb::ProviderStatus;
 use shepherd::config::{InventoryConfig, InventoryMachine, RedfishConfig};
 use shepherd::provider::Provider;
 use shepherd::provider::inventory::Inventory;
-use shepherd::sim::testing::{Sshd, Sushy};
+use shepherd_sim::testing::{Sshd, Sushy};
 
 /// Forwards `port` of each address to `to`: many BMC addresses, one
 /// emulator.

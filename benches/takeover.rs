@@ -17,10 +17,8 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, BmdbSession, GetSession, Provider};
 use shepherd::control::{SetSession, WorkMailbox};
 use shepherd::initializer::{Initializer, TakeoverSettings};
-use shepherd::sim::testing::{Sshd, TestDb};
 use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
-
-const AGENT: &str = env!("CARGO_BIN_EXE_takeover-agent");
+use shepherd_sim::testing::{Sshd, TestDb};
 
 /// One shepherd run (in a child process): prints "rate rss".
 fn child(machines: usize, parallelism: usize, agent: std::path::PathBuf) {
@@ -148,7 +146,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
     // The payload both sides upload: the agent stripped, as one would ship it.
-    let agent = shepherd::sim::testing::stripped_copy(std::path::Path::new(AGENT));
+    let agent = shepherd_sim::testing::stripped_copy(&shepherd_sim::bin("takeover-agent"));
     let payload = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
     let parallelisms: Vec<usize> = std::env::var("SHEPHERD_BENCH_PARALLELISM")
         .unwrap_or_else(|_| "1,8,32".into())

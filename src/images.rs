@@ -65,7 +65,7 @@ pub fn valid_name(name: &str) -> bool {
 impl ImageCatalog {
     /// Images in `dir`, fetched by agents at `endpoint` (`host:port`).
     pub fn new(dir: PathBuf, endpoint: &str, ca_der: Vec<u8>) -> ImageCatalog {
-        let host = shepherd_agent::callback::endpoint_host(endpoint).unwrap_or("localhost");
+        let host = shepherd_proto::callback::endpoint_host(endpoint).unwrap_or("localhost");
         let port = endpoint.rsplit_once(':').map(|(_, p)| p).unwrap_or("443");
         let host = if host.contains(':') {
             format!("[{host}]")

@@ -1,26 +1,24 @@
 //! The Initializer: starts the agent on every provided machine that needs
-//! it. A [`ControlLoop`] for the work-lease mailbox: the selector is "needs
-//! agent start", each leased machine's worker (an [`InitializerWorker`]) runs the takeover
-//! over SSH and finishes the work with `machine_agent_started`, or fails it
-//! with a cause naming the step and a backoff.
+//! it. A [`LeaseLoop`]: the selector is "needs agent start", the work is
+//! the takeover over SSH; it ends finished with `machine_agent_started`
+//! (and, on first contact, the host key), or failed with a cause naming
+//! the step (and the host key it was shown).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
-use actix::prelude::*;
 use futures::future::LocalBoxFuture;
 use prost::Message;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, Provider, Tx, Work, machines};
 use crate::config::{Config, ConfigError, UploadMethod};
-use crate::control::{ControlLoop, WorkOutcome, Worker, WorkerDone};
+use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker};
 use crate::ssh::{self, HostKeyPolicy, SshIdentity, SshSettings};
-use shepherd_agent as agent;
+use shepherd_proto as agent;
 
 /// Asks the provider for a machine's address when the BMDB has none.
 pub type AddressLookup =
@@ -225,8 +223,6 @@ pub async fn take_over(
     }
 }
 
-/// The actor that takes one leased machine over: the shared worker
-/// running the Initializer's job.
 /// A recorded host key (`machine_ssh_host_key`), parsed; a cause naming
 /// it if it does not parse.
 pub fn parse_host_key(recorded: Option<&str>) -> Result<Option<russh::keys::PublicKey>, String> {
@@ -256,10 +252,6 @@ pub type InitializerWorker = Worker<Initializer>;
 
 /// The Initializer control loop.
 pub struct Initializer {
-    shared: Rc<Shared>,
-}
-
-struct Shared {
     provider: Provider,
     takeover: Rc<TakeoverSettings>,
     backoff: Backoff,
@@ -274,18 +266,57 @@ impl Initializer {
         address_lookup: Option<AddressLookup>,
     ) -> Self {
         Initializer {
-            shared: Rc::new(Shared {
-                provider,
-                takeover,
-                backoff,
-                address_lookup,
-            }),
+            provider,
+            takeover,
+            backoff,
+            address_lookup,
         }
     }
 }
 
-impl ControlLoop for Initializer {
+/// What a takeover writes when its lease ends.
+#[derive(Debug)]
+pub enum Takeover {
+    /// The agent started: its key and endpoint, the host key on first
+    /// contact, the address if the provider had to be asked for it.
+    Started {
+        taken: TakenOver,
+        record_host_key: bool,
+        looked_up: Option<IpAddr>,
+        address: IpAddr,
+        endpoint: String,
+    },
+    /// It failed; the host key presented on first contact, if any, is
+    /// remembered (under `accept-new`).
+    Failed { host_key: Option<String> },
+}
+
+impl Record for Takeover {
+    async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
+        match self {
+            Takeover::Started {
+                taken,
+                record_host_key,
+                looked_up,
+                endpoint,
+                ..
+            } => {
+                record_agent(tx, mid, taken, endpoint, *record_host_key).await?;
+                if let Some(a) = looked_up {
+                    machines::set_address(tx, mid, &a.to_string()).await?;
+                }
+                Ok(())
+            }
+            Takeover::Failed { host_key: Some(k) } => machines::record_host_key(tx, mid, k).await,
+            Takeover::Failed { host_key: None } => Ok(()),
+        }
+    }
+}
+
+impl LeaseLoop for Initializer {
     type Item = ProvidedMachine;
+    type Record = Takeover;
+    const WORK: &'static str = "takeover";
 
     fn process(&self) -> Process {
         Process::ShepherdAgentStart
@@ -295,188 +326,105 @@ impl ControlLoop for Initializer {
         "initializer"
     }
 
+    fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
     async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, ProvidedMachine)>, BmdbError> {
-        let mut m = selectors::needs_agent_start(tx, self.shared.provider, 1).await?;
+        let mut m = selectors::needs_agent_start(tx, self.provider, 1).await?;
         Ok(m.pop().map(|m| (m.machine_id, m)))
     }
 
-    fn start_worker(&self, work: Work<ProvidedMachine>, done: Recipient<WorkerDone>) {
-        let span = tracing::info_span!("takeover", machine_id = %work.machine_id(), provider_id = %work.item().provider_id);
-        InitializerWorker::start(
-            work.machine_id(),
-            run(work, self.shared.clone()).instrument(span),
-            done,
-        );
+    fn span(&self, machine_id: Uuid, m: &ProvidedMachine) -> tracing::Span {
+        tracing::info_span!("takeover", %machine_id, provider_id = %m.provider_id)
     }
-}
 
-async fn run(mut work: Work<ProvidedMachine>, shared: Rc<Shared>) -> WorkOutcome {
-    let session = work.session().clone();
-    tokio::select! {
-        outcome = process(&mut work, &shared) => outcome,
-        _ = session.expired() => {
-            tracing::warn!("session died mid-takeover; stopping");
-            WorkOutcome::Aborted
-        }
-    }
-}
+    async fn work(&self, work: &Work<ProvidedMachine>) -> Outcome<Takeover> {
+        let failed = |cause: String| Outcome::Failed {
+            cause,
+            record: Takeover::Failed { host_key: None },
+        };
+        let machine = work.item();
+        let mid = machine.machine_id;
+        let policy = self.takeover.ssh.host_keys;
 
-/// Ends `work` as failed with `cause`; the outcome to report.
-async fn fail(
-    work: &mut Work<ProvidedMachine>,
-    shared: &Shared,
-    cause: String,
-    host_key: Option<String>,
-) -> WorkOutcome {
-    let mid = work.machine_id();
-    let learned = host_key.filter(|_| shared.takeover.ssh.host_keys == HostKeyPolicy::AcceptNew);
-    let r = work
-        .fail_with(&shared.backoff, &cause, async |tx| match &learned {
-            Some(k) => machines::record_host_key(tx, mid, k).await,
-            None => Ok(()),
-        })
-        .await;
-    match r {
-        Ok(wait) => {
-            tracing::warn!(%cause, retry_in_s = wait.as_secs(), "takeover failed");
-            WorkOutcome::Failed(cause)
-        }
-        Err(BmdbError::SessionExpired(_)) => {
-            tracing::warn!(%cause, "takeover failed; the session ended before that was recorded");
-            WorkOutcome::Aborted
-        }
-        Err(e) => {
-            // Not recordable at all (the database refused it): the lease
-            // must still end, so give the machine back untouched.
-            tracing::error!(%cause, error = %e, "takeover failed and the failure could not be recorded; cancelling the lease");
-            let _ = work.cancel().await;
-            WorkOutcome::Failed(cause)
-        }
-    }
-}
-
-async fn process(work: &mut Work<ProvidedMachine>, shared: &Shared) -> WorkOutcome {
-    let machine = work.item().clone();
-    let mid = machine.machine_id;
-    let policy = shared.takeover.ssh.host_keys;
-
-    let known = if policy == HostKeyPolicy::AcceptNew {
-        match work
-            .session()
-            .transact(async |tx| machines::host_key(tx, mid).await)
-            .await
-        {
+        let known = if policy == HostKeyPolicy::AcceptNew {
+            match work
+                .session()
+                .transact(async |tx| machines::host_key(tx, mid).await)
+                .await
+            {
+                Ok(k) => k,
+                // The BMDB is away before anything was done to the machine:
+                // not the machine's fault, so no backoff; give it back.
+                Err(e) if e.is_transient() || matches!(e, BmdbError::SessionExpired(_)) => {
+                    tracing::warn!(error = %e, "the BMDB did not answer before the takeover began; giving the machine back");
+                    return Outcome::GiveBack(format!("reading the recorded host key: {e}"));
+                }
+                Err(e) => return failed(format!("reading the recorded host key: {e}")),
+            }
+        } else {
+            None
+        };
+        let known_key = match parse_host_key(known.as_deref()) {
             Ok(k) => k,
-            Err(BmdbError::SessionExpired(_)) => return WorkOutcome::Aborted,
-            // The BMDB is away before anything was done to the machine: not
-            // the machine's fault, so no backoff; give the lease back.
-            Err(e) if e.is_transient() => {
-                tracing::warn!(error = %e, "the BMDB did not answer before the takeover began; giving the machine back");
-                let cause = format!("reading the recorded host key: {e}");
-                return match work.cancel_because(&cause).await {
-                    Ok(()) => WorkOutcome::Canceled(cause),
-                    Err(_) => WorkOutcome::Aborted,
-                };
-            }
-            Err(e) => {
-                return fail(
-                    work,
-                    shared,
-                    format!("reading the recorded host key: {e}"),
-                    None,
-                )
-                .await;
-            }
-        }
-    } else {
-        None
-    };
-    let known_key = match parse_host_key(known.as_deref()) {
-        Ok(k) => k,
-        Err(cause) => return fail(work, shared, cause, None).await,
-    };
+            Err(cause) => return failed(cause),
+        };
 
-    // The address: from the BMDB, else from the provider (and remembered).
-    let (address, looked_up) = match machine.address() {
-        Some(a) => (a, false),
-        None => match &shared.address_lookup {
-            None => return fail(work, shared, "the machine has no address".into(), None).await,
-            Some(lookup) => match lookup(machine.clone()).await {
-                Ok(Some(a)) => (a, true),
-                Ok(None) => {
-                    return fail(
-                        work,
-                        shared,
-                        "the provider has no address for the machine".into(),
-                        None,
-                    )
-                    .await;
-                }
-                Err(e) => {
-                    return fail(
-                        work,
-                        shared,
-                        format!("asking the provider for the address: {e}"),
-                        None,
-                    )
-                    .await;
-                }
-            },
-        },
-    };
-
-    // One line per machine at info: its outcome (a fleet of thousands
-    // would drown an operator in steps).
-    tracing::debug!(%address, "taking over");
-    let result = take_over(&shared.takeover, mid, address, known_key).await;
-    match result {
-        Err(f) => {
-            fail(
-                work,
-                shared,
-                f.cause,
-                if known.is_none() { f.host_key } else { None },
-            )
-            .await
-        }
-        Ok(t) => {
-            for w in &t.warnings {
-                tracing::warn!(warning = %w, "agent warning");
-            }
-            let record_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
-            let address_text = address.to_string();
-            let endpoint = shared.takeover.endpoint.clone();
-            let r = work
-                .finish(async |tx| {
-                    record_agent(tx, mid, &t, &endpoint, record_key).await?;
-                    if looked_up {
-                        machines::set_address(tx, mid, &address_text).await?;
+        // The address: from the BMDB, else from the provider (and remembered).
+        let (address, looked_up) = match machine.address() {
+            Some(a) => (a, None),
+            None => match &self.address_lookup {
+                None => return failed("the machine has no address".into()),
+                Some(lookup) => match lookup(machine.clone()).await {
+                    Ok(Some(a)) => (a, Some(a)),
+                    Ok(None) => {
+                        return failed("the provider has no address for the machine".into());
                     }
-                    Ok(())
+                    Err(e) => return failed(format!("asking the provider for the address: {e}")),
+                },
+            },
+        };
+
+        // One line per machine at info: its outcome (a fleet of thousands
+        // would drown an operator in steps).
+        tracing::debug!(%address, "taking over");
+        match take_over(&self.takeover, mid, address, known_key).await {
+            Err(f) => Outcome::Failed {
+                cause: f.cause,
+                record: Takeover::Failed {
+                    host_key: f
+                        .host_key
+                        .filter(|_| known.is_none() && policy == HostKeyPolicy::AcceptNew),
+                },
+            },
+            Ok(taken) => {
+                for w in &taken.warnings {
+                    tracing::warn!(warning = %w, "agent warning");
+                }
+                Outcome::Finished(Takeover::Started {
+                    taken,
+                    record_host_key: known.is_none() && policy == HostKeyPolicy::AcceptNew,
+                    looked_up,
+                    address,
+                    endpoint: self.takeover.endpoint.clone(),
                 })
-                .await;
-            match r {
-                Ok(()) => {
-                    tracing::info!(%address, agent_key = %hex(&t.agent_key), "agent started");
-                    WorkOutcome::Finished
-                }
-                Err(BmdbError::SessionExpired(_)) => {
-                    tracing::warn!(agent_key = %hex(&t.agent_key), "the agent started, but the session ended before it was recorded; the machine will be taken over again");
-                    WorkOutcome::Aborted
-                }
-                Err(e) => {
-                    // The database refused the record (not an outage: that
-                    // is retried until recorded). Fail the work so that the
-                    // takeover runs again after the backoff.
-                    tracing::error!(agent_key = %hex(&t.agent_key), error = %e, "the agent started, but recording it failed");
-                    fail(
-                        work,
-                        shared,
-                        format!("recording the started agent: {e}"),
-                        None,
-                    )
-                    .await
-                }
+            }
+        }
+    }
+
+    fn ended(&self, record: &Takeover, outcome: &WorkOutcome) {
+        let Takeover::Started { taken, address, .. } = record else {
+            return;
+        };
+        let agent_key = hex(&taken.agent_key);
+        match outcome {
+            WorkOutcome::Finished => tracing::info!(%address, %agent_key, "agent started"),
+            WorkOutcome::Aborted => {
+                tracing::warn!(%agent_key, "the agent started, but the session ended before it was recorded; the machine will be taken over again")
+            }
+            WorkOutcome::Failed(cause) | WorkOutcome::Canceled(cause) => {
+                tracing::error!(%agent_key, %cause, "the agent started, but recording it failed")
             }
         }
     }

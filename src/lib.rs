@@ -9,11 +9,11 @@
 //! Used as a service (`shepherd run --config …`) or as a library inside an
 //! existing actix application.
 //!
-//! The house (ARCHITECTURE.md): the service's modules below, the agent
-//! that runs on machines in its own crate (`shepherd_agent`, which the
-//! service reads for the protocol and never the reverse), and everything
-//! simulated under [`sim`], behind the `sim` feature, which the service
-//! never imports.
+//! The house (ARCHITECTURE.md): the service's modules below; the protocol
+//! it shares with its agent in its own crate (`shepherd_proto`); the agent
+//! that runs on machines in another (`shepherd_agent`, which the service
+//! never depends on); everything simulated, and the test support, in
+//! `shepherd_sim`, which only the tests, the benchmarks and the demo use.
 
 pub mod admin;
 pub mod backoff;
@@ -35,9 +35,6 @@ pub mod status;
 pub mod supervisor;
 pub mod telemetry;
 pub mod updater;
-
-#[cfg(feature = "sim")]
-pub mod sim;
 
 pub use bmdb::{Bmdb, BmdbError};
 pub use config::{Config, ConfigError};

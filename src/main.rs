@@ -72,47 +72,6 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
-    /// Run the whole system locally, with no configuration: an embedded
-    /// PostgreSQL, the Equinix Metal simulator, simulated machines on
-    /// 127.0.1.x, and shepherd taking them all over.
-    #[cfg(feature = "sim")]
-    Demo {
-        /// How many machines.
-        #[arg(long, default_value_t = 20)]
-        machines: usize,
-        /// Where the admin pages are served (an ephemeral port if taken).
-        #[arg(long, default_value = "127.0.0.1:9090")]
-        admin_listen: std::net::SocketAddr,
-        /// Stay up after every machine is taken over, until Ctrl-C.
-        #[arg(long)]
-        keep_running: bool,
-        /// Give up (exit 1) if not every machine is taken over and
-        /// heartbeating by then (or silenced machines not back).
-        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-        timeout: std::time::Duration,
-        /// Once every agent heartbeats, watch this long that no machine is
-        /// recovered (exit 1 if one is).
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-        hold: std::time::Duration,
-        /// Then silence this many agents and wait until exactly those
-        /// machines are recovered and heartbeating again.
-        #[arg(long, default_value_t = 0)]
-        silence: usize,
-        /// `equinix`: rented machines from the Equinix Metal simulator;
-        /// `static`: owned hardware, an inventory with simulated BMCs
-        /// (Redfish) that reboot them.
-        #[arg(long, default_value = "equinix", value_parser = parse_provider)]
-        provider: shepherd::config::ProviderKind,
-    },
-}
-
-#[cfg(feature = "sim")]
-fn parse_provider(s: &str) -> Result<shepherd::config::ProviderKind, String> {
-    match s {
-        "equinix" => Ok(shepherd::config::ProviderKind::Equinix),
-        "static" => Ok(shepherd::config::ProviderKind::Static),
-        other => Err(format!("{other:?} is not a provider: equinix or static")),
-    }
 }
 
 #[derive(Subcommand)]
@@ -420,14 +379,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    #[cfg_attr(not(feature = "sim"), allow(unused_mut))]
-    let mut log = cfg.log.clone();
-    #[cfg(feature = "sim")]
-    if matches!(cli.command, Command::Demo { .. }) && std::env::var_os("RUST_LOG").is_none() {
-        // The demo's own progress lines are the output; logs only for trouble.
-        log.level = "warn".into();
-    }
-    shepherd::telemetry::init(&log);
+    shepherd::telemetry::init(&cfg.log);
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         match cli.command {
@@ -438,28 +390,6 @@ fn main() -> ExitCode {
             Command::Rollouts(r) => rollouts_command(cfg, r).await,
             Command::Brake { command } => {
                 brake_command(cfg, command.unwrap_or(BrakeCommand::Show)).await
-            }
-            #[cfg(feature = "sim")]
-            Command::Demo {
-                machines,
-                admin_listen,
-                keep_running,
-                timeout,
-                hold,
-                silence,
-                provider,
-            } => {
-                let opts = shepherd::sim::demo::DemoOptions {
-                    machines,
-                    admin_listen,
-                    keep_running,
-                    timeout,
-                    hold,
-                    silence,
-                    heartbeat_stale_after: std::time::Duration::ZERO,
-                    provider,
-                };
-                shepherd::sim::demo::run(cfg, opts).await
             }
             Command::CheckConfig
             | Command::SshKey
@@ -680,7 +610,7 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
             match d
                 .hardware_report
                 .as_deref()
-                .map(shepherd_agent::hardware::summarize)
+                .map(shepherd_proto::summary::summarize)
             {
                 None => println!("  hardware report  -"),
                 Some(Err(e)) => println!("  hardware report  {e}"),
@@ -725,10 +655,10 @@ async fn machines_command(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Resu
                     println!(
                         "  progress         {} {} of {} fetched, {} written, {}/s, disk {} (at {})",
                         shepherd::admin::api::phase_name(p.phase),
-                        shepherd_agent::hardware::bytes(p.bytes_fetched),
-                        shepherd_agent::hardware::bytes(p.bytes_total),
-                        shepherd_agent::hardware::bytes(p.bytes_written),
-                        shepherd_agent::hardware::bytes(p.rate_bytes_per_second),
+                        shepherd_proto::summary::bytes(p.bytes_fetched),
+                        shepherd_proto::summary::bytes(p.bytes_total),
+                        shepherd_proto::summary::bytes(p.bytes_written),
+                        shepherd_proto::summary::bytes(p.rate_bytes_per_second),
                         p.disk,
                         t(*at)
                     );
@@ -826,8 +756,8 @@ async fn image_of(
     cfg: &Config,
     bmdb: &Bmdb,
     a: &InstallArgs,
-) -> anyhow::Result<shepherd_agent::api::ImageInstallation> {
-    use shepherd_agent::api::{DiskHints, ImageInstallation};
+) -> anyhow::Result<shepherd_proto::api::ImageInstallation> {
+    use shepherd_proto::api::{DiskHints, ImageInstallation};
     let mut image = ImageInstallation {
         size_bytes: a.size,
         allow_boot_disk: a.allow_boot_disk,

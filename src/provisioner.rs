@@ -16,21 +16,18 @@
 use std::collections::{BTreeSet, HashSet};
 use std::rc::Rc;
 
-use actix::prelude::*;
 use rand::seq::SliceRandom;
 
-use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
+use crate::bmdb::duty::Duty;
 use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
 use crate::config::ProvisionerConfig;
-use crate::control::SetSession;
+use crate::control::{Round, RoundStatus};
 use crate::provider::{MachineKind, ProviderMachine, SharedProvider};
 
-/// What the Provisioner has seen and done.
+/// What the Provisioner's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProvisionerStatus {
-    pub rounds: u64,
-    pub failed_rounds: u64,
+pub struct ProvisionerCounters {
     pub created: u64,
     pub failed_creations: u64,
     pub adopted: u64,
@@ -38,97 +35,59 @@ pub struct ProvisionerStatus {
     pub missing_in_provider: BTreeSet<String>,
     /// Machines in both.
     pub managed: usize,
-    /// Who holds the fleet's provisioning duty as of the last round (None
-    /// before the first).
-    pub duty: Option<Holder>,
 }
 
-#[derive(Message)]
-#[rtype(result = "ProvisionerStatus")]
-pub struct GetProvisionerStatus;
+/// The Provisioner's status, as its round runner keeps it.
+pub type ProvisionerStatus = RoundStatus<ProvisionerCounters>;
 
-/// Runs a round now (tests, and right after a session starts).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Reconcile;
-
-/// Sent to whoever supervises the Provisioner when it stops.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ProvisionerStopped;
-
+/// The Provisioner's round, on the round runner: a fleet duty, run as
+/// soon as a session starts.
 pub struct Provisioner {
     provider: SharedProvider,
     cfg: ProvisionerConfig,
-    session: Option<Session>,
-    in_round: bool,
-    status: ProvisionerStatus,
-    supervisor: Option<Recipient<ProvisionerStopped>>,
 }
 
 impl Provisioner {
     pub fn new(provider: SharedProvider, cfg: ProvisionerConfig) -> Self {
-        Provisioner {
-            provider,
-            cfg,
-            session: None,
-            in_round: false,
-            status: ProvisionerStatus::default(),
-            supervisor: None,
-        }
-    }
-
-    /// Tells `supervisor` when this actor stops.
-    pub fn supervised_by(mut self, supervisor: Recipient<ProvisionerStopped>) -> Self {
-        self.supervisor = Some(supervisor);
-        self
-    }
-
-    fn round(&mut self, ctx: &mut Context<Self>) {
-        if self.in_round {
-            return;
-        }
-        let Some(session) = self.session.clone() else {
-            return;
-        };
-        self.in_round = true;
-        let provider = self.provider.clone();
-        let cfg = self.cfg.clone();
-        let known_missing = self.status.missing_in_provider.clone();
-        let round = async move {
-            on_duty(
-                &session,
-                Duty::Provisioning,
-                reconcile(provider, session.clone(), cfg, known_missing),
-            )
-            .await
-        };
-        ctx.spawn(round.into_actor(self).map(|r, act, _| {
-            act.in_round = false;
-            match r {
-                Ok(Turn::StandBy(holder)) => {
-                    note_holder(Duty::Provisioning, &mut act.status.duty, Holder::Other(holder));
-                }
-                Ok(Turn::Done(o)) => {
-                    note_holder(Duty::Provisioning, &mut act.status.duty, Holder::Us);
-                    act.status.rounds += 1;
-                    act.status.created += o.created;
-                    act.status.failed_creations += o.failed_creations;
-                    act.status.adopted += o.adopted;
-                    act.status.missing_in_provider = o.missing;
-                    act.status.managed = o.managed;
-                }
-                Err(e) => {
-                    act.status.rounds += 1;
-                    act.status.failed_rounds += 1;
-                    tracing::warn!(error = %e, "provisioning round failed; next round in {}", humantime::format_duration(act.cfg.interval));
-                }
-            }
-        }));
+        Provisioner { provider, cfg }
     }
 }
 
-struct RoundOutcome {
+impl Round for Provisioner {
+    type Outcome = RoundOutcome;
+    type Counters = ProvisionerCounters;
+    const NAME: &'static str = "provisioning";
+    const DUTY: Option<Duty> = Some(Duty::Provisioning);
+    const AT_SESSION: bool = true;
+
+    fn interval(&self) -> std::time::Duration {
+        self.cfg.interval
+    }
+
+    async fn round(
+        &self,
+        session: &Session,
+        counters: &ProvisionerCounters,
+    ) -> Result<RoundOutcome, String> {
+        reconcile(
+            self.provider.clone(),
+            session.clone(),
+            self.cfg.clone(),
+            counters.missing_in_provider.clone(),
+        )
+        .await
+    }
+
+    fn tally(&self, c: &mut ProvisionerCounters, o: RoundOutcome) {
+        c.created += o.created;
+        c.failed_creations += o.failed_creations;
+        c.adopted += o.adopted;
+        c.missing_in_provider = o.missing;
+        c.managed = o.managed;
+    }
+}
+
+pub struct RoundOutcome {
     created: u64,
     failed_creations: u64,
     adopted: u64,
@@ -299,59 +258,6 @@ async fn reconcile(
 
 /// Creations failing one after another that end a round.
 const CREATE_FAILURES_PER_ROUND: u32 = 3;
-
-impl Actor for Provisioner {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.cfg.interval, |act, ctx| act.round(ctx));
-    }
-
-    fn stopped(&mut self, _: &mut Context<Self>) {
-        if let Some(s) = &self.supervisor {
-            s.do_send(ProvisionerStopped);
-        }
-    }
-}
-
-/// Stops the Provisioner (a drain).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopProvisioner;
-
-impl Handler<StopProvisioner> for Provisioner {
-    type Result = ();
-
-    fn handle(&mut self, _: StopProvisioner, ctx: &mut Context<Self>) {
-        self.supervisor = None;
-        ctx.stop();
-    }
-}
-
-impl Handler<SetSession> for Provisioner {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetSession, ctx: &mut Context<Self>) {
-        self.session = msg.0;
-        self.round(ctx);
-    }
-}
-
-impl Handler<Reconcile> for Provisioner {
-    type Result = ();
-
-    fn handle(&mut self, _: Reconcile, ctx: &mut Context<Self>) {
-        self.round(ctx);
-    }
-}
-
-impl Handler<GetProvisionerStatus> for Provisioner {
-    type Result = MessageResult<GetProvisionerStatus>;
-
-    fn handle(&mut self, _: GetProvisionerStatus, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.status.clone())
-    }
-}
 
 /// For the Initializer: the provider's address of a machine the BMDB has
 /// none for.

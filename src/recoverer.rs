@@ -1,6 +1,5 @@
 //! The Recoverer: brings back machines whose agent went quiet, gently
-//! first. A [`ControlLoop`] on the same work-lease mailbox as the
-//! Initializer.
+//! first. A [`LeaseLoop`] on the same lease runner as the Initializer.
 //!
 //! - Which machines: an operator's reboot request first, then "needs
 //!   recovery": no heartbeat `silent_after_start` after the agent started,
@@ -25,17 +24,15 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
-use actix::prelude::*;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::bmdb::brake::{self, Judge};
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
-use crate::control::{ControlLoop, SetSession, WorkOutcome, Worker, WorkerDone};
+use crate::control::{LeaseLoop, Outcome, Record, Round, WorkOutcome, Worker};
 use crate::initializer::TakeoverSettings;
 use crate::provider::SharedProvider;
 use crate::ssh::HostKeyPolicy;
@@ -141,14 +138,10 @@ impl RecoveryMetrics {
 }
 
 /// The actor that recovers one leased machine: the shared worker running
-/// the Recoverer's job.
+/// the Recoverer's work.
 pub type RecovererWorker = Worker<Recoverer>;
 
 pub struct Recoverer {
-    shared: Rc<Shared>,
-}
-
-struct Shared {
     provider: SharedProvider,
     judge: Judge,
     backoff: Backoff,
@@ -171,21 +164,39 @@ impl Recoverer {
         metrics: RecoveryMetrics,
     ) -> Self {
         Recoverer {
-            shared: Rc::new(Shared {
-                provider,
-                judge,
-                backoff,
-                wait,
-                waits,
-                takeover,
-                metrics,
-            }),
+            provider,
+            judge,
+            backoff,
+            wait,
+            waits,
+            takeover,
+            metrics,
         }
     }
 }
 
-impl ControlLoop for Recoverer {
+/// A recovery ends naming its step, and writes what that step means: a
+/// machine taken over again loses its agent tags; a recovered one, its
+/// reboot request.
+impl Record for Step {
+    fn detail(&self) -> Option<&str> {
+        Some(Step::detail(*self))
+    }
+
+    async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
+        let sql = match self {
+            Step::taken_over_again => DROP_AGENT_TAGS,
+            Step::agent_restarted | Step::rebooted => DROP_REBOOT_REQUEST,
+            Step::braked | Step::failed => return Ok(()),
+        };
+        tx.execute(sql, &[&mid]).await.map(|_| ())
+    }
+}
+
+impl LeaseLoop for Recoverer {
     type Item = Recovery;
+    type Record = Step;
+    const WORK: &'static str = "recovery";
 
     fn process(&self) -> Process {
         Process::ShepherdRecovery
@@ -195,9 +206,12 @@ impl ControlLoop for Recoverer {
         "recoverer"
     }
 
+    fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
     async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, Recovery)>, BmdbError> {
-        let s = &self.shared;
-        let j = &s.judge;
+        let j = &self.judge;
         let (mut m, requested) = match selectors::reboot_requested(tx, j.provider, 1).await?.pop() {
             Some(m) => (Some(m), true),
             None => (
@@ -217,13 +231,31 @@ impl ControlLoop for Recoverer {
             .map(|machine| (machine.machine_id, Recovery { machine, requested })))
     }
 
-    fn start_worker(&self, work: Work<Recovery>, done: Recipient<WorkerDone>) {
-        let span = tracing::info_span!("recovery", machine_id = %work.machine_id(), provider_id = %work.item().machine.provider_id);
-        RecovererWorker::start(
-            work.machine_id(),
-            run(work, self.shared.clone()).instrument(span),
-            done,
-        );
+    fn span(&self, machine_id: Uuid, r: &Recovery) -> tracing::Span {
+        tracing::info_span!("recovery", %machine_id, provider_id = %r.machine.provider_id)
+    }
+
+    async fn work(&self, work: &Work<Recovery>) -> Outcome<Step> {
+        match self.recover(work).await {
+            Ok(step) => Outcome::Finished(step),
+            Err(Failure { step, cause }) => Outcome::Failed {
+                cause,
+                record: step,
+            },
+        }
+    }
+
+    fn ended(&self, step: &Step, outcome: &WorkOutcome) {
+        match outcome {
+            WorkOutcome::Finished => {
+                self.metrics.count(*step);
+                tracing::info!(step = ?step, "recovered: {}", Step::detail(*step));
+            }
+            WorkOutcome::Failed(_) if matches!(step, Step::braked | Step::failed) => {
+                self.metrics.count(*step)
+            }
+            _ => {}
+        }
     }
 }
 
@@ -242,120 +274,76 @@ struct Failure {
     cause: String,
 }
 
-async fn run(mut work: Work<Recovery>, shared: Rc<Shared>) -> WorkOutcome {
-    let session = work.session().clone();
-    let result = tokio::select! {
-        r = recover(&shared, &work) => r,
-        _ = session.expired() => return WorkOutcome::Aborted,
-    };
-    let mid = work.machine_id();
-    match result {
-        Ok(step) => {
-            let drop_tags = step == Step::taken_over_again;
-            match work
-                .finish_noting(Some(step.detail()), async |tx| {
-                    let sql = if drop_tags {
-                        DROP_AGENT_TAGS
-                    } else {
-                        DROP_REBOOT_REQUEST
-                    };
-                    tx.execute(sql, &[&mid]).await.map(|_| ())
-                })
-                .await
-            {
-                Ok(()) => {
-                    shared.metrics.count(step);
-                    tracing::info!(step = ?step, "recovered: {}", step.detail());
-                    WorkOutcome::Finished
-                }
-                Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
-                Err(e) => {
-                    let cause = format!("recording the recovery: {e}");
-                    let _ = work.fail(&shared.backoff, &cause).await;
-                    WorkOutcome::Failed(cause)
+impl Recoverer {
+    /// The steps, gentle first. Returns the step that recovered the machine.
+    async fn recover(&self, work: &Work<Recovery>) -> Result<Step, Failure> {
+        let shared = self;
+        let recovery = work.item();
+        let session = work.session();
+        let mid = work.machine_id();
+        let fail = |step, cause: String| Failure { step, cause };
+        let mut gentle = None;
+        if recovery.requested {
+            tracing::info!("rebooting at an operator's request");
+        } else {
+            match restart_agent(shared, session, &recovery.machine).await {
+                Ok(()) => return Ok(Step::agent_restarted),
+                Err(cause) => {
+                    tracing::info!(%cause, "agent quiet and not restarted over SSH; power-cycling");
+                    gentle = Some(cause);
                 }
             }
         }
-        Err(Failure { step, cause }) => match work.fail(&shared.backoff, &cause).await {
-            Err(BmdbError::SessionExpired(_)) => WorkOutcome::Aborted,
-            r => {
-                shared.metrics.count(step);
-                if let Ok(wait) = r {
-                    tracing::warn!(%cause, retry_in_s = wait.as_secs(), "recovery failed");
-                }
-                WorkOutcome::Failed(cause)
+        let gentle_note = gentle
+            .as_deref()
+            .map(|c| format!(" (agent restart over SSH failed: {c})"))
+            .unwrap_or_default();
+        // Through the brake, which holds across shepherds.
+        let judge = &shared.judge;
+        let requested = recovery.requested;
+        let allowed = session
+            .transact(async |tx| {
+                let r = brake::take_power_action(tx, judge, mid, requested).await?;
+                let now: SystemTime = tx.query_one(DB_NOW, &[]).await?.get(0);
+                Ok((r, now))
+            })
+            .await;
+        let powered_at = match allowed {
+            Ok((Ok(()), now)) => now,
+            Ok((Err(st), _)) => {
+                return Err(fail(
+                    Step::braked,
+                    format!(
+                        "power action withheld: the recovery brake holds: {}{gentle_note}",
+                        st.reason.unwrap_or_default()
+                    ),
+                ));
             }
-        },
-    }
-}
-
-/// The steps, gentle first. Returns the step that recovered the machine.
-async fn recover(shared: &Shared, work: &Work<Recovery>) -> Result<Step, Failure> {
-    let recovery = work.item();
-    let session = work.session();
-    let mid = work.machine_id();
-    let fail = |step, cause: String| Failure { step, cause };
-    let mut gentle = None;
-    if recovery.requested {
-        tracing::info!("rebooting at an operator's request");
-    } else {
-        match restart_agent(shared, session, &recovery.machine).await {
-            Ok(()) => return Ok(Step::agent_restarted),
-            Err(cause) => {
-                tracing::info!(%cause, "agent quiet and not restarted over SSH; power-cycling");
-                gentle = Some(cause);
+            Err(e) => {
+                return Err(fail(
+                    Step::failed,
+                    format!("consulting the recovery brake: {e}{gentle_note}"),
+                ));
             }
-        }
-    }
-    let gentle_note = gentle
-        .as_deref()
-        .map(|c| format!(" (agent restart over SSH failed: {c})"))
-        .unwrap_or_default();
-    // Through the brake, which holds across shepherds.
-    let judge = &shared.judge;
-    let requested = recovery.requested;
-    let allowed = session
-        .transact(async |tx| {
-            let r = brake::take_power_action(tx, judge, mid, requested).await?;
-            let now: SystemTime = tx.query_one(DB_NOW, &[]).await?.get(0);
-            Ok((r, now))
-        })
-        .await;
-    let powered_at = match allowed {
-        Ok((Ok(()), now)) => now,
-        Ok((Err(st), _)) => {
-            return Err(fail(
-                Step::braked,
-                format!(
-                    "power action withheld: the recovery brake holds: {}{gentle_note}",
-                    st.reason.unwrap_or_default()
-                ),
-            ));
-        }
-        Err(e) => {
-            return Err(fail(
+        };
+        power_cycle(shared, &recovery.machine)
+            .await
+            .map_err(|c| fail(Step::failed, format!("{c}{gentle_note}")))?;
+        match called_since(session, mid, powered_at, shared.waits.after_reboot).await {
+            Ok(true) => Ok(Step::rebooted),
+            Ok(false) => Ok(Step::taken_over_again),
+            Err(e) => Err(fail(
                 Step::failed,
-                format!("consulting the recovery brake: {e}{gentle_note}"),
-            ));
+                format!("rebooted, then watching for the agent: {e}"),
+            )),
         }
-    };
-    power_cycle(shared, &recovery.machine)
-        .await
-        .map_err(|c| fail(Step::failed, format!("{c}{gentle_note}")))?;
-    match called_since(session, mid, powered_at, shared.waits.after_reboot).await {
-        Ok(true) => Ok(Step::rebooted),
-        Ok(false) => Ok(Step::taken_over_again),
-        Err(e) => Err(fail(
-            Step::failed,
-            format!("rebooted, then watching for the agent: {e}"),
-        )),
     }
 }
 
 /// Starts the agent again over SSH, records its new key, and waits (up to
 /// `agent_restart_wait`) for it to call. The new agent stops the old one.
 async fn restart_agent(
-    shared: &Shared,
+    shared: &Recoverer,
     session: &Session,
     machine: &ProvidedMachine,
 ) -> Result<(), String> {
@@ -434,7 +422,7 @@ async fn called_since(
 
 /// Reboots the machine through the provider and waits until it reports it
 /// running.
-async fn power_cycle(shared: &Shared, machine: &ProvidedMachine) -> Result<(), String> {
+async fn power_cycle(shared: &Recoverer, machine: &ProvidedMachine) -> Result<(), String> {
     let id = machine.provider_id.as_str();
     shared
         .provider
@@ -474,84 +462,61 @@ async fn power_cycle(shared: &Shared, machine: &ProvidedMachine) -> Result<(), S
 
 /// Watches the brake under the current session every interval and says
 /// loudly when it engages or lets go (the pages, the API and `/metrics`
-/// read it from the BMDB themselves).
+/// read it from the BMDB themselves). A round on the round runner.
 pub struct BrakeWatch {
     judge: Judge,
     every: Duration,
-    session: Option<Session>,
-    /// Whether it held at the last look (to say when that changes).
-    engaged: bool,
-    busy: bool,
 }
 
 impl BrakeWatch {
     pub fn new(judge: Judge, every: Duration) -> Self {
-        BrakeWatch {
-            judge,
-            every,
-            session: None,
-            engaged: false,
-            busy: false,
+        BrakeWatch { judge, every }
+    }
+}
+
+/// What the watch saw last.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrakeSeen {
+    /// Whether it held at the last look (to say when that changes).
+    pub engaged: bool,
+}
+
+impl Round for BrakeWatch {
+    type Outcome = brake::BrakeState;
+    type Counters = BrakeSeen;
+    const NAME: &'static str = "brake watch";
+    const WARN_ON_FAILURE: bool = false;
+
+    fn interval(&self) -> Duration {
+        self.every
+    }
+
+    async fn round(&self, session: &Session, _: &BrakeSeen) -> Result<brake::BrakeState, String> {
+        session
+            .transact(async |tx| brake::watch(tx, &self.judge).await)
+            .await
+            .map(|(st, _)| st)
+            .map_err(|e| format!("evaluating the recovery brake: {e}"))
+    }
+
+    fn tally(&self, seen: &mut BrakeSeen, st: brake::BrakeState) {
+        if st.engaged && !seen.engaged {
+            tracing::error!(
+                silent = st.silent,
+                fleet = st.fleet,
+                limit = st.limit,
+                power_actions = st.power_actions_in_window,
+                "RECOVERY BRAKE ENGAGED: no power action for silence until it lets go: {}; \
+                     `shepherd brake release` to override",
+                st.reason.as_deref().unwrap_or("")
+            );
+        } else if !st.engaged && seen.engaged {
+            tracing::warn!(
+                silent = st.silent,
+                limit = st.limit,
+                "recovery brake let go: power actions for silence resume"
+            );
         }
-    }
-
-    fn look(&mut self, ctx: &mut Context<Self>) {
-        let Some(session) = self.session.clone().filter(|_| !self.busy) else {
-            return;
-        };
-        self.busy = true;
-        let judge = self.judge.clone();
-        ctx.spawn(
-            async move {
-                session
-                    .transact(async |tx| brake::watch(tx, &judge).await)
-                    .await
-            }
-            .into_actor(self)
-            .map(|r, act, _| {
-                act.busy = false;
-                let st = match r {
-                    Ok((st, _)) => st,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "evaluating the recovery brake failed");
-                        return;
-                    }
-                };
-                if st.engaged && !act.engaged {
-                    tracing::error!(
-                        silent = st.silent,
-                        fleet = st.fleet,
-                        limit = st.limit,
-                        power_actions = st.power_actions_in_window,
-                        "RECOVERY BRAKE ENGAGED: no power action for silence until it lets go: {}; \
-                             `shepherd brake release` to override",
-                        st.reason.as_deref().unwrap_or("")
-                    );
-                } else if !st.engaged && act.engaged {
-                    tracing::warn!(
-                        silent = st.silent,
-                        limit = st.limit,
-                        "recovery brake let go: power actions for silence resume"
-                    );
-                }
-                act.engaged = st.engaged;
-            }),
-        );
-    }
-}
-
-impl Actor for BrakeWatch {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.every, |act, ctx| act.look(ctx));
-    }
-}
-
-impl Handler<SetSession> for BrakeWatch {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetSession, _: &mut Context<Self>) {
-        self.session = msg.0;
+        seen.engaged = st.engaged;
     }
 }

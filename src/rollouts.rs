@@ -3,68 +3,46 @@
 //! session. Any number of shepherds may run one: a rollout held by
 //! another's transaction is skipped this round.
 
-use actix::prelude::*;
-
 use crate::bmdb::Session;
 use crate::bmdb::rollouts;
-use crate::control::SetSession;
+use crate::control::Round;
 
+/// What the driver's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RolloutStatus {
-    pub rounds: u64,
-    pub failed_rounds: u64,
+pub struct RolloutCounters {
     /// Machines asked to install, over all rounds.
     pub started: u64,
 }
 
-#[derive(Message)]
-#[rtype(result = "RolloutStatus")]
-pub struct GetRolloutStatus;
-
-/// Runs a round now (an operator just created or canceled a rollout).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Nudge;
-
+/// Moves every running rollout on, on the round runner; a round runs as
+/// soon as a session starts, and on demand (`RunRound`: an operator just
+/// created or canceled a rollout).
 pub struct RolloutDriver {
     interval: std::time::Duration,
-    session: Option<Session>,
-    in_round: bool,
-    status: RolloutStatus,
 }
 
 impl RolloutDriver {
     pub fn new(interval: std::time::Duration) -> Self {
-        RolloutDriver {
-            interval,
-            session: None,
-            in_round: false,
-            status: RolloutStatus::default(),
-        }
+        RolloutDriver { interval }
+    }
+}
+
+impl Round for RolloutDriver {
+    type Outcome = u64;
+    type Counters = RolloutCounters;
+    const NAME: &'static str = "rollout";
+    const AT_SESSION: bool = true;
+
+    fn interval(&self) -> std::time::Duration {
+        self.interval
     }
 
-    fn round(&mut self, ctx: &mut Context<Self>) {
-        if self.in_round {
-            return;
-        }
-        let Some(session) = self.session.clone() else {
-            return;
-        };
-        self.in_round = true;
-        ctx.spawn(drive(session).into_actor(self).map(|r, act, _| {
-            act.in_round = false;
-            act.status.rounds += 1;
-            match r {
-                Ok(n) => act.status.started += n,
-                Err(e) if act.session.is_none() => {
-                    tracing::debug!(error = %e, "rollout round stopped")
-                }
-                Err(e) => {
-                    act.status.failed_rounds += 1;
-                    tracing::warn!(error = %e, "rollout round failed");
-                }
-            }
-        }));
+    async fn round(&self, session: &Session, _: &RolloutCounters) -> Result<u64, String> {
+        drive(session.clone()).await
+    }
+
+    fn tally(&self, c: &mut RolloutCounters, started: u64) {
+        c.started += started;
     }
 }
 
@@ -95,37 +73,4 @@ async fn drive(session: Session) -> Result<u64, String> {
         started += a.started.len() as u64;
     }
     Ok(started)
-}
-
-impl Actor for RolloutDriver {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.interval, |act, ctx| act.round(ctx));
-    }
-}
-
-impl Handler<SetSession> for RolloutDriver {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetSession, ctx: &mut Context<Self>) {
-        self.session = msg.0;
-        self.round(ctx);
-    }
-}
-
-impl Handler<Nudge> for RolloutDriver {
-    type Result = ();
-
-    fn handle(&mut self, _: Nudge, ctx: &mut Context<Self>) {
-        self.round(ctx);
-    }
-}
-
-impl Handler<GetRolloutStatus> for RolloutDriver {
-    type Result = MessageResult<GetRolloutStatus>;
-
-    fn handle(&mut self, _: GetRolloutStatus, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.status.clone())
-    }
 }

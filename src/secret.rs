@@ -253,7 +253,7 @@ fn redact_query_password(tail: &str) -> String {
 
 /// Writes `contents` to `path` readable by its owner only (0600), whole or
 /// not at all (the agent writes its own state the same way).
-pub use shepherd_agent::files::write_private;
+pub use shepherd_proto::files::write_private;
 
 #[cfg(test)]
 mod tests {

@@ -16,13 +16,16 @@ use actix::prelude::*;
 
 use crate::bmdb::{Bmdb, BmdbSession, CloseSession, GetSession, SessionEnded, Subscribe};
 use crate::config::{Config, ProviderKind};
-use crate::control::{GetStatus, SetSession, StopLeasing, WorkMailbox};
+use crate::control::{
+    GetRoundStatus, GetStatus, Round, RoundRunner, RoundStopped, SetSession, StopLeasing,
+    StopRounds, WorkMailbox,
+};
 use crate::equinix::{ApiMetrics, ClientSettings, EquinixApi};
 use crate::initializer::{Initializer, TakeoverSettings};
 use crate::provider::SharedProvider;
 use crate::provider::equinix::Equinix;
 use crate::provider::inventory::Inventory;
-use crate::provisioner::{Provisioner, ProvisionerStopped, StopProvisioner};
+use crate::provisioner::Provisioner;
 use crate::recoverer::{AgentWaits, BrakeWatch, RebootWait, Recoverer};
 use crate::rollouts::RolloutDriver;
 use crate::status::{GetSupervisorStatus, SupervisorStatus};
@@ -239,13 +242,13 @@ pub struct Supervisor {
     serves: Option<String>,
     endpoint: Option<String>,
     recovery_metrics: crate::recoverer::RecoveryMetrics,
-    brake_watch: Option<Addr<crate::recoverer::BrakeWatch>>,
+    brake_watch: Option<Addr<RoundRunner<BrakeWatch>>>,
     session: Option<Addr<BmdbSession>>,
-    provisioner: Option<Addr<Provisioner>>,
+    provisioner: Option<Addr<RoundRunner<Provisioner>>>,
     initializer: Option<Addr<WorkMailbox<Initializer>>>,
     recoverer: Option<Addr<WorkMailbox<Recoverer>>>,
-    updater: Option<Addr<Updater>>,
-    rollouts: Option<Addr<RolloutDriver>>,
+    updater: Option<Addr<RoundRunner<Updater>>>,
+    rollouts: Option<Addr<RoundRunner<RolloutDriver>>>,
     session_backoff: Duration,
     sessions_opened: u64,
     sessions_lost: u64,
@@ -321,26 +324,30 @@ impl Supervisor {
                 self.takeover.clone(),
                 self.recovery_metrics.clone(),
             );
-            self.brake_watch = Some(BrakeWatch::new(judge, r.poll_interval).start());
+            self.brake_watch =
+                Some(RoundRunner::new(BrakeWatch::new(judge, r.poll_interval)).start());
             self.recoverer =
                 Some(WorkMailbox::new(recoverer, r.parallelism as usize, r.poll_interval).start());
         }
         if self.cfg.updater.enabled {
-            self.updater =
-                Some(Updater::new(self.provider.clone(), self.cfg.updater.interval).start());
+            self.updater = Some(
+                RoundRunner::new(Updater::new(
+                    self.provider.clone(),
+                    self.cfg.updater.interval,
+                ))
+                .start(),
+            );
         }
-        let driver = self.rollouts.get_or_insert_with(|| {
-            RolloutDriver::new(self.cfg.installations.rollout_interval).start()
-        });
-        let _ = driver;
+        self.rollout_driver();
     }
 
     /// The rollout driver (started with the children, or now), for the
     /// admin routes to nudge.
-    pub fn rollout_driver(&mut self) -> Addr<RolloutDriver> {
+    pub fn rollout_driver(&mut self) -> Addr<RoundRunner<RolloutDriver>> {
         self.rollouts
             .get_or_insert_with(|| {
-                RolloutDriver::new(self.cfg.installations.rollout_interval).start()
+                RoundRunner::new(RolloutDriver::new(self.cfg.installations.rollout_interval))
+                    .start()
             })
             .clone()
     }
@@ -375,9 +382,12 @@ impl Supervisor {
     }
 
     fn start_provisioner(&mut self, ctx: &mut Context<Self>) {
-        let p = Provisioner::new(self.provider.clone(), self.cfg.provisioner.clone())
-            .supervised_by(ctx.address().recipient())
-            .start();
+        let p = RoundRunner::new(Provisioner::new(
+            self.provider.clone(),
+            self.cfg.provisioner.clone(),
+        ))
+        .supervised_by(ctx.address().recipient())
+        .start();
         self.provisioner = Some(p);
     }
 
@@ -462,11 +472,13 @@ impl Handler<SessionEnded> for Supervisor {
     }
 }
 
-impl Handler<ProvisionerStopped> for Supervisor {
+impl Handler<RoundStopped> for Supervisor {
     type Result = ();
 
-    fn handle(&mut self, _: ProvisionerStopped, ctx: &mut Context<Self>) {
-        if self.shutting_down {
+    /// Only the Provisioner is supervised: the others' rounds cannot stop
+    /// them.
+    fn handle(&mut self, msg: RoundStopped, ctx: &mut Context<Self>) {
+        if self.shutting_down || msg.name != Provisioner::NAME {
             return;
         }
         let wait = self.cfg.supervisor.restart_backoff;
@@ -517,10 +529,10 @@ impl Handler<GetSupervisorStatus> for Supervisor {
                 st.recoverer = r.send(GetStatus).await.ok();
             }
             if let Some(p) = prov {
-                st.provisioner = p.send(crate::provisioner::GetProvisionerStatus).await.ok();
+                st.provisioner = p.send(GetRoundStatus::default()).await.ok();
             }
             if let Some(u) = upd {
-                st.updater = u.send(crate::updater::GetUpdaterStatus).await.ok();
+                st.updater = u.send(GetRoundStatus::default()).await.ok();
             }
             st
         })
@@ -558,7 +570,7 @@ impl Handler<Shutdown> for Supervisor {
         Box::pin(
             async move {
                 if let Some(p) = provisioner {
-                    let _ = p.send(StopProvisioner).await;
+                    let _ = p.send(StopRounds).await;
                 }
                 drop(updater);
                 for m in &mailboxes {

@@ -9,92 +9,51 @@
 
 use std::collections::HashMap;
 
-use actix::prelude::*;
-
-use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
+use crate::bmdb::duty::Duty;
 use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
-use crate::control::SetSession;
+use crate::control::{Round, RoundStatus};
 use crate::provider::{BmcRead, MachineKind, ProviderMachine, SharedProvider};
 
+/// What the Updater's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UpdaterStatus {
-    pub rounds: u64,
-    pub failed_rounds: u64,
+pub struct UpdaterCounters {
     /// Rows written, over all rounds.
     pub updated: u64,
-    /// Who holds the fleet's provider-updates duty as of the last round (None
-    /// before the first).
-    pub duty: Option<Holder>,
 }
 
-#[derive(Message)]
-#[rtype(result = "UpdaterStatus")]
-pub struct GetUpdaterStatus;
+/// The Updater's status, as its round runner keeps it.
+pub type UpdaterStatus = RoundStatus<UpdaterCounters>;
 
+/// The Updater's round, on the round runner: a fleet duty.
 pub struct Updater {
     provider: SharedProvider,
     interval: std::time::Duration,
-    session: Option<Session>,
-    in_round: bool,
-    status: UpdaterStatus,
 }
 
 impl Updater {
     pub fn new(provider: SharedProvider, interval: std::time::Duration) -> Self {
-        Updater {
-            provider,
-            interval,
-            session: None,
-            in_round: false,
-            status: UpdaterStatus::default(),
-        }
+        Updater { provider, interval }
+    }
+}
+
+impl Round for Updater {
+    type Outcome = u64;
+    type Counters = UpdaterCounters;
+    const NAME: &'static str = "update";
+    const DUTY: Option<Duty> = Some(Duty::ProviderUpdates);
+
+    fn interval(&self) -> std::time::Duration {
+        self.interval
     }
 
-    fn round(&mut self, ctx: &mut Context<Self>) {
-        if self.in_round {
-            return;
-        }
-        let Some(session) = self.session.clone() else {
-            return;
-        };
-        self.in_round = true;
-        let provider = self.provider.clone();
-        let round = async move {
-            on_duty(
-                &session,
-                Duty::ProviderUpdates,
-                update(provider, session.clone()),
-            )
-            .await
-        };
-        ctx.spawn(round.into_actor(self).map(|r, act, _| {
-            act.in_round = false;
-            match r {
-                Ok(Turn::StandBy(holder)) => {
-                    note_holder(
-                        Duty::ProviderUpdates,
-                        &mut act.status.duty,
-                        Holder::Other(holder),
-                    );
-                    return;
-                }
-                Ok(Turn::Done(n)) => {
-                    note_holder(Duty::ProviderUpdates, &mut act.status.duty, Holder::Us);
-                    act.status.updated += n
-                }
-                // A round cut short by a shutdown is not worth a warning.
-                Err(e) if act.session.is_none() => {
-                    tracing::debug!(error = %e, "update round stopped")
-                }
-                Err(e) => {
-                    act.status.failed_rounds += 1;
-                    tracing::warn!(error = %e, "update round failed");
-                }
-            }
-            act.status.rounds += 1;
-        }));
+    async fn round(&self, session: &Session, _: &UpdaterCounters) -> Result<u64, String> {
+        update(self.provider.clone(), session.clone()).await
+    }
+
+    fn tally(&self, c: &mut UpdaterCounters, written: u64) {
+        c.updated += written;
     }
 }
 
@@ -234,28 +193,4 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             .join(", ")
     );
     Ok(written + changed.len() as u64)
-}
-
-impl Actor for Updater {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.interval, |act, ctx| act.round(ctx));
-    }
-}
-
-impl Handler<SetSession> for Updater {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetSession, _: &mut Context<Self>) {
-        self.session = msg.0;
-    }
-}
-
-impl Handler<GetUpdaterStatus> for Updater {
-    type Result = MessageResult<GetUpdaterStatus>;
-
-    fn handle(&mut self, _: GetUpdaterStatus, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.status.clone())
-    }
 }

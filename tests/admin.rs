@@ -11,7 +11,7 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, Bmdb, Process, Provider};
 use shepherd::equinix::{ApiMetrics, Operation};
 use shepherd::secret::Secret;
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
 
 struct Fleet {
@@ -631,7 +631,7 @@ async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser()
     let token = "browser-admin-token-0123";
     let a = serve(&f, Some(token));
     let evil = evil_page(format!("http://{a}/machines/{}/release", f.pending));
-    let seen = shepherd::sim::testing::browse(vec![
+    let seen = shepherd_sim::testing::browse(vec![
         "walk".into(),
         format!("http://{a}"),
         token.into(),
@@ -776,7 +776,7 @@ async fn forms_are_refused_across_sites_and_without_a_valid_csrf_token() {
         assert_eq!(status, want, "{what}: {body}");
     }
     assert_eq!(
-        shepherd::sim::testing::count(&f.bmdb, "SELECT count(*) FROM operator_action").await,
+        shepherd_sim::testing::count(&f.bmdb, "SELECT count(*) FROM operator_action").await,
         0
     );
     // The page's own post, same origin: done, and back to the page.
@@ -793,7 +793,7 @@ async fn forms_are_refused_across_sites_and_without_a_valid_csrf_token() {
     .await;
     assert_eq!(status, 303, "{body}");
     assert_eq!(
-        shepherd::sim::testing::count(&f.bmdb, "SELECT count(*) FROM machine_hold").await,
+        shepherd_sim::testing::count(&f.bmdb, "SELECT count(*) FROM machine_hold").await,
         1
     );
 }

@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shepherd::sim::testing::{ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{ShepherdProcess, Sshd, TestDb};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 const TOKEN: &str = "schemathesis-token-0123456789";

@@ -9,13 +9,13 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Bmdb, Provider};
 use shepherd::callback::Callback;
 use shepherd::callback::{CertFiles, HEARTBEAT_PATHS, ServerIdentity};
-use shepherd::sim::testing::{OwnPostgres, TestDb};
 use shepherd_agent::api::{
     AgentHardwareReport, BlockDevice, Cpu, HeartbeatRequest, HeartbeatResponseRaw,
     NetworkInterface, Node, OsInstallationReport, OsInstallationRequest, cpu,
     os_installation_report,
 };
 use shepherd_agent::callback as client;
+use shepherd_sim::testing::{OwnPostgres, TestDb};
 use tonic::Code;
 use uuid::Uuid;
 
@@ -454,8 +454,8 @@ async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) 
 /// is refused for longer than its limit exits.
 #[actix_rt::test]
 async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
-    use shepherd::sim::testing::Sshd;
     use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
+    use shepherd_sim::testing::Sshd;
     let db = TestDb::new().await;
     let rig = Rig::new(db.bmdb().await).await;
     let keys = tempfile::tempdir().unwrap();
@@ -479,7 +479,7 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
         port: sshd.addr.port(),
         exchange_timeout: Duration::from_secs(30),
         identity,
-        agent: std::fs::read(env!("CARGO_BIN_EXE_takeover-agent"))
+        agent: std::fs::read(shepherd_sim::bin("takeover-agent"))
             .unwrap()
             .into(),
         agent_path: format!("{}/agent-{{machine_id}}", sshd.dir().display()),

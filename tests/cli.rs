@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 
 const SECRET: &str = "hunter2-do-not-print";
 

@@ -3,7 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shepherd::sim::testing::{Sshd, TestDb};
+use shepherd_sim::testing::{Sshd, TestDb};
 
 fn example() -> std::path::PathBuf {
     // target/debug/deps/embed-… → target/debug/examples/embed

@@ -10,9 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use shepherd::bmdb::Bmdb;
-use shepherd::sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
 
-const FLEET_SIM: &str = env!("CARGO_BIN_EXE_fleet-sim");
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 const PG_CLUSTER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/pg-cluster");
 
@@ -334,7 +333,7 @@ async fn the_bmdb_fails_over_under_two_shepherds_and_nothing_committed_is_lost()
 
     let dir = tempfile::tempdir().unwrap();
     let fleet = FleetSimProcess::start(
-        Path::new(FLEET_SIM),
+        &shepherd_sim::bin("fleet-sim"),
         dir.path(),
         MACHINES,
         Ipv4Addr::new(127, 0, 40, 1),

@@ -8,9 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use shepherd::bmdb::Bmdb;
-use shepherd::sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
 
-const FLEET_SIM: &str = env!("CARGO_BIN_EXE_fleet-sim");
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
 const TAKEN_OVER: &str = "SELECT count(*) FROM machine_agent_started";
@@ -31,8 +30,13 @@ impl Rig {
         let db = TestDb::new().await;
         let bmdb = db.bmdb().await;
         let dir = tempfile::tempdir().unwrap();
-        let fleet =
-            FleetSimProcess::start(Path::new(FLEET_SIM), dir.path(), machines, first, extra);
+        let fleet = FleetSimProcess::start(
+            &shepherd_sim::bin("fleet-sim"),
+            dir.path(),
+            machines,
+            first,
+            extra,
+        );
         Rig {
             db,
             bmdb,
@@ -181,7 +185,7 @@ impl Rig {
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        shepherd::sim::testing::count(&self.bmdb, sql).await
+        shepherd_sim::testing::count(&self.bmdb, sql).await
     }
 
     async fn wait_for(

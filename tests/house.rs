@@ -414,7 +414,7 @@ fn nothing_in_the_service_reaches_the_simulated_floor() {
     assert!(wrong.is_empty(), "the service imports sim: {wrong:?}");
     // main.rs may run the demo, only when the floor is built.
     let main = std::fs::read_to_string(root().join("src/main.rs")).unwrap();
-    let uses = main.matches("shepherd::sim::").count();
+    let uses = main.matches("shepherd_sim::").count();
     let gated = main.matches("#[cfg(feature = \"sim\")]").count();
     assert!(
         uses == 0 || gated > 0,

@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use shepherd::bmdb::Bmdb;
-use shepherd::sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
 
-const FLEET_SIM: &str = env!("CARGO_BIN_EXE_fleet-sim");
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
 struct Rig {
@@ -63,7 +62,7 @@ impl Rig {
         let bmdb = db.bmdb().await;
         let dir = tempfile::tempdir().unwrap();
         let fleet = FleetSimProcess::start(
-            Path::new(FLEET_SIM),
+            &shepherd_sim::bin("fleet-sim"),
             dir.path(),
             machines,
             first,
@@ -114,7 +113,7 @@ impl Rig {
     async fn wait_heartbeating(&mut self, want: i64) {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let n = shepherd::sim::testing::count(
+            let n = shepherd_sim::testing::count(
                 &self.bmdb,
                 "SELECT count(*) FROM machine_agent_heartbeat",
             )
@@ -315,7 +314,7 @@ async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api
         "the agent is gone"
     );
     // Installed machines are left alone: no recovery, no takeover.
-    let work = shepherd::sim::testing::count(&rig.bmdb, "SELECT count(*) FROM work").await;
+    let work = shepherd_sim::testing::count(&rig.bmdb, "SELECT count(*) FROM work").await;
     assert_eq!(work, 0);
     // A second installation is the next generation.
     let (status, body) = rig
@@ -433,14 +432,14 @@ async fn a_rollout_over_twenty_machines_stops_once_more_failed_than_allowed() {
     for m in &waiting {
         assert!(m["generation"].is_null());
     }
-    let asked = shepherd::sim::testing::count(
+    let asked = shepherd_sim::testing::count(
         &rig.bmdb,
         "SELECT count(*) FROM machine_os_installation_request",
     )
     .await;
     assert_eq!(asked as usize, 20 - waiting.len());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let later = shepherd::sim::testing::count(
+    let later = shepherd_sim::testing::count(
         &rig.bmdb,
         "SELECT count(*) FROM machine_os_installation_request",
     )
@@ -485,7 +484,7 @@ async fn an_operator_installs_from_the_machine_page_in_a_browser_and_watches_it_
     let machines = rig.machines().await;
     let (id, ip) = machines[0].clone();
     let png = rig.dir.path().join("install.png");
-    let seen = shepherd::sim::testing::browse(vec![
+    let seen = shepherd_sim::testing::browse(vec![
         "install".into(),
         rig.admin.clone(),
         id.to_string(),

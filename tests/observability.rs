@@ -7,9 +7,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use shepherd::sim::testing::Sshd;
+use shepherd_sim::testing::Sshd;
 
-const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 fn rules() -> PathBuf {
@@ -189,9 +188,8 @@ async fn prometheus_scrapes_a_demo_loads_the_rules_and_answers_every_dashboard_q
     let dir = tempfile::tempdir().unwrap();
     let admin = format!("127.0.0.1:{}", Sshd::free_port());
     let _demo = Child(
-        std::process::Command::new(SHEPHERD)
+        std::process::Command::new(shepherd_sim::bin("shepherd-demo"))
             .args([
-                "demo",
                 "--machines",
                 "4",
                 "--keep-running",

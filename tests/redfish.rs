@@ -11,7 +11,7 @@ use shepherd::config::{BmcConfig, InventoryConfig, InventoryMachine, RedfishConf
 use shepherd::provider::Provider;
 use shepherd::provider::inventory::Inventory;
 use shepherd::redfish::{self, Bmcs};
-use shepherd::sim::testing::{Sshd, Sushy};
+use shepherd_sim::testing::{Sshd, Sushy};
 
 const PASSWORD: &str = "bmc-pw-7c41e2";
 

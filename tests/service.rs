@@ -11,8 +11,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
 use shepherd::bmdb::Bmdb;
-use shepherd::sim::testing::{OwnPostgres, Sshd, TestDb};
 use shepherd::ssh::SshIdentity;
+use shepherd_sim::testing::{OwnPostgres, Sshd, TestDb};
 
 const PROJECT: &str = "6b4d2a9e-6f1a-4c1e-9b9a-3d1f5e7c0a01";
 const TOKEN: &str = "sim-token-for-tests";
@@ -285,7 +285,7 @@ level = "info,tokio_postgres=warn,refinery_core=warn"
             url = self.db.url(),
             port = self.sshd.addr.port(),
             dir = self.dir.path().display(),
-            agent = env!("CARGO_BIN_EXE_takeover-agent"),
+            agent = shepherd_sim::bin("takeover-agent").display(),
             sshd_dir = self.sshd.dir().display(),
         )
     }
@@ -341,7 +341,7 @@ failed_reservation_penalty = "2s"
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        shepherd::sim::testing::count(&self.bmdb, sql).await
+        shepherd_sim::testing::count(&self.bmdb, sql).await
     }
 
     async fn wait_for(
@@ -453,7 +453,7 @@ struct Sim {
 impl Sim {
     fn start(reservations: usize, extra: &[&str]) -> Sim {
         let addr = SocketAddr::new([127, 0, 0, 1].into(), Sshd::free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_equinix-sim"))
+        let child = Command::new(shepherd_sim::bin("equinix-sim"))
             .args([
                 "--listen",
                 &addr.to_string(),
@@ -862,8 +862,10 @@ async fn bad_configuration_exits_2_naming_the_key() {
 
     let missing_agent = rig.write_config(
         "bad2.toml",
-        &rig.base_config()
-            .replace(env!("CARGO_BIN_EXE_takeover-agent"), "/nonexistent/agent"),
+        &rig.base_config().replace(
+            &*shepherd_sim::bin("takeover-agent").to_string_lossy(),
+            "/nonexistent/agent",
+        ),
     );
     let o = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .arg("--config")
@@ -1537,7 +1539,7 @@ async fn heartbeating_machines_are_kept_and_a_killed_agent_is_restarted_over_ssh
 #[actix_rt::test]
 async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong_password_backs_off()
  {
-    use shepherd::sim::testing::Sushy;
+    use shepherd_sim::testing::Sushy;
     let rig = Rig::new().await;
     let password = "bmc-secret-51d2a9";
     // Two BMCs: node-1's credentials are right, node-2's configured
@@ -1737,12 +1739,11 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     }
 }
 
-/// Runs `shepherd demo` with `args` in `dir` (admin page on a free port):
+/// Runs `shepherd-demo` with `args` in `dir` (admin page on a free port):
 /// its stdout, once it exited 0.
 async fn run_demo(dir: &Path, args: &[&str]) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
-    cmd.arg("demo")
-        .args(args)
+    let mut cmd = Command::new(shepherd_sim::bin("shepherd-demo"));
+    cmd.args(args)
         .args(["--admin-listen", "127.0.0.1:0"])
         .current_dir(dir)
         .env_remove("RUST_LOG")
@@ -1846,6 +1847,84 @@ async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_an
     let (status, _) = s.admin_get("readyz").await;
     assert_eq!(status, 200);
     s.terminate().await;
+}
+
+#[actix_rt::test]
+async fn a_recovery_failure_the_bmdb_refuses_to_record_cancels_the_lease_naming_its_cause() {
+    let rig = Rig::new().await;
+    // The database refuses every recovery backoff: a failure cannot be
+    // recorded (not an outage, which is retried until it is).
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "CREATE FUNCTION refuse_recovery_backoff() RETURNS trigger AS $$ \
+                 BEGIN IF NEW.process = 'ShepherdRecovery' THEN \
+                 RAISE EXCEPTION 'recovery backoffs refused by the test'; END IF; \
+                 RETURN NEW; END $$ LANGUAGE plpgsql",
+                &[],
+            )
+            .await?;
+            tx.execute(
+                "CREATE TRIGGER refuse_recovery_backoff BEFORE INSERT OR UPDATE ON work_backoff \
+                 FOR EACH ROW EXECUTE FUNCTION refuse_recovery_backoff()",
+                &[],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let bmc = format!("http://127.0.0.1:{}", Sshd::free_port());
+    let text = format!(
+        "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
+         {{ id = \"node-9\", address = \"127.0.0.1\", bmc = {{ url = \"{bmc}\", username = \"admin\", password = \"pw-0b7e\" }} }},\n]\n\
+         \n[recoverer]\nsilent_after_start = \"2s\"\npoll_interval = \"200ms\"\nbackoff_initial = \"30s\"\n\
+         callback_grace = \"1s\"\nagent_restart_wait = \"1s\"\n\
+         \n[redfish]\ntimeout = \"3s\"\n",
+        rig.base_config()
+    );
+    let config = rig.write_config("shepherd.toml", &text);
+    let mut s = rig.shepherd(&config, "shepherd.log");
+    // The lease ends cancelled, its history naming the failure and why it
+    // could not be recorded (not "work dropped").
+    rig.wait_for(
+        "a cancelled recovery naming its cause",
+        "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+         AND event = 'Canceled' AND failed_cause LIKE '%host node-9%unreachable%\
+         (the failure could not be recorded:%refused by the test%'",
+        1,
+        Duration::from_secs(60),
+        &mut s,
+    )
+    .await;
+    assert_eq!(
+        rig.count(
+            "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+             AND failed_cause = 'work dropped'"
+        )
+        .await,
+        0,
+        "{}",
+        s.log_text()
+    );
+    assert!(
+        s.log_text().contains(
+            "recovery failed and the failure could not be recorded; cancelling the lease"
+        ),
+        "{}",
+        s.log_text()
+    );
+    // Still no backoff was written, and the process is fine.
+    assert_eq!(
+        rig.count("SELECT count(*) FROM work_backoff WHERE process = 'ShepherdRecovery'")
+            .await,
+        0
+    );
+    let (status, _) = s.admin_get("readyz").await;
+    assert_eq!(status, 200);
+    s.terminate().await;
+    // No lease is left behind by the terminated process.
+    assert_eq!(rig.count(WORK).await, 0, "{}", s.log_text());
 }
 
 // ---- several shepherds on one BMDB ----

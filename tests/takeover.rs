@@ -11,8 +11,8 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, Bmdb, BmdbSession, GetSession, HistoryEvent, Process, Provider};
 use shepherd::control::{GetStatus, SetSession, WorkMailbox};
 use shepherd::initializer::{Initializer, TakeoverSettings};
-use shepherd::sim::testing::{Sshd, TestDb};
 use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
+use shepherd_sim::testing::{Sshd, TestDb};
 use uuid::Uuid;
 
 struct Rig {
@@ -62,7 +62,7 @@ impl Rig {
             port: self.port(),
             exchange_timeout,
             identity: self.identity.clone(),
-            agent: std::fs::read(env!("CARGO_BIN_EXE_takeover-agent"))
+            agent: std::fs::read(shepherd_sim::bin("takeover-agent"))
                 .unwrap()
                 .into(),
             agent_path: format!("{}/agent-{{machine_id}}", self.sshd.dir().display()),
@@ -128,7 +128,7 @@ impl Rig {
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        shepherd::sim::testing::count(&self.bmdb, sql).await
+        shepherd_sim::testing::count(&self.bmdb, sql).await
     }
 
     async fn wait_for(&self, what: &str, sql: &'static str, want: i64, timeout: Duration) {
@@ -607,7 +607,7 @@ async fn known_hosts_mode_accepts_listed_keys_only() {
 
 #[actix_rt::test]
 async fn simulated_machines_on_their_own_addresses_are_taken_over() {
-    use shepherd::sim::machine::MachineSim;
+    use shepherd_sim::machine::MachineSim;
     let rig = Rig::new().await;
     let port = Sshd::free_port();
     let key = russh::keys::PublicKey::from_openssh(rig.identity.public_key()).unwrap();
@@ -636,7 +636,7 @@ async fn simulated_machines_on_their_own_addresses_are_taken_over() {
     for a in &sim.addresses {
         assert_eq!(
             ran.get(a),
-            Some(&shepherd::sim::machine::Runs {
+            Some(&shepherd_sim::machine::Runs {
                 execs: 1,
                 agents: 1
             }),

@@ -2,7 +2,8 @@
 //! and the demo. Reads a `TakeoverInit` from stdin and replies a
 //! `TakeoverResponse` success echoing it, with a fresh ed25519 public key.
 //!
-//! It can be told to misbehave, by `--mode MODE`, `TAKEOVER_AGENT_MODE`, or a
+//! Built with the `faults` feature (the tests' and benchmarks' builds
+//! only: a release build has none of this), it can be told to misbehave, by `--mode MODE`, `TAKEOVER_AGENT_MODE`, or a
 //! file next to the executable named `<executable>.mode` (which is how a
 //! test reaches an agent started over SSH), or `takeover-agent.mode` in the
 //! executable's directory (for every agent there): `ok`, `error`, `garbage`,
@@ -38,6 +39,14 @@ use crate::api::{
     TakeoverError, TakeoverInit, TakeoverResponse, TakeoverSuccess, takeover_response,
 };
 
+/// The takeover's mode: always `ok`, but in a build with the test fault
+/// modes.
+#[cfg(not(feature = "faults"))]
+fn mode(_: &Option<PathBuf>) -> String {
+    "ok".into()
+}
+
+#[cfg(feature = "faults")]
 fn mode(exe: &Option<PathBuf>) -> String {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -80,6 +89,7 @@ fn public_key(seed: &[u8; 32]) -> Vec<u8> {
         .to_vec()
 }
 
+#[cfg(feature = "faults")]
 fn fresh_key() -> Vec<u8> {
     public_key(&rand::random())
 }
@@ -240,23 +250,29 @@ pub fn main() {
             respond(success(init.clone(), public_key(&seed)));
             resident::stay(init, seed, exe);
         }
+        #[cfg(feature = "faults")]
         "error" => respond(takeover_response::Result::Error(TakeoverError {
             message: "simulated failure: no disks found".into(),
         })),
+        #[cfg(feature = "faults")]
         "garbage" => std::io::stdout()
             .write_all(b"\xff\xfe this is not protobuf \x00\x01")
             .unwrap(),
+        #[cfg(feature = "faults")]
         "wrong-echo" => {
             let mut other = init;
             other.machine_id = uuid::Uuid::new_v4().to_string();
             respond(success(other, fresh_key()));
         }
+        #[cfg(feature = "faults")]
         "short-key" => {
             let mut key = fresh_key();
             key.pop();
             respond(success(init, key));
         }
+        #[cfg(feature = "faults")]
         "nothing" => {}
+        #[cfg(feature = "faults")]
         "huge" => {
             let chunk = vec![0x5a; 1 << 20];
             let mut out = std::io::stdout().lock();
@@ -266,11 +282,14 @@ pub fn main() {
                 }
             }
         }
+        #[cfg(feature = "faults")]
         "hang" => std::thread::sleep(Duration::from_secs(3600)),
+        #[cfg(feature = "faults")]
         "crash" => {
             eprintln!("takeover-agent: simulated crash");
             std::process::exit(3);
         }
+        #[cfg(feature = "faults")]
         m if m.starts_with("slow:") => {
             let secs: f64 = m[5..].parse().unwrap_or(1.0);
             std::thread::sleep(Duration::from_secs_f64(secs));

@@ -278,7 +278,7 @@ impl From<&MachineDetail> for MachineDetailBody {
                 }),
                 agent_heartbeat: d.agent_heartbeat.map(rfc3339),
                 hardware_report: d.hardware_report.as_deref().map(|raw| {
-                    match shepherd_agent::hardware::summarize(raw) {
+                    match shepherd_proto::summary::summarize(raw) {
                         Ok(h) => serde_json::to_value(h).unwrap_or_default(),
                         Err(e) => serde_json::json!({ "error": e }),
                     }
@@ -591,7 +591,7 @@ pub struct CallbackEndpoint {
 
 /// A progress phase's name, for people and JSON.
 pub fn phase_name(p: i32) -> &'static str {
-    use shepherd_agent::api::installation_progress::Phase;
+    use shepherd_proto::api::installation_progress::Phase;
     match Phase::try_from(p).unwrap_or(Phase::Unknown) {
         Phase::Unknown => "unknown",
         Phase::Preparing => "preparing",

@@ -20,7 +20,7 @@ use crate::bmdb::machines::MachineDetail;
 const ROLLOUT_FORMS: &str = "rollouts";
 
 fn bytes(n: i64) -> String {
-    shepherd_agent::hardware::bytes(n.max(0))
+    shepherd_proto::summary::bytes(n.max(0))
 }
 
 /// The served images as `<option>`s (none when shepherd serves none).

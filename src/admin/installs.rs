@@ -5,7 +5,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
-use shepherd_agent::api::{DiskHints, ImageInstallation};
+use shepherd_proto::api::{DiskHints, ImageInstallation};
 use uuid::Uuid;
 
 use super::{Admin, Operator, Page, error_response, json_body, json_post};
@@ -357,7 +357,7 @@ pub async fn create_rollout(
         .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}")))?;
     tracing::info!(rollout = %r.id, machines = r.counts.waiting, image = %r.image_url, actor = %operator.0, %selection, "rollout created");
     if let Some(d) = &admin.rollouts {
-        d.do_send(crate::rollouts::Nudge);
+        d.do_send(crate::control::RunRound);
     }
     Ok(r)
 }

@@ -61,7 +61,7 @@ pub struct Admin {
     /// How long an operator's release of the brake lasts by default.
     pub brake_release: std::time::Duration,
     /// Told when a rollout was created or canceled (moves it at once).
-    pub rollouts: Option<Recipient<crate::rollouts::Nudge>>,
+    pub rollouts: Option<Recipient<crate::control::RunRound>>,
     /// The images this process serves, when it does.
     pub images: Option<crate::images::ImageCatalog>,
 }
@@ -1187,14 +1187,14 @@ async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         p.gauge(
             "shepherd_provisioner_discrepancies",
             "Machines in the BMDB the provider no longer lists",
-            prov.missing_in_provider.len() as i64,
+            prov.counters.missing_in_provider.len() as i64,
         );
         p.counters(
             "shepherd_provisioner_machines",
             "Machines created or adopted by the provisioner",
             [
-                (labels(&[("how", "created")]), prov.created),
-                (labels(&[("how", "adopted")]), prov.adopted),
+                (labels(&[("how", "created")]), prov.counters.created),
+                (labels(&[("how", "adopted")]), prov.counters.adopted),
             ],
         );
     }

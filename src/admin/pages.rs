@@ -296,16 +296,20 @@ pub(super) async fn fleet_page(
                 let _ = write!(
                     b,
                     "<p>{} rounds ({} failed); {} machines created, {} adopted, {} managed.</p>",
-                    p.rounds, p.failed_rounds, p.created, p.adopted, p.managed
+                    p.rounds,
+                    p.failed_rounds,
+                    p.counters.created,
+                    p.counters.adopted,
+                    p.counters.managed
                 );
-                if p.missing_in_provider.is_empty() {
+                if p.counters.missing_in_provider.is_empty() {
                     b.push_str("<p id=\"discrepancies\">No discrepancies: every machine in the BMDB is listed by the provider.</p>");
                 } else {
                     let _ = write!(
                         b,
                         "<p>In the BMDB, no longer listed by the provider (kept, not deleted):</p><ul id=\"discrepancies\">"
                     );
-                    for id in &p.missing_in_provider {
+                    for id in &p.counters.missing_in_provider {
                         let _ = write!(b, "<li>{}</li>", esc(id));
                     }
                     b.push_str("</ul>");
@@ -637,7 +641,7 @@ pub(super) async fn machine_page(
     match d
         .hardware_report
         .as_deref()
-        .map(shepherd_agent::hardware::summarize)
+        .map(shepherd_proto::summary::summarize)
     {
         None => b.push_str("<p id=\"hardware\">no report yet</p>"),
         Some(Err(e)) => {
@@ -651,7 +655,7 @@ pub(super) async fn machine_page(
                 esc(&h.manufacturer),
                 esc(&h.product),
                 esc(&h.serial_number),
-                shepherd_agent::hardware::bytes(h.memory_bytes),
+                shepherd_proto::summary::bytes(h.memory_bytes),
                 esc(&h.efi)
             );
             for c in &h.cpus {
@@ -670,7 +674,7 @@ pub(super) async fn machine_page(
                     "<tr><th>disk</th><td>{} {} {}</td></tr>",
                     esc(&x.protocol),
                     esc(&x.model),
-                    shepherd_agent::hardware::bytes(x.capacity_bytes)
+                    shepherd_proto::summary::bytes(x.capacity_bytes)
                 );
             }
             for n in &h.nics {

@@ -10,7 +10,7 @@
 
 use uuid::Uuid;
 
-use super::{Bmdb, BmdbError, Session};
+use super::{BmdbError, Session};
 
 /// A duty by name, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,23 +70,6 @@ pub async fn claim(session: &Session, duty: Duty) -> Result<Holder, BmdbError> {
     } else {
         Holder::Other(holder)
     })
-}
-
-/// Every duty with its holder's session and component name.
-pub async fn holders(bmdb: &Bmdb) -> Result<Vec<(String, Uuid, String)>, BmdbError> {
-    bmdb.transact(async |tx| {
-        Ok(tx
-            .query(
-                "SELECT d.duty, d.session_id, s.session_component_name \
-                 FROM fleet_duty d JOIN sessions s USING (session_id) ORDER BY d.duty",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
-    })
-    .await
 }
 
 /// A round of a duty: done by this process, or left to the holder.

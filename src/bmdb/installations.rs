@@ -8,7 +8,7 @@
 use std::time::SystemTime;
 
 use prost::Message as _;
-use shepherd_agent::api::{
+use shepherd_proto::api::{
     ImageInstallation, InstallationProgress, OsInstallationReport, OsInstallationRequest,
     os_installation_report, os_installation_request,
 };
@@ -79,7 +79,7 @@ pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
             ));
         }
     }
-    shepherd_agent::install::parse_digest(&image.digest)
+    shepherd_proto::digest::parse_digest(&image.digest)
         .map_err(|e| format!("image.digest: {e}"))?;
     if image.size_bytes.is_some_and(|s| s < 0) {
         return Err("image.size_bytes: negative".into());

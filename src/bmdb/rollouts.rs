@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 use prost::Message as _;
-use shepherd_agent::api::ImageInstallation;
+use shepherd_proto::api::ImageInstallation;
 use uuid::Uuid;
 
 use super::installations::{self, Asked, Asker};

@@ -22,13 +22,13 @@ use super::metrics::{HeartbeatMetrics, Outcome};
 use super::tls::{KEY_LEN, ed25519_key};
 use super::writer::{Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat};
 use crate::bmdb::InstallationResult;
-use shepherd_agent::api::{
+use shepherd_proto::api::{
     AgentHardwareReport, HeartbeatRequestRaw, HeartbeatResponseRaw, InstallationProgress,
     OsInstallationReport, os_installation_report,
 };
 
 /// The method's path under each package agents in the field use.
-pub use shepherd_agent::callback::HEARTBEAT_PATHS;
+pub use shepherd_proto::callback::HEARTBEAT_PATHS;
 
 /// How long a client has to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -23,8 +23,8 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 /// The ed25519 public key length.
 pub const KEY_LEN: usize = 32;
 
-pub use shepherd_agent::callback::TlsError;
-use shepherd_agent::callback::tls_err;
+pub use shepherd_proto::callback::TlsError;
+use shepherd_proto::callback::tls_err;
 
 /// Where the callback's certificates live, or come from.
 #[derive(Debug, Clone)]

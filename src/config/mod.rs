@@ -906,7 +906,7 @@ impl BmaasConfig {
 
 /// The host of a `host:port` endpoint (`[v6]:port` too), read as agents
 /// read it.
-pub use shepherd_agent::callback::endpoint_host;
+pub use shepherd_proto::callback::endpoint_host;
 
 /// The admin HTTP server.
 #[derive(Debug, Clone, Deserialize, Serialize)]

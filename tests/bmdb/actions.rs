@@ -71,7 +71,7 @@ async fn hold_keeps_the_selectors_away_and_release_gives_the_machine_back() {
         })
         .await
         .unwrap();
-    shepherd::sim::testing::serve_test_endpoint(&f.bmdb).await;
+    shepherd_sim::testing::serve_test_endpoint(&f.bmdb).await;
     let recovery = async || {
         f.bmdb
             .transact(async |tx| crate::due_for_recovery(tx, Provider::Equinix).await)

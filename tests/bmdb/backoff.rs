@@ -2,7 +2,7 @@ use std::time::{Duration, SystemTime};
 
 use shepherd::bmdb::machines::{self, BackoffState};
 use shepherd::bmdb::{Backoff, Bmdb, Process, Provider, Session};
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
 
 use crate::{Fleet, fleet, lease, provided_machines};

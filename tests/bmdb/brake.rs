@@ -5,7 +5,7 @@ use std::time::Duration;
 use shepherd::bmdb::brake::{self, BrakeSettings, Judge};
 use shepherd::bmdb::selectors::RecoveryThresholds;
 use shepherd::bmdb::{Bmdb, Provider};
-use shepherd::sim::testing::{TEST_ENDPOINT, TestDb};
+use shepherd_sim::testing::{TEST_ENDPOINT, TestDb};
 use uuid::Uuid;
 
 use crate::{count, provided_machines};
@@ -26,7 +26,7 @@ fn judge() -> Judge {
 /// `n` machines with agents on the test endpoint, the first `silent` of
 /// them last heard from an hour ago, the rest now.
 async fn agents(bmdb: &Bmdb, n: usize, silent: usize) -> Vec<Uuid> {
-    shepherd::sim::testing::serve_test_endpoint(bmdb).await;
+    shepherd_sim::testing::serve_test_endpoint(bmdb).await;
     let ids = provided_machines(bmdb, Provider::Equinix, n).await;
     for (i, id) in ids.iter().enumerate() {
         let ago = if i < silent { 3600.0 } else { 0.0 };

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use shepherd::bmdb::selectors::{self, RecoveryThresholds};
 use shepherd::bmdb::{Bmdb, Provider, callback};
-use shepherd::sim::testing::{TestDb, served_since};
+use shepherd_sim::testing::{TestDb, served_since};
 use uuid::Uuid;
 
 use crate::{count, provided_machines};

@@ -7,7 +7,7 @@ use rand::Rng;
 use shepherd::bmdb::machines;
 use shepherd::bmdb::{Backoff, BmdbError, HistoryEvent, Process, Provider, Tx};
 use shepherd::config::Isolation;
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
 
 use crate::{Fleet, count, eventually, fleet, lease, pick, provided_machines};

@@ -1,5 +1,5 @@
 //! BMDB library tests, against a real PostgreSQL (each test in its own
-//! database; see `shepherd::sim::testing`).
+//! database; see `shepherd_sim::testing`).
 
 mod actions;
 mod backoff;
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Bmdb, BmdbError, Process, Provider, Session, Tx, Work};
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
 
 /// Polls `f` until it returns Some, or panics after `timeout` naming `what`.
@@ -64,7 +64,7 @@ pub fn pick(
     async move |_tx: &mut Tx<'_>| Ok(Some((machine_id, ())))
 }
 
-pub use shepherd::sim::testing::count;
+pub use shepherd_sim::testing::count;
 
 /// Machines of `provider` due for recovery by the default thresholds,
 /// agents judged by the test endpoint (`testing::serve_test_endpoint`).
@@ -77,7 +77,7 @@ pub async fn due_for_recovery(
         provider,
         1000,
         shepherd::bmdb::selectors::RecoveryThresholds::default(),
-        Some(shepherd::sim::testing::TEST_ENDPOINT),
+        Some(shepherd_sim::testing::TEST_ENDPOINT),
     )
     .await
 }

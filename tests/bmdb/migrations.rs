@@ -1,4 +1,4 @@
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 
 use crate::count;
 
@@ -90,7 +90,7 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V10__installations"
         ]
     );
-    shepherd::sim::testing::serve_test_endpoint(&bmdb).await;
+    shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
     let (start, recovery) = bmdb
         .transact(async |tx| {
             Ok((
@@ -141,7 +141,7 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V10__installations"
         ]
     );
-    shepherd::sim::testing::serve_test_endpoint(&bmdb).await;
+    shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
     let (machine, session) = bmdb
         .transact(async |tx| {
             let m = tx.query_one(MACHINE, &[]).await?;

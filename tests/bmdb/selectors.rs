@@ -2,7 +2,7 @@ use std::collections::BTreeSet;
 
 use shepherd::bmdb::selectors::{self, ProvidedMachine, RecoveryThresholds};
 use shepherd::bmdb::{Bmdb, BmdbError, Process, Provider, Tx};
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
 
 use crate::{count, provided_machines};
@@ -204,7 +204,7 @@ async fn run(bmdb: &Bmdb, sql: &'static str, mid: Uuid) {
 async fn selected(bmdb: &Bmdb, provider: Provider) -> (BTreeSet<Uuid>, BTreeSet<Uuid>) {
     let ids =
         |v: Vec<ProvidedMachine>| v.into_iter().map(|m| m.machine_id).collect::<BTreeSet<_>>();
-    shepherd::sim::testing::serve_test_endpoint(bmdb).await;
+    shepherd_sim::testing::serve_test_endpoint(bmdb).await;
     bmdb.transact(async |tx| {
         let start = selectors::needs_agent_start(tx, provider, 1000).await?;
         let recovery = crate::due_for_recovery(tx, provider).await?;
@@ -350,14 +350,14 @@ async fn thresholds_are_configurable() {
             heartbeat_stale_after: std::time::Duration::from_secs(600),
             callback_grace: std::time::Duration::from_secs(60),
         };
-        shepherd::sim::testing::serve_test_endpoint(&bmdb).await;
+        shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
         bmdb.transact(async |tx| {
             selectors::needs_recovery(
                 tx,
                 Equinix,
                 10,
                 t,
-                Some(shepherd::sim::testing::TEST_ENDPOINT),
+                Some(shepherd_sim::testing::TEST_ENDPOINT),
             )
             .await
         })

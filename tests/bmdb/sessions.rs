@@ -6,7 +6,7 @@ use shepherd::bmdb::{
     BmdbError, BmdbSession, CloseSession, GetSession, HistoryEvent, Process, Provider,
     SessionEndReason, SessionEnded, Subscribe,
 };
-use shepherd::sim::testing::TestDb;
+use shepherd_sim::testing::TestDb;
 use tokio::sync::mpsc;
 
 use crate::{Fleet, count, eventually, fleet, lease, pick, provided_machines};

@@ -12,7 +12,7 @@ use shepherd::equinix::{
     ApiMetrics, ClientSettings, EquinixApi, EquinixError, Operation, WITNESS_TAG_PREFIX,
 };
 use shepherd::secret::Secret;
-use shepherd::sim::equinix::{Faults, SimConfig, Simulator, Stats};
+use shepherd_sim::equinix::{Faults, SimConfig, Simulator, Stats};
 
 const ANY_PORT: &str = "127.0.0.1:0";
 

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use shepherd::sim::equinix::{SimConfig, Simulator};
+use shepherd_sim::equinix::{SimConfig, Simulator};
 
 #[actix_rt::test]
 async fn every_response_shape_satisfies_the_official_python_sdk() {

@@ -10,8 +10,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::bmdb::{Bmdb, BmdbOptions, EmbeddedPostgres};
-use crate::config::{EmbeddedConfig, Isolation};
+use shepherd::bmdb::{Bmdb, BmdbOptions, EmbeddedPostgres};
+use shepherd::config::{EmbeddedConfig, Isolation};
 
 enum Server {
     External(tokio_postgres::Config),
@@ -146,7 +146,7 @@ impl OwnPostgres {
         format!(
             "host={} port=5432 user=postgres dbname={}",
             self.socket.display(),
-            crate::bmdb::embedded::EMBEDDED_DATABASE
+            shepherd::bmdb::embedded::EMBEDDED_DATABASE
         )
     }
 
@@ -357,7 +357,7 @@ impl Sshd {
             .tempdir()
             .unwrap();
         let host_key_path = dir.path().join("host_ed25519");
-        let host = crate::ssh::SshIdentity::load_or_generate(&host_key_path).unwrap();
+        let host = shepherd::ssh::SshIdentity::load_or_generate(&host_key_path).unwrap();
         let authorized = dir.path().join("authorized_keys");
         std::fs::write(&authorized, authorized_keys.join("\n") + "\n").unwrap();
         // Agents run here run on the test's own host: never as a systemd
@@ -583,13 +583,13 @@ impl Sushy {
     }
 
     /// The BMC settings of system `i` for an inventory host.
-    pub fn bmc(&self, i: usize) -> crate::config::BmcConfig {
-        crate::config::BmcConfig {
+    pub fn bmc(&self, i: usize) -> shepherd::config::BmcConfig {
+        shepherd::config::BmcConfig {
             url: self.url.clone(),
             username: self.user.clone(),
-            password: crate::secret::Secret::inline(self.password.clone()),
+            password: shepherd::secret::Secret::inline(self.password.clone()),
             system: Some(Self::uuid(i)),
-            tls: crate::config::BmcTls::Verify,
+            tls: shepherd::config::BmcTls::Verify,
         }
     }
 }
@@ -616,7 +616,7 @@ pub fn pgbench(
     vars: &[(&str, String)],
 ) -> Option<f64> {
     use tokio_postgres::config::Host;
-    let bin = crate::bmdb::embedded::find_bin_dir(None)
+    let bin = shepherd::bmdb::embedded::find_bin_dir(None)
         .ok()?
         .join("pgbench");
     let file = std::env::temp_dir().join(format!(
@@ -676,7 +676,7 @@ pub fn pgbench(
 
 /// This process's peak resident set size, MB.
 pub fn peak_rss_mb() -> f64 {
-    crate::telemetry::peak_rss_mb()
+    shepherd::telemetry::peak_rss_mb()
 }
 
 /// `fleet-sim` as a process, for the fleet tests and the fleet bench: it
@@ -912,7 +912,7 @@ pub async fn browse(args: Vec<String>) -> serde_json::Value {
         let out = std::process::Command::new("python3")
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/tests/browser/admin_pages.py"
+                "/../tests/browser/admin_pages.py"
             ))
             .args(&args)
             .output()
@@ -926,4 +926,56 @@ pub async fn browse(args: Vec<String>) -> serde_json::Value {
     })
     .await
     .unwrap()
+}
+
+/// A binary of the workspace, built by the profile of the running test or
+/// benchmark: `shepherd`, `takeover-agent` (with its test fault modes),
+/// `fleet-sim`, `equinix-sim`, `shepherd-demo`. `cargo test --workspace`
+/// (scripts/test) builds them all before any test runs; a test or
+/// benchmark run alone builds them here once, if one is missing.
+pub fn bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the running test's path");
+    let mut dir = exe.parent().expect("a directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if !path.exists() {
+        static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        BUILT.get_or_init(|| build_bins(&dir));
+    }
+    assert!(
+        path.exists(),
+        "{} is missing: cargo build --workspace --bins --features shepherd-agent/faults",
+        path.display()
+    );
+    path
+}
+
+/// Builds the workspace's binaries into `dir` (a target directory's
+/// profile directory) with the agent's test fault modes.
+fn build_bins(dir: &std::path::Path) {
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        // Benchmarks: the bench profile writes to release/ as well.
+        Some("release") if !cfg!(debug_assertions) => "bench",
+        Some(other) => other,
+        None => "dev",
+    };
+    let target = dir.parent().expect("a target directory");
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    eprintln!(
+        "building the workspace's binaries ({profile}) into {}",
+        dir.display()
+    );
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--workspace", "--bins"])
+        .args(["--features", "shepherd-agent/faults", "--profile", profile])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target)
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building the workspace's binaries failed");
 }

@@ -1,13 +1,15 @@
 //! The simulated floor: everything that stands in for the outside world,
-//! for the demo, the tests and the benchmarks. Nothing in the service
-//! imports it, and the service builds without it (the `sim` feature, on by
-//! default; `cargo check --no-default-features` builds shepherd alone).
+//! for the demo, the tests and the benchmarks: the `shepherd-sim` crate,
+//! beside the service. Nothing in the service imports it; shepherd's tests
+//! and benchmarks take it as a dev-dependency, so what ships (the package,
+//! the container) holds no simulator and no test support.
 //!
 //! - [`equinix`]: the Equinix Metal API simulator (`equinix-sim`).
 //! - [`machine`]: machines that answer SSH and run the uploaded agent.
 //! - [`bmc`]: Redfish BMCs for the simulated machines.
 //! - [`fleet`]: a whole simulated fleet as a process (`fleet-sim`).
-//! - [`demo`]: `shepherd demo`, the service run against the above.
+//! - [`demo`]: `shepherd-demo` (the README's quick start, `scripts/demo`),
+//!   the service run against the above.
 //! - [`testing`]: test support (databases, sshd, PostgreSQL and BMC
 //!   emulators as processes) for `tests/` and `benches/`.
 
@@ -18,3 +20,5 @@ pub mod fleet;
 pub mod machine;
 #[doc(hidden)]
 pub mod testing;
+
+pub use testing::bin;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use shepherd::secret::write_private;
-use shepherd::sim::equinix::Faults;
-use shepherd::sim::fleet::{FleetOptions, FleetSim};
+use shepherd_sim::equinix::Faults;
+use shepherd_sim::fleet::{FleetOptions, FleetSim};
 
 #[derive(Parser)]
 #[command(

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use clap::Parser;
-use shepherd::sim::equinix::{Addressing, Faults, SimConfig, Simulator};
+use shepherd_sim::equinix::{Addressing, Faults, SimConfig, Simulator};
 
 #[derive(Parser)]
 #[command(

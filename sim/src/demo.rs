@@ -16,13 +16,13 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::bmdb::Bmdb;
-use crate::config::{BmcConfig, BmcTls, Config, InventoryMachine, ProviderKind};
-use crate::secret::Secret;
-use crate::sim::bmc::BmcSim;
-use crate::sim::equinix::{Addressing, SimConfig, Simulator};
-use crate::sim::machine::MachineSim;
-use crate::ssh::{HostKeyPolicy, SshIdentity};
+use crate::bmc::BmcSim;
+use crate::equinix::{Addressing, SimConfig, Simulator};
+use crate::machine::MachineSim;
+use shepherd::bmdb::Bmdb;
+use shepherd::config::{BmcConfig, BmcTls, Config, InventoryMachine, ProviderKind};
+use shepherd::secret::Secret;
+use shepherd::ssh::{HostKeyPolicy, SshIdentity};
 
 pub struct DemoOptions {
     pub machines: usize,
@@ -58,7 +58,7 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     let root = std::env::current_dir()?.join("var/demo");
     // The database may live elsewhere (root from a directory the database
     // user cannot enter): wipe it through its link.
-    crate::bmdb::embedded::remove_data_dir(&root.join("bmdb"))?;
+    shepherd::bmdb::embedded::remove_data_dir(&root.join("bmdb"))?;
     if root.exists() {
         std::fs::remove_dir_all(&root)?;
     }
@@ -166,9 +166,9 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     opts.heartbeat_stale_after = cfg.recoverer.heartbeat_stale_after;
     cfg.validate()?;
 
-    let running = crate::supervisor::start(cfg).await?;
-    let admin = crate::admin::serve(running.admin.clone(), opts.admin_listen).or_else(|_| {
-        crate::admin::serve(
+    let running = shepherd::supervisor::start(cfg).await?;
+    let admin = shepherd::admin::serve(running.admin.clone(), opts.admin_listen).or_else(|_| {
+        shepherd::admin::serve(
             running.admin.clone(),
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
         )
@@ -433,7 +433,7 @@ async fn watch(
             println!(
                 "all {n} machines taken over in {:.1}s and heartbeating (peak RSS {:.0} MB); admin page http://{admin}/",
                 started.elapsed().as_secs_f64(),
-                crate::telemetry::peak_rss_mb()
+                shepherd::telemetry::peak_rss_mb()
             );
             if !opts.hold.is_zero() {
                 println!(

@@ -357,7 +357,7 @@ impl MachineSim {
                 "simulated machines live on loopback, not {first}"
             )));
         }
-        crate::telemetry::raise_open_files_limit();
+        shepherd::telemetry::raise_open_files_limit();
         let seed: [u8; 32] = rand::random();
         let host_key = PrivateKey::from(russh::keys::ssh_key::private::Ed25519Keypair::from_seed(
             &seed,

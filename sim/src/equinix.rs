@@ -27,8 +27,8 @@ use actix_web::{App, HttpResponse, HttpServer};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::equinix::metrics::Operation;
-use crate::equinix::model::*;
+use shepherd::equinix::metrics::Operation;
+use shepherd::equinix::model::*;
 
 pub const BASE_PATH: &str = "/metal/v1";
 

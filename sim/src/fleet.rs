@@ -18,10 +18,10 @@ use std::time::Duration;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use serde::Serialize;
 
-use crate::secret::write_private;
-use crate::sim::equinix::{Addressing, Faults, SimConfig, Simulator};
-use crate::sim::machine::{MachineSim, Runs};
-use crate::ssh::SshIdentity;
+use crate::equinix::{Addressing, Faults, SimConfig, Simulator};
+use crate::machine::{MachineSim, Runs};
+use shepherd::secret::write_private;
+use shepherd::ssh::SshIdentity;
 
 pub struct FleetOptions {
     pub machines: usize,
@@ -325,7 +325,7 @@ fn toml_path(p: &Path) -> String {
         .replace('"', "\\\"")
 }
 
-fn fleet_report(agents: &crate::sim::machine::Agents, machines: usize) -> FleetReport {
+fn fleet_report(agents: &crate::machine::Agents, machines: usize) -> FleetReport {
     let runs: BTreeMap<IpAddr, Runs> = agents.runs().into_iter().collect();
     FleetReport {
         machines,
@@ -342,7 +342,7 @@ fn fleet_report(agents: &crate::sim::machine::Agents, machines: usize) -> FleetR
     }
 }
 
-type Control = web::Data<(crate::sim::machine::Agents, usize)>;
+type Control = web::Data<(crate::machine::Agents, usize)>;
 
 async fn report(c: Control) -> HttpResponse {
     HttpResponse::Ok().json(fleet_report(&c.0, c.1))

@@ -1,0 +1,27 @@
+//! The protocol between shepherd and its agent, apart from either
+//! program: what the service needs to speak to agents and to judge what
+//! they say, and what the agent needs to answer. The service depends on
+//! this crate, not on the agent (whose disk writer, HTTP client and
+//! decompressors it has no use for); the agent depends on it too.
+//!
+//! - [`api`]: the protobuf messages (CONTRACTS.md §1 and §4), generated
+//!   from the `.proto` files beside this crate at build time.
+//! - [`takeover`]: the takeover's init message and the judge of its reply.
+//! - [`digest`]: an image's digest as an installation request names it.
+//! - [`summary`]: a stored hardware report, decoded for operators.
+//! - [`callback`]: the callback's method paths, endpoint form, TLS errors.
+//! - [`files`]: private files (state, keys, shepherd's secrets).
+
+/// Generated from `agent.proto`, `callback.proto` and `bmaas_server.proto`.
+#[allow(clippy::large_enum_variant)]
+pub mod api {
+    include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
+}
+
+pub mod callback;
+pub mod digest;
+pub mod files;
+pub mod summary;
+pub mod takeover;
+
+pub use takeover::{AGENT_KEY_LEN, ReplyError, Takeover, check_reply, init_message};

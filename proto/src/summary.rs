@@ -1,0 +1,189 @@
+//! A stored hardware report (`AgentHardwareReport`), decoded for
+//! operators: the service's pages, JSON and command line show it; the
+//! agent reads the report itself (`shepherd_agent::hardware`).
+
+use crate::api::{AgentHardwareReport, EfiSupport, block_device};
+
+/// A stored hardware report, decoded for operators (pages, JSON, CLI).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HardwareSummary {
+    pub manufacturer: String,
+    pub product: String,
+    pub serial_number: String,
+    pub memory_bytes: i64,
+    /// The share of it the kernel can use.
+    pub memory_usable_ratio: f32,
+    pub cpus: Vec<CpuSummary>,
+    pub disks: Vec<DiskSummary>,
+    pub nics: Vec<NicSummary>,
+    pub efi: String,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CpuSummary {
+    pub vendor: String,
+    pub model: String,
+    pub cores: i32,
+    pub threads: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DiskSummary {
+    pub model: String,
+    pub serial_number: String,
+    /// The World Wide Name, hex.
+    pub wwn: String,
+    pub capacity_bytes: i64,
+    pub protocol: String,
+    pub rotational: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NicSummary {
+    pub mac: String,
+    pub driver: String,
+    pub link_up: bool,
+    pub speed_bytes: i64,
+}
+
+/// Decodes `hardware_report_raw` (an `AgentHardwareReport`).
+pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
+    use prost::Message;
+    let r = AgentHardwareReport::decode(raw).map_err(|e| format!("undecodable report: {e}"))?;
+    let n = r.report.unwrap_or_default();
+    Ok(HardwareSummary {
+        manufacturer: n.manufacturer,
+        product: n.product,
+        serial_number: n.serial_number,
+        memory_bytes: n.memory_installed_bytes,
+        memory_usable_ratio: n.memory_usable_ratio,
+        cpus: n
+            .cpu
+            .into_iter()
+            .map(|c| CpuSummary {
+                vendor: c.vendor,
+                model: c.model,
+                cores: c.cores,
+                threads: c.hardware_threads,
+            })
+            .collect(),
+        disks: n
+            .block_device
+            .into_iter()
+            .map(|d| DiskSummary {
+                model: d.device_model,
+                serial_number: d.serial_number,
+                wwn: d.wwn.iter().map(|b| format!("{b:02x}")).collect(),
+                capacity_bytes: d.capacity_bytes,
+                protocol: block_device::Protocol::try_from(d.protocol)
+                    .map(|p| p.as_str_name().trim_start_matches("PROTOCOL_").to_string())
+                    .unwrap_or_else(|_| d.protocol.to_string()),
+                rotational: d.rotational,
+            })
+            .collect(),
+        nics: n
+            .network_interface
+            .into_iter()
+            .map(|i| NicSummary {
+                mac: i
+                    .mac
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+                driver: i.driver,
+                link_up: i.link_up,
+                speed_bytes: i.current_speed_bytes,
+            })
+            .collect(),
+        efi: EfiSupport::try_from(n.efi_support)
+            .map(|e| {
+                e.as_str_name()
+                    .trim_start_matches("EFI_SUPPORT_")
+                    .to_string()
+            })
+            .unwrap_or_else(|_| n.efi_support.to_string()),
+        warnings: r.warning,
+    })
+}
+
+/// `1.5 TiB`, `64 GiB`.
+pub fn bytes(n: i64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", units[u])
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+impl std::fmt::Display for HardwareSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} {} (serial {}), memory {} ({:.0}% usable), EFI {}",
+            self.manufacturer,
+            self.product,
+            if self.serial_number.is_empty() {
+                "-"
+            } else {
+                &self.serial_number
+            },
+            bytes(self.memory_bytes),
+            self.memory_usable_ratio * 100.0,
+            self.efi
+        )?;
+        for c in &self.cpus {
+            writeln!(
+                f,
+                "cpu   {} {}: {} cores, {} threads",
+                c.vendor, c.model, c.cores, c.threads
+            )?;
+        }
+        for d in &self.disks {
+            writeln!(
+                f,
+                "disk  {} {} {}{}{}{}",
+                d.protocol,
+                d.model,
+                bytes(d.capacity_bytes),
+                if d.rotational { ", rotational" } else { "" },
+                if d.serial_number.is_empty() {
+                    String::new()
+                } else {
+                    format!(", serial {}", d.serial_number)
+                },
+                if d.wwn.is_empty() {
+                    String::new()
+                } else {
+                    format!(", wwn {}", d.wwn)
+                }
+            )?;
+        }
+        for n in &self.nics {
+            writeln!(
+                f,
+                "nic   {} {} link {}{}",
+                n.mac,
+                n.driver,
+                if n.link_up { "up" } else { "down" },
+                if n.speed_bytes > 0 {
+                    format!(" {} Gbit/s", n.speed_bytes * 8 / 1_000_000_000)
+                } else {
+                    String::new()
+                }
+            )?;
+        }
+        for w in &self.warnings {
+            writeln!(f, "warning {w}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,224 @@
+//! The round runner: work over the whole fleet on a timer, written once.
+//!
+//! A loop ([`Round`]) says what it is called, how often it runs, which
+//! fleet duty it needs (if any), what one round does under a session, and
+//! how a round's outcome adds to its counters. [`RoundRunner`] owns the
+//! rest: the interval, the session, one round at a time, the duty (the
+//! shepherd holding it works, the others stand by and say who holds it),
+//! counting rounds and failed rounds, logging a failure with the next
+//! round's time, a round on demand ([`RunRound`]), and telling its
+//! supervisor when it stops ([`RoundStopped`]).
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::SetSession;
+use crate::bmdb::Session;
+use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
+
+/// A loop that works in rounds on a timer.
+pub trait Round: 'static {
+    /// What one round returns.
+    type Outcome: 'static;
+    /// What the rounds add up to, for status pages and `/metrics`.
+    type Counters: Clone + Default + std::fmt::Debug + Unpin + 'static;
+
+    /// The round's noun in logs: "provisioning round failed".
+    const NAME: &'static str;
+    /// The fleet duty a round needs: only the shepherd holding it works.
+    const DUTY: Option<Duty> = None;
+    /// Whether a round runs as soon as a session is handed over (and not
+    /// only at the next tick).
+    const AT_SESSION: bool = false;
+    /// Whether a failed round is worth a warning (else a debug line: a
+    /// loop that only watches).
+    const WARN_ON_FAILURE: bool = true;
+
+    fn interval(&self) -> Duration;
+
+    /// One round under `session`, knowing what the rounds so far added up
+    /// to. An error is the round's cause, logged by the runner.
+    fn round<'a>(
+        &'a self,
+        session: &'a Session,
+        counters: &'a Self::Counters,
+    ) -> impl Future<Output = Result<Self::Outcome, String>> + 'a;
+
+    /// Adds a round's outcome to the counters.
+    fn tally(&self, counters: &mut Self::Counters, outcome: Self::Outcome);
+}
+
+/// What a round runner has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundStatus<C> {
+    pub name: &'static str,
+    /// Rounds run by this process (a stand-by is not a round).
+    pub rounds: u64,
+    pub failed_rounds: u64,
+    /// Who holds the loop's fleet duty as of the last round (None before
+    /// the first, or for a loop without one).
+    pub duty: Option<Holder>,
+    pub counters: C,
+}
+
+/// Runs a round now (right after a session starts; an operator just asked
+/// for something the round does).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RunRound;
+
+/// Stops the runner (a drain); its supervisor is not told.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopRounds;
+
+/// Sent to a runner's supervisor when it stops by itself.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RoundStopped {
+    pub name: &'static str,
+}
+
+/// Asks a runner of `R` for its status.
+pub struct GetRoundStatus<R>(PhantomData<fn() -> R>);
+
+impl<R> Default for GetRoundStatus<R> {
+    fn default() -> Self {
+        GetRoundStatus(PhantomData)
+    }
+}
+
+impl<R: Round> Message for GetRoundStatus<R> {
+    type Result = RoundStatus<R::Counters>;
+}
+
+pub struct RoundRunner<R: Round> {
+    round: Rc<R>,
+    session: Option<Session>,
+    in_round: bool,
+    status: RoundStatus<R::Counters>,
+    supervisor: Option<Recipient<RoundStopped>>,
+}
+
+impl<R: Round> RoundRunner<R> {
+    pub fn new(round: R) -> Self {
+        RoundRunner {
+            round: Rc::new(round),
+            session: None,
+            in_round: false,
+            status: RoundStatus {
+                name: R::NAME,
+                ..RoundStatus::default()
+            },
+            supervisor: None,
+        }
+    }
+
+    /// Tells `supervisor` when this runner stops by itself.
+    pub fn supervised_by(mut self, supervisor: Recipient<RoundStopped>) -> Self {
+        self.supervisor = Some(supervisor);
+        self
+    }
+
+    fn run_round(&mut self, ctx: &mut Context<Self>) {
+        if self.in_round {
+            return;
+        }
+        let Some(session) = self.session.clone() else {
+            return;
+        };
+        self.in_round = true;
+        let round = self.round.clone();
+        let counters = self.status.counters.clone();
+        let work = async move {
+            let one = round.round(&session, &counters);
+            match R::DUTY {
+                Some(duty) => on_duty(&session, duty, one).await,
+                None => one.await.map(Turn::Done),
+            }
+        };
+        ctx.spawn(work.into_actor(self).map(|r, act, _| {
+            act.in_round = false;
+            match r {
+                Ok(Turn::StandBy(holder)) => act.note_duty(Holder::Other(holder)),
+                Ok(Turn::Done(outcome)) => {
+                    act.note_duty(Holder::Us);
+                    act.status.rounds += 1;
+                    act.round.tally(&mut act.status.counters, outcome);
+                }
+                Err(e) => {
+                    act.status.rounds += 1;
+                    act.status.failed_rounds += 1;
+                    // A round cut short by a shutdown or a lost session is
+                    // not worth a warning.
+                    if act.session.is_none() || !R::WARN_ON_FAILURE {
+                        tracing::debug!(error = %e, "{} round stopped or failed", R::NAME);
+                    } else {
+                        tracing::warn!(error = %e, "{} round failed; next round in {}",
+                            R::NAME, humantime::format_duration(act.round.interval()));
+                    }
+                }
+            }
+        }));
+    }
+
+    fn note_duty(&mut self, now: Holder) {
+        if let Some(duty) = R::DUTY {
+            note_holder(duty, &mut self.status.duty, now);
+        }
+    }
+}
+
+impl<R: Round> Actor for RoundRunner<R> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.round.interval(), |act, ctx| act.run_round(ctx));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        if let Some(s) = &self.supervisor {
+            s.do_send(RoundStopped { name: R::NAME });
+        }
+    }
+}
+
+impl<R: Round> Handler<SetSession> for RoundRunner<R> {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetSession, ctx: &mut Context<Self>) {
+        self.session = msg.0;
+        if R::AT_SESSION {
+            self.run_round(ctx);
+        }
+    }
+}
+
+impl<R: Round> Handler<RunRound> for RoundRunner<R> {
+    type Result = ();
+
+    fn handle(&mut self, _: RunRound, ctx: &mut Context<Self>) {
+        self.run_round(ctx);
+    }
+}
+
+impl<R: Round> Handler<StopRounds> for RoundRunner<R> {
+    type Result = ();
+
+    fn handle(&mut self, _: StopRounds, ctx: &mut Context<Self>) {
+        self.supervisor = None;
+        ctx.stop();
+    }
+}
+
+impl<R: Round> Handler<GetRoundStatus<R>> for RoundRunner<R> {
+    type Result = MessageResult<GetRoundStatus<R>>;
+
+    fn handle(&mut self, _: GetRoundStatus<R>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.status.clone())
+    }
+}

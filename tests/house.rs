@@ -1,8 +1,11 @@
 //! The house's rules (ARCHITECTURE.md, "The house"), checked on the
-//! source: the service's modules import only modules of a lower layer (so
-//! there is no circle among them), the files of one module form no circle,
-//! nothing in the service reaches the simulated floor (`src/sim/`), and the
-//! agent's crate links nothing of the service, directly or not.
+//! source and on cargo's resolution: the service's modules import only
+//! modules of a lower layer (so there is no circle among them); the files
+//! of one module (its `mod.rs` included) form no circle; nothing in the
+//! service reaches the simulated floor (`shepherd-sim`) or the agent's
+//! program (`shepherd-agent`), and `bmdb` only `config` and `backoff`; the
+//! service links no simulator and no disk writer; what ships has no test
+//! fault mode; the agent's crate links nothing of the service.
 //!
 //!     cargo test --test house -- --nocapture
 //!
@@ -14,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The service's modules, bottom up. A module may import only modules of
-/// a strictly lower layer. (`main.rs`, the binary, may import any; `sim`
-/// may import any and nothing imports it.)
+/// a strictly lower layer. (`main.rs` and `cli/`, the binary, may import
+/// any.)
 const LAYERS: &[&[&str]] = &[
     &["secret", "backoff"],
     &["config"],
@@ -294,7 +297,7 @@ fn the_service_imports_only_lower_layers() {
         let Some(module) = f.module.first() else {
             continue; // lib.rs declares the modules
         };
-        if ["main", "bin", "sim"].contains(&module.as_str()) {
+        if ["main", "cli"].contains(&module.as_str()) {
             continue;
         }
         let Some(layer) = layer_of(module) else {
@@ -337,24 +340,137 @@ fn the_service_imports_only_lower_layers() {
     );
 }
 
-#[test]
-fn the_files_of_a_module_form_no_circle() {
-    let files = service_files();
-    // parent → (file → sibling files it imports)
-    let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
-    for f in &files {
-        if f.module.len() < 2 {
+/// The names `mod.rs` re-exports from its files (`pub use session::{Session,
+/// …}`): name → the file it comes from. A file reaching `super::Session`
+/// reaches `session.rs`, not `mod.rs`.
+fn reexports_of(mod_code: &str, files: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    for stmt in mod_code.split(';') {
+        let Some(rest) = stmt.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, items)) = rest.split_once("::") else {
+            continue;
+        };
+        if !files.contains(module.trim()) {
             continue;
         }
-        let (parent, name) = f.module.split_at(f.module.len() - 1);
-        let siblings = imports(f).1;
-        graphs
-            .entry(parent.to_vec())
-            .or_default()
-            .insert(name[0].clone(), siblings);
+        for item in items.trim_matches(['{', '}', ' ', '\n']).split(',') {
+            let name = item.rsplit(" as ").next().unwrap().trim();
+            if !name.is_empty() && name != "self" {
+                names.insert(name.to_string(), module.trim().to_string());
+            }
+        }
     }
+    names
+}
+
+/// The files of `mod.rs`'s own code it reaches (`conn::PgConn`,
+/// `self::conn::…`), leaving out its declarations and its re-exports
+/// (`pub use`: a facade, not a use).
+fn reached_from_mod(mod_code: &str, files: &BTreeSet<String>) -> BTreeSet<String> {
+    let own: String = mod_code
+        .split_inclusive(';')
+        .filter(|stmt| {
+            let t = stmt.trim_start();
+            !(t.starts_with("pub use ")
+                || t.starts_with("pub mod ")
+                || t.starts_with("mod ")
+                || t.starts_with("pub(crate) mod ")
+                || t.starts_with("#[doc(hidden)]\npub mod "))
+        })
+        .collect();
+    let b = own.as_bytes();
+    let mut found = BTreeSet::new();
+    for f in files {
+        let pat = format!("{f}::");
+        let mut at = 0;
+        while let Some(p) = own[at..].find(&pat) {
+            let start = at + p;
+            at = start + pat.len();
+            let before = &own[..start];
+            let bare = start == 0
+                || !(b[start - 1].is_ascii_alphanumeric()
+                    || b[start - 1] == b'_'
+                    || b[start - 1] == b':');
+            if bare || before.ends_with("self::") {
+                found.insert(f.clone());
+            }
+        }
+    }
+    found
+}
+
+/// Each module's files (`mod.rs` included) and the files each reaches:
+/// parent → (file → files).
+fn file_graphs() -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
+    let files = service_files();
+    let mut by_parent: BTreeMap<Vec<String>, Vec<&SourceFile>> = BTreeMap::new();
+    for f in &files {
+        let is_mod = f.path.ends_with("/mod.rs");
+        let parent = if is_mod {
+            f.module.clone()
+        } else if f.module.len() >= 2 {
+            f.module[..f.module.len() - 1].to_vec()
+        } else {
+            continue;
+        };
+        by_parent.entry(parent).or_default().push(f);
+    }
+    let mut graphs = BTreeMap::new();
+    for (parent, members) in by_parent {
+        let names: BTreeSet<String> = members
+            .iter()
+            .filter(|f| !f.path.ends_with("/mod.rs"))
+            .map(|f| f.module.last().unwrap().clone())
+            .collect();
+        let mod_file = members.iter().find(|f| f.path.ends_with("/mod.rs"));
+        let reexports = mod_file
+            .map(|m| reexports_of(&m.code, &names))
+            .unwrap_or_default();
+        let resolve = |n: String| -> String {
+            if names.contains(&n) {
+                n
+            } else {
+                reexports.get(&n).cloned().unwrap_or_else(|| "mod".into())
+            }
+        };
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for f in &members {
+            if f.path.ends_with("/mod.rs") {
+                g.insert("mod".into(), reached_from_mod(&f.code, &names));
+                continue;
+            }
+            let me = f.module.last().unwrap().clone();
+            // `super::x` and `crate::<parent>::x` both name the parent.
+            let mut reach = reached(&f.code, "super");
+            reach.extend(reached(&f.code, &format!("crate::{}", parent.join("::"))));
+            let to: BTreeSet<String> = reach
+                .into_iter()
+                .map(&resolve)
+                .filter(|t| *t != me && (t != "mod" || mod_file.is_some()))
+                .collect();
+            g.insert(me, to);
+        }
+        graphs.insert(parent, g);
+    }
+    graphs
+}
+
+#[test]
+fn the_files_of_a_module_form_no_circle() {
     let mut circles = Vec::new();
-    for (parent, g) in &graphs {
+    println!("files of a module and the files they import (mod: mod.rs's own code):");
+    for (parent, g) in &file_graphs() {
+        println!("  src/{}/", parent.join("/"));
+        for (from, to) in g {
+            if !to.is_empty() {
+                println!(
+                    "    {from} -> {}",
+                    to.iter().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
         // Depth-first search for a back edge among the files present.
         fn visit(
             n: &str,
@@ -398,28 +514,127 @@ fn the_files_of_a_module_form_no_circle() {
 }
 
 #[test]
-fn nothing_in_the_service_reaches_the_simulated_floor() {
+fn nothing_in_the_service_reaches_the_simulated_floor_or_the_agent() {
+    // The binary's files (main.rs, cli/) included: the demo is the
+    // simulated floor's own binary.
     let mut wrong = Vec::new();
     for f in service_files() {
-        let Some(module) = f.module.first() else {
-            continue;
+        // A unit test may use the agent's crate (a dev-dependency).
+        let code = match f.code.find("#[cfg(test)]") {
+            Some(i) => &f.code[..i],
+            None => &f.code,
         };
-        if ["main", "bin", "sim"].contains(&module.as_str()) {
-            continue;
+        for other in ["shepherd_sim", "shepherd_agent"] {
+            if code.contains(&format!("{other}::")) || code.contains(&format!("use {other}")) {
+                wrong.push(format!("{} uses {other}", f.path));
+            }
         }
-        if imports(&f).0.contains("sim") {
-            wrong.push(f.path.clone());
+        if f.module.first().is_some_and(|m| m == "bmdb")
+            && !reached(code, "crate").is_subset(
+                &["backoff", "config", "bmdb"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            )
+        {
+            wrong.push(format!(
+                "{} (bmdb) imports {:?}: bmdb depends on config and backoff only",
+                f.path,
+                reached(code, "crate")
+            ));
         }
     }
-    assert!(wrong.is_empty(), "the service imports sim: {wrong:?}");
-    // main.rs may run the demo, only when the floor is built.
-    let main = std::fs::read_to_string(root().join("src/main.rs")).unwrap();
-    let uses = main.matches("shepherd_sim::").count();
-    let gated = main.matches("#[cfg(feature = \"sim\")]").count();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The crates a normal build of `packages` links (procedural macros, run at
+/// build time, left out), and each one's enabled features.
+fn normal_tree(packages: &[&str]) -> BTreeMap<String, String> {
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["tree", "--offline", "--locked"]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    let out = cmd
+        .args(["-e", "normal,no-proc-macro", "--prefix", "none"])
+        .args(["--format", "{p}|{f}"])
+        .current_dir(root())
+        .output()
+        .unwrap();
     assert!(
-        uses == 0 || gated > 0,
-        "main.rs uses sim without the feature"
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (p, f) = l.split_once('|')?;
+            Some((p.split_whitespace().next()?.to_string(), f.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_service_links_no_simulator_and_no_disk_writer() {
+    // `cargo tree -e normal -p shepherd`: what the service links.
+    let crates = normal_tree(&["shepherd"]);
+    println!(
+        "the service's crates ({}): {:?}",
+        crates.len(),
+        crates.keys().collect::<Vec<_>>()
+    );
+    assert!(crates.contains_key("shepherd-proto"), "{crates:?}");
+    // The agent's program and its disk writer (zstd and xz decompressors;
+    // flate2 is here for SSH's compression, through russh), the simulated
+    // floor and its test support.
+    let bad: Vec<&str> = [
+        "shepherd-agent",
+        "shepherd-sim",
+        "zstd",
+        "zstd-sys",
+        "liblzma",
+        "liblzma-sys",
+    ]
+    .into_iter()
+    .filter(|c| crates.contains_key(*c))
+    .collect();
+    assert!(bad.is_empty(), "the service links {bad:?}");
+}
+
+#[test]
+fn the_agents_fault_modes_are_absent_from_what_ships() {
+    // What scripts/package and the container build: shepherd and the agent,
+    // their normal dependencies only.
+    let shipped = normal_tree(&["shepherd", "shepherd-agent"]);
+    let agent = shipped.get("shepherd-agent").expect("the agent is built");
+    println!("the shipped agent's features: {agent:?}");
+    assert!(!agent.contains("faults"), "features {agent}");
+    // The tests' agent has them (else the takeover tests test nothing).
+    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(r#"shepherd-agent = { path = "agent", features = ["faults"] }"#),
+        "the tests' agent is built with its fault modes"
+    );
+    // And the program reads a mode only in a build with them.
+    let program = std::fs::read_to_string(root().join("agent/src/program.rs")).unwrap();
+    let modes = [
+        "\"garbage\" =>",
+        "\"hang\" =>",
+        "\"crash\" =>",
+        "\"short-key\" =>",
+    ];
+    for m in modes {
+        let at = program
+            .find(m)
+            .unwrap_or_else(|| panic!("{m} in program.rs"));
+        let before = program[..at].trim_end();
+        assert!(
+            before.ends_with("#[cfg(feature = \"faults\")]"),
+            "{m} is not behind the faults feature"
+        );
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::bmdb::machines::{Heartbeat, MachineDetail, MachineState, MachineSumma
 use crate::bmdb::rollouts::{Member, Rollout};
 use crate::bmdb::{Process, ProviderStatus};
 
-use super::{hex, rfc3339};
+use super::text::{hex, rfc3339};
 
 /// Every error: what was wrong, naming the field or the path's part.
 #[derive(Serialize, ToSchema)]

@@ -16,57 +16,13 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
-use super::Admin;
+use super::html::{error_page, login_form};
+use super::request::{error_response, same_origin};
+use super::state::{Admin, Operator};
+use super::text::{hex, unhex};
 
 /// The login cookie's name.
 pub const COOKIE: &str = "shepherd_admin";
-
-/// The operator a request acts for: a token's name, or `anonymous`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Operator(pub String);
-
-/// The key CSRF tokens are made with: random, this process's own.
-pub struct CsrfKey(ring::hmac::Key);
-
-impl CsrfKey {
-    pub fn random() -> Self {
-        let bytes: [u8; 32] = rand::random();
-        CsrfKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes))
-    }
-
-    fn message(operator: &str, machine: &str) -> Vec<u8> {
-        [operator.as_bytes(), b"\0", machine.as_bytes()].concat()
-    }
-
-    /// The token a form for `machine`, shown to `operator`, carries.
-    pub fn token(&self, operator: &Operator, machine: &str) -> String {
-        let tag = ring::hmac::sign(&self.0, &Self::message(&operator.0, machine));
-        super::hex(tag.as_ref())
-    }
-
-    pub fn verify(&self, operator: &Operator, machine: &str, token: &str) -> bool {
-        let Some(tag) = unhex(token) else {
-            return false;
-        };
-        ring::hmac::verify(&self.0, &Self::message(&operator.0, machine), &tag).is_ok()
-    }
-}
-
-impl std::fmt::Debug for CsrfKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CsrfKey(…)")
-    }
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
-}
 
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -155,9 +111,9 @@ pub async fn require_operator(
                 HttpResponse::Unauthorized()
                     .insert_header(("WWW-Authenticate", "Bearer"))
                     .content_type("text/html; charset=utf-8")
-                    .body(super::html::login_form(&root(&r), None))
+                    .body(login_form(&root(&r), None))
             } else {
-                let mut r = super::error_response(
+                let mut r = error_response(
                     actix_web::http::StatusCode::UNAUTHORIZED,
                     "a bearer token is required",
                 );
@@ -170,31 +126,6 @@ pub async fn require_operator(
             Ok(ServiceResponse::new(r, resp))
         }
     }
-}
-
-/// Refuses a request the browser marks as coming from another site.
-pub fn same_origin(req: &HttpRequest) -> Result<(), String> {
-    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
-    if let Some(site) = header("sec-fetch-site") {
-        if site != "same-origin" && site != "none" {
-            return Err(format!(
-                "a cross-site request is refused (Sec-Fetch-Site: {site})"
-            ));
-        }
-    }
-    if let Some(origin) = header("origin") {
-        let host = header("host").unwrap_or("");
-        let origin_host = origin
-            .split_once("://")
-            .map(|(_, h)| h.trim_end_matches('/'))
-            .unwrap_or("");
-        if origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host) {
-            return Err(format!(
-                "a cross-site request is refused (Origin {origin} is not this server, {host})"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// `POST /login`: a token in a form; sets the login cookie.
@@ -210,7 +141,7 @@ pub async fn login(
     if token_name(&admin, form.token.trim().as_bytes()).is_none() {
         return HttpResponse::Unauthorized()
             .content_type("text/html; charset=utf-8")
-            .body(super::html::login_form(
+            .body(login_form(
                 &root,
                 Some("That is not a token of this server."),
             ));
@@ -220,7 +151,7 @@ pub async fn login(
     let path = req.path().trim_end_matches("login").to_string();
     let cookie = format!(
         "{COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict",
-        super::hex(form.token.trim().as_bytes())
+        hex(form.token.trim().as_bytes())
     );
     HttpResponse::SeeOther()
         .insert_header(("Set-Cookie", cookie))
@@ -237,7 +168,7 @@ pub struct LoginForm {
 pub async fn login_page(req: HttpRequest) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
-        .body(super::html::login_form(&root(&req), None))
+        .body(login_form(&root(&req), None))
 }
 
 /// The forms the pages post: each carries the CSRF token of its page.
@@ -255,8 +186,8 @@ pub(super) fn checked_form<T: Form>(
     bound: &str,
     back: &str,
 ) -> Result<(T, Operator), HttpResponse> {
-    use super::html::error_page;
     use actix_web::http::StatusCode;
+    use error_page;
     same_origin(req).map_err(|e| error_page(StatusCode::FORBIDDEN, &e, back))?;
     let form: T = serde_urlencoded::from_bytes(body)
         .map_err(|e| error_page(StatusCode::BAD_REQUEST, &format!("the form: {e}"), back))?;

@@ -11,9 +11,12 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::api::phase_name;
+use super::auth;
 use super::html::{error_page, esc, page};
 use super::installs::{self, DiskBody, ImageBody, InstallBody, RolloutBody};
-use super::{Admin, Operator, auth, rfc3339};
+use super::request::internal;
+use super::state::{Admin, Operator};
+use super::text::rfc3339;
 use crate::bmdb::machines::MachineDetail;
 
 /// What the rollouts' forms' CSRF tokens are bound to.
@@ -389,7 +392,7 @@ pub(super) async fn rollouts_page(admin: web::Data<Admin>) -> HttpResponse {
         .await
     {
         Ok(l) => l,
-        Err(e) => return super::internal(e),
+        Err(e) => return internal(e),
     };
     let mut b = String::from(
         "<p><a href=\"./\">fleet</a></p><p class=\"muted\">Start a rollout from the fleet page: \

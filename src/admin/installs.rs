@@ -8,7 +8,10 @@ use serde::Deserialize;
 use shepherd_proto::api::{DiskHints, ImageInstallation};
 use uuid::Uuid;
 
-use super::{Admin, Operator, Page, error_response, json_body, json_post};
+use super::request::{
+    Page, bad_request, check_reason, error_response, internal, json_body, json_post, no_nul,
+};
+use super::state::{Admin, Operator};
 use crate::bmdb::installations::{self, Asked, Asker};
 use crate::bmdb::rollouts::{self, Member, NewRollout, Rollout};
 
@@ -63,7 +66,7 @@ pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallat
         ("image.digest", &b.digest),
         ("image.deadline", &b.deadline),
     ] {
-        super::no_nul(field, v.as_deref())?;
+        no_nul(field, v.as_deref())?;
     }
     let mut image = ImageInstallation {
         size_bytes: b.size_bytes,
@@ -158,7 +161,7 @@ pub async fn install(
     )
     .await
     .map_err(bad)?;
-    let reason = super::check_reason(body.reason).map_err(bad)?;
+    let reason = check_reason(body.reason).map_err(bad)?;
     let asker = Asker {
         actor: &operator.0,
         action_id: body.request_id.unwrap_or_else(Uuid::new_v4),
@@ -404,13 +407,13 @@ pub async fn api_rollouts(admin: web::Data<Admin>) -> HttpResponse {
         Ok(v) => HttpResponse::Ok().json(super::api::RolloutList {
             rollouts: v.iter().map(super::api::RolloutView::from).collect(),
         }),
-        Err(e) => super::internal(e),
+        Err(e) => internal(e),
     }
 }
 
 fn rollout_id(id: &str) -> Result<Uuid, HttpResponse> {
     id.parse()
-        .map_err(|_| super::bad_request("the path's rollout ID is not a UUID".into()))
+        .map_err(|_| bad_request("the path's rollout ID is not a UUID".into()))
 }
 
 /// A rollout and its machines, or the error response.
@@ -431,7 +434,7 @@ pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Membe
             StatusCode::NOT_FOUND,
             &format!("rollout {id} does not exist"),
         )),
-        Err(e) => Err(super::internal(e)),
+        Err(e) => Err(internal(e)),
     }
 }
 
@@ -535,7 +538,7 @@ pub async fn api_images(admin: web::Data<Admin>) -> HttpResponse {
                 .map(|(name, size_bytes)| super::api::Image { name, size_bytes })
                 .collect(),
         }),
-        Ok(Err(e)) => super::internal(format!("reading the image directory: {e}")),
-        Err(e) => super::internal(e),
+        Ok(Err(e)) => internal(format!("reading the image directory: {e}")),
+        Err(e) => internal(e),
     }
 }

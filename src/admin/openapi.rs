@@ -1,6 +1,6 @@
 //! The admin API's OpenAPI 3.1 description, served at
 //! `/api/v1/openapi.json`: derived by utoipa from the handlers'
-//! annotations and the types they take ([`super::ActionBody`], …) and
+//! annotations and the types they take ([`super::handlers::ActionBody`], …) and
 //! answer ([`super::api`]); the lists of values (states, processes,
 //! actions) come from the domain's own lists.
 
@@ -46,20 +46,20 @@ impl Modify for Security {
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     paths(
-        super::healthz,
-        super::readyz,
-        super::metrics,
-        super::api_machines,
-        super::api_machine,
+        super::handlers::healthz,
+        super::handlers::readyz,
+        super::metrics::metrics,
+        super::handlers::api_machines,
+        super::handlers::api_machine,
         super::installs::api_install,
-        super::api_action,
+        super::handlers::api_action,
         super::installs::api_rollouts,
         super::installs::api_rollout_create,
         super::installs::api_rollout,
         super::installs::api_rollout_cancel,
         super::installs::api_images,
-        super::api_brake,
-        super::api_brake_release,
+        super::handlers::api_brake,
+        super::handlers::api_brake_release,
         openapi_json,
     ),
     components(schemas(ActionName)),

@@ -8,12 +8,15 @@ use std::time::{Duration, SystemTime};
 
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
-use super::auth::{self, Operator};
-use super::html::{REFRESH_SECONDS, error_page, esc, page};
-use super::{
-    ActionBody, Admin, Listing, Page, Query, hex, internal, load_detail, rfc3339, run_action,
-    status,
+use super::auth;
+use super::handlers::{
+    ActionBody, Listing, ReleaseBody, load_detail, release_brake, run_action, status,
 };
+use super::html::{REFRESH_SECONDS, error_page, esc, page};
+use super::install_pages::{fleet_rollout_form, machine_section};
+use super::request::{Page, Query, internal};
+use super::state::{Admin, Operator};
+use super::text::{hex, rfc3339};
 use crate::bmdb::ProviderStatus;
 use crate::bmdb::actions::Action;
 use crate::bmdb::duty::Holder;
@@ -115,12 +118,12 @@ pub(super) async fn brake_form(
             Ok(v) => v,
             Err(r) => return r,
         };
-    let body = super::ReleaseBody {
+    let body = ReleaseBody {
         reason: Some(form.reason),
         for_: Some(form.for_),
         request_id: None,
     };
-    match super::release_brake(&admin, &operator, body).await {
+    match release_brake(&admin, &operator, body).await {
         Ok(_) => HttpResponse::SeeOther()
             .insert_header(("Location", "../#brake"))
             .finish(),
@@ -234,7 +237,7 @@ pub(super) async fn fleet_page(
 
     // The machines go last (they are long); the overview stays on top.
     let machines_html = machines_section(&q, &filter, &list, matching, offset, limit)
-        + &super::install_pages::fleet_rollout_form(
+        + &fleet_rollout_form(
             &admin,
             req_operator(&req).as_ref(),
             &[
@@ -632,11 +635,7 @@ pub(super) async fn machine_page(
         b.push_str("</section>");
     }
 
-    b.push_str(&super::install_pages::machine_section(
-        &admin,
-        &d,
-        operator.as_ref(),
-    ));
+    b.push_str(&machine_section(&admin, &d, operator.as_ref()));
     b.push_str("<h2>Hardware</h2>");
     match d
         .hardware_report

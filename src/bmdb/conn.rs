@@ -176,7 +176,7 @@ impl bb8::ManageConnection for PgManager {
         let (client, connection) = self.config.connect(NoTls).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                tracing::debug!(error = %super::describe_pg_error(&e), "BMDB connection closed");
+                tracing::debug!(error = %super::error::describe_pg_error(&e), "BMDB connection closed");
             }
         });
         Ok(PgConn {

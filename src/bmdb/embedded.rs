@@ -481,7 +481,7 @@ impl EmbeddedPostgres {
                     if exited || Instant::now() > deadline {
                         return Err(err(format!(
                             "server did not come up ({}); log: {}",
-                            super::describe_pg_error(&e),
+                            super::error::describe_pg_error(&e),
                             log_tail(&self.data_dir.join("shepherd-postgres.log"))
                         )));
                     }

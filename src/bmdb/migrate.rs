@@ -36,7 +36,7 @@ impl Bmdb {
             .map_err(|e| {
                 BmdbError::Migration(format!(
                     "taking the migration lock: {}",
-                    super::describe_pg_error(&e)
+                    super::error::describe_pg_error(&e)
                 ))
             })?;
         let result = embedded::migrations::runner()

@@ -342,3 +342,81 @@ impl<T> Drop for Work<T> {
         }
     }
 }
+
+/// How many times a lease runs its selector when the pick is taken.
+const LEASE_SELECTIONS: u32 = 3;
+
+/// Leasing: a session takes a machine for a process (this file owns the
+/// work row; `session.rs` knows nothing of it).
+impl Session {
+    /// Leases one machine for `process`: runs `selector` and inserts the work
+    /// row in one transaction. `Ok(None)`: the selector found nothing.
+    /// `WorkConflict`: the machine is leased already (for this or a
+    /// conflicting process).
+    ///
+    /// Under READ COMMITTED a selector's snapshot may predate another
+    /// leaser's commit; if its pick turns out to be leased, the selector runs
+    /// again (a statement sees every commit before it started) up to
+    /// `LEASE_SELECTIONS` times before the conflict is reported.
+    pub async fn lease<T>(
+        &self,
+        process: Process,
+        selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
+    ) -> Result<Option<Work<T>>, BmdbError> {
+        self.lease_counted(process, selector).await.0
+    }
+
+    /// As [`Session::lease`], with how many picks were lost to other
+    /// leasers on the way (machines leased by another process or session
+    /// between the selector's read and the insert).
+    pub async fn lease_counted<T>(
+        &self,
+        process: Process,
+        mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
+    ) -> (Result<Option<Work<T>>, BmdbError>, u32) {
+        let sid = self.id();
+        let mut picked = None;
+        let mut lost = 0u32;
+        let leased = self
+            .transact(async |tx| {
+                let mut selections = 0;
+                lost = 0;
+                loop {
+                    let Some((machine_id, item)) = selector(tx).await? else {
+                        return Ok(None);
+                    };
+                    if start(tx, machine_id, sid, process).await? {
+                        picked = Some(machine_id);
+                        return Ok(Some((machine_id, item)));
+                    }
+                    selections += 1;
+                    lost += 1;
+                    if selections >= LEASE_SELECTIONS {
+                        return Err(BmdbError::WorkConflict {
+                            machine_id,
+                            process,
+                        });
+                    }
+                }
+            })
+            .await;
+        let leased = match leased {
+            Ok(l) => l,
+            // The lease may have been written with nobody to work it: give
+            // it back (a no-op if it was not), so no machine stays leased
+            // without a worker.
+            Err(BmdbError::CommitUnknown(m)) => {
+                if let Some(machine_id) = picked {
+                    tracing::warn!(%machine_id, %process, error = %m, "lease outcome unknown; releasing it");
+                    let _ = release_unknown(self, machine_id, process).await;
+                }
+                return (Err(BmdbError::CommitUnknown(m)), lost);
+            }
+            Err(e) => return (Err(e), lost),
+        };
+        (
+            Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item))),
+            lost,
+        )
+    }
+}

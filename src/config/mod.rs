@@ -15,6 +15,8 @@ use crate::secret::{Secret, redact_database_url};
 
 pub mod inventory;
 
+pub use inventory::{BmcConfig, BmcTls, InventoryMachine};
+
 /// Environment variables with this prefix override file keys:
 /// `SHEPHERD__BMDB__URL` is `bmdb.url`.
 pub const ENV_PREFIX: &str = "SHEPHERD";
@@ -520,135 +522,6 @@ pub struct InventoryConfig {
     pub machines: Vec<InventoryMachine>,
     /// ...and in this TOML file (`[[machines]]` tables), read every round.
     pub file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct InventoryMachine {
-    pub id: String,
-    pub address: std::net::IpAddr,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<String>,
-    /// Its BMC: how it is rebooted and where its out-of-band facts come
-    /// from. Without one the host cannot be rebooted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bmc: Option<BmcConfig>,
-}
-
-/// A host's baseboard management controller, spoken to with Redfish.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct BmcConfig {
-    /// `https://host[:port]` (`http://` for an emulator).
-    pub url: String,
-    pub username: String,
-    /// Inline, `{ env = "VAR" }` or `{ file = "PATH" }`; never printed.
-    pub password: Secret,
-    /// The ComputerSystem's `Id` (or `@odata.id`). Unset: the BMC's only
-    /// system (more than one is an error naming the machine).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system: Option<String>,
-    #[serde(default)]
-    pub tls: BmcTls,
-}
-
-impl BmcConfig {
-    /// Checks the URL and user and loads the password. Err: the key under
-    /// `bmc` that is wrong (`url`, `username`, `password`) and why.
-    pub fn validate(&mut self) -> Result<(), (&'static str, String)> {
-        let url = self.url.trim_end_matches('/').to_string();
-        let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
-        let uri = url.parse::<awc::http::Uri>();
-        let plain = uri
-            .as_ref()
-            .map(|u| u.path().is_empty() || u.path() == "/")
-            .unwrap_or(false);
-        if !scheme_ok || uri.is_err() || !plain || url.contains('@') {
-            return Err((
-                "url",
-                format!(
-                    "{:?} is not a BMC address like https://10.0.0.5 or https://bmc.example:8443 (no path, no credentials)",
-                    self.url
-                ),
-            ));
-        }
-        self.url = url;
-        if self.username.trim().is_empty() {
-            return Err(("username", "must not be empty".into()));
-        }
-        self.password.resolve().map_err(|m| ("password", m))?;
-        if let BmcTls::CaFile { ca_file } = &self.tls {
-            if !ca_file.is_file() {
-                return Err((
-                    "tls.ca_file",
-                    format!("{} is not a readable file", ca_file.display()),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// How a BMC's TLS certificate is checked.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum BmcTls {
-    /// Against the web's public roots (`"verify"`).
-    #[default]
-    Verify,
-    /// Not at all (`"insecure"`): BMCs often ship self-signed certificates.
-    Insecure,
-    /// Against this CA (`{ ca_file = "PATH" }`, PEM).
-    CaFile { ca_file: PathBuf },
-}
-
-impl Serialize for BmcTls {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        match self {
-            BmcTls::Verify => s.serialize_str("verify"),
-            BmcTls::Insecure => s.serialize_str("insecure"),
-            BmcTls::CaFile { ca_file } => {
-                let mut m = s.serialize_map(Some(1))?;
-                m.serialize_entry("ca_file", ca_file)?;
-                m.end()
-            }
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for BmcTls {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = BmcTls;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str(r#""verify", "insecure" or { ca_file = "PATH" }"#)
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<BmcTls, E> {
-                match v {
-                    "verify" => Ok(BmcTls::Verify),
-                    "insecure" => Ok(BmcTls::Insecure),
-                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
-                }
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<BmcTls, A::Error> {
-                let mut ca_file = None;
-                while let Some(k) = map.next_key::<String>()? {
-                    match k.as_str() {
-                        "ca_file" => ca_file = Some(map.next_value::<PathBuf>()?),
-                        other => return Err(serde::de::Error::unknown_field(other, &["ca_file"])),
-                    }
-                }
-                ca_file
-                    .map(|ca_file| BmcTls::CaFile { ca_file })
-                    .ok_or_else(|| serde::de::Error::missing_field("ca_file"))
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 /// Calls to BMCs, all of them together.

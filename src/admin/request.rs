@@ -1,0 +1,235 @@
+//! Reading requests and answering errors: queries, JSON bodies and their
+//! content type, the same-site check, a fleet listing's parameters, the
+//! fields the BMDB cannot store, JSON error bodies.
+
+use actix_web::{HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::api;
+use super::state::Admin;
+use crate::bmdb::machines::{self, MachineState};
+use crate::bmdb::{ProviderStatus, actions};
+
+/// A query string, deserialized; a bad one is a JSON 400 naming the field
+/// (`limit: invalid digit found in string`).
+pub struct Query<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned> actix_web::FromRequest for Query<T> {
+    type Error = actix_web::Error;
+    type Future = std::future::Ready<Result<Self, actix_web::Error>>;
+
+    fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(
+            req.query_string().as_bytes(),
+        ));
+        std::future::ready(
+            serde_path_to_error::deserialize(de)
+                .map(Query)
+                .map_err(|e| json_error(format!("query {}: {}", e.path(), e.inner()))),
+        )
+    }
+}
+
+pub fn json_error(e: impl std::fmt::Display + std::fmt::Debug + 'static) -> actix_web::Error {
+    let body = error_response(actix_web::http::StatusCode::BAD_REQUEST, &e.to_string());
+    actix_web::error::InternalError::from_response(e, body).into()
+}
+
+/// A JSON error body, `{"error": msg}`, with `<`, `>` and `&` written as
+/// `\u` escapes: a message naming a field of the request can carry its
+/// text, and no reader (a browser sniffing it) may take that for markup.
+pub fn error_response(status: actix_web::http::StatusCode, msg: &str) -> HttpResponse {
+    let body = json!({ "error": msg })
+        .to_string()
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
+    HttpResponse::build(status)
+        .content_type("application/json")
+        .body(body)
+}
+
+/// An API POST's JSON body (empty: the defaults), or a 400 naming the
+/// field that is wrong.
+pub fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, HttpResponse> {
+    // Nothing, or JSON's null: every field takes its default.
+    let text = body.trim_ascii();
+    if text.is_empty() || text == b"null" {
+        return Ok(T::default());
+    }
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        error_response(
+            actix_web::http::StatusCode::BAD_REQUEST,
+            &format!("body {}: {}", e.path(), e.inner()),
+        )
+    })
+}
+
+/// An API POST with a body must say `Content-Type: application/json` (no
+/// form can); one without a body may say nothing, but no other type. It
+/// must come from this site.
+pub fn json_post(req: &HttpRequest, body: &[u8]) -> Result<(), HttpResponse> {
+    use actix_web::http::StatusCode;
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or("").trim_start().to_ascii_lowercase());
+    let acceptable = match content_type {
+        Some(t) => t.starts_with("application/json"),
+        None => body.trim_ascii().is_empty(),
+    };
+    if !acceptable {
+        return Err(error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "actions want Content-Type: application/json",
+        ));
+    }
+    same_origin(req).map_err(|e| error_response(StatusCode::FORBIDDEN, &e))
+}
+
+/// A fleet listing's query: filters and paging.
+#[derive(Deserialize, Default, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct Page {
+    #[param(value_type = Option<api::MachineStateName>)]
+    pub state: Option<String>,
+    #[param(value_type = Option<api::ProviderStatusName>)]
+    pub provider_status: Option<String>,
+    #[param(value_type = Option<api::HeartbeatName>)]
+    pub heartbeat: Option<String>,
+    /// A machine ID's prefix, part of a provider ID, an address's prefix.
+    pub q: Option<String>,
+    /// Machines on the page (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// Machines skipped.
+    #[param(minimum = 0)]
+    pub offset: Option<i64>,
+}
+
+impl Page {
+    /// (limit, offset): `default` without a limit; a limit outside 1 to
+    /// 1000 or a negative offset is a 400 naming it.
+    pub fn window(&self, default: i64) -> Result<(i64, i64), HttpResponse> {
+        let limit = self.limit.unwrap_or(default);
+        if !(1..=1000).contains(&limit) {
+            return Err(bad_request(format!("limit: {limit} is outside 1 to 1000")));
+        }
+        let offset = self.offset.unwrap_or(0);
+        if offset < 0 {
+            return Err(bad_request(format!("offset: {offset} is negative")));
+        }
+        Ok((limit, offset))
+    }
+
+    /// The filter, or a 400 naming the bad field.
+    pub fn filter(&self, admin: &Admin) -> Result<machines::FleetFilter, HttpResponse> {
+        no_nul("q", self.q.as_deref()).map_err(bad_request)?;
+        let provider_status = match self.provider_status.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(
+                ProviderStatus::ALL
+                    .into_iter()
+                    .find(|p| p.to_string() == s)
+                    .ok_or_else(|| {
+                        let all: Vec<String> =
+                            ProviderStatus::ALL.iter().map(|p| p.to_string()).collect();
+                        bad_request(format!("provider_status must be one of {}", all.join(", ")))
+                    })?,
+            ),
+        };
+        let heartbeat = match self.heartbeat.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(machines::Heartbeat::parse(s).ok_or_else(|| {
+                let all: Vec<&str> = machines::Heartbeat::ALL
+                    .iter()
+                    .map(|h| h.as_str())
+                    .collect();
+                bad_request(format!("heartbeat must be one of {}", all.join(", ")))
+            })?),
+        };
+        Ok(machines::FleetFilter {
+            state: parse_state(&self.state)?,
+            provider_status,
+            heartbeat,
+            stale_after: admin.heartbeat_stale_after,
+            search: self.q.clone(),
+        })
+    }
+}
+
+/// Text the BMDB stores or searches: PostgreSQL's text holds no NUL
+/// character, so one is a 400 naming the field, not a database error.
+pub fn no_nul(field: &str, value: Option<&str>) -> Result<(), String> {
+    match value {
+        Some(v) if v.contains('\0') => Err(format!("{field}: contains a NUL character")),
+        _ => Ok(()),
+    }
+}
+
+/// An operator's reason as given: at most `MAX_REASON` characters (before
+/// trimming), no NUL; kept trimmed, and none when blank.
+pub fn check_reason(reason: Option<String>) -> Result<Option<String>, String> {
+    no_nul("reason", reason.as_deref())?;
+    if let Some(r) = &reason {
+        let n = r.chars().count();
+        if n > actions::MAX_REASON {
+            return Err(format!(
+                "reason: {n} characters; at most {}",
+                actions::MAX_REASON
+            ));
+        }
+    }
+    Ok(reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty()))
+}
+
+pub fn bad_request(msg: String) -> HttpResponse {
+    error_response(actix_web::http::StatusCode::BAD_REQUEST, &msg)
+}
+
+pub fn parse_state(s: &Option<String>) -> Result<Option<MachineState>, HttpResponse> {
+    match s.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => MachineState::parse(s).map(Some).ok_or_else(|| {
+            let all: Vec<&str> = MachineState::ALL.iter().map(|m| m.as_str()).collect();
+            bad_request(format!("state must be one of {}", all.join(", ")))
+        }),
+    }
+}
+
+pub fn internal(e: impl std::fmt::Display) -> HttpResponse {
+    error_response(
+        actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+        &e.to_string(),
+    )
+}
+
+/// Refuses a request the browser marks as coming from another site.
+pub fn same_origin(req: &HttpRequest) -> Result<(), String> {
+    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    if let Some(site) = header("sec-fetch-site") {
+        if site != "same-origin" && site != "none" {
+            return Err(format!(
+                "a cross-site request is refused (Sec-Fetch-Site: {site})"
+            ));
+        }
+    }
+    if let Some(origin) = header("origin") {
+        let host = header("host").unwrap_or("");
+        let origin_host = origin
+            .split_once("://")
+            .map(|(_, h)| h.trim_end_matches('/'))
+            .unwrap_or("");
+        if origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host) {
+            return Err(format!(
+                "a cross-site request is refused (Origin {origin} is not this server, {host})"
+            ));
+        }
+    }
+    Ok(())
+}

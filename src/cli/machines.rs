@@ -1,0 +1,361 @@
+//! `shepherd machines`: the fleet listed and shown, and operators' actions
+//! (retry, take over again, reboot, hold, release…).
+
+use clap::Subcommand;
+use shepherd::bmdb::machines::{self, MachineState};
+use shepherd::bmdb::{Bmdb, actions};
+use shepherd::config::Config;
+
+use super::install::InstallArgs;
+use super::parse::{parse_heartbeat, parse_process, parse_provider_status, parse_state};
+
+#[derive(Subcommand)]
+pub enum MachinesCommand {
+    /// One line per machine: ID, provider, provider ID, address, state.
+    List {
+        /// Only machines in this state.
+        #[arg(long, value_parser = parse_state)]
+        state: Option<MachineState>,
+        /// Only machines whose provider reports this status (Running,
+        /// Provisioning, Stopped…).
+        #[arg(long, value_parser = parse_provider_status)]
+        provider_status: Option<shepherd::bmdb::ProviderStatus>,
+        /// Only machines whose agent is heartbeating, silent (started, no
+        /// heartbeat within recoverer.heartbeat_stale_after) or no-agent.
+        #[arg(long, value_parser = parse_heartbeat)]
+        heartbeat: Option<machines::Heartbeat>,
+        /// A machine ID's prefix, part of a provider ID, or an address's
+        /// prefix.
+        #[arg(long)]
+        search: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: i64,
+    },
+    /// A machine's tags, lease, backoffs, history and operator actions.
+    Show {
+        /// The BMDB machine ID.
+        id: uuid::Uuid,
+    },
+    /// Clear a machine's backoff so its work is tried again now.
+    Retry {
+        id: uuid::Uuid,
+        /// Only this process's backoff (ShepherdAgentStart,
+        /// ShepherdRecovery…); every one of the machine's by default.
+        #[arg(long, value_parser = parse_process)]
+        process: Option<shepherd::bmdb::Process>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Drop the machine's agent so the Initializer takes it over again.
+    Retakeover {
+        id: uuid::Uuid,
+        /// Also forget its recorded SSH host key (after a reinstall).
+        #[arg(long)]
+        forget_host_key: bool,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Reboot the machine now, through its provider, on the Recoverer's
+    /// lease (a running shepherd does it).
+    Reboot {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Keep every control loop away from the machine until it is released.
+    Hold {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Let the control loops take a held machine again.
+    Release {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Install an operating system image: on one machine (one ID), or as a
+    /// rollout over several (IDs, or the filters of `list`), at most
+    /// --max-parallel at once, stopped once more than --max-failures fail.
+    Install(Box<InstallArgs>),
+}
+
+impl MachinesCommand {
+    /// The operator action this command is, if it is one.
+    fn action(&self) -> Option<actions::Request> {
+        use actions::{Action, Request};
+        let (id, action, reason) = match self {
+            MachinesCommand::List { .. }
+            | MachinesCommand::Show { .. }
+            | MachinesCommand::Install(_) => return None,
+            MachinesCommand::Retry { id, reason, .. } => (id, Action::Retry, reason),
+            MachinesCommand::Retakeover { id, reason, .. } => (id, Action::Retakeover, reason),
+            MachinesCommand::Reboot { id, reason } => (id, Action::Reboot, reason),
+            MachinesCommand::Hold { id, reason } => (id, Action::Hold, reason),
+            MachinesCommand::Release { id, reason } => (id, Action::Release, reason),
+        };
+        let mut req = Request::new(*id, action, "cli");
+        req.reason = reason
+            .as_deref()
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(String::from);
+        if let MachinesCommand::Retry { process, .. } = self {
+            req.process = *process;
+        }
+        if let MachinesCommand::Retakeover {
+            forget_host_key, ..
+        } = self
+        {
+            req.forget_host_key = *forget_host_key;
+        }
+        Some(req)
+    }
+}
+
+pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
+    cfg.bmdb.pool_size = 2;
+    let bmdb = Bmdb::open(&cfg.bmdb).await?;
+    if let Some(req) = cmd.action() {
+        return match bmdb
+            .transact(async |tx| actions::act(tx, &req).await)
+            .await?
+        {
+            actions::Outcome::Done(a) => {
+                println!("{} {}: {}", a.action, req.machine_id, a.detail);
+                Ok(())
+            }
+            actions::Outcome::Refused(why) => anyhow::bail!("{} refused: {why}", req.action),
+            actions::Outcome::NotFound => {
+                anyhow::bail!("machine {} is not in the BMDB", req.machine_id)
+            }
+        };
+    }
+    match cmd {
+        MachinesCommand::List {
+            state,
+            provider_status,
+            heartbeat,
+            search,
+            limit,
+        } => {
+            let filter = machines::FleetFilter {
+                state,
+                provider_status,
+                heartbeat,
+                stale_after: cfg.recoverer.heartbeat_stale_after,
+                search,
+            };
+            let (list, matching) = bmdb
+                .transact(async |tx| machines::fleet_page(tx, &filter, limit, 0).await)
+                .await?;
+            println!(
+                "{:<36}  {:<8} {:<38} {:<16} {:<14}",
+                "MACHINE", "PROVIDER", "PROVIDER ID", "ADDRESS", "STATE"
+            );
+            for m in &list {
+                println!(
+                    "{:<36}  {:<8} {:<38} {:<16} {:<14}",
+                    m.machine_id,
+                    m.provider.map(|p| p.to_string()).unwrap_or_default(),
+                    m.provider_id.as_deref().unwrap_or("-"),
+                    m.address.as_deref().unwrap_or("-"),
+                    m.state
+                );
+            }
+            let counts = bmdb
+                .transact(async |tx| machines::fleet_counts(tx).await)
+                .await?;
+            let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{s} {n}")).collect();
+            println!(
+                "{} shown of {matching} matching; fleet: {}",
+                list.len(),
+                if counts.is_empty() {
+                    "empty".into()
+                } else {
+                    counts.join(", ")
+                }
+            );
+        }
+        MachinesCommand::Show { id } => {
+            let Some(d) = bmdb
+                .transact(async |tx| machines::detail(tx, id).await)
+                .await?
+            else {
+                anyhow::bail!("machine {id} is not in the BMDB");
+            };
+            let t = |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+            println!("machine   {}", d.summary.machine_id);
+            println!("state     {}", d.summary.state);
+            println!("created   {}", t(d.created_at));
+            println!("tags:");
+            match &d.provided {
+                Some(p) => println!(
+                    "  provided         {} {} address {} location {} reservation {} status {}",
+                    p.provider,
+                    p.provider_id,
+                    p.ip_address.as_deref().unwrap_or("-"),
+                    p.location.as_deref().unwrap_or("-"),
+                    p.reservation_id.as_deref().unwrap_or("-"),
+                    p.status
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "-".into())
+                ),
+                None => println!("  provided         -"),
+            }
+            match &d.agent_started {
+                Some((at, key)) => println!(
+                    "  agent started    {} key {}",
+                    t(*at),
+                    key.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                ),
+                None => println!("  agent started    -"),
+            }
+            println!(
+                "  agent heartbeat  {}",
+                d.agent_heartbeat.map(t).unwrap_or_else(|| "-".into())
+            );
+            match d
+                .hardware_report
+                .as_deref()
+                .map(shepherd_proto::summary::summarize)
+            {
+                None => println!("  hardware report  -"),
+                Some(Err(e)) => println!("  hardware report  {e}"),
+                Some(Ok(h)) => {
+                    let text = h.to_string();
+                    let mut lines = text.lines();
+                    println!("  hardware report  {}", lines.next().unwrap_or(""));
+                    for l in lines {
+                        println!("                   {l}");
+                    }
+                }
+            }
+            if let Some(f) = &d.bmc {
+                for (i, (k, v)) in f.lines().iter().enumerate() {
+                    let label = if i == 0 { "bmc" } else { "" };
+                    println!("  {label:<16} {k:<11}{v}");
+                }
+            }
+            println!(
+                "  installation     request {} report {}",
+                d.installation_request
+                    .map(|g| g.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                d.installation_report
+                    .map(|(g, r)| format!("{g} {r}"))
+                    .unwrap_or_else(|| "-".into())
+            );
+            println!(
+                "  ssh host key     {}",
+                d.ssh_host_key.as_deref().unwrap_or("-")
+            );
+            if let Some(i) = &d.installation {
+                println!(
+                    "installation: generation {} {} ({}), asked by {} at {}",
+                    i.generation,
+                    i.state,
+                    i.image_url,
+                    i.requested_by,
+                    t(i.requested_at)
+                );
+                if let Some((p, at)) = &i.progress {
+                    println!(
+                        "  progress         {} {} of {} fetched, {} written, {}/s, disk {} (at {})",
+                        shepherd::admin::api::phase_name(p.phase),
+                        shepherd_proto::summary::bytes(p.bytes_fetched),
+                        shepherd_proto::summary::bytes(p.bytes_total),
+                        shepherd_proto::summary::bytes(p.bytes_written),
+                        shepherd_proto::summary::bytes(p.rate_bytes_per_second),
+                        p.disk,
+                        t(*at)
+                    );
+                }
+                if let Some((r, e)) = &i.result {
+                    println!(
+                        "  result           {r}{}",
+                        e.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+                    );
+                }
+                for h in &i.history {
+                    println!(
+                        "  {} generation {} {}{}",
+                        t(h.timestamp),
+                        h.generation,
+                        h.event,
+                        h.detail
+                            .as_deref()
+                            .map(|d| format!(": {d}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+            println!("leases:");
+            for l in &d.leases {
+                println!(
+                    "  {} by {} (session {})",
+                    l.process, l.component, l.session_id
+                );
+            }
+            println!("backoffs:");
+            for (p, b) in &d.backoffs {
+                println!(
+                    "  {p} until {} (interval {}s): {}",
+                    t(b.until),
+                    b.last_interval_seconds.unwrap_or(0),
+                    b.cause
+                );
+            }
+            if let Some(h) = &d.hold {
+                println!(
+                    "held by {} since {}{}",
+                    h.by,
+                    t(h.since),
+                    h.reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            if let Some((by, at)) = &d.reboot_request {
+                println!("reboot requested by {by} at {}", t(*at));
+            }
+            println!("history:");
+            let mut lines: Vec<(std::time::SystemTime, String)> = d
+                .history
+                .iter()
+                .map(|h| {
+                    let line = match h.failed_cause.as_ref().or(h.detail.as_ref()) {
+                        Some(c) => format!("  {} {} {}: {c}", t(h.timestamp), h.process, h.event),
+                        None => format!("  {} {} {}", t(h.timestamp), h.process, h.event),
+                    };
+                    (h.timestamp, line)
+                })
+                .collect();
+            for a in &d.actions {
+                let why = a
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(" (reason: {r})"))
+                    .unwrap_or_default();
+                lines.push((
+                    a.timestamp,
+                    format!(
+                        "  {} operator {} {}: {}{why}",
+                        t(a.timestamp),
+                        a.actor,
+                        a.action,
+                        a.detail
+                    ),
+                ));
+            }
+            lines.sort_by_key(|(at, _)| *at);
+            for (_, l) in lines {
+                println!("{l}");
+            }
+        }
+        _ => unreachable!("actions are handled above"),
+    }
+    Ok(())
+}

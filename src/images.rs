@@ -4,6 +4,13 @@
 //! (which every agent already trusts, and which an installation request
 //! carries), with Range requests for resumed downloads (actix-files).
 //!
+//! It serves only what [`ImageCatalog::list`] lists: regular files inside
+//! the directory, nothing hidden, no directories, no device or pipe. A
+//! symlink is followed only when the file it opens is inside the
+//! directory, which is checked on the opened file itself (its path read
+//! back from the kernel), not on the name, so a name swapped for a link
+//! after the listing serves nothing outside.
+//!
 //! An installation names a served image by its file name; the
 //! [`ImageCatalog`] turns that into the URL agents fetch, the image's size
 //! and its SHA-256 digest (computed once per file version, on a blocking
@@ -90,8 +97,8 @@ impl ImageCatalog {
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                let m = e.metadata().ok()?;
-                (m.is_file() && valid_name(&name)).then_some((name, m.len()))
+                let (_, m) = open_image(&self.dir, &name).ok()?;
+                Some((name, m.len()))
             })
             .collect();
         v.sort();
@@ -107,11 +114,8 @@ impl ImageCatalog {
             ));
         }
         let path = self.dir.join(name);
-        let meta = std::fs::metadata(&path)
+        let (file, meta) = open_image(&self.dir, name)
             .map_err(|e| format!("image {name:?} in {}: {e}", self.dir.display()))?;
-        if !meta.is_file() {
-            return Err(format!("image {name:?} is not a file"));
-        }
         let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let cached = self
             .digests
@@ -123,7 +127,7 @@ impl ImageCatalog {
         let digest = match cached {
             Some(d) => d,
             None => {
-                let d = file_digest(&path).map_err(|e| format!("reading image {name:?}: {e}"))?;
+                let d = file_digest(file).map_err(|e| format!("reading image {name:?}: {e}"))?;
                 self.digests
                     .lock()
                     .unwrap()
@@ -140,9 +144,45 @@ impl ImageCatalog {
     }
 }
 
-fn file_digest(path: &Path) -> std::io::Result<String> {
+/// Opens the image `name` of `dir`, if it is one to serve: a valid name
+/// (nothing hidden, no directories in it), opened without blocking (a pipe
+/// is no image), a regular file, and, read back from the opened file
+/// itself, inside `dir` (a symlink pointing out, or a name swapped for
+/// one, serves nothing). Errors say which of these failed, for the log
+/// and the API; the image server answers them all 404.
+pub fn open_image(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::io::{Error, ErrorKind};
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if !valid_name(name) {
+        return Err(Error::new(ErrorKind::NotFound, "not an image name"));
+    }
+    let root = std::fs::canonicalize(dir)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(dir.join(name))?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(Error::new(ErrorKind::NotFound, "not a regular file"));
+    }
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    let inside = opened
+        .strip_prefix(&root)
+        .ok()
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .is_some_and(|rel| rel.iter().all(|c| !c.to_string_lossy().starts_with('.')));
+    if !inside {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            "a link to a file outside the image directory",
+        ));
+    }
+    Ok((file, meta))
+}
+
+fn file_digest(mut f: std::fs::File) -> std::io::Result<String> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
     let mut h = sha2::Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -157,10 +197,19 @@ fn file_digest(path: &Path) -> std::io::Result<String> {
 
 async fn image(dir: web::Data<PathBuf>, req: HttpRequest, name: web::Path<String>) -> HttpResponse {
     use actix_web::Responder as _;
-    if !valid_name(&name) {
-        return HttpResponse::NotFound().body("no such image\n");
-    }
-    match actix_files::NamedFile::open_async(dir.join(name.as_str())).await {
+    let opened = {
+        let (dir, name) = (dir.clone(), name.clone());
+        web::block(move || {
+            let (file, _) = open_image(&dir, &name)?;
+            actix_files::NamedFile::from_file(file, dir.join(&name))
+        })
+        .await
+    };
+    let opened = match opened {
+        Ok(r) => r,
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    };
+    match opened {
         Ok(f) => f
             .use_etag(true)
             .use_last_modified(true)
@@ -169,6 +218,7 @@ async fn image(dir: web::Data<PathBuf>, req: HttpRequest, name: web::Path<String
             .respond_to(&req)
             .map_into_boxed_body(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::debug!(image = %name, error = %e, "not served");
             HttpResponse::NotFound().body("no such image\n")
         }
         Err(e) => {

@@ -690,6 +690,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
         tokens: cfg.admin.named_tokens(),
+        database_timeout: cfg.admin.database_timeout,
         equinix: parts.api.as_ref().map(|api| crate::admin::RequestBudget {
             metrics: api.metrics().clone(),
             interval: cfg.equinix.api_interval,

@@ -198,16 +198,66 @@ fn install_by_hand(args: Vec<String>) -> i32 {
     }
 }
 
+/// What `--help` prints.
+const USAGE: &str = "\
+Usage: takeover-agent                      (started by shepherd over SSH)
+       takeover-agent --resident           (started by its systemd unit)
+       takeover-agent --install URL DIGEST DISK [CA.der]
+       takeover-agent --help | --version
+
+shepherd's agent. Started over SSH, it reads a TakeoverInit (protobuf) on
+stdin, answers a TakeoverResponse with a fresh ed25519 key on stdout, and
+stays as the resident agent: heartbeats, the hardware report and
+installations through shepherd's agent callback (gRPC over TLS).
+--install writes an image onto DISK by hand, as an installation request
+would, and prints one JSON line with the outcome.
+";
+
+/// Checks the arguments of a takeover (none; `--mode MODE` in a build
+/// with the test fault modes): a usage error exits 2 naming it.
+fn check_takeover_args() {
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let known = cfg!(feature = "faults")
+            && (a.starts_with("--mode=") || (a == "--mode" && args.next().is_some()));
+        if !known {
+            eprintln!("takeover-agent: unknown argument {a:?}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
 /// The agent program: the takeover on stdin, then the resident agent.
 pub fn main() {
     let exe = std::env::current_exe().ok();
-    if std::env::args().nth(1).as_deref() == Some("--resident") {
+    match std::env::args().nth(1).as_deref() {
+        Some("--help" | "-h") => {
+            print!("{USAGE}");
+            return;
+        }
+        Some("--version" | "-V") => {
+            println!("takeover-agent {}", env!("CARGO_PKG_VERSION"));
+            return;
+        }
         // Started by its systemd unit (at boot, or by a takeover).
-        resident::from_state(exe);
-        return;
+        Some("--resident") => {
+            resident::from_state(exe);
+            return;
+        }
+        Some("--install") => {
+            std::process::exit(install_by_hand(std::env::args().skip(2).collect()))
+        }
+        _ => check_takeover_args(),
     }
-    if std::env::args().nth(1).as_deref() == Some("--install") {
-        std::process::exit(install_by_hand(std::env::args().skip(2).collect()));
+    {
+        use std::io::IsTerminal as _;
+        if std::io::stdin().is_terminal() {
+            eprintln!(
+                "takeover-agent: stdin is a terminal; shepherd sends a TakeoverInit (protobuf) \
+                 there over SSH. See takeover-agent --help."
+            );
+            std::process::exit(2);
+        }
     }
     let mode = mode(&exe);
     let mut input = Vec::new();

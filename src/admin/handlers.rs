@@ -35,30 +35,48 @@ pub async fn status(admin: &Admin) -> SupervisorStatus {
         (status = 503, description = "not ready: the body says why", body = api::Readiness),
         (status = 401, description = "a bearer token is required", body = api::ErrorBody)))]
 pub async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
-    let db = admin
-        .bmdb
-        .transact(async |tx| tx.query_one("SELECT 1", &[]).await.map(|_| ()))
-        .await;
-    let st = status(&admin).await;
+    // One deadline for everything it asks: a probe never hangs, whatever
+    // the database does (a BMDB away is retried for the failover window).
+    let bound = admin.database_timeout;
+    let deadline = tokio::time::Instant::now() + bound;
+    let (db, st, brake) = tokio::join!(
+        tokio::time::timeout_at(
+            deadline,
+            admin
+                .bmdb
+                .transact(async |tx| tx.query_one("SELECT 1", &[]).await.map(|_| ())),
+        ),
+        tokio::time::timeout_at(deadline, status(&admin)),
+        tokio::time::timeout_at(deadline, brake_state(&admin)),
+    );
+    let db = match db {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(no_answer(bound)),
+    };
+    let st = st.unwrap_or_default();
     let session_ok = admin.supervisor.is_none() || st.session.is_some();
     // The brake does not make the process unready (it is working as
     // meant), but whoever looks should see it.
-    let brake = match brake_state(&admin).await {
-        Some(Ok(b)) => Some(api::ReadyBrake::State {
+    let brake = match brake {
+        Ok(Some(Ok(b))) => Some(api::ReadyBrake::State {
             engaged: b.engaged,
             reason: b.reason,
             silent: b.silent,
             limit: b.limit,
         }),
-        Some(Err(e)) => Some(api::ReadyBrake::Unreadable {
+        Ok(Some(Err(e))) => Some(api::ReadyBrake::Unreadable {
             error: e.to_string(),
         }),
-        None => None,
+        Ok(None) => None,
+        Err(_) => Some(api::ReadyBrake::Unreadable {
+            error: no_answer(bound),
+        }),
     };
     let body = api::Readiness {
         database: match &db {
             Ok(()) => "ok".to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => e.clone(),
         },
         session: st.session,
         recovery_brake: brake,
@@ -68,6 +86,14 @@ pub async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+/// What a route says when the BMDB did not answer within its bound.
+pub fn no_answer(bound: std::time::Duration) -> String {
+    format!(
+        "the BMDB did not answer within {}",
+        humantime::format_duration(bound)
+    )
 }
 
 /// The recovery brake as it stands, when this process judges silence.

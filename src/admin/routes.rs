@@ -2,12 +2,16 @@
 //! wrong method is a 405 naming the right ones), and the server that
 //! serves them.
 
-use actix_web::middleware::from_fn;
+use actix_web::body::BoxBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpResponse, web};
 
 use super::handlers::{
-    api_action, api_brake, api_brake_release, api_machine, api_machines, healthz, readyz,
+    api_action, api_brake, api_brake_release, api_machine, api_machines, healthz, no_answer, readyz,
 };
+use super::html::error_page;
 use super::metrics::metrics;
 use super::request::{error_response, json_error};
 use super::state::Admin;
@@ -30,6 +34,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             )
             .service(
                 web::scope("")
+                    .wrap(from_fn(database_bound))
                     .wrap(from_fn(auth::require_operator))
                     // Malformed paths answer JSON like the rest (queries: `Query`).
                     .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
@@ -76,6 +81,42 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     )),
             ),
     );
+}
+
+/// Every route that reads or writes the BMDB answers within
+/// `admin.database_timeout`: when the database has not answered by then,
+/// 503 naming it (JSON for the API, an error page for the pages), never a
+/// hang. `/readyz` bounds itself (its body says what it could tell);
+/// `/metrics` answers without the database.
+async fn database_bound(
+    req: ServiceRequest,
+    next: Next<BoxBody>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    if matches!(req.path(), "/readyz" | "/metrics") {
+        return next.call(req).await;
+    }
+    let bound = req
+        .app_data::<web::Data<Admin>>()
+        .map_or(std::time::Duration::from_secs(1), |a| a.database_timeout);
+    // What the answer needs of the request, taken before routing (which
+    // wants the request to itself).
+    let path = req.path().to_string();
+    let back = auth::root(req.request());
+    match tokio::time::timeout(bound, next.call(req)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            let message = no_answer(bound);
+            tracing::warn!(%path, "{message}; answered 503");
+            let answer = if path.starts_with("/api/") {
+                error_response(StatusCode::SERVICE_UNAVAILABLE, &message)
+            } else {
+                error_page(StatusCode::SERVICE_UNAVAILABLE, &message, &back)
+            };
+            // The request went with the handler: the answer goes as an
+            // error, which actix-web turns into this response.
+            Err(actix_web::error::InternalError::from_response(message, answer).into())
+        }
+    }
 }
 
 /// 405 naming the method and what the resource takes, with `Allow`.

@@ -36,6 +36,9 @@ pub struct Admin {
     pub rollouts: Option<Recipient<crate::control::RunRound>>,
     /// The images this process serves, when it does.
     pub images: Option<crate::images::ImageCatalog>,
+    /// How long a route waits for the BMDB before it answers 503
+    /// (`admin.database_timeout`).
+    pub database_timeout: std::time::Duration,
 }
 
 impl Admin {
@@ -54,6 +57,7 @@ impl Admin {
             brake_release: std::time::Duration::from_secs(3600),
             rollouts: None,
             images: None,
+            database_timeout: std::time::Duration::from_secs(1),
         }
     }
 }

@@ -500,10 +500,6 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
     let Some(r) = tx.query_opt(DETAIL, &[&machine_id]).await? else {
         return Ok(None);
     };
-    let summary = tx
-        .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
-        .await?;
-    let summary = MachineSummary::from_row(&summary);
     let started: Option<SystemTime> = r.get(1);
     let key: Option<Vec<u8>> = r.get(2);
     let report_gen: Option<i32> = r.get(6);
@@ -523,6 +519,14 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
             )
         })
         .collect();
+    let installation = super::installations::installation(tx, machine_id).await?;
+    // Read last: under READ COMMITTED each statement sees its own moment,
+    // and the summary's state follows the tags read above (an installation
+    // seen ended is never shown beside a summary still installing).
+    let summary = tx
+        .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
+        .await?;
+    let summary = MachineSummary::from_row(&summary);
     Ok(Some(MachineDetail {
         summary,
         created_at: r.get(0),
@@ -540,7 +544,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         hold: super::actions::hold(tx, machine_id).await?,
         reboot_request: super::actions::reboot_request(tx, machine_id).await?,
         actions: super::actions::audit(tx, machine_id).await?,
-        installation: super::installations::installation(tx, machine_id).await?,
+        installation,
     }))
 }
 

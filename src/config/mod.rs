@@ -795,6 +795,10 @@ pub struct AdminConfig {
     /// required when `listen` is not a loopback address.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tokens: std::collections::BTreeMap<String, Secret>,
+    /// How long a route waits for the BMDB before it answers 503 naming
+    /// it (`/readyz`, the API, the pages; `/metrics` answers without it).
+    #[serde(with = "humantime_serde")]
+    pub database_timeout: Duration,
 }
 
 impl Default for AdminConfig {
@@ -804,6 +808,7 @@ impl Default for AdminConfig {
             listen: ([127, 0, 0, 1], 9090).into(),
             token: None,
             tokens: Default::default(),
+            database_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -813,6 +818,14 @@ pub const RESERVED_ACTORS: [&str; 2] = ["cli", "anonymous"];
 
 impl AdminConfig {
     fn validate(&mut self) -> Result<(), ConfigError> {
+        if self.database_timeout < Duration::from_millis(100)
+            || self.database_timeout > Duration::from_secs(60)
+        {
+            return Err(ConfigError::key(
+                "admin.database_timeout",
+                "must be within 100ms and 60s",
+            ));
+        }
         if let Some(t) = &mut self.token {
             t.resolve()
                 .map_err(|m| ConfigError::key("admin.token", m))?;

@@ -166,3 +166,102 @@ async fn after_a_long_outage_a_new_session_comes_within_seconds() {
     .await;
     s.terminate().await;
 }
+
+/// GET `path` of `s`'s admin server as a probe does (`curl -m`): one
+/// connection, HTTP/1.0, failing the test if the whole answer takes
+/// longer than `within`. Status and body.
+async fn probe(s: &Shepherd, path: &str, within: Duration) -> (u16, String) {
+    use std::io::{Read, Write};
+    let url = s.admin_url();
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(within)).unwrap();
+        write!(
+            c,
+            "GET /{path} HTTP/1.0\r\nHost: {addr}\r\nAccept: text/html,application/json\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = Vec::new();
+        if let Err(e) = c.read_to_end(&mut answer) {
+            panic!("/{path}: no whole answer within {within:?}: {e}");
+        }
+        assert!(
+            started.elapsed() <= within,
+            "/{path} answered after {:?}",
+            started.elapsed()
+        );
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        (status, body)
+    })
+    .await
+    .unwrap()
+}
+
+#[actix_rt::test]
+async fn with_the_database_away_readiness_the_api_and_the_pages_answer_503_at_once() {
+    let mut rig = Rig::with_own_postgres().await;
+    let mut s = rig.run_inventory(2, "session_interval = \"5s\"", "ok");
+    rig.wait_for(
+        "2 agents started",
+        AGENTS,
+        2,
+        Duration::from_secs(30),
+        &mut s,
+    )
+    .await;
+    const ROUTES: [&str; 3] = ["readyz", "api/v1/machines", ""];
+    for path in ROUTES {
+        let (status, body) = probe(&s, path, Duration::from_secs(10)).await;
+        assert_eq!(status, 200, "/{path}: {body}\n{}", s.log_text());
+    }
+    rig.db.own().stop();
+    // admin.database_timeout is 1 s: each answers 503 naming the database
+    // well before a probe's patience runs out, again and again.
+    for round in 0..3 {
+        for path in ROUTES {
+            let (status, body) = probe(&s, path, Duration::from_secs(3)).await;
+            assert_eq!(status, 503, "/{path} (round {round}): {body}");
+            assert!(
+                body.contains("BMDB") || body.contains("database"),
+                "/{path} names the database: {body}"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "shepherd rides out the outage"
+    );
+    rig.db.own().start_again().await;
+    for path in ROUTES {
+        let t = Instant::now();
+        loop {
+            let (status, body) = probe(&s, path, Duration::from_secs(3)).await;
+            if status == 200 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "/{path} still {status} after the database came back: {body}\n{}",
+                s.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    s.terminate().await;
+}

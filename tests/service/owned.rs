@@ -235,13 +235,12 @@ async fn the_owned_hardware_demo_recovers_a_silenced_machine_through_its_bmc() {
     shepherd::bmdb::embedded::remove_data_dir(&dir.path().join("var/demo/bmdb")).unwrap();
 }
 
-#[actix_rt::test]
-async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_and_backs_off() {
-    let rig = Rig::new().await;
-    // Nothing listens there: the BMC is down.
+/// One inventory host, node-9, whose BMC is down (nothing listens at its
+/// URL) and whose agent never calls (the endpoint it is told does not
+/// resolve): it goes silent right after its takeover. The configuration's
+/// path.
+fn silent_host_with_a_bmc_that_is_down(rig: &Rig) -> PathBuf {
     let bmc = format!("http://127.0.0.1:{}", Sshd::free_port());
-    // Agents told to call an endpoint that does not resolve never
-    // heartbeat: the machine goes silent right after its takeover.
     let text = format!(
         "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
          {{ id = \"node-9\", address = \"127.0.0.1\", bmc = {{ url = \"{bmc}\", username = \"admin\", password = \"pw-0b7e\" }} }},\n]\n\
@@ -250,7 +249,13 @@ async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_an
          \n[redfish]\ntimeout = \"3s\"\n",
         rig.base_config()
     );
-    let config = rig.write_config("shepherd.toml", &text);
+    rig.write_config("shepherd.toml", &text)
+}
+
+#[actix_rt::test]
+async fn a_silent_machine_whose_bmc_is_down_fails_its_recovery_with_the_cause_and_backs_off() {
+    let rig = Rig::new().await;
+    let config = silent_host_with_a_bmc_that_is_down(&rig);
     let mut s = rig.shepherd(&config, "shepherd.log");
     rig.wait_for_failed_recovery("node-9", "unreachable", &mut s)
         .await;
@@ -285,16 +290,7 @@ async fn a_recovery_failure_the_bmdb_refuses_to_record_cancels_the_lease_naming_
         })
         .await
         .unwrap();
-    let bmc = format!("http://127.0.0.1:{}", Sshd::free_port());
-    let text = format!(
-        "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
-         {{ id = \"node-9\", address = \"127.0.0.1\", bmc = {{ url = \"{bmc}\", username = \"admin\", password = \"pw-0b7e\" }} }},\n]\n\
-         \n[recoverer]\nsilent_after_start = \"2s\"\npoll_interval = \"200ms\"\nbackoff_initial = \"30s\"\n\
-         callback_grace = \"1s\"\nagent_restart_wait = \"1s\"\n\
-         \n[redfish]\ntimeout = \"3s\"\n",
-        rig.base_config()
-    );
-    let config = rig.write_config("shepherd.toml", &text);
+    let config = silent_host_with_a_bmc_that_is_down(&rig);
     let mut s = rig.shepherd(&config, "shepherd.log");
     // The lease ends cancelled, its history naming the failure and why it
     // could not be recorded (not "work dropped").

@@ -90,6 +90,9 @@ pub enum Step {
     braked,
     /// Every step tried failed.
     failed,
+    /// Its agent called an endpoint no shepherd served any more: restarted
+    /// over SSH with this shepherd's endpoint (no power action).
+    rehomed,
 }
 
 impl Step {
@@ -102,6 +105,9 @@ impl Step {
             }
             Step::braked => "power action withheld by the recovery brake",
             Step::failed => "recovery failed",
+            Step::rehomed => {
+                "agent re-homed over SSH: its callback endpoint was no longer served; it calls this shepherd now"
+            }
         }
     }
 }
@@ -122,12 +128,13 @@ impl RecoveryMetrics {
             Step::taken_over_again,
             Step::braked,
             Step::failed,
+            Step::rehomed,
         ] {
             let _ = self.steps.get_or_create(&StepLabel { step });
         }
         registry.register(
             "shepherd_recoveries",
-            "Recoveries by the step that ended them: agent restarted over SSH, rebooted (agent back by itself), taken over again, braked (power action withheld), failed",
+            "Recoveries by the step that ended them: agent restarted over SSH, rebooted (agent back by itself), taken over again, braked (power action withheld), failed, rehomed (agent moved to a served endpoint)",
             self.steps.clone(),
         );
     }
@@ -151,9 +158,18 @@ pub struct Recoverer {
     /// the gentle step is skipped).
     takeover: Option<Rc<TakeoverSettings>>,
     metrics: RecoveryMetrics,
+    /// Agents whose endpoint went unserved this long are re-homed.
+    rehome_after: Duration,
 }
 
 impl Recoverer {
+    /// Re-homes agents whose endpoint went unserved for `after` (default:
+    /// five minutes).
+    pub fn rehoming_after(mut self, after: Duration) -> Self {
+        self.rehome_after = after;
+        self
+    }
+
     pub fn new(
         provider: SharedProvider,
         judge: Judge,
@@ -171,6 +187,7 @@ impl Recoverer {
             waits,
             takeover,
             metrics,
+            rehome_after: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -186,7 +203,7 @@ impl Record for Step {
     async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
         let sql = match self {
             Step::taken_over_again => DROP_AGENT_TAGS,
-            Step::agent_restarted | Step::rebooted => DROP_REBOOT_REQUEST,
+            Step::agent_restarted | Step::rebooted | Step::rehomed => DROP_REBOOT_REQUEST,
             Step::braked | Step::failed => return Ok(()),
         };
         tx.execute(sql, &[&mid]).await.map(|_| ())
@@ -227,8 +244,31 @@ impl LeaseLoop for Recoverer {
                 false,
             ),
         };
-        Ok(m.take()
-            .map(|machine| (machine.machine_id, Recovery { machine, requested })))
+        if let Some(machine) = m.take() {
+            return Ok(Some((
+                machine.machine_id,
+                Recovery {
+                    machine,
+                    requested,
+                    rehome: None,
+                },
+            )));
+        }
+        // Agents whose shepherd is gone with its endpoint: to this one.
+        let Some(own) = self.takeover.as_ref().map(|t| t.endpoint.as_str()) else {
+            return Ok(None);
+        };
+        let mut r = selectors::needs_rehome(tx, j.provider, 1, own, self.rehome_after).await?;
+        Ok(r.pop().map(|(machine, endpoint)| {
+            (
+                machine.machine_id,
+                Recovery {
+                    machine,
+                    requested: false,
+                    rehome: Some(endpoint),
+                },
+            )
+        }))
     }
 
     fn span(&self, machine_id: Uuid, r: &Recovery) -> tracing::Span {
@@ -266,6 +306,9 @@ pub struct Recovery {
     /// An operator asked for a reboot (`machine_reboot_request`); otherwise
     /// its agent went quiet.
     pub requested: bool,
+    /// Its agent calls this endpoint, which no shepherd serves any more:
+    /// re-home it (restart it over SSH with ours), nothing else.
+    pub rehome: Option<String>,
 }
 
 /// Why a recovery did not end well: the step, and the cause.
@@ -282,6 +325,17 @@ impl Recoverer {
         let session = work.session();
         let mid = work.machine_id();
         let fail = |step, cause: String| Failure { step, cause };
+        if let Some(unserved) = &recovery.rehome {
+            // Never a power action: the machine is fine, its shepherd is not.
+            tracing::info!(endpoint = %unserved, "agent calls an endpoint no shepherd serves; re-homing it over SSH");
+            return match restart_agent(shared, session, &recovery.machine).await {
+                Ok(()) => Ok(Step::rehomed),
+                Err(cause) => Err(fail(
+                    Step::failed,
+                    format!("re-homing the agent (its endpoint {unserved} is not served): {cause}"),
+                )),
+            };
+        }
         let mut gentle = None;
         if recovery.requested {
             tracing::info!("rebooting at an operator's request");

@@ -323,7 +323,8 @@ impl Supervisor {
                 },
                 self.takeover.clone(),
                 self.recovery_metrics.clone(),
-            );
+            )
+            .rehoming_after(r.rehome_after);
             self.brake_watch =
                 Some(RoundRunner::new(BrakeWatch::new(judge, r.poll_interval)).start());
             self.recoverer =

@@ -659,3 +659,92 @@ async fn a_killed_agent_is_restarted_over_ssh_and_a_machine_cut_off_is_power_cyc
     assert_eq!(rig.count(again).await, 1, "the history says how");
     assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
 }
+
+/// `(endpoint, agents told it)`, most agents first.
+async fn agents_by_endpoint(bmdb: &Bmdb) -> Vec<(String, i64)> {
+    shepherd_sim::testing::pairs(
+        bmdb,
+        "SELECT agent_endpoint, count(*) FROM machine_agent_started \
+         GROUP BY 1 ORDER BY 2 DESC, 1",
+    )
+    .await
+}
+
+#[actix_rt::test]
+async fn a_shepherd_gone_with_its_own_endpoint_has_its_agents_rehomed_without_a_power_action() {
+    // Agents call every 2 s: silence is 10 s (fleet-sim's configuration).
+    let rig = Rig::new(
+        40,
+        Ipv4Addr::new(127, 0, 28, 1),
+        &["--agent-interval", "2s"],
+    )
+    .await;
+    let endpoints: Vec<String> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", Sshd::free_port()))
+        .collect();
+    let start = |name: &str, endpoint: &str| {
+        rig.shepherd(
+            name,
+            &[
+                ("SHEPHERD__BMAAS__LISTEN", endpoint),
+                ("SHEPHERD__BMAAS__ENDPOINT", endpoint),
+                ("SHEPHERD__RECOVERER__REHOME_AFTER", "10s"),
+                ("SHEPHERD__RECOVERER__BACKOFF_INITIAL", "2s"),
+            ],
+        )
+    };
+    let mut shepherds = vec![start("a", &endpoints[0]), start("b", &endpoints[1])];
+    {
+        let mut running: Vec<&mut ShepherdProcess> = shepherds.iter_mut().collect();
+        rig.wait_fresh(40, 4.0, Duration::from_secs(180), &mut running)
+            .await;
+    }
+    // The shepherd whose endpoint most agents were told is killed, and
+    // stays down.
+    let told = agents_by_endpoint(&rig.bmdb).await;
+    let (dead_endpoint, orphans) = told[0].clone();
+    let dead = endpoints.iter().position(|e| *e == dead_endpoint).unwrap();
+    let mut survivor = shepherds.remove(1 - dead);
+    let mut killed = shepherds.remove(0);
+    killed.kill();
+    let killed_at = Instant::now();
+    eprintln!("killed the shepherd at {dead_endpoint}, told to {orphans} agents");
+    // Within the grace (10 s) plus a minute every agent calls the survivor.
+    loop {
+        if rig.fresh(killed_at.elapsed().as_secs_f64()).await >= 40 {
+            break;
+        }
+        keep_waiting(
+            &mut [&mut survivor],
+            killed_at.elapsed() < Duration::from_secs(70),
+            format_args!("40 agents calling the survivor"),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "every agent heard from {:?} after the kill",
+        killed_at.elapsed()
+    );
+    let survivor_endpoint = &endpoints[1 - dead];
+    assert_eq!(
+        agents_by_endpoint(&rig.bmdb).await,
+        [(survivor_endpoint.clone(), 40)],
+        "every agent now told the survivor's endpoint"
+    );
+    assert_eq!(rig.reboots().await, 0, "no power action");
+    const REHOMED: &str = "SELECT count(*) FROM work_history WHERE process = 'ShepherdRecovery' \
+         AND event = 'Finished' AND detail LIKE 'agent re-homed over SSH%'";
+    // Each re-homing ends once its agent called: the history names the
+    // step for each orphan, and for no other machine.
+    rig.wait_for(
+        "every orphan's re-homing recorded",
+        REHOMED,
+        orphans,
+        Duration::from_secs(30),
+        &mut [&mut survivor],
+    )
+    .await;
+    assert_eq!(rig.count(REHOMED).await, orphans);
+    survivor.assert_running();
+    assert_eq!(survivor.terminate(Duration::from_secs(20)), Some(0));
+}

@@ -899,6 +899,24 @@ pub async fn served_since(bmdb: &Bmdb, endpoint: &str, ago: Duration) {
     .unwrap();
 }
 
+/// The rows of `sql`, two columns each, as pairs (a count by group).
+pub async fn pairs<A, B>(bmdb: &Bmdb, sql: &'static str) -> Vec<(A, B)>
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    bmdb.transact(async |tx| {
+        Ok(tx
+            .query(sql, &[])
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    })
+    .await
+    .unwrap()
+}
+
 /// [`TEST_ENDPOINT`] served for a day: every silent machine on it (or with
 /// no recorded endpoint, judged by it) is judgeable.
 pub async fn serve_test_endpoint(bmdb: &Bmdb) {

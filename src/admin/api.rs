@@ -587,6 +587,10 @@ pub struct CallbackEndpoint {
     pub served: bool,
     pub serving_since: String,
     pub served_until: String,
+    /// Agents told this endpoint at their takeover: while it is not
+    /// served, nobody hears them (they are re-homed after
+    /// `recoverer.rehome_after`).
+    pub agents: i64,
 }
 
 /// A progress phase's name, for people and JSON.

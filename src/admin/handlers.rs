@@ -115,6 +115,7 @@ pub async fn brake_state(
     responses(
         (status = 200, description = "the brake, the callback endpoints served, the last fleet-wide actions", body = api::BrakeBody),
         (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
@@ -144,6 +145,7 @@ pub async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
                     served: e.served,
                     serving_since: rfc3339(e.serving_since),
                     served_until: rfc3339(e.served_until),
+                    agents: e.agents,
                 })
                 .collect(),
             operator_actions: acts.iter().map(api::Action::from).collect(),
@@ -284,6 +286,7 @@ impl Listing {
         (status = 200, description = "a page of the fleet", body = api::MachineList),
         (status = 400, description = "a parameter is wrong (named)", body = api::ErrorBody),
         (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
     let filter = match q.filter(&admin) {
@@ -340,6 +343,7 @@ pub async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpR
         (status = 200, description = "the machine", body = api::MachineDetailBody),
         (status = 400, description = "the ID is not a UUID", body = api::ErrorBody),
         (status = 401, description = "a bearer token is required", body = api::ErrorBody),
+        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 404, description = "no such machine", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {

@@ -397,6 +397,7 @@ pub async fn api_rollout_create(
     responses(
         (status = 200, description = "the latest 100 rollouts", body = super::api::RolloutList),
         (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = super::api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollouts(admin: web::Data<Admin>) -> HttpResponse {
     match admin
@@ -445,6 +446,7 @@ pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Membe
         (status = 200, description = "the rollout and its machines", body = super::api::RolloutDetail),
         (status = 400, description = "the ID is not a UUID", body = super::api::ErrorBody),
         (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = super::api::ErrorBody),
         (status = 404, description = "no such rollout", body = super::api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollout(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
@@ -522,6 +524,7 @@ pub async fn api_rollout_cancel(
     responses(
         (status = 200, description = "the images this shepherd serves", body = super::api::ImageList),
         (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = super::api::ErrorBody),
         (status = 404, description = "this shepherd serves no images", body = super::api::ErrorBody),
         (status = 500, description = "the image directory cannot be read", body = super::api::ErrorBody)))]
 pub async fn api_images(admin: web::Data<Admin>) -> HttpResponse {

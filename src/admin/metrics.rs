@@ -228,7 +228,8 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
                 Some(j) => Some(crate::bmdb::brake::state(tx, j).await?),
                 None => None,
             };
-            Ok((sessions, backoffs, counts, agents, brake))
+            let endpoints = crate::bmdb::callback::endpoints(tx).await?;
+            Ok((sessions, backoffs, counts, agents, brake, endpoints))
         })
         .await;
     let st = status(&admin).await;
@@ -274,7 +275,20 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         ],
     );
     match db {
-        Ok((sessions, backoffs, counts, (heartbeating, silent), brake)) => {
+        Ok((sessions, backoffs, counts, (heartbeating, silent), brake, endpoints)) => {
+            p.gauges(
+                "shepherd_callback_endpoint_agents",
+                "Agents told each callback endpoint at their takeover, by whether a shepherd serves it now (agents of an endpoint nobody serves are not heard, and are re-homed after recoverer.rehome_after)",
+                endpoints.iter().map(|e| {
+                    (
+                        labels(&[
+                            ("endpoint", e.endpoint.as_str()),
+                            ("served", if e.served { "true" } else { "false" }),
+                        ]),
+                        e.agents,
+                    )
+                }),
+            );
             fleet_samples(
                 &mut p,
                 sessions,

@@ -155,10 +155,11 @@ pub(super) async fn fleet_page(
                     Some(j) => Some(crate::bmdb::brake::state(tx, j).await?),
                     None => None,
                 },
+                crate::bmdb::callback::endpoints(tx).await?,
             ))
         })
         .await;
-    let (listing, activity, sessions, brake) = match r {
+    let (listing, activity, sessions, brake, endpoints) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
@@ -283,6 +284,46 @@ pub(super) async fn fleet_page(
         b.push_str("<tr><td colspan=\"6\">no session alive</td></tr>");
     }
     b.push_str("</table></section>");
+
+    // Agents nobody hears: told an endpoint no shepherd serves.
+    b.push_str(
+        "<section id=\"endpoints\"><h2>Callback endpoints</h2><table id=\"endpoint-list\">\
+         <tr><th>endpoint</th><th>served</th><th>since</th><th>agents told it</th></tr>",
+    );
+    for e in &endpoints {
+        let _ = write!(
+            b,
+            "<tr class=\"{class}\" data-endpoint=\"{ep}\"><td>{ep}</td><td>{served}</td><td>{since}</td><td>{n}</td></tr>",
+            class = if e.served || e.agents == 0 {
+                ""
+            } else {
+                "unserved"
+            },
+            ep = esc(&e.endpoint),
+            served = if e.served { "served" } else { "NOT SERVED" },
+            since = if e.served {
+                ago(e.serving_since)
+            } else {
+                ago(e.served_until)
+            },
+            n = e.agents,
+        );
+    }
+    b.push_str("</table>");
+    let unheard: Vec<String> = endpoints
+        .iter()
+        .filter(|e| !e.served && e.agents > 0)
+        .map(|e| format!("{} agents call {}", e.agents, esc(&e.endpoint)))
+        .collect();
+    if !unheard.is_empty() {
+        let _ = write!(
+            b,
+            "<p class=\"error\" id=\"unserved\">{}, which no shepherd serves: nobody hears them; \
+             they are not judged silent, and a shepherd re-homes them over SSH after recoverer.rehome_after.</p>",
+            unheard.join("; ")
+        );
+    }
+    b.push_str("</section>");
 
     b.push_str("<div class=\"row\"><section id=\"provisioner\"><h2>Provisioner</h2>");
     match &st.provisioner {

@@ -31,8 +31,12 @@ pub(crate) const SERVE: &str = "INSERT INTO callback_endpoint (endpoint, serving
 const JUDGEABLE: &str = "SELECT endpoint FROM callback_endpoint \
      WHERE served_until > now() AND serving_since <= now() - make_interval(secs => $1)";
 
-const ALL: &str = "SELECT endpoint, serving_since, served_until, served_until > now() \
-     FROM callback_endpoint ORDER BY endpoint";
+const ALL: &str = "SELECT c.endpoint, c.serving_since, c.served_until, c.served_until > now(), \
+     COALESCE(a.n, 0) FROM callback_endpoint c \
+     LEFT JOIN (SELECT agent_endpoint, count(*) AS n FROM machine_agent_started \
+                 WHERE agent_endpoint IS NOT NULL GROUP BY agent_endpoint) a \
+       ON a.agent_endpoint = c.endpoint \
+     ORDER BY c.endpoint";
 
 /// The fleet's callback CA: the DER certificate and its key (PKCS#8 PEM).
 pub struct CallbackCa {
@@ -95,6 +99,8 @@ pub struct ServedEndpoint {
     pub serving_since: SystemTime,
     pub served_until: SystemTime,
     pub served: bool,
+    /// Agents told this endpoint at their takeover.
+    pub agents: i64,
 }
 
 /// Every endpoint ever served, served or not now.
@@ -108,6 +114,7 @@ pub async fn endpoints(tx: &mut Tx<'_>) -> Result<Vec<ServedEndpoint>, BmdbError
             serving_since: r.get(1),
             served_until: r.get(2),
             served: r.get(3),
+            agents: r.get(4),
         })
         .collect())
 }

@@ -166,6 +166,29 @@ const COUNT_SILENT: &str = concat!(
     silent!("$2", "$3", "$4")
 );
 
+/// Agents told an endpoint no shepherd has served for `$4` seconds (not
+/// `$3`, the leaser's own), started at least that long ago and not heard
+/// from since; with that endpoint. Longest unserved first.
+const NEEDS_REHOME: &str = concat!(
+    "SELECT ",
+    provided_columns!(),
+    ", a.agent_endpoint FROM machine_summary s \
+       JOIN machine_provided p ON p.machine_id = s.machine_id \
+       JOIN machine_agent_started a ON a.machine_id = s.machine_id \
+       JOIN callback_endpoint c ON c.endpoint = a.agent_endpoint \
+      WHERE s.provider = $1 AND NOT s.shepherd_work AND NOT s.held \
+        AND NOT s.installation_fulfilled AND s.recovery_not_before <= now() \
+        AND a.agent_endpoint <> $3 \
+        AND c.served_until < now() - make_interval(secs => $4) \
+        AND s.agent_started_at < now() - make_interval(secs => $4) \
+        AND (s.agent_heartbeat_at IS NULL OR s.agent_heartbeat_at < now() - make_interval(secs => $4)) \
+      ORDER BY c.served_until, s.machine_id LIMIT $2 FOR NO KEY UPDATE OF s SKIP LOCKED"
+);
+
+/// Whether any endpoint but `$1` has gone unserved for `$2` seconds.
+const ANY_UNSERVED: &str = "SELECT EXISTS (SELECT 1 FROM callback_endpoint \
+     WHERE endpoint <> $1 AND served_until < now() - make_interval(secs => $2))";
+
 const NEEDS_REBOOT: &str = summary_selector!(
     "s.reboot_requested AND s.recovery_not_before <= now()",
     "s.machine_id"
@@ -281,6 +304,34 @@ pub async fn needs_recovery(
         out.extend(rows.iter().map(ProvidedMachine::from_row));
     }
     Ok(out)
+}
+
+/// Machines whose agent was told an endpoint that no shepherd has served
+/// for `after` (its shepherd is gone, with its own endpoint): the
+/// Recoverer restarts their agents with `own_endpoint`. Each with the
+/// endpoint it was told. Nothing is scanned while every endpoint is
+/// served.
+pub async fn needs_rehome(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    limit: i64,
+    own_endpoint: &str,
+    after: std::time::Duration,
+) -> Result<Vec<(ProvidedMachine, String)>, BmdbError> {
+    let after = after.as_secs_f64();
+    let any: bool = tx
+        .query_one(ANY_UNSERVED, &[&own_endpoint, &after])
+        .await?
+        .get(0);
+    if !any {
+        return Ok(Vec::new());
+    }
+    Ok(tx
+        .query(NEEDS_REHOME, &[&provider, &limit, &own_endpoint, &after])
+        .await?
+        .iter()
+        .map(|r| (ProvidedMachine::from_row(r), r.get(7)))
+        .collect())
 }
 
 /// How many machines of `provider` are judged silent now, by the rules of

@@ -78,8 +78,9 @@ pub async fn run(mut cfg: Config, cmd: BrakeCommand) -> anyhow::Result<()> {
             );
             for e in endpoints {
                 println!(
-                    "callback endpoint {}: {} since {}",
+                    "callback endpoint {} ({} agents): {} since {}",
                     e.endpoint,
+                    e.agents,
                     if e.served { "served" } else { "not served" },
                     t(if e.served {
                         e.serving_since

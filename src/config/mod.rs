@@ -614,6 +614,11 @@ pub struct RecovererConfig {
     /// (its systemd unit) before the machine is taken over again.
     #[serde(with = "humantime_serde")]
     pub agent_return_wait: Duration,
+    /// Agents whose callback endpoint no shepherd has served for this long
+    /// (their shepherd is gone with its endpoint) are re-homed: restarted
+    /// over SSH with this shepherd's endpoint, never power-cycled.
+    #[serde(with = "humantime_serde")]
+    pub rehome_after: Duration,
     /// The brake: power actions for silence stop while more machines than
     /// the larger of this count...
     pub brake_max_silent: u32,
@@ -653,6 +658,7 @@ impl Default for RecovererConfig {
             callback_grace: Duration::from_secs(60),
             agent_restart_wait: Duration::from_secs(2 * 60),
             agent_return_wait: Duration::from_secs(3 * 60),
+            rehome_after: Duration::from_secs(5 * 60),
             brake_max_silent: 3,
             brake_max_silent_share: 0.1,
             brake_window: Duration::from_secs(10 * 60),

@@ -133,12 +133,18 @@ fn settle() {
 }
 
 fn dd(image: &Path, target: &Path) -> f64 {
+    dd_into(target, &[format!("if={}", image.display())])
+}
+
+/// Seconds `dd` takes writing into `target` with direct I/O, 4 MiB blocks,
+/// synced at the end, reading as `input` says (`if=…`, `count=…`).
+fn dd_into(target: &Path, input: &[String]) -> f64 {
     settle();
     let started = Instant::now();
     let out = Command::new("dd")
-        .arg(format!("if={}", image.display()))
+        .args(input)
         .arg(format!("of={}", target.display()))
-        .args(["bs=4M", "oflag=direct", "conv=fsync"])
+        .args(["bs=4M", "oflag=direct", "conv=fsync,notrunc"])
         .output()
         .unwrap();
     assert!(
@@ -197,24 +203,14 @@ fn sha256_rate(mib: u64) -> f64 {
     mib as f64 / started.elapsed().as_secs_f64()
 }
 
-/// MiB/s the target takes with direct I/O (`dd if=/dev/zero bs=4M
-/// oflag=direct conv=fsync`), `mib` MiB.
+/// MiB/s the target takes with direct I/O: `mib` MiB from /dev/zero.
 fn direct_write_rate(target: &Path, mib: u64) -> f64 {
-    settle();
-    let started = Instant::now();
-    let out = Command::new("dd")
-        .arg("if=/dev/zero")
-        .arg(format!("of={}", target.display()))
-        .args(["bs=4M", "oflag=direct", "conv=fsync,notrunc"])
-        .arg(format!("count={}", mib / 4))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "dd: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let blocks = mib / 4;
+    let seconds = dd_into(
+        target,
+        &["if=/dev/zero".to_string(), format!("count={blocks}")],
     );
-    (mib / 4 * 4) as f64 / started.elapsed().as_secs_f64()
+    (blocks * 4) as f64 / seconds
 }
 
 /// MiB/s of one download of `url` into nothing (curl over TLS, `ca_pem`).

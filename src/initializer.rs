@@ -278,11 +278,12 @@ impl Initializer {
 #[derive(Debug)]
 pub enum Takeover {
     /// The agent started: its key and endpoint, the host key on first
-    /// contact, the address if the provider had to be asked for it.
+    /// contact, and the address it was reached at (remembered when the
+    /// provider had to be asked for it).
     Started {
         taken: TakenOver,
         record_host_key: bool,
-        looked_up: Option<IpAddr>,
+        looked_up: bool,
         address: IpAddr,
         endpoint: String,
     },
@@ -298,12 +299,12 @@ impl Record for Takeover {
                 taken,
                 record_host_key,
                 looked_up,
+                address,
                 endpoint,
-                ..
             } => {
                 record_agent(tx, mid, taken, endpoint, *record_host_key).await?;
-                if let Some(a) = looked_up {
-                    machines::set_address(tx, mid, &a.to_string()).await?;
+                if *looked_up {
+                    machines::set_address(tx, mid, &address.to_string()).await?;
                 }
                 Ok(())
             }
@@ -373,11 +374,11 @@ impl LeaseLoop for Initializer {
 
         // The address: from the BMDB, else from the provider (and remembered).
         let (address, looked_up) = match machine.address() {
-            Some(a) => (a, None),
+            Some(a) => (a, false),
             None => match &self.address_lookup {
                 None => return failed("the machine has no address".into()),
                 Some(lookup) => match lookup(machine.clone()).await {
-                    Ok(Some(a)) => (a, Some(a)),
+                    Ok(Some(a)) => (a, true),
                     Ok(None) => {
                         return failed("the provider has no address for the machine".into());
                     }

@@ -34,67 +34,80 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             )
             .service(
                 web::scope("")
-                    .wrap(from_fn(database_bound))
                     .wrap(from_fn(auth::require_operator))
                     // Malformed paths answer JSON like the rest (queries: `Query`).
                     .app_data(web::PathConfig::default().error_handler(|e, _| json_error(e)))
+                    // These two answer whatever the BMDB does: `/readyz`
+                    // bounds its own reads (its body says what it could
+                    // tell), `/metrics` serves this process's own series.
                     .service(read_only("/readyz", readyz))
                     .service(read_only("/metrics", metrics))
-                    .service(read_only("/api/v1/machines", api_machines))
-                    .service(read_only("/api/v1/machines/{id}", api_machine))
-                    .service(post_only(
-                        "/api/v1/machines/{id}/install",
-                        installs::api_install,
-                    ))
-                    .service(post_only("/api/v1/machines/{id}/{action}", api_action))
-                    .service(read_and_post(
-                        "/api/v1/rollouts",
-                        installs::api_rollouts,
-                        installs::api_rollout_create,
-                    ))
-                    .service(read_only("/api/v1/rollouts/{id}", installs::api_rollout))
-                    .service(post_only(
-                        "/api/v1/rollouts/{id}/cancel",
-                        installs::api_rollout_cancel,
-                    ))
-                    .service(read_only("/api/v1/images", installs::api_images))
-                    .service(read_only("/api/v1/openapi.json", openapi::openapi_json))
-                    .service(read_only("/api/v1/brake", api_brake))
-                    .service(post_only("/api/v1/brake/release", api_brake_release))
-                    .service(post_only("/brake/release", pages::brake_form))
-                    .service(read_only("/", pages::fleet_page))
-                    .service(read_only("/machines/{id}", pages::machine_page))
-                    .service(post_only(
-                        "/machines/{id}/install",
-                        install_pages::install_form,
-                    ))
-                    .service(post_only("/machines/{id}/{action}", pages::form_action))
-                    .service(read_and_post(
-                        "/rollouts",
-                        install_pages::rollouts_page,
-                        install_pages::rollout_form,
-                    ))
-                    .service(read_only("/rollouts/{id}", install_pages::rollout_page))
-                    .service(post_only(
-                        "/rollouts/{id}/cancel",
-                        install_pages::cancel_form,
-                    )),
+                    .service(bounded_by_the_database()),
             ),
     );
 }
 
-/// Every route that reads or writes the BMDB answers within
-/// `admin.database_timeout`: when the database has not answered by then,
-/// 503 naming it (JSON for the API, an error page for the pages), never a
-/// hang. `/readyz` bounds itself (its body says what it could tell);
-/// `/metrics` answers without the database.
+/// The routes that wait for the BMDB, each answering within
+/// `admin.database_timeout`.
+fn bounded_by_the_database() -> actix_web::Scope<
+    impl actix_web::dev::ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<BoxBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    web::scope("")
+        .wrap(from_fn(database_bound))
+        .service(read_only("/api/v1/machines", api_machines))
+        .service(read_only("/api/v1/machines/{id}", api_machine))
+        .service(post_only(
+            "/api/v1/machines/{id}/install",
+            installs::api_install,
+        ))
+        .service(post_only("/api/v1/machines/{id}/{action}", api_action))
+        .service(read_and_post(
+            "/api/v1/rollouts",
+            installs::api_rollouts,
+            installs::api_rollout_create,
+        ))
+        .service(read_only("/api/v1/rollouts/{id}", installs::api_rollout))
+        .service(post_only(
+            "/api/v1/rollouts/{id}/cancel",
+            installs::api_rollout_cancel,
+        ))
+        .service(read_only("/api/v1/images", installs::api_images))
+        .service(read_only("/api/v1/openapi.json", openapi::openapi_json))
+        .service(read_only("/api/v1/brake", api_brake))
+        .service(post_only("/api/v1/brake/release", api_brake_release))
+        .service(post_only("/brake/release", pages::brake_form))
+        .service(read_only("/", pages::fleet_page))
+        .service(read_only("/machines/{id}", pages::machine_page))
+        .service(post_only(
+            "/machines/{id}/install",
+            install_pages::install_form,
+        ))
+        .service(post_only("/machines/{id}/{action}", pages::form_action))
+        .service(read_and_post(
+            "/rollouts",
+            install_pages::rollouts_page,
+            install_pages::rollout_form,
+        ))
+        .service(read_only("/rollouts/{id}", install_pages::rollout_page))
+        .service(post_only(
+            "/rollouts/{id}/cancel",
+            install_pages::cancel_form,
+        ))
+}
+
+/// Answers within `admin.database_timeout`: when the database has not
+/// answered by then, 503 naming it (JSON for the API, an error page for
+/// the pages), never a hang.
 async fn database_bound(
     req: ServiceRequest,
     next: Next<BoxBody>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    if matches!(req.path(), "/readyz" | "/metrics") {
-        return next.call(req).await;
-    }
     let bound = req
         .app_data::<web::Data<Admin>>()
         .map_or(std::time::Duration::from_secs(1), |a| a.database_timeout);
@@ -106,7 +119,9 @@ async fn database_bound(
         Ok(answer) => answer,
         Err(_) => {
             let message = no_answer(bound);
-            tracing::warn!(%path, "{message}; answered 503");
+            // A probe every second would repeat this: the session's and
+            // the pool's own warnings say the database is away.
+            tracing::debug!(%path, "{message}; answered 503");
             let answer = if path.starts_with("/api/") {
                 error_response(StatusCode::SERVICE_UNAVAILABLE, &message)
             } else {

@@ -104,9 +104,10 @@ async fn an_outage_during_takeovers_leaves_no_lease_without_a_worker() {
     s.terminate().await;
 }
 
-#[actix_rt::test]
-async fn after_a_long_outage_a_new_session_comes_within_seconds() {
-    let mut rig = Rig::with_own_postgres().await;
+/// Two inventory hosts taken over by `shepherd run` (5 s sessions), on a
+/// PostgreSQL of the test's own, to stop and start.
+async fn two_hosts_taken_over_on_a_postgres_of_our_own() -> (Rig, Shepherd) {
+    let rig = Rig::with_own_postgres().await;
     let mut s = rig.run_inventory(2, "session_interval = \"5s\"", "ok");
     rig.wait_for(
         "2 agents started",
@@ -116,6 +117,12 @@ async fn after_a_long_outage_a_new_session_comes_within_seconds() {
         &mut s,
     )
     .await;
+    (rig, s)
+}
+
+#[actix_rt::test]
+async fn after_a_long_outage_a_new_session_comes_within_seconds() {
+    let (mut rig, mut s) = two_hosts_taken_over_on_a_postgres_of_our_own().await;
     let before = rig.sessions_alive().await;
     assert_eq!(before.len(), 1);
     rig.db.own().stop();
@@ -214,16 +221,7 @@ async fn probe(s: &Shepherd, path: &str, within: Duration) -> (u16, String) {
 
 #[actix_rt::test]
 async fn with_the_database_away_readiness_the_api_and_the_pages_answer_503_at_once() {
-    let mut rig = Rig::with_own_postgres().await;
-    let mut s = rig.run_inventory(2, "session_interval = \"5s\"", "ok");
-    rig.wait_for(
-        "2 agents started",
-        AGENTS,
-        2,
-        Duration::from_secs(30),
-        &mut s,
-    )
-    .await;
+    let (mut rig, mut s) = two_hosts_taken_over_on_a_postgres_of_our_own().await;
     const ROUTES: [&str; 3] = ["readyz", "api/v1/machines", ""];
     for path in ROUTES {
         let (status, body) = probe(&s, path, Duration::from_secs(10)).await;

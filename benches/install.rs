@@ -22,16 +22,19 @@
 //! The target is a loop device with direct I/O over a file when run as
 //! root (writes reach the disk under it), else the file itself. SHEPHERD_BENCH_IMAGE_MIB (default 4096) sizes the image,
 //! SHEPHERD_BENCH_SERVE_MIB (default 256) the file served to the 50
-//! clients. Needs nginx (Debian's nginx-light) for the last comparison.
+//! clients. Needs nginx (Debian's nginx-light) for the last comparison,
+//! and PostgreSQL (the image server asks the BMDB who may download: every
+//! download here is by a machine's agent key, as in the field).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shepherd::bmdb::Bmdb;
 use shepherd::callback::{CertFiles, ServerIdentity};
-use shepherd::images::{ImageCatalog, ImageServer};
-use shepherd_sim::testing::Sshd;
+use shepherd::images::{DownloadGate, ImageCatalog, ImageServer};
+use shepherd_sim::testing::{Sshd, TestDb};
 
 const MIB: u64 = 1 << 20;
 
@@ -161,12 +164,14 @@ struct AgentRun {
     peak_rss_mb: f64,
 }
 
-fn agent(url: &str, digest: &str, target: &Path, ca: &Path) -> AgentRun {
+fn agent(url: &str, digest: &str, target: &Path, ca: &Path, key: &Path) -> AgentRun {
     settle();
     let out = Command::new(shepherd_sim::bin("takeover-agent"))
         .args(["--install", url, digest])
         .arg(target)
         .arg(ca)
+        .arg("--key")
+        .arg(key)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -213,12 +218,35 @@ fn direct_write_rate(target: &Path, mib: u64) -> f64 {
     (blocks * 4) as f64 / seconds
 }
 
-/// MiB/s of one download of `url` into nothing (curl over TLS, `ca_pem`).
-fn null_sink_rate(url: &str, ca_pem: &Path, bytes: u64) -> f64 {
+/// The files curl shows shepherd's image server: the CA, and an agent's
+/// certificate and key.
+struct CurlTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl CurlTls {
+    fn args(&self) -> String {
+        format!(
+            "--cacert '{}' --cert '{}' --key '{}'",
+            self.ca.display(),
+            self.cert.display(),
+            self.key.display()
+        )
+    }
+}
+
+/// MiB/s of one download of `url` into nothing (curl over TLS).
+fn null_sink_rate(url: &str, tls: &CurlTls, bytes: u64) -> f64 {
     let started = Instant::now();
     let out = Command::new("curl")
         .args(["-sSf", "-o", "/dev/null", "--cacert"])
-        .arg(ca_pem)
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
         .arg(url)
         .output()
         .unwrap();
@@ -232,12 +260,12 @@ fn null_sink_rate(url: &str, ca_pem: &Path, bytes: u64) -> f64 {
 
 /// Seconds an operator's pipeline takes to install `url` by hand: fetch,
 /// hash beside, write with direct I/O.
-fn by_hand(url: &str, ca_pem: &Path, target: &Path) -> f64 {
+fn by_hand(url: &str, tls: &CurlTls, target: &Path) -> f64 {
     settle();
     let script = format!(
-        "set -o pipefail; curl -sSf --cacert '{}' '{url}' | tee >(sha256sum >/dev/null) \
+        "set -o pipefail; curl -sSf {} '{url}' | tee >(sha256sum >/dev/null) \
          | dd of='{}' bs=4M iflag=fullblock oflag=direct conv=fsync,notrunc status=none",
-        ca_pem.display(),
+        tls.args(),
         target.display()
     );
     let started = Instant::now();
@@ -315,8 +343,8 @@ impl Drop for Nginx {
 
 /// 50 clients fetching `url` at once (the agent's own HTTP client); the
 /// aggregate bytes per second.
-async fn fifty(url: &str, ca: &[u8], size: u64) -> f64 {
-    use shepherd_agent::install::fetch::{AsyncSink, FetchLimits, fetch};
+async fn fifty(url: &str, ca: &[u8], seeds: &[[u8; 32]], size: u64) -> f64 {
+    use shepherd_agent::install::fetch::{AgentKey, AsyncSink, FetchLimits, fetch};
     struct Count(Arc<std::sync::atomic::AtomicU64>);
     impl AsyncSink for Count {
         async fn put(&mut self, piece: bytes::Bytes) -> Result<(), String> {
@@ -328,12 +356,14 @@ async fn fifty(url: &str, ca: &[u8], size: u64) -> f64 {
     let total = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..50 {
+    for seed in seeds.iter().take(50) {
         let (url, ca, total) = (url.to_string(), ca.to_vec(), total.clone());
+        let key = AgentKey(*seed);
         tasks.push(tokio::spawn(async move {
             fetch(
                 &url,
                 &ca,
+                Some(&key),
                 Some(size),
                 &FetchLimits::default(),
                 Count(total),
@@ -352,6 +382,42 @@ async fn fifty(url: &str, ca: &[u8], size: u64) -> f64 {
         "every client got every byte"
     );
     (50 * size) as f64 / secs
+}
+
+/// A machine whose agent holds the key of `seed`, asked to install the
+/// served image `name` (the image server's grant).
+async fn asked_machine(bmdb: &Bmdb, seed: [u8; 32], name: &str) {
+    use shepherd::bmdb::installations::{Asker, ask};
+    use shepherd::bmdb::machines::{NewProvidedMachine, create_provided, set_agent_started};
+    let key = ed25519_dalek::SigningKey::from_bytes(&seed)
+        .verifying_key()
+        .to_bytes();
+    let m = NewProvidedMachine {
+        provider: shepherd::bmdb::Provider::None,
+        provider_id: format!("bench-{}", uuid::Uuid::new_v4()),
+        reservation_id: None,
+        ip_address: Some("192.0.2.1".into()),
+        location: None,
+        status: None,
+    };
+    let image = shepherd_proto::api::ImageInstallation {
+        url: format!("https://127.0.0.1:7831/images/{name}"),
+        digest: format!("sha256:{}", "0".repeat(64)),
+        ..Default::default()
+    };
+    let asker = Asker {
+        actor: "bench",
+        action_id: uuid::Uuid::new_v4(),
+        rollout_id: None,
+        reason: None,
+    };
+    bmdb.transact(async |tx| {
+        let id = create_provided(tx, &m).await?;
+        set_agent_started(tx, id, &key, None).await?;
+        ask(tx, id, &image, &asker).await
+    })
+    .await
+    .unwrap();
 }
 
 fn main() {
@@ -389,8 +455,36 @@ fn main() {
         pem::encode(&pem::Pem::new("CERTIFICATE", identity.ca_der.clone())),
     )
     .unwrap();
+    // The installing agent's key, as the resident agent keeps it, and as
+    // curl shows it.
+    let seed: [u8; 32] = rand::random();
+    let key_path = work.path().join("agent.key");
+    std::fs::write(&key_path, seed).unwrap();
+    let (cert, key) = shepherd_agent::callback::self_signed_agent_cert(&seed).unwrap();
+    let curl_tls = CurlTls {
+        ca: ca_pem.clone(),
+        cert: work.path().join("agent.pem"),
+        key: work.path().join("agent-key.pem"),
+    };
+    std::fs::write(
+        &curl_tls.cert,
+        pem::encode(&pem::Pem::new("CERTIFICATE", cert.to_vec())),
+    )
+    .unwrap();
+    std::fs::write(
+        &curl_tls.key,
+        pem::encode(&pem::Pem::new("PRIVATE KEY", key.secret_der().to_vec())),
+    )
+    .unwrap();
+    let downloaders: Vec<[u8; 32]> = (0..50).map(|_| rand::random()).collect();
     let system = actix_rt::System::new();
     system.block_on(async move {
+        let db = TestDb::new().await;
+        let bmdb = db.bmdb().await;
+        asked_machine(&bmdb, seed, "disk.img").await;
+        for s in &downloaders {
+            asked_machine(&bmdb, *s, "served.img").await;
+        }
         let port = Sshd::free_port();
         let catalog = ImageCatalog::new(
             images.clone(),
@@ -399,6 +493,10 @@ fn main() {
         );
         let server = ImageServer::start(
             &catalog,
+            DownloadGate {
+                bmdb: bmdb.clone(),
+                timeout: Duration::from_secs(5),
+            },
             ([127, 0, 0, 1], port).into(),
             identity.web_server_config().unwrap(),
             2,
@@ -420,7 +518,7 @@ fn main() {
             .as_ref()
             .map(|_| format!("http://127.0.0.1:{}/images/disk.img", nginx_ports.1));
         let target_path = target.path.clone();
-        let (image2, ca2, pem2) = (image.clone(), ca_path.clone(), ca_pem.clone());
+        let (image2, ca2) = (image.clone(), ca_path.clone());
         let image_bytes = image_mib * MIB;
         // Alternate, twice each: the disk's caches favour nobody.
         let runs = tokio::task::spawn_blocking(move || {
@@ -432,12 +530,12 @@ fn main() {
             for _ in 0..2 {
                 dd_s.push(dd(&image2, &target_path));
                 if let Some(u) = &plain_url {
-                    plain_runs.push(agent(u, &digest, &target_path, &ca2));
+                    plain_runs.push(agent(u, &digest, &target_path, &ca2, &key_path));
                 }
-                tls_runs.push(agent(&tls_url, &digest, &target_path, &ca2));
-                hand.push(by_hand(&tls_url, &pem2, &target_path));
+                tls_runs.push(agent(&tls_url, &digest, &target_path, &ca2, &key_path));
+                hand.push(by_hand(&tls_url, &curl_tls, &target_path));
                 // The limits: the best seen of each.
-                limits.0 = limits.0.max(null_sink_rate(&tls_url, &pem2, image_bytes));
+                limits.0 = limits.0.max(null_sink_rate(&tls_url, &curl_tls, image_bytes));
                 limits.1 = limits.1.max(sha256_rate(1024));
                 limits.2 = limits.2.max(direct_write_rate(&target_path, image_mib.min(2048)));
             }
@@ -459,12 +557,13 @@ fn main() {
         // Serving: shepherd's image server, then nginx, same file and cert.
         let served_url = format!("https://127.0.0.1:{port}/images/served.img");
         let size = serve_mib * MIB;
-        let ours = fifty(&served_url, &identity.ca_der, size).await;
+        let ours = fifty(&served_url, &identity.ca_der, &downloaders, size).await;
         let theirs = match &nginx {
             Some(_) => Some(
                 fifty(
                     &format!("https://127.0.0.1:{}/images/served.img", nginx_ports.0),
                     &identity.ca_der,
+                    &downloaders,
                     size,
                 )
                 .await,

@@ -11,6 +11,17 @@
 //! back from the kernel), not on the name, so a name swapped for a link
 //! after the listing serves nothing outside.
 //!
+//! Downloads need a credential: the agent's own key, as the callback's
+//! mTLS proves it. The server asks every client for a certificate; a
+//! download is served only to an agent the BMDB knows by that key
+//! (`machine_agent_started`) whose machine's installation request, not yet
+//! answered, names the image. Without a certificate the answer is 401,
+//! with an unknown one or for an image the machine was not asked to
+//! install 403, and 503 when the BMDB cannot tell within the bound. A
+//! capability in the URL would travel in logs, proxies and the request
+//! itself (readable on the machine by its tenant); the key never leaves
+//! the agent, and the grant ends with the request's answer.
+//!
 //! An installation names a served image by its file name; the
 //! [`ImageCatalog`] turns that into the URL agents fetch, the image's size
 //! and its SHA-256 digest (computed once per file version, on a blocking
@@ -24,6 +35,9 @@ use std::time::SystemTime;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use sha2::Digest as _;
+
+use crate::bmdb::Bmdb;
+use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 /// What an installation needs to fetch a served image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,8 +209,107 @@ fn file_digest(mut f: std::fs::File) -> std::io::Result<String> {
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
 
-async fn image(dir: web::Data<PathBuf>, req: HttpRequest, name: web::Path<String>) -> HttpResponse {
+/// The key a client proved in the TLS handshake, kept per connection.
+#[derive(Debug, Clone, Copy)]
+struct PeerKey([u8; crate::callback::tls::KEY_LEN]);
+
+/// Who may download: the BMDB, asked within `timeout`.
+#[derive(Clone)]
+pub struct DownloadGate {
+    pub bmdb: Bmdb,
+    pub timeout: std::time::Duration,
+}
+
+/// Why a download is refused (before the file is looked at, so nothing
+/// about the directory is told to whoever has no grant).
+fn refuse(
+    req: &HttpRequest,
+    name: &str,
+    status: actix_web::http::StatusCode,
+    why: &str,
+) -> HttpResponse {
+    tracing::info!(
+        image = %name,
+        peer = %req.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
+        status = status.as_u16(),
+        "image download refused: {why}"
+    );
+    let mut r = HttpResponse::build(status);
+    if status == actix_web::http::StatusCode::UNAUTHORIZED {
+        r.insert_header(("WWW-Authenticate", "MutualTLS"));
+    }
+    r.content_type("text/plain; charset=utf-8")
+        .body(format!("{why}\n"))
+}
+
+async fn image(
+    dir: web::Data<PathBuf>,
+    gate: web::Data<DownloadGate>,
+    req: HttpRequest,
+    name: web::Path<String>,
+) -> HttpResponse {
     use actix_web::Responder as _;
+    use actix_web::http::StatusCode;
+    let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
+        return refuse(
+            &req,
+            &name,
+            StatusCode::UNAUTHORIZED,
+            "a download needs the agent's client certificate (the key of its callback)",
+        );
+    };
+    let asked = tokio::time::timeout(
+        gate.timeout,
+        gate.bmdb
+            .transact(async |tx| download_grant(tx, &key, &name).await),
+    )
+    .await;
+    let machine_id = match asked {
+        Ok(Ok(DownloadGrant::Allowed {
+            machine_id,
+            generation,
+        })) => {
+            let range = req.headers().contains_key(actix_web::http::header::RANGE);
+            tracing::info!(image = %name, machine = %machine_id, generation, range, "image download");
+            machine_id
+        }
+        Ok(Ok(DownloadGrant::UnknownAgent)) => {
+            return refuse(
+                &req,
+                &name,
+                StatusCode::FORBIDDEN,
+                "no machine's agent holds this key",
+            );
+        }
+        Ok(Ok(DownloadGrant::NotAsked { machine_id })) => {
+            return refuse(
+                &req,
+                &name,
+                StatusCode::FORBIDDEN,
+                &format!("machine {machine_id} has no pending installation of this image"),
+            );
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(image = %name, error = %e, "image download: the BMDB cannot tell who may download");
+            return refuse(
+                &req,
+                &name,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the BMDB cannot tell now whether this agent may download; try again",
+            );
+        }
+        Err(_) => {
+            return refuse(
+                &req,
+                &name,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "the BMDB did not answer within {}; try again",
+                    humantime::format_duration(gate.timeout)
+                ),
+            );
+        }
+    };
     let opened = {
         let (dir, name) = (dir.clone(), name.clone());
         web::block(move || {
@@ -218,13 +331,26 @@ async fn image(dir: web::Data<PathBuf>, req: HttpRequest, name: web::Path<String
             .respond_to(&req)
             .map_into_boxed_body(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::debug!(image = %name, error = %e, "not served");
+            tracing::warn!(image = %name, machine = %machine_id, error = %e, "an image asked for is not served");
             HttpResponse::NotFound().body("no such image\n")
         }
         Err(e) => {
             tracing::warn!(image = %name, error = %e, "serving an image failed");
             HttpResponse::InternalServerError().body("the image cannot be read\n")
         }
+    }
+}
+
+/// Keeps the key of a client's certificate, if it showed one, with the
+/// connection.
+fn peer_key(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    type Tls = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
+    let key = conn
+        .downcast_ref::<Tls>()
+        .and_then(|tls| tls.get_ref().1.peer_certificates()?.first().cloned())
+        .and_then(|cert| crate::callback::tls::ed25519_key(&cert));
+    if let Some(k) = key {
+        ext.insert(PeerKey(k));
     }
 }
 
@@ -236,20 +362,25 @@ pub struct ImageServer {
 
 impl ImageServer {
     /// Serves `catalog`'s directory on `listen` with `tls` (the callback
-    /// CA's certificate, no client certificate asked).
+    /// CA's certificate, a client certificate asked for), to the agents
+    /// `gate` lets download.
     pub fn start(
         catalog: &ImageCatalog,
+        gate: DownloadGate,
         listen: SocketAddr,
         tls: rustls::ServerConfig,
         workers: usize,
     ) -> std::io::Result<ImageServer> {
         let dir = web::Data::new(catalog.dir.clone());
+        let gate = web::Data::new(gate);
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(dir.clone())
+                .app_data(gate.clone())
                 .route("/images/{name}", web::get().to(image))
                 .route("/images/{name}", web::head().to(image))
         })
+        .on_connect(peer_key)
         .workers(workers.max(1))
         .disable_signals()
         .bind_rustls_0_23(listen, tls)?;

@@ -657,8 +657,17 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         );
         let tls = identity.web_server_config()?;
         images = Some(
-            crate::images::ImageServer::start(&c, cfg.installations.images_listen, tls, 2)
-                .map_err(|e| anyhow::anyhow!("installations.images_listen {e}"))?,
+            crate::images::ImageServer::start(
+                &c,
+                crate::images::DownloadGate {
+                    bmdb: parts.bmdb.clone(),
+                    timeout: cfg.admin.database_timeout,
+                },
+                cfg.installations.images_listen,
+                tls,
+                2,
+            )
+            .map_err(|e| anyhow::anyhow!("installations.images_listen {e}"))?,
         );
         catalog = Some(c);
     }

@@ -1,42 +1,130 @@
 //! The image server as an attacker meets it: it serves what the catalog
 //! lists (regular files inside the directory) and nothing else, whatever
 //! the names, links, directories, pipes and hidden files in it, and
-//! whatever changes after the listing. Over TLS with a certificate of a
-//! callback CA, on loopback, fetched with a real HTTP client.
+//! whatever changes after the listing; and it serves only to an agent the
+//! BMDB knows by the key it proves in TLS, for an image its machine was
+//! asked to install. Over TLS with a certificate of a callback CA, on
+//! loopback, fetched with a real HTTP client presenting the agent's own
+//! certificate (the agent's TLS configuration), against PostgreSQL.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use shepherd::bmdb::installations::{self, Asked, Asker};
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::bmdb::{Bmdb, Provider};
 use shepherd::callback::tls::{ServerIdentity, new_ca};
-use shepherd::images::{ImageCatalog, ImageServer};
+use shepherd::images::{DownloadGate, ImageCatalog, ImageServer};
+use shepherd_agent::install::fetch::{AgentKey, tls_config};
+use shepherd_proto::api::ImageInstallation;
+use shepherd_sim::testing::{OwnPostgres, TestDb};
+use uuid::Uuid;
 
 const SECRET: &[u8] = b"root:$6$not-for-anyone$:19000:0:99999:7:::\n";
 
-/// GET `name` from `server`, trusting `ca_der`: status and body.
-async fn get(server: &ImageServer, ca_der: &[u8], name: &str) -> (u16, Vec<u8>) {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
-        .unwrap();
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+/// GET `name` from `server` with `headers`, trusting `ca_der`, showing the
+/// certificate of `key` if given: status and body.
+async fn get_with(
+    server: &ImageServer,
+    ca_der: &[u8],
+    key: Option<[u8; 32]>,
+    name: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<u8>) {
+    let tls = tls_config(ca_der, key.map(AgentKey).as_ref()).unwrap();
     let client = awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(Arc::new(tls)))
-        .timeout(std::time::Duration::from_secs(5))
+        .connector(awc::Connector::new().rustls_0_23(Arc::new((*tls).clone())))
+        .timeout(Duration::from_secs(10))
         .finish();
     let url = format!("https://127.0.0.1:{}/images/{name}", server.addr.port());
-    let mut r = client
-        .get(&url)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let mut req = client.get(&url);
+    for (h, v) in headers {
+        req = req.insert_header((*h, *v));
+    }
+    let mut r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let body = r.body().limit(1 << 20).await.unwrap();
     (r.status().as_u16(), body.to_vec())
+}
+
+async fn get(server: &ImageServer, ca_der: &[u8], key: [u8; 32], name: &str) -> (u16, Vec<u8>) {
+    get_with(server, ca_der, Some(key), name, &[]).await
+}
+
+/// A machine whose agent holds the key of `seed`.
+async fn machine(bmdb: &Bmdb, seed: [u8; 32]) -> Uuid {
+    let key = ed25519_dalek::SigningKey::from_bytes(&seed)
+        .verifying_key()
+        .to_bytes();
+    let m = NewProvidedMachine {
+        provider: Provider::None,
+        provider_id: format!("host-{}", Uuid::new_v4()),
+        reservation_id: None,
+        ip_address: Some("192.0.2.1".into()),
+        location: None,
+        status: None,
+    };
+    bmdb.transact(async |tx| {
+        let id = machines::create_provided(tx, &m).await?;
+        machines::set_agent_started(tx, id, &key, None).await?;
+        Ok(id)
+    })
+    .await
+    .unwrap()
+}
+
+/// Asks `machine` to install the served image `name` (as an operator
+/// does); its generation.
+async fn ask(bmdb: &Bmdb, machine: Uuid, name: &str) -> i32 {
+    let image = ImageInstallation {
+        url: format!("https://127.0.0.1:7831/images/{name}"),
+        digest: format!("sha256:{}", "0".repeat(64)),
+        ..Default::default()
+    };
+    let asker = Asker {
+        actor: "test",
+        action_id: Uuid::new_v4(),
+        rollout_id: None,
+        reason: None,
+    };
+    match bmdb
+        .transact(async |tx| installations::ask(tx, machine, &image, &asker).await)
+        .await
+        .unwrap()
+    {
+        Asked::Done { generation, .. } => generation,
+        other => panic!("asking {machine} for {name}: {other:?}"),
+    }
+}
+
+/// The image the pending request of `machine` names, changed in place
+/// (the attacks below try many names under one grant).
+async fn rename_request(bmdb: &Bmdb, machine: Uuid, name: &str) {
+    let url = format!("https://127.0.0.1:7831/images/{name}");
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "UPDATE machine_installation SET image_url = $2 WHERE machine_id = $1",
+            &[&machine, &url],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+}
+
+fn start(catalog: &ImageCatalog, bmdb: &Bmdb, ca_der: &[u8], ca_key: &str) -> ImageServer {
+    let id = ServerIdentity::issued_by(ca_der, ca_key, &["127.0.0.1".to_string()]).unwrap();
+    ImageServer::start(
+        catalog,
+        DownloadGate {
+            bmdb: bmdb.clone(),
+            timeout: Duration::from_secs(1),
+        },
+        "127.0.0.1:0".parse().unwrap(),
+        id.web_server_config().unwrap(),
+        1,
+    )
+    .unwrap()
 }
 
 fn link(target: &Path, name: &Path) {
@@ -66,16 +154,14 @@ async fn only_regular_files_inside_the_directory_are_served() {
     link(Path::new(".hidden.raw"), &dir.join("unhidden.raw"));
     link(Path::new("/etc/passwd"), &dir.join("passwd.raw"));
 
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let seed = [7u8; 32];
+    let m = machine(&bmdb, seed).await;
+    ask(&bmdb, m, "img.raw").await;
     let (ca_der, ca_key) = new_ca().unwrap();
-    let id = ServerIdentity::issued_by(&ca_der, &ca_key, &["127.0.0.1".to_string()]).unwrap();
     let catalog = ImageCatalog::new(dir.clone(), "127.0.0.1:7830", ca_der.clone());
-    let server = ImageServer::start(
-        &catalog,
-        "127.0.0.1:0".parse().unwrap(),
-        id.web_server_config().unwrap(),
-        1,
-    )
-    .unwrap();
+    let server = start(&catalog, &bmdb, &ca_der, &ca_key);
 
     // The listing: regular files, and a link that stays inside.
     let listed: Vec<String> = catalog
@@ -85,8 +171,10 @@ async fn only_regular_files_inside_the_directory_are_served() {
         .map(|(n, _)| n)
         .collect();
     assert_eq!(listed, ["alias.raw", "img.raw", "other.raw"]);
+    // Each asked of the machine in turn, with its agent's key.
     for name in &listed {
-        let (status, body) = get(&server, &ca_der, name).await;
+        rename_request(&bmdb, m, name).await;
+        let (status, body) = get(&server, &ca_der, seed, name).await;
         assert_eq!(status, 200, "{name}");
         assert!(body.ends_with(b"image\n"), "{name}: {body:?}");
         assert!(catalog.resolve(name).is_ok(), "{name}");
@@ -105,8 +193,17 @@ async fn only_regular_files_inside_the_directory_are_served() {
         "..%2Foutside%2Fshadow",
         "sub.raw%2Finner.raw",
     ] {
-        let (status, body) = get(&server, &ca_der, name).await;
-        assert_eq!(status, 404, "{name}: {}", String::from_utf8_lossy(&body));
+        rename_request(&bmdb, m, name).await;
+        let (status, body) = get(&server, &ca_der, seed, name).await;
+        // An encoded slash is decoded to a path no request can name: no
+        // grant. The rest are granted and then not found.
+        let expected = if name.contains("%2F") { 403 } else { 404 };
+        assert_eq!(
+            status,
+            expected,
+            "{name}: {}",
+            String::from_utf8_lossy(&body)
+        );
         assert!(
             !body.windows(8).any(|w| w == &SECRET[..8]) && !body.starts_with(b"root:"),
             "{name} leaked"
@@ -118,7 +215,8 @@ async fn only_regular_files_inside_the_directory_are_served() {
     // outside is served under its name (checked on the opened file).
     std::fs::remove_file(dir.join("other.raw")).unwrap();
     link(&outside.join("shadow"), &dir.join("other.raw"));
-    let (status, body) = get(&server, &ca_der, "other.raw").await;
+    rename_request(&bmdb, m, "other.raw").await;
+    let (status, body) = get(&server, &ca_der, seed, "other.raw").await;
     assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
     assert!(catalog.resolve("other.raw").is_err());
     assert_eq!(
@@ -130,5 +228,106 @@ async fn only_regular_files_inside_the_directory_are_served() {
             .collect::<Vec<_>>(),
         ["alias.raw", "img.raw"]
     );
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn downloads_need_the_key_of_an_agent_whose_machine_was_asked_for_the_image() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("images");
+    std::fs::create_dir_all(&dir).unwrap();
+    let image: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.join("img.raw"), &image).unwrap();
+    std::fs::write(dir.join("other.raw"), b"another image\n").unwrap();
+    let mut pg = OwnPostgres::start().await;
+    let bmdb = pg.bmdb().await;
+    bmdb.migrate().await.unwrap();
+    let (seed_a, seed_b, stranger) = ([1u8; 32], [2u8; 32], [3u8; 32]);
+    let a = machine(&bmdb, seed_a).await;
+    let b = machine(&bmdb, seed_b).await;
+    let generation = ask(&bmdb, a, "img.raw").await;
+    ask(&bmdb, b, "other.raw").await;
+    let (ca_der, ca_key) = new_ca().unwrap();
+    let catalog = ImageCatalog::new(dir.clone(), "127.0.0.1:7830", ca_der.clone());
+    let server = start(&catalog, &bmdb, &ca_der, &ca_key);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+
+    // No certificate: 401 saying what is needed, whether or not the image
+    // exists (nothing about the directory is told).
+    for name in ["img.raw", "missing.raw"] {
+        let (status, body) = get_with(&server, &ca_der, None, name, &[]).await;
+        assert_eq!(status, 401, "{name}: {}", text(&body));
+        assert!(
+            text(&body).contains("client certificate"),
+            "{}",
+            text(&body)
+        );
+    }
+    // A key no machine's agent holds: 403.
+    let (status, body) = get(&server, &ca_der, stranger, "img.raw").await;
+    assert_eq!(status, 403, "{}", text(&body));
+    assert!(
+        text(&body).contains("no machine's agent"),
+        "{}",
+        text(&body)
+    );
+    // Another machine's agent (asked for another image): 403 naming it.
+    let (status, body) = get(&server, &ca_der, seed_b, "img.raw").await;
+    assert_eq!(status, 403, "{}", text(&body));
+    assert!(text(&body).contains(&b.to_string()), "{}", text(&body));
+    // ... which downloads its own.
+    let (status, body) = get(&server, &ca_der, seed_b, "other.raw").await;
+    assert_eq!((status, body.as_slice()), (200, &b"another image\n"[..]));
+    // The right agent: the image, whole and resumed.
+    let (status, body) = get(&server, &ca_der, seed_a, "img.raw").await;
+    assert_eq!(status, 200);
+    assert!(body == image, "the image's bytes");
+    let (status, body) = get_with(
+        &server,
+        &ca_der,
+        Some(seed_a),
+        "img.raw",
+        &[("Range", "bytes=100000-")],
+    )
+    .await;
+    assert_eq!(status, 206);
+    assert!(body == image[100_000..], "the resumed bytes");
+
+    // The grant ends with the request's answer.
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO machine_os_installation_report (machine_id, generation, os_installation_result, os_installation_report_raw) \
+             VALUES ($1, $2, 'Error', ''::bytea)",
+            &[&a, &generation],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+    let (status, body) = get(&server, &ca_der, seed_a, "img.raw").await;
+    assert_eq!(status, 403, "{}", text(&body));
+
+    // The BMDB away: 503 within the bound, never a hang, never the image.
+    pg.stop();
+    let started = Instant::now();
+    let (status, body) = get(&server, &ca_der, seed_b, "other.raw").await;
+    assert_eq!(status, 503, "{}", text(&body));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(text(&body).contains("BMDB"), "{}", text(&body));
+    pg.start_again().await;
+    let mut back = None;
+    for _ in 0..100 {
+        let (status, body) = get(&server, &ca_der, seed_b, "other.raw").await;
+        if status == 200 {
+            back = Some(body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(back.as_deref(), Some(&b"another image\n"[..]));
     server.stop().await;
 }

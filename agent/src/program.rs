@@ -94,17 +94,40 @@ fn fresh_key() -> Vec<u8> {
     public_key(&rand::random())
 }
 
-/// `takeover-agent --install URL DIGEST DISK [CA.der]`: installs an image
-/// by hand, as an installation request would, onto DISK (a block device,
-/// or a file standing for one), and prints one JSON line: the outcome, the
-/// seconds it took, the seconds to the first byte on the disk, the bytes
-/// fetched and written, and the process's peak resident memory. For an
-/// operator at a machine's console, and for the installation benchmark.
+/// `takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]`:
+/// installs an image by hand, as an installation request would, onto DISK
+/// (a block device, or a file standing for one), and prints one JSON line:
+/// the outcome, the seconds it took, the seconds to the first byte on the
+/// disk, the bytes fetched and written, and the process's peak resident
+/// memory. For an operator at a machine's console, and for the
+/// installation benchmark. The key shepherd's image server asks for is
+/// FILE's first 32 bytes (the resident agent's state file, or a bare
+/// ed25519 seed); without `--key`, the resident's own state file beside
+/// this executable, if there is one.
 fn install_by_hand(args: Vec<String>) -> i32 {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
-    let [url, digest, disk, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: takeover-agent --install URL DIGEST DISK [CA.der]");
+    let mut key_file = None;
+    let mut positional = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--key" => match it.next() {
+                Some(f) => key_file = Some(std::path::PathBuf::from(f)),
+                None => {
+                    eprintln!("takeover-agent: --key needs a file");
+                    return 2;
+                }
+            },
+            s if s.starts_with("--") => {
+                eprintln!("takeover-agent: unknown option {s} for --install");
+                return 2;
+            }
+            _ => positional.push(a),
+        }
+    }
+    let [url, digest, disk, rest @ ..] = positional.as_slice() else {
+        eprintln!("usage: takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]");
         return 2;
     };
     let ca = match rest.first() {
@@ -116,6 +139,33 @@ fn install_by_hand(args: Vec<String>) -> i32 {
             }
         },
         None => Vec::new(),
+    };
+    let own_state = std::env::current_exe()
+        .ok()
+        .map(|exe| {
+            let mut p = exe.into_os_string();
+            p.push(".state");
+            std::path::PathBuf::from(p)
+        })
+        .filter(|p| p.exists());
+    let agent_key = match key_file.as_ref().or(own_state.as_ref()) {
+        None => None,
+        Some(f) => match std::fs::read(f) {
+            Ok(b) if b.len() >= 32 => Some(crate::install::fetch::AgentKey(
+                b[..32].try_into().expect("32 bytes"),
+            )),
+            Ok(_) => {
+                eprintln!(
+                    "takeover-agent: {}: shorter than a key (32 bytes)",
+                    f.display()
+                );
+                return 2;
+            }
+            Err(e) => {
+                eprintln!("takeover-agent: {}: {e}", f.display());
+                return 2;
+            }
+        },
     };
     let path = std::path::Path::new(disk);
     let target = match std::fs::metadata(path) {
@@ -163,7 +213,10 @@ fn install_by_hand(args: Vec<String>) -> i32 {
         &req,
         vec![target],
         counters.clone(),
-        &crate::install::Limits::default(),
+        &crate::install::Limits {
+            agent_key,
+            ..Default::default()
+        },
         &log,
     ));
     let seconds = started.elapsed().as_secs_f64();
@@ -202,7 +255,7 @@ fn install_by_hand(args: Vec<String>) -> i32 {
 const USAGE: &str = "\
 Usage: takeover-agent                      (started by shepherd over SSH)
        takeover-agent --resident           (started by its systemd unit)
-       takeover-agent --install URL DIGEST DISK [CA.der]
+       takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]
        takeover-agent --help | --version
 
 shepherd's agent. Started over SSH, it reads a TakeoverInit (protobuf) on
@@ -210,7 +263,9 @@ stdin, answers a TakeoverResponse with a fresh ed25519 key on stdout, and
 stays as the resident agent: heartbeats, the hardware report and
 installations through shepherd's agent callback (gRPC over TLS).
 --install writes an image onto DISK by hand, as an installation request
-would, and prints one JSON line with the outcome.
+would, and prints one JSON line with the outcome. shepherd's image server
+serves only agents it knows: --key FILE is the agent's key (the resident
+agent's .state file; by default the one beside this program).
 ";
 
 /// Checks the arguments of a takeover (none; `--mode MODE` in a build

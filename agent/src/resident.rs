@@ -289,7 +289,12 @@ pub async fn run(resident: Resident, host: impl Host) {
                                 if let Some(a) = installer.request(
                                     r,
                                     || host.disks(),
-                                    host.install_limits(),
+                                    crate::install::Limits {
+                                        agent_key: Some(crate::install::fetch::AgentKey(
+                                            resident.seed,
+                                        )),
+                                        ..host.install_limits()
+                                    },
                                     host.logger(),
                                 ) {
                                     answer = Some(a);

@@ -313,7 +313,10 @@ impl ServerIdentity {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| tls_err("callback TLS", e))?
-            .with_client_cert_verifier(Arc::new(AgentCertVerifier { provider }))
+            .with_client_cert_verifier(Arc::new(AgentCertVerifier {
+                provider,
+                mandatory: true,
+            }))
             .with_single_cert(
                 self.chain.clone(),
                 PrivateKeyDer::Pkcs8(self.key.clone_key()),
@@ -326,14 +329,19 @@ impl ServerIdentity {
 
 impl ServerIdentity {
     /// A rustls configuration for plain HTTPS with the same certificate
-    /// (the image server): TLS 1.2 and 1.3, ALPN `http/1.1`, no client
-    /// certificate.
+    /// (the image server): TLS 1.2 and 1.3, ALPN `http/1.1`, a client
+    /// certificate asked for but not required (an agent's, as the
+    /// callback takes it: the image server answers a download without one
+    /// 401 itself, readably, rather than failing the handshake).
     pub fn web_server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| tls_err("image server TLS", e))?
-            .with_no_client_auth()
+            .with_client_cert_verifier(Arc::new(AgentCertVerifier {
+                provider,
+                mandatory: false,
+            }))
             .with_single_cert(
                 self.chain.clone(),
                 PrivateKeyDer::Pkcs8(self.key.clone_key()),
@@ -361,9 +369,15 @@ pub fn ed25519_key(cert: &[u8]) -> Option<[u8; KEY_LEN]> {
 #[derive(Debug)]
 pub struct AgentCertVerifier {
     provider: Arc<rustls::crypto::CryptoProvider>,
+    /// The callback requires a certificate; the image server only asks.
+    mandatory: bool,
 }
 
 impl ClientCertVerifier for AgentCertVerifier {
+    fn client_auth_mandatory(&self) -> bool {
+        self.mandatory
+    }
+
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         &[]
     }

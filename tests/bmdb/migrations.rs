@@ -27,14 +27,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V7__fleet_duties",
             "V8__operator_actions",
             "V9__fair_recovery",
-            "V10__installations"
+            "V10__installations",
+            "V11__agent_key_index"
         ]
     );
-    assert_eq!(first.version, Some(10));
+    assert_eq!(first.version, Some(11));
     assert_eq!(count(&bmdb, TABLES).await, 26);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(10));
+    assert_eq!(again.version, Some(11));
 }
 
 #[actix_rt::test]
@@ -47,13 +48,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 10],
+        [0, 11],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 26);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        10
+        11
     );
 }
 
@@ -87,7 +88,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V7__fleet_duties",
             "V8__operator_actions",
             "V9__fair_recovery",
-            "V10__installations"
+            "V10__installations",
+            "V11__agent_key_index"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -138,7 +140,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V7__fleet_duties",
             "V8__operator_actions",
             "V9__fair_recovery",
-            "V10__installations"
+            "V10__installations",
+            "V11__agent_key_index"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -96,9 +96,24 @@ fn parse(url: &str) -> Result<Source, String> {
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-/// The TLS client for image servers: the request's CA if it gave one,
-/// else the web PKI roots.
-pub fn tls_config(ca_der: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
+/// The agent's ed25519 key, shown to shepherd's image server (the
+/// request's CA) as the callback shows it: downloads from it need it.
+#[derive(Clone)]
+pub struct AgentKey(pub [u8; 32]);
+
+impl std::fmt::Debug for AgentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentKey(..)")
+    }
+}
+
+/// The TLS client for image servers: the request's CA if it gave one
+/// (shepherd's image server, shown `key`'s certificate when it asks),
+/// else the web PKI roots (and no certificate).
+pub fn tls_config(
+    ca_der: &[u8],
+    key: Option<&AgentKey>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
     if ca_der.is_empty() {
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -111,8 +126,16 @@ pub fn tls_config(ca_der: &[u8]) -> Result<Arc<rustls::ClientConfig>, String> {
     let cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let cfg = match key {
+        Some(AgentKey(seed)) if !ca_der.is_empty() => {
+            let (cert, key) = crate::callback::self_signed_agent_cert(seed)
+                .map_err(|e| format!("the agent's certificate: {e}"))?;
+            cfg.with_client_auth_cert(vec![cert], key)
+                .map_err(|e| format!("the agent's certificate: {e}"))?
+        }
+        _ => cfg.with_no_client_auth(),
+    };
     Ok(Arc::new(cfg))
 }
 
@@ -162,6 +185,7 @@ enum Attempt {
 pub async fn fetch<S, R>(
     url: &str,
     ca_der: &[u8],
+    key: Option<&AgentKey>,
     expected_size: Option<u64>,
     limits: &FetchLimits,
     mut sink: S,
@@ -172,7 +196,7 @@ where
     R: FnMut(u64, &str),
 {
     let src = parse(url)?;
-    let tls = tls_config(ca_der)?;
+    let tls = tls_config(ca_der, key)?;
     let mut state = State {
         taken: 0,
         total: expected_size,
@@ -321,8 +345,10 @@ async fn attempt<S: AsyncSink>(
         }
         _ => {
             return Attempt::Fatal(format!(
-                "{} answered {status} for {}",
-                src.authority, src.target
+                "{} answered {status} for {}{}",
+                src.authority,
+                src.target,
+                reason(resp).await
             ));
         }
     }
@@ -375,6 +401,30 @@ async fn attempt<S: AsyncSink>(
             state.taken
         )),
         _ => Attempt::Done,
+    }
+}
+
+/// ": <the first line of the body>" of a refusal, when it has one
+/// (shepherd's image server says why), read within a second.
+async fn reason(resp: http::Response<hyper::body::Incoming>) -> String {
+    let body = http_body_util::Limited::new(resp.into_body(), 1024);
+    let text = match tokio::time::timeout(Duration::from_secs(1), body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        _ => return String::new(),
+    };
+    let text = String::from_utf8_lossy(&text);
+    let line: String = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    if line.trim().is_empty() {
+        String::new()
+    } else {
+        format!(": {}", line.trim())
     }
 }
 

@@ -34,11 +34,15 @@ use record::{Outcome, Record};
 
 pub use shepherd_proto::digest::{Algorithm, ExpectedDigest, parse_digest};
 
-/// How long an installation may take, its download's limits, and where
-/// the machine's EFI variables are.
+/// How long an installation may take, its download's limits, the key
+/// its downloads from shepherd show, and where the machine's EFI
+/// variables are.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub fetch: fetch::FetchLimits,
+    /// The agent's key (its callback's): shepherd's image server serves
+    /// only agents it knows.
+    pub agent_key: Option<fetch::AgentKey>,
     /// Used when the request names no deadline.
     pub deadline: Duration,
     /// efivarfs, where a boot entry is written when asked.
@@ -49,6 +53,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             fetch: fetch::FetchLimits::default(),
+            agent_key: None,
             deadline: Duration::from_secs(2 * 3600),
             efivars: PathBuf::from("/sys/firmware/efi/efivars"),
         }
@@ -271,7 +276,15 @@ pub async fn install(
                 "resuming the download at byte {at} after: {cause}"
             ));
         };
-        let f = fetch::fetch(&req.url, &ca, size, &limits.fetch, sink, on_resume);
+        let f = fetch::fetch(
+            &req.url,
+            &ca,
+            limits.agent_key.as_ref(),
+            size,
+            &limits.fetch,
+            sink,
+            on_resume,
+        );
         match tokio::time::timeout(deadline, f).await {
             Ok(r) => r,
             Err(_) => Err(format!(

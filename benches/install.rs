@@ -344,10 +344,10 @@ impl Drop for Nginx {
 /// 50 clients fetching `url` at once (the agent's own HTTP client); the
 /// aggregate bytes per second.
 async fn fifty(url: &str, ca: &[u8], seeds: &[[u8; 32]], size: u64) -> f64 {
-    use shepherd_agent::install::fetch::{AgentKey, AsyncSink, FetchLimits, fetch};
+    use shepherd_agent::install::fetch::{AgentKey, AsyncSink, FetchLimits, Piece, fetch};
     struct Count(Arc<std::sync::atomic::AtomicU64>);
     impl AsyncSink for Count {
-        async fn put(&mut self, piece: bytes::Bytes) -> Result<(), String> {
+        async fn put(&mut self, piece: Piece) -> Result<(), String> {
             self.0
                 .fetch_add(piece.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())

@@ -563,7 +563,8 @@ async fn a_server_ignoring_ranges_is_read_past_what_was_taken() {
 async fn a_stalled_download_fails_within_the_stall_limit() {
     let image = gpt_image(8 * MIB);
     let disk = TestDisk::new(8 * MIB);
-    let server = serve(image.clone(), Behaviour::StallAt(4 * MIB)).await;
+    // Past the first write block (4 MiB), so that the disk was written.
+    let server = serve(image.clone(), Behaviour::StallAt(6 * MIB)).await;
     let limits = quick();
     let started = Instant::now();
     let err = install(
@@ -588,7 +589,7 @@ async fn a_stalled_download_fails_within_the_stall_limit() {
     // Resumed, not restarted.
     let log = server.log.lock().unwrap().clone();
     assert!(
-        log[1..].iter().all(|l| l.contains("Range: bytes=4194304-")),
+        log[1..].iter().all(|l| l.contains("Range: bytes=6291456-")),
         "{log:?}"
     );
 }

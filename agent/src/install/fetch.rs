@@ -11,13 +11,74 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http::header;
 use http_body_util::BodyExt as _;
 use hyper_util::rt::TokioIo;
 
-/// Bytes are handed on in pieces of this size (the last may be shorter).
+/// Bytes are handed on in pieces of at least this size (the last may be
+/// shorter).
 pub const PIECE: usize = 1 << 20;
+
+/// Fetched bytes handed on together: the buffers the body arrived in, in
+/// order, not copied (the hasher and the writer read them where they are).
+#[derive(Debug, Clone, Default)]
+pub struct Piece {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Piece {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    pub fn push(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.len += b.len();
+            self.parts.push(b);
+        }
+    }
+
+    /// The first `n` bytes go, the rest stays.
+    pub fn advance(&mut self, mut n: usize) {
+        n = n.min(self.len);
+        self.len -= n;
+        let mut drop = 0;
+        for p in &mut self.parts {
+            if n == 0 {
+                break;
+            }
+            let k = n.min(p.len());
+            p.advance(k);
+            n -= k;
+            if p.is_empty() {
+                drop += 1;
+            }
+        }
+        self.parts.drain(..drop);
+    }
+
+    fn take(&mut self) -> Piece {
+        std::mem::take(self)
+    }
+}
+
+impl From<Bytes> for Piece {
+    fn from(b: Bytes) -> Piece {
+        let mut p = Piece::default();
+        p.push(b);
+        p
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct FetchLimits {
@@ -178,8 +239,8 @@ enum Attempt {
     Fatal(String),
 }
 
-/// Fetches `url` from byte 0 to its end, handing every piece (of up to
-/// [`PIECE`] bytes, in order, each exactly once) to `sink`; a sink error
+/// Fetches `url` from byte 0 to its end, handing every piece (of at least
+/// [`PIECE`] bytes but the last, in order, each byte exactly once) to `sink`; a sink error
 /// stops the fetch with that error. `on_resume` is told of every
 /// resumption and its cause.
 pub async fn fetch<S, R>(
@@ -201,7 +262,7 @@ where
         taken: 0,
         total: expected_size,
         validator: None,
-        piece: BytesMut::with_capacity(PIECE),
+        piece: Piece::default(),
     };
     let mut resumes = 0;
     let mut fruitless = 0;
@@ -211,8 +272,7 @@ where
         match outcome {
             Attempt::Done => {
                 if !state.piece.is_empty() {
-                    let p = state.piece.split().freeze();
-                    sink.put(p).await?;
+                    sink.put(state.piece.take()).await?;
                 }
                 return Ok(Fetched {
                     bytes: state.taken,
@@ -245,7 +305,7 @@ where
 
 /// Where the pieces go.
 pub trait AsyncSink {
-    fn put(&mut self, piece: Bytes)
+    fn put(&mut self, piece: Piece)
     -> impl std::future::Future<Output = Result<(), String>> + Send;
 }
 
@@ -255,7 +315,7 @@ struct State {
     total: Option<u64>,
     /// The first response's ETag (strong) or Last-Modified.
     validator: Option<String>,
-    piece: BytesMut,
+    piece: Piece,
 }
 
 async fn attempt<S: AsyncSink>(
@@ -382,16 +442,10 @@ async fn attempt<S: AsyncSink>(
                 ));
             }
         }
-        while !data.is_empty() {
-            let room = PIECE - state.piece.len();
-            let n = room.min(data.len());
-            state.piece.extend_from_slice(&data.split_to(n));
-            if state.piece.len() == PIECE {
-                let p = state.piece.split().freeze();
-                state.piece.reserve(PIECE);
-                if let Err(e) = sink.put(p).await {
-                    return Attempt::Fatal(e);
-                }
+        state.piece.push(data);
+        if state.piece.len() >= PIECE {
+            if let Err(e) = sink.put(state.piece.take()).await {
+                return Attempt::Fatal(e);
             }
         }
     }
@@ -449,4 +503,23 @@ fn validator<B>(r: &http::Response<B>) -> Option<String> {
             .and_then(|v| v.to_str().ok())
     })
     .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_piece_keeps_its_parts_in_order_and_advances_across_them() {
+        let mut p = Piece::default();
+        p.push(Bytes::from_static(b"abc"));
+        p.push(Bytes::new());
+        p.push(Bytes::from_static(b"defg"));
+        assert_eq!((p.len(), p.parts().len()), (7, 2));
+        p.advance(4);
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.parts(), [Bytes::from_static(b"efg")]);
+        p.advance(10);
+        assert!(p.is_empty() && p.parts().is_empty());
+    }
 }

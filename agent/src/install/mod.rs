@@ -228,34 +228,29 @@ pub async fn install(
     counters.set_phase(Phase::Writing);
 
     let (tx, rx) = tokio::sync::mpsc::channel(pipeline::QUEUE);
-    let (mid_tx, mid_rx) = std::sync::mpsc::sync_channel(pipeline::QUEUE);
-    let (hash_done, hashed) = tokio::sync::oneshot::channel();
     let (write_done, written) = tokio::sync::oneshot::channel();
-    let algorithm = expected.algorithm;
-    std::thread::Builder::new()
-        .name("install-hash".into())
-        .spawn(move || {
-            let _ = hash_done.send(pipeline::hash(rx, mid_tx, algorithm));
-        })
-        .map_err(|e| failed(format!("cannot start a thread: {e}")))?;
+    let mut hasher = pipeline::Hasher::new(expected.algorithm);
     let wc = counters.clone();
     std::thread::Builder::new()
         .name("install-write".into())
         .spawn(move || {
-            let r = pipeline::write(mid_rx, &mut target, &wc);
+            let r = pipeline::write(rx, &mut target, &wc);
             let _ = write_done.send((target, r));
         })
         .map_err(|e| failed(format!("cannot start a thread: {e}")))?;
 
-    struct ToHash<'a> {
+    /// Hashes each piece as it arrives and hands it to the writer.
+    struct ToWriter<'a> {
         tx: &'a tokio::sync::mpsc::Sender<pipeline::Feed>,
+        hasher: &'a mut pipeline::Hasher,
         counters: &'a Counters,
     }
-    impl fetch::AsyncSink for ToHash<'_> {
-        async fn put(&mut self, piece: bytes::Bytes) -> Result<(), String> {
+    impl fetch::AsyncSink for ToWriter<'_> {
+        async fn put(&mut self, piece: fetch::Piece) -> Result<(), String> {
             self.counters
                 .fetched
                 .fetch_add(piece.len() as u64, Ordering::Relaxed);
+            self.hasher.update(&piece);
             self.tx
                 .send(pipeline::Feed::Piece(piece))
                 .await
@@ -265,8 +260,9 @@ pub async fn install(
     let ca = req.ca_certificate.clone();
     let size = req.size_bytes.map(|s| s as u64);
     let fetched = {
-        let sink = ToHash {
+        let sink = ToWriter {
             tx: &tx,
+            hasher: &mut hasher,
             counters: &counters,
         };
         let rc = counters.clone();
@@ -300,7 +296,7 @@ pub async fn install(
         let _ = tx.send(pipeline::Feed::End).await;
     }
     drop(tx);
-    let digest = hashed.await.ok().flatten();
+    let digest = fetched.is_ok().then(|| hasher.finish());
     let (mut target, wrote) = written
         .await
         .map_err(|_| failed("the disk writer thread died"))?;

@@ -1,14 +1,16 @@
-//! From fetched bytes to the disk, on two threads beside the fetcher: one
-//! hashes the bytes as fetched, one decompresses and writes. Bounded
-//! channels between them keep the memory flat whatever the image's size
-//! (a few pieces in flight, the write block, the decoder's window).
+//! From fetched bytes to the disk: the fetcher hashes the bytes as they
+//! arrive (decrypting and hashing on one thread, with no hop between
+//! them), one thread decompresses and writes. A bounded channel between
+//! them keeps the memory flat whatever the image's size (a few pieces in
+//! flight, the write block, the decoder's window).
 
-use std::io::{BufRead, Read};
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
 use sha2::Digest as _;
+
+use super::fetch::Piece;
 
 use super::disk::{Target, WriteError};
 use super::{Algorithm, Counters};
@@ -19,7 +21,7 @@ pub const QUEUE: usize = 4;
 /// What the pipeline is fed: pieces, then `End` (anything else, such as
 /// the sender dropped, is an abort).
 pub enum Feed {
-    Piece(Bytes),
+    Piece(Piece),
     End,
 }
 
@@ -94,23 +96,23 @@ pub fn detect(head: &[u8]) -> Result<Format, String> {
     })
 }
 
-/// A `Read` over the pieces of a channel; an abort is an error.
+/// The pieces of a channel, taken whole or read as a stream; an abort is
+/// an error.
 struct Pieces {
-    rx: std::sync::mpsc::Receiver<Feed>,
-    cur: Bytes,
+    rx: tokio::sync::mpsc::Receiver<Feed>,
+    cur: Piece,
     ended: bool,
 }
 
-impl Read for Pieces {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.cur.is_empty() {
-            if self.ended {
-                return Ok(0);
-            }
-            match self.rx.recv() {
-                Ok(Feed::Piece(b)) => self.cur = b,
-                Ok(Feed::End) => self.ended = true,
-                Err(_) => {
+impl Pieces {
+    /// The next piece of the channel; None at the end.
+    fn recv(&mut self) -> std::io::Result<Option<Piece>> {
+        while !self.ended {
+            match self.rx.blocking_recv() {
+                Some(Feed::Piece(p)) if p.is_empty() => {}
+                Some(Feed::Piece(p)) => return Ok(Some(p)),
+                Some(Feed::End) => self.ended = true,
+                None => {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::BrokenPipe,
                         Abandoned,
@@ -118,8 +120,50 @@ impl Read for Pieces {
                 }
             }
         }
-        let n = buf.len().min(self.cur.len());
-        buf[..n].copy_from_slice(&self.cur.split_to(n));
+        Ok(None)
+    }
+
+    /// The next piece (what is left of the current one first); None at
+    /// the end.
+    fn next_piece(&mut self) -> std::io::Result<Option<Piece>> {
+        if !self.cur.is_empty() {
+            return Ok(Some(std::mem::take(&mut self.cur)));
+        }
+        self.recv()
+    }
+
+    /// Up to the first `n` bytes, left in place.
+    fn head(&mut self, n: usize) -> std::io::Result<Vec<u8>> {
+        while self.cur.len() < n {
+            let Some(p) = self.recv()? else { break };
+            for part in p.parts() {
+                self.cur.push(part.clone());
+            }
+        }
+        let mut head = Vec::with_capacity(n);
+        for part in self.cur.parts() {
+            let k = (n - head.len()).min(part.len());
+            head.extend_from_slice(&part[..k]);
+            if head.len() == n {
+                break;
+            }
+        }
+        Ok(head)
+    }
+}
+
+impl Read for Pieces {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cur.is_empty() {
+            match self.next_piece()? {
+                Some(p) => self.cur = p,
+                None => return Ok(0),
+            }
+        }
+        let first = &self.cur.parts()[0];
+        let n = buf.len().min(first.len());
+        buf[..n].copy_from_slice(&first[..n]);
+        self.cur.advance(n);
         Ok(n)
     }
 }
@@ -160,64 +204,77 @@ impl std::fmt::Display for Abandoned {
 
 impl std::error::Error for Abandoned {}
 
-/// Hashes the feed as it passes, forwarding it to `out`; returns the hex
-/// digest once the feed ends, None on an abort.
-pub fn hash(
-    mut rx: tokio::sync::mpsc::Receiver<Feed>,
-    out: std::sync::mpsc::SyncSender<Feed>,
+/// The digest of the image as fetched.
+pub struct Hasher {
     algorithm: Algorithm,
-) -> Option<String> {
-    let mut h256 = sha2::Sha256::new();
-    let mut h512 = sha2::Sha512::new();
-    while let Some(f) = rx.blocking_recv() {
-        match f {
-            Feed::Piece(b) => {
-                match algorithm {
-                    Algorithm::Sha256 => h256.update(&b),
-                    Algorithm::Sha512 => h512.update(&b),
-                }
-                if out.send(Feed::Piece(b)).is_err() {
-                    return None;
-                }
-            }
-            Feed::End => {
-                let _ = out.send(Feed::End);
-                return Some(match algorithm {
-                    Algorithm::Sha256 => hex::encode(h256.finalize()),
-                    Algorithm::Sha512 => hex::encode(h512.finalize()),
-                });
+    h256: sha2::Sha256,
+    h512: sha2::Sha512,
+}
+
+impl Hasher {
+    pub fn new(algorithm: Algorithm) -> Hasher {
+        Hasher {
+            algorithm,
+            h256: sha2::Sha256::new(),
+            h512: sha2::Sha512::new(),
+        }
+    }
+
+    pub fn update(&mut self, piece: &Piece) {
+        for part in piece.parts() {
+            match self.algorithm {
+                Algorithm::Sha256 => self.h256.update(part),
+                Algorithm::Sha512 => self.h512.update(part),
             }
         }
     }
-    None
+
+    /// The hex digest.
+    pub fn finish(self) -> String {
+        match self.algorithm {
+            Algorithm::Sha256 => hex::encode(self.h256.finalize()),
+            Algorithm::Sha512 => hex::encode(self.h512.finalize()),
+        }
+    }
 }
 
 /// Decompresses the feed (its format told by its first bytes) onto the
 /// target; the target is left unflushed.
 pub fn write(
-    rx: std::sync::mpsc::Receiver<Feed>,
+    rx: tokio::sync::mpsc::Receiver<Feed>,
     target: &mut Target,
     counters: &Arc<Counters>,
 ) -> Result<Written, Stop> {
-    let mut input = std::io::BufReader::with_capacity(
-        256 << 10,
-        Pieces {
-            rx,
-            cur: Bytes::new(),
-            ended: false,
-        },
-    );
-    // Enough of the head to tell the format (a VDI's signature is at 64).
-    let head = {
-        let b = input.fill_buf().map_err(|e| read_err(Format::Raw, e))?;
-        b[..b.len().min(68)].to_vec()
+    let mut pieces = Pieces {
+        rx,
+        cur: Piece::default(),
+        ended: false,
     };
+    // Enough of the head to tell the format (a VDI's signature is at 64).
+    let head = pieces.head(68).map_err(|e| read_err(Format::Raw, e))?;
     if head.is_empty() {
         return Err(Stop::Failed("the image is empty".into()));
     }
     let format = detect(&head).map_err(Stop::Failed)?;
+    let write_err = |e: WriteError| match e {
+        WriteError::TooSmall { .. } | WriteError::Io { .. } => Stop::Failed(e.to_string()),
+    };
+    if format == Format::Raw {
+        // As fetched: each byte is copied once, into the block written.
+        while let Some(p) = pieces.next_piece().map_err(|e| read_err(format, e))? {
+            for part in p.parts() {
+                target.write(part).map_err(write_err)?;
+            }
+            counters.written.store(target.written(), Ordering::Relaxed);
+        }
+        return Ok(Written {
+            format,
+            bytes: target.written(),
+        });
+    }
+    let input = std::io::BufReader::with_capacity(256 << 10, pieces);
     let mut reader: Box<dyn Read> = match format {
-        Format::Raw => Box::new(input),
+        Format::Raw => unreachable!("written above"),
         Format::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
         Format::Zstd => Box::new(
             zstd::stream::read::Decoder::with_buffer(input)
@@ -243,9 +300,7 @@ pub fn write(
             }
         }
         first = false;
-        target.write(&buf[..n]).map_err(|e| match e {
-            WriteError::TooSmall { .. } | WriteError::Io { .. } => Stop::Failed(e.to_string()),
-        })?;
+        target.write(&buf[..n]).map_err(write_err)?;
         counters.written.store(target.written(), Ordering::Relaxed);
     }
     Ok(Written {

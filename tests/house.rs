@@ -22,9 +22,9 @@ use std::process::Command;
 const LAYERS: &[&[&str]] = &[
     &["secret", "backoff"],
     &["config"],
-    &["bmdb", "equinix", "images", "ssh", "telemetry"],
+    &["bmdb", "equinix", "ssh", "telemetry"],
     &["redfish", "callback", "control"],
-    &["provider", "initializer"],
+    &["provider", "initializer", "images"],
     &["provisioner", "recoverer", "rollouts", "updater"],
     &["status"],
     &["admin"],

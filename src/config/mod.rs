@@ -534,6 +534,10 @@ pub struct RedfishConfig {
     /// One request's limit, connecting included.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// How long a system may take to report `On` (or `Off`) after a reset
+    /// (slow BMCs, long power-on self tests).
+    #[serde(with = "humantime_serde")]
+    pub power_timeout: Duration,
 }
 
 impl Default for RedfishConfig {
@@ -541,6 +545,7 @@ impl Default for RedfishConfig {
         RedfishConfig {
             max_concurrent: 16,
             timeout: Duration::from_secs(20),
+            power_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -555,6 +560,12 @@ impl RedfishConfig {
         }
         if self.timeout.is_zero() {
             return Err(ConfigError::key("redfish.timeout", "must be positive"));
+        }
+        if self.power_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "redfish.power_timeout",
+                "must be positive",
+            ));
         }
         Ok(())
     }

@@ -118,6 +118,13 @@ pub struct SystemInfo {
     /// it does not say).
     pub reset_target: Option<String>,
     pub reset_types: Vec<String>,
+    /// The system's own `VirtualMedia` collection, if it has one.
+    pub virtual_media: Option<String>,
+    /// The managers (`Links.ManagedBy`), whose `VirtualMedia` serves when
+    /// the system has none.
+    pub managed_by: Vec<String>,
+    /// `Boot.BootSourceOverrideMode` (`UEFI`, `Legacy`), when reported.
+    pub boot_mode: Option<String>,
 }
 
 impl SystemInfo {
@@ -141,6 +148,12 @@ impl SystemInfo {
                 .as_array()
                 .map(|a| a.iter().filter_map(s).collect())
                 .unwrap_or_default(),
+            virtual_media: s(&v["VirtualMedia"]["@odata.id"]),
+            managed_by: v["Links"]["ManagedBy"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|m| s(&m["@odata.id"])).collect())
+                .unwrap_or_default(),
+            boot_mode: s(&v["Boot"]["BootSourceOverrideMode"]),
         }
     }
 }
@@ -159,7 +172,7 @@ enum Auth {
 }
 
 /// The HTTP side of the actor, moved into each call's future and back.
-struct Conn {
+pub(super) struct Conn {
     http: awc::Client,
     cfg: BmcConfig,
     host: String,
@@ -171,7 +184,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn err(&self, kind: BmcErrorKind) -> BmcError {
+    pub(super) fn err(&self, kind: BmcErrorKind) -> BmcError {
         BmcError {
             host: self.host.clone(),
             bmc: self.cfg.url.clone(),
@@ -291,7 +304,7 @@ impl Conn {
 
     /// An authenticated request; a session refused with 401 is made anew
     /// once. Ok: the answer's JSON (Null for an empty body).
-    async fn call(
+    pub(super) async fn call(
         &mut self,
         method: Method,
         path: &str,
@@ -376,7 +389,10 @@ impl Conn {
         Ok(path)
     }
 
-    async fn get_system(&mut self, system: &Option<String>) -> Result<SystemInfo, BmcError> {
+    pub(super) async fn get_system(
+        &mut self,
+        system: &Option<String>,
+    ) -> Result<SystemInfo, BmcError> {
         let path = self.system_path(system).await?;
         let v = self.call(Method::GET, &path, None, &path).await?;
         let mut info = SystemInfo::from_json(&v);
@@ -386,7 +402,7 @@ impl Conn {
         Ok(info)
     }
 
-    async fn reset(
+    pub(super) async fn reset(
         &mut self,
         system: &Option<String>,
         target: Option<String>,
@@ -444,7 +460,7 @@ impl BmcClient {
         })
     }
 
-    fn atomic<T: 'static, F>(
+    pub(super) fn atomic<T: 'static, F>(
         &mut self,
         call: impl FnOnce(Conn) -> F,
     ) -> AtomicResponse<Self, Result<T, BmcError>>

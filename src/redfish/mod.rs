@@ -7,6 +7,9 @@
 //!   when a host's BMC settings change (the inventory file is re-read every
 //!   round).
 //! - [`reboot`]: picks the reset the system advertises and sends it.
+//! - [`media`]: booting a system from a URL through virtual media (insert,
+//!   one-time `Cd` override, power), and ending it (eject, override
+//!   cleared): [`boot_from_media`], [`end_media_boot`].
 //!
 //! A small client on awc rather than a Redfish crate: shepherd needs the
 //! service root, sessions, one system and its reset action, and the
@@ -15,6 +18,7 @@
 //! the whole CSDL; none runs on actix's client.
 
 pub mod client;
+pub mod media;
 pub mod tls;
 
 use std::cell::RefCell;
@@ -25,6 +29,7 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 
 pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset, SystemInfo};
+pub use media::{BootFromMedia, EndMediaBoot, GetVirtualCd, MediaBoot, VirtualCd};
 
 use crate::bmdb::ProviderStatus;
 use crate::config::{BmcConfig, RedfishConfig};
@@ -34,6 +39,8 @@ use crate::config::{BmcConfig, RedfishConfig};
 pub struct Bmcs {
     limit: Arc<tokio::sync::Semaphore>,
     timeout: Duration,
+    /// How long a system may take to come on after a reset.
+    pub power_timeout: Duration,
     by_url: RefCell<HashMap<String, (BmcConfig, Addr<BmcClient>)>>,
 }
 
@@ -42,6 +49,7 @@ impl Bmcs {
         Bmcs {
             limit: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent as usize)),
             timeout: cfg.timeout,
+            power_timeout: cfg.power_timeout,
             by_url: RefCell::new(HashMap::new()),
         }
     }
@@ -171,4 +179,43 @@ pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, 
     let on = if offers("On") { "On" } else { "ForceOn" };
     reset(on).await.map_err(|e| mailbox(host, bmc, e))??;
     Ok(format!("{off}, then {on}"))
+}
+
+/// Boots the system from `image_url` through its virtual CD (see
+/// [`media`]); Ok once it is on.
+pub async fn boot_from_media(
+    bmcs: &Bmcs,
+    host: &str,
+    bmc: &BmcConfig,
+    image_url: &str,
+) -> Result<MediaBoot, BmcError> {
+    bmcs.get(host, bmc)?
+        .send(BootFromMedia {
+            system: bmc.system.clone(),
+            image_url: image_url.to_string(),
+            power_timeout: bmcs.power_timeout,
+        })
+        .await
+        .map_err(|e| mailbox(host, bmc, e))?
+}
+
+/// Ejects the system's virtual CD and clears its boot override; Ok(true)
+/// if media was inserted.
+pub async fn end_media_boot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<bool, BmcError> {
+    bmcs.get(host, bmc)?
+        .send(EndMediaBoot {
+            system: bmc.system.clone(),
+        })
+        .await
+        .map_err(|e| mailbox(host, bmc, e))?
+}
+
+/// What the system's virtual CD holds.
+pub async fn virtual_cd(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<VirtualCd, BmcError> {
+    bmcs.get(host, bmc)?
+        .send(GetVirtualCd {
+            system: bmc.system.clone(),
+        })
+        .await
+        .map_err(|e| mailbox(host, bmc, e))?
 }

@@ -1,0 +1,291 @@
+//! Booting through Redfish virtual media, against OpenStack's Redfish
+//! emulator (sushy-tools, its fake driver) run as a process: the image is
+//! inserted (the emulator fetches it from an HTTP server of the test's), the
+//! one-time override points at the CD, the system is restarted and seen on;
+//! ending the boot ejects and clears the override. And the BMCs an operator
+//! meets: one refusing `Inserted`/`WriteProtected` (a proxy in front of the
+//! emulator answering as such BMCs do), one answering slowly, a wrong
+//! password, a system with no virtual media.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use shepherd::config::RedfishConfig;
+use shepherd::redfish::{self, Bmcs};
+use shepherd_sim::testing::Sushy;
+
+const PASSWORD: &str = "bmc-pw-51d0aa";
+
+/// A small "boot image" on an HTTP server of the test's own; its URL.
+fn serve_iso(name: &str) -> (String, actix_web::dev::ServerHandle) {
+    let body: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
+    let server = HttpServer::new(move || {
+        let body = body.clone();
+        App::new().route(
+            "/{name}",
+            web::get().to(move || {
+                let body = body.clone();
+                async move { HttpResponse::Ok().body(body) }
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    (format!("http://{addr}/{name}"), handle)
+}
+
+async fn get(sushy: &Sushy, path: &str) -> serde_json::Value {
+    let mut r = awc::Client::default()
+        .get(format!("{}{path}", sushy.url))
+        .basic_auth(&sushy.user, &sushy.password)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{path}: {:?}", r.status());
+    r.json().limit(1 << 20).await.unwrap()
+}
+
+fn cd_path(i: usize) -> String {
+    format!("/redfish/v1/Systems/{}/VirtualMedia/Cd", Sushy::uuid(i))
+}
+
+fn config(timeout: Duration) -> RedfishConfig {
+    RedfishConfig {
+        timeout,
+        power_timeout: Duration::from_secs(60),
+        ..RedfishConfig::default()
+    }
+}
+
+#[actix_rt::test]
+async fn a_boot_from_virtual_media_inserts_overrides_once_and_restarts_then_ends_clean() {
+    let sushy = Sushy::start(&["node-1", "node-2"], "admin", PASSWORD);
+    let (url, iso) = serve_iso("boot-1.iso");
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    let boot = redfish::boot_from_media(&bmcs, "node-1", &sushy.bmc(0), &url)
+        .await
+        .unwrap();
+    assert_eq!(boot.media, cd_path(0));
+    assert!(!boot.plain_insert, "the emulator takes Inserted");
+    assert_eq!(boot.ejected_before, None);
+    // The system was on: restarted with the best reset it offers.
+    assert_eq!(boot.reset, "ForceRestart");
+    let cd = get(&sushy, &cd_path(0)).await;
+    assert_eq!(cd["Image"], url.as_str());
+    assert_eq!(cd["Inserted"], true);
+    assert_eq!(cd["WriteProtected"], true);
+    let system = sushy.system(0).await;
+    assert_eq!(system["Boot"]["BootSourceOverrideTarget"], "Cd");
+    assert_eq!(system["PowerState"], "On", "watched until on");
+    // The other system was left alone.
+    assert_eq!(get(&sushy, &cd_path(1)).await["Inserted"], false);
+    let cd = redfish::virtual_cd(&bmcs, "node-1", &sushy.bmc(0))
+        .await
+        .unwrap();
+    assert!(cd.inserted && cd.image == url, "{cd:?}");
+
+    // A second boot finds the first image in the drive: out first.
+    let (url2, iso2) = serve_iso("boot-2.iso");
+    let boot = redfish::boot_from_media(&bmcs, "node-1", &sushy.bmc(0), &url2)
+        .await
+        .unwrap();
+    assert_eq!(boot.ejected_before.as_deref(), Some(url.as_str()));
+    assert_eq!(get(&sushy, &cd_path(0)).await["Image"], url2.as_str());
+
+    // Ending it: the drive is empty and the next boot is from the disk.
+    assert!(
+        redfish::end_media_boot(&bmcs, "node-1", &sushy.bmc(0))
+            .await
+            .unwrap()
+    );
+    let cd = get(&sushy, &cd_path(0)).await;
+    assert_eq!(cd["Inserted"], false);
+    assert_eq!(cd["Image"], "");
+    assert_eq!(
+        sushy.system(0).await["Boot"]["BootSourceOverrideTarget"],
+        "Hdd"
+    );
+    // Ending again finds nothing to eject.
+    assert!(
+        !redfish::end_media_boot(&bmcs, "node-1", &sushy.bmc(0))
+            .await
+            .unwrap()
+    );
+    iso.stop(true).await;
+    iso2.stop(true).await;
+}
+
+/// A BMC in front of the emulator that refuses `Inserted` and
+/// `WriteProtected` in `InsertMedia` (as some vendors' do) and answers
+/// every request after `delay`; counts the refusals.
+struct Proxy {
+    url: String,
+    refused: Arc<AtomicUsize>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+fn proxy(upstream: &str, refuse_inserted: bool, delay: Duration) -> Proxy {
+    let upstream = upstream.to_string();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let count = refused.clone();
+    let server = HttpServer::new(move || {
+        let (upstream, count) = (upstream.clone(), count.clone());
+        App::new().default_service(web::to(move |req: HttpRequest, body: web::Bytes| {
+            let (upstream, count) = (upstream.clone(), count.clone());
+            async move {
+                tokio::time::sleep(delay).await;
+                let text = String::from_utf8_lossy(&body);
+                if refuse_inserted
+                    && req.path().ends_with("VirtualMedia.InsertMedia")
+                    && (text.contains("\"Inserted\"") || text.contains("\"WriteProtected\""))
+                {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    return HttpResponse::BadRequest().json(serde_json::json!({
+                        "error": {
+                            "code": "Base.1.12.GeneralError",
+                            "message": "A general error has occurred.",
+                            "@Message.ExtendedInfo": [{
+                                "MessageId": "Base.1.12.PropertyUnknown",
+                                "Message": "The property Inserted is not in the list of valid properties for the resource."
+                            }]
+                        }
+                    }));
+                }
+                let mut forward = awc::Client::default().request(
+                    req.method().clone(),
+                    format!("{upstream}{}", req.uri()),
+                );
+                for (h, v) in req.headers() {
+                    if h != "host" {
+                        forward = forward.insert_header((h.clone(), v.clone()));
+                    }
+                }
+                let mut answer = forward.send_body(body).await.unwrap();
+                let mut out = HttpResponse::build(answer.status());
+                for (h, v) in answer.headers() {
+                    if h != "content-length" && h != "transfer-encoding" {
+                        out.insert_header((h.clone(), v.clone()));
+                    }
+                }
+                out.body(answer.body().limit(1 << 22).await.unwrap())
+            }
+        }))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    Proxy {
+        url: format!("http://{addr}"),
+        refused,
+        handle,
+    }
+}
+
+#[actix_rt::test]
+async fn a_bmc_refusing_inserted_and_write_protected_gets_the_image_alone() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let bmc_proxy = proxy(&sushy.url, true, Duration::ZERO);
+    let (url, iso) = serve_iso("boot.iso");
+    let mut bmc = sushy.bmc(0);
+    bmc.url = bmc_proxy.url.clone();
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    let boot = redfish::boot_from_media(&bmcs, "node-1", &bmc, &url)
+        .await
+        .unwrap();
+    assert!(boot.plain_insert);
+    assert_eq!(bmc_proxy.refused.load(Ordering::SeqCst), 1);
+    let cd = get(&sushy, &cd_path(0)).await;
+    assert_eq!(cd["Image"], url.as_str());
+    assert_eq!(cd["Inserted"], true, "the emulator's default");
+    bmc_proxy.handle.stop(true).await;
+    iso.stop(true).await;
+}
+
+#[actix_rt::test]
+async fn a_slow_bmc_is_waited_for_within_the_timeout_and_named_beyond_it() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let slow = proxy(&sushy.url, false, Duration::from_millis(700));
+    let (url, iso) = serve_iso("boot.iso");
+    let mut bmc = sushy.bmc(0);
+    bmc.url = slow.url.clone();
+    // Within the request timeout: slow, but done.
+    let patient = Bmcs::new(&config(Duration::from_secs(5)));
+    let boot = redfish::boot_from_media(&patient, "node-1", &bmc, &url)
+        .await
+        .unwrap();
+    assert_eq!(get(&sushy, &cd_path(0)).await["Image"], url.as_str());
+    assert_eq!(boot.reset, "ForceRestart");
+    // Beyond it: a readable error naming the host and the BMC.
+    let impatient = Bmcs::new(&config(Duration::from_millis(300)));
+    let e = redfish::boot_from_media(&impatient, "node-1", &bmc, &url)
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("host node-1"), "{text}");
+    assert!(text.contains(&slow.url), "{text}");
+    assert!(e.kind.is_transient(), "{text}");
+    slow.handle.stop(true).await;
+    iso.stop(true).await;
+}
+
+#[actix_rt::test]
+async fn a_wrong_password_inserts_nothing_and_never_shows_the_password() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let (url, iso) = serve_iso("boot.iso");
+    let mut bmc = sushy.bmc(0);
+    bmc.password = shepherd::secret::Secret::inline("wrong-pw-3b7e90");
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    let e = redfish::boot_from_media(&bmcs, "node-1", &bmc, &url)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("host node-1") && e.contains("401"), "{e}");
+    assert!(
+        !e.contains("wrong-pw-3b7e90") && !e.contains(PASSWORD),
+        "{e}"
+    );
+    assert_eq!(get(&sushy, &cd_path(0)).await["Inserted"], false);
+    iso.stop(true).await;
+}
+
+#[actix_rt::test]
+async fn a_system_without_virtual_media_says_so() {
+    // The emulator's smallest feature set has no virtual media.
+    let sushy = Sushy::start_with(
+        &["node-1"],
+        "admin",
+        PASSWORD,
+        "SUSHY_EMULATOR_FEATURE_SET = 'minimum'",
+    );
+    let (url, iso) = serve_iso("boot.iso");
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    let e = redfish::boot_from_media(&bmcs, "node-1", &sushy.bmc(0), &url)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("host node-1"), "{e}");
+    assert!(
+        e.contains("virtual media") || e.contains("virtual CD"),
+        "{e}"
+    );
+    // And nothing was reset.
+    assert!(
+        !sushy.log().contains("ComputerSystem.Reset"),
+        "{}",
+        sushy.log()
+    );
+    iso.stop(true).await;
+}

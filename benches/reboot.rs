@@ -90,6 +90,7 @@ fn main() {
                 &RedfishConfig {
                     max_concurrent: cap,
                     timeout: Duration::from_secs(60),
+                    ..RedfishConfig::default()
                 },
             );
             // Everything on before the run.

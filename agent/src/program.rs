@@ -255,6 +255,7 @@ fn install_by_hand(args: Vec<String>) -> i32 {
 const USAGE: &str = "\
 Usage: takeover-agent                      (started by shepherd over SSH)
        takeover-agent --resident           (started by its systemd unit)
+       takeover-agent --live FILE          (in shepherd's boot image)
        takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]
        takeover-agent --help | --version
 
@@ -262,6 +263,8 @@ shepherd's agent. Started over SSH, it reads a TakeoverInit (protobuf) on
 stdin, answers a TakeoverResponse with a fresh ed25519 key on stdout, and
 stays as the resident agent: heartbeats, the hardware report and
 installations through shepherd's agent callback (gRPC over TLS).
+--live enrolls a fresh key with the credential of one boot of the boot
+image (FILE, the boot's data) and stays as the resident agent.
 --install writes an image onto DISK by hand, as an installation request
 would, and prints one JSON line with the outcome. shepherd's image server
 serves only agents it knows: --key FILE is the agent's key (the resident
@@ -299,6 +302,13 @@ pub fn main() {
             resident::from_state(exe);
             return;
         }
+        Some("--live") => match std::env::args().nth(2) {
+            Some(file) => std::process::exit(resident::live(std::path::Path::new(&file), exe)),
+            None => {
+                eprintln!("usage: takeover-agent --live FILE");
+                std::process::exit(2);
+            }
+        },
         Some("--install") => {
             std::process::exit(install_by_hand(std::env::args().skip(2).collect()))
         }
@@ -494,6 +504,111 @@ mod resident {
             || sidecar(&exe, "takeover-agent.reboot").as_deref() == Some("off");
         rt.block_on(crate::resident::run(resident, ThisHost { exe, reboot_off }));
         std::process::exit(0);
+    }
+
+    /// `--live FILE`: the agent of shepherd's boot image (CONTRACTS.md §5).
+    /// FILE is the boot's data (`shepherd.boot.v1.BootData`): it makes a
+    /// key, enrolls it with the boot's credential (retrying while shepherd
+    /// cannot be reached; a refusal ends it, exit 3), then heartbeats as
+    /// the resident agent does, in the foreground.
+    pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
+        use prost::Message as _;
+        let Some(exe) = exe else {
+            eprintln!("takeover-agent: cannot tell where this executable is");
+            return 1;
+        };
+        let data = match std::fs::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                shepherd_proto::boot::BootData::decode(b.as_slice()).map_err(|e| e.to_string())
+            }) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("takeover-agent: {}: not a boot's data: {e}", path.display());
+                return 2;
+            }
+        };
+        let resident = Resident {
+            machine_id: data.machine_id.clone(),
+            endpoint: data.bmaas_endpoint.clone(),
+            ca_certificate: data.ca_certificate.clone(),
+            seed: rand::random(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        if let Err(e) = rt.block_on(enroll(&data, &resident.seed)) {
+            eprintln!("takeover-agent: {e}");
+            return 3;
+        }
+        eprintln!(
+            "takeover-agent: enrolled as machine {} with {}",
+            data.machine_id, data.bmaas_endpoint
+        );
+        drop(rt);
+        heartbeat(resident, exe)
+    }
+
+    /// Presents the boot's credential with the key of `seed` until shepherd
+    /// answers; Err only when it refuses.
+    async fn enroll(data: &shepherd_proto::boot::BootData, seed: &[u8; 32]) -> Result<(), String> {
+        let host = crate::callback::endpoint_host(&data.bmaas_endpoint)
+            .ok_or_else(|| format!("{:?} is not host:port", data.bmaas_endpoint))?
+            .to_string();
+        /// How one try ended badly.
+        enum Failed {
+            /// Shepherd said no: another try would be refused too.
+            Refused(String),
+            /// Not reached, or not able to answer now.
+            Again(String),
+        }
+        let mut pause = Duration::from_secs(1);
+        loop {
+            let tried = async {
+                let addr = tokio::net::lookup_host(data.bmaas_endpoint.as_str())
+                    .await
+                    .map_err(|e| {
+                        Failed::Again(format!("cannot resolve {}: {e}", data.bmaas_endpoint))
+                    })?
+                    .next()
+                    .ok_or_else(|| {
+                        Failed::Again(format!("{} resolves to no address", data.bmaas_endpoint))
+                    })?;
+                let channel = crate::callback::connect(addr, &host, &data.ca_certificate, seed)
+                    .await
+                    .map_err(Failed::Again)?;
+                crate::callback::call::<_, shepherd_proto::boot::EnrollResponse>(
+                    channel,
+                    shepherd_proto::callback::ENROLL_PATH,
+                    shepherd_proto::boot::EnrollRequest {
+                        machine_id: data.machine_id.clone(),
+                        credential: data.credential.clone(),
+                        bmaas_endpoint: data.bmaas_endpoint.clone(),
+                    },
+                )
+                .await
+                .map_err(|s| match s.code() {
+                    tonic::Code::Unauthenticated | tonic::Code::InvalidArgument => {
+                        Failed::Refused(s.message().to_string())
+                    }
+                    _ => Failed::Again(s.message().to_string()),
+                })
+            }
+            .await;
+            match tried {
+                Ok(_) => return Ok(()),
+                Err(Failed::Refused(why)) => {
+                    return Err(format!("shepherd refused the enrollment: {why}"));
+                }
+                Err(Failed::Again(e)) => eprintln!(
+                    "takeover-agent: enrolling: {e}; again in {}",
+                    humantime::format_duration(pause)
+                ),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
     }
 
     /// `--resident`: the unit's agent, from the state its takeover left.

@@ -7,6 +7,9 @@ pub const HEARTBEAT_PATHS: [&str; 2] = [
     "/cloud.agent.api.AgentCallback/Heartbeat",
 ];
 
+/// The live agent's enrollment (`boot.proto`).
+pub const ENROLL_PATH: &str = "/shepherd.boot.v1.Enrollment/Enroll";
+
 /// The host of a `host:port` endpoint (brackets of an IPv6 address
 /// removed), or None when it is not one.
 pub fn endpoint_host(endpoint: &str) -> Option<&str> {

@@ -6,6 +6,8 @@
 //!
 //! - [`api`]: the protobuf messages (CONTRACTS.md §1 and §4), generated
 //!   from the `.proto` files beside this crate at build time.
+//! - [`boot`]: the per-boot data of the boot image and the live agent's
+//!   enrollment (CONTRACTS.md §5).
 //! - [`takeover`]: the takeover's init message and the judge of its reply.
 //! - [`digest`]: an image's digest as an installation request names it.
 //! - [`summary`]: a stored hardware report, decoded for operators.
@@ -16,6 +18,12 @@
 #[allow(clippy::large_enum_variant)]
 pub mod api {
     include!(concat!(env!("OUT_DIR"), "/cloud.agent.api.rs"));
+}
+
+/// Generated from `boot.proto`: one boot of the boot image, and its live
+/// agent's enrollment (CONTRACTS.md §5).
+pub mod boot {
+    include!(concat!(env!("OUT_DIR"), "/shepherd.boot.v1.rs"));
 }
 
 pub mod callback;

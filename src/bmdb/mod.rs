@@ -10,6 +10,7 @@
 //!   queries.
 
 pub mod actions;
+pub mod boot;
 pub mod brake;
 pub mod callback;
 mod conn;

@@ -20,15 +20,21 @@ use uuid::Uuid;
 
 use super::metrics::{HeartbeatMetrics, Outcome};
 use super::tls::{KEY_LEN, ed25519_key};
-use super::writer::{Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat};
+use super::writer::{
+    Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat, WriteEnrollment,
+};
 use crate::bmdb::InstallationResult;
 use shepherd_proto::api::{
     AgentHardwareReport, HeartbeatRequestRaw, HeartbeatResponseRaw, InstallationProgress,
     OsInstallationReport, os_installation_report,
 };
 
+use shepherd_proto::boot::{EnrollRequest, EnrollResponse};
+use shepherd_proto::callback::ENROLL_PATH;
 /// The method's path under each package agents in the field use.
 pub use shepherd_proto::callback::HEARTBEAT_PATHS;
+
+use crate::bmdb::boot::Enrolled;
 
 /// How long a client has to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -107,7 +113,8 @@ fn beat(peer: Option<&AgentPeer>, req: HeartbeatRequestRaw) -> Result<Beat, Stat
     })
 }
 
-/// The `AgentCallback` service under both of its names.
+/// The `AgentCallback` service under both of its names, and the live
+/// agents' `Enrollment` (CONTRACTS.md §5).
 #[derive(Clone)]
 pub struct AgentCallback {
     writer: Addr<HeartbeatWriter>,
@@ -117,6 +124,60 @@ pub struct AgentCallback {
 impl AgentCallback {
     pub fn new(writer: Addr<HeartbeatWriter>, metrics: HeartbeatMetrics) -> Self {
         AgentCallback { writer, metrics }
+    }
+}
+
+/// A live agent presents its boot's credential with the key of its
+/// certificate (see `bmdb::boot::enroll`).
+struct Enroll(Addr<HeartbeatWriter>);
+
+impl tonic::server::UnaryService<EnrollRequest> for Enroll {
+    type Response = EnrollResponse;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<tonic::Response<EnrollResponse>, Status>> + Send>>;
+
+    fn call(&mut self, request: tonic::Request<EnrollRequest>) -> Self::Future {
+        let writer = self.0.clone();
+        let peer = request.extensions().get::<AgentPeer>().cloned();
+        Box::pin(async move {
+            let key = peer.as_ref().and_then(|p| p.key).ok_or_else(|| {
+                Status::unauthenticated("a client certificate with an ed25519 key is required")
+            })?;
+            let req = request.into_inner();
+            let machine_id = Uuid::parse_str(req.machine_id.trim()).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "machine_id {:?} is not a UUID",
+                    req.machine_id.chars().take(64).collect::<String>()
+                ))
+            })?;
+            let endpoint = req.bmaas_endpoint.chars().take(256).collect::<String>();
+            let outcome = writer
+                .send(WriteEnrollment {
+                    machine_id,
+                    credential: req.credential,
+                    key,
+                    endpoint,
+                })
+                .await
+                .map_err(|e| Status::unavailable(format!("heartbeat writer: {e}")))?
+                .map_err(|e| {
+                    Status::unavailable(format!("the BMDB did not take the enrollment: {e}"))
+                })?;
+            let remote = peer.map(|p| p.remote.to_string()).unwrap_or_default();
+            match outcome {
+                Enrolled::Enrolled { boot_id } => {
+                    tracing::info!(machine = %machine_id, boot = %boot_id, %remote, "a live agent enrolled: its key is the machine's agent key");
+                    Ok(tonic::Response::new(EnrollResponse {}))
+                }
+                Enrolled::Again { .. } => Ok(tonic::Response::new(EnrollResponse {})),
+                Enrolled::Refused(why) => {
+                    tracing::warn!(machine = %machine_id, %remote, "enrollment refused: {why}");
+                    Err(Status::unauthenticated(format!(
+                        "enrollment refused: {why}"
+                    )))
+                }
+            }
+        })
     }
 }
 
@@ -177,7 +238,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for AgentCallback {
         let writer = self.writer.clone();
         let metrics = self.metrics.clone();
         Box::pin(async move {
-            if HEARTBEAT_PATHS.contains(&req.uri().path()) {
+            if req.uri().path() == ENROLL_PATH {
+                let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+                    EnrollResponse,
+                    EnrollRequest,
+                >::default());
+                Ok(grpc.unary(Enroll(writer), req).await)
+            } else if HEARTBEAT_PATHS.contains(&req.uri().path()) {
                 let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
                     HeartbeatResponseRaw,
                     HeartbeatRequestRaw,

@@ -308,3 +308,36 @@ async fn write(bmdb: &Bmdb, beats: &[Beat]) -> Result<Vec<BeatOutcome>, BmdbErro
         })
         .collect())
 }
+
+/// A live agent's enrollment (CONTRACTS.md §5), written as it comes (they
+/// are one per boot, not worth batching).
+#[derive(Message)]
+#[rtype(result = "Result<crate::bmdb::boot::Enrolled, String>")]
+pub struct WriteEnrollment {
+    pub machine_id: uuid::Uuid,
+    pub credential: Vec<u8>,
+    pub key: [u8; super::tls::KEY_LEN],
+    pub endpoint: String,
+}
+
+impl Handler<WriteEnrollment> for HeartbeatWriter {
+    type Result = ResponseFuture<Result<crate::bmdb::boot::Enrolled, String>>;
+
+    fn handle(&mut self, msg: WriteEnrollment, _: &mut Context<Self>) -> Self::Result {
+        let bmdb = self.bmdb.clone();
+        Box::pin(async move {
+            bmdb.transact(async |tx| {
+                crate::bmdb::boot::enroll(
+                    tx,
+                    msg.machine_id,
+                    &msg.credential,
+                    &msg.key,
+                    &msg.endpoint,
+                )
+                .await
+            })
+            .await
+            .map_err(|e| e.to_string())
+        })
+    }
+}

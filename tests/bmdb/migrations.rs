@@ -8,7 +8,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_os_installation_report', 'machine_summary', 'machine_bmc_facts', 'fleet_duty', 'machine_hold', \
      'machine_reboot_request', 'operator_action', 'callback_ca', 'callback_endpoint', \
      'recovery_power_action', 'recovery_brake', 'machine_installation', \
-     'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine')";
+     'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine', \
+     'machine_boot_credential')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -28,14 +29,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V8__operator_actions",
             "V9__fair_recovery",
             "V10__installations",
-            "V11__agent_key_index"
+            "V11__agent_key_index",
+            "V12__boot_credentials"
         ]
     );
-    assert_eq!(first.version, Some(11));
-    assert_eq!(count(&bmdb, TABLES).await, 26);
+    assert_eq!(first.version, Some(12));
+    assert_eq!(count(&bmdb, TABLES).await, 27);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(11));
+    assert_eq!(again.version, Some(12));
 }
 
 #[actix_rt::test]
@@ -48,13 +50,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 11],
+        [0, 12],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 26);
+    assert_eq!(count(&a, TABLES).await, 27);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        11
+        12
     );
 }
 
@@ -89,7 +91,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V8__operator_actions",
             "V9__fair_recovery",
             "V10__installations",
-            "V11__agent_key_index"
+            "V11__agent_key_index",
+            "V12__boot_credentials"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -141,7 +144,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V8__operator_actions",
             "V9__fair_recovery",
             "V10__installations",
-            "V11__agent_key_index"
+            "V11__agent_key_index",
+            "V12__boot_credentials"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -627,6 +627,45 @@ impl Running {
     }
 }
 
+/// The boot image the image server serves per boot: `installations.
+/// boot_image` (an error naming the key when it cannot be used), else
+/// `shepherd-boot.iso` beside this binary when there is one (a warning
+/// when it cannot be used). None without a callback endpoint to give the
+/// boots' agents.
+fn boot_image(
+    cfg: &Config,
+    callback_endpoint: Option<&str>,
+) -> anyhow::Result<Option<crate::images::BootServing>> {
+    let configured = cfg.installations.boot_image.clone();
+    let path = match configured.clone().or_else(|| {
+        let exe = std::env::current_exe().ok()?;
+        Some(exe.parent()?.join("shepherd-boot.iso")).filter(|p| p.exists())
+    }) {
+        Some(p) => p,
+        None => return Ok(None),
+    };
+    let Some(endpoint) = callback_endpoint else {
+        tracing::warn!(path = %path.display(), "the boot image is not served: no agent callback (bmaas.endpoint) to give its agents");
+        return Ok(None);
+    };
+    match crate::images::BootImage::open(&path) {
+        Ok(image) => {
+            tracing::info!(path = %path.display(), bytes = image.len, "serving the boot image per boot");
+            Ok(Some(crate::images::BootServing {
+                image,
+                callback_endpoint: endpoint.to_string(),
+            }))
+        }
+        Err(e) if configured.is_some() => {
+            Err(crate::ConfigError::key("installations.boot_image", e).into())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the boot image beside shepherd is not served");
+            Ok(None)
+        }
+    }
+}
+
 /// Starts shepherd in the current actix system: the BMDB (migrated), the
 /// provider, and the Supervisor with its parts. For embedding: mount
 /// `admin::routes` with `Running::admin` as app data, and call
@@ -655,6 +694,10 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             &images_endpoint(&cfg, parts.serves.as_deref()),
             identity.ca_der.clone(),
         );
+        let c = match boot_image(&cfg, parts.serves.as_deref())? {
+            Some(b) => c.with_boot_image(b),
+            None => c,
+        };
         let tls = identity.web_server_config()?;
         images = Some(
             crate::images::ImageServer::start(

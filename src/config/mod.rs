@@ -941,6 +941,10 @@ pub struct InstallationsConfig {
     /// `host:port` agents fetch served images from. Unset: the host of
     /// `bmaas.endpoint` and the port of `images_listen`.
     pub images_endpoint: Option<String>,
+    /// The boot image (`scripts/boot-image`, its `.slot` beside it) the
+    /// image server serves per boot. Unset: `shepherd-boot.iso` beside the
+    /// shepherd binary, if there is one.
+    pub boot_image: Option<PathBuf>,
 }
 
 impl Default for InstallationsConfig {
@@ -950,6 +954,7 @@ impl Default for InstallationsConfig {
             images_dir: None,
             images_listen: ([127, 0, 0, 1], 7831).into(),
             images_endpoint: None,
+            boot_image: None,
         }
     }
 }
@@ -968,6 +973,13 @@ impl InstallationsConfig {
             .is_some_and(|d| d.as_os_str().is_empty())
         {
             self.images_dir = None;
+        }
+        if self
+            .boot_image
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            self.boot_image = None;
         }
         if let Some(e) = &self.images_endpoint {
             if e.trim().is_empty() {

@@ -39,6 +39,10 @@ use sha2::Digest as _;
 use crate::bmdb::Bmdb;
 use crate::bmdb::installations::{DownloadGrant, download_grant};
 
+pub mod boot;
+
+pub use boot::BootImage;
+
 /// What an installation needs to fetch a served image.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedImage {
@@ -62,6 +66,16 @@ pub struct ImageCatalog {
     ca_der: Vec<u8>,
     /// Digests by file, valid while its length and modification time hold.
     digests: Arc<Mutex<HashMap<PathBuf, KnownDigest>>>,
+    /// The boot image, served per boot at `/boot/<boot>.iso`.
+    boot: Option<BootServing>,
+}
+
+/// The boot image and what each boot's data tells its agent.
+#[derive(Debug, Clone)]
+pub struct BootServing {
+    pub image: BootImage,
+    /// `host:port` of the agent callback (`bmaas.endpoint`).
+    pub callback_endpoint: String,
 }
 
 impl std::fmt::Debug for ImageCatalog {
@@ -98,7 +112,24 @@ impl ImageCatalog {
             base_url: format!("https://{host}:{port}/images/"),
             ca_der,
             digests: Default::default(),
+            boot: None,
         }
+    }
+
+    /// Serves `boot`'s image too, one copy per boot.
+    pub fn with_boot_image(mut self, boot: BootServing) -> ImageCatalog {
+        self.boot = Some(boot);
+        self
+    }
+
+    /// Where the BMC fetches boot `boot_id`'s copy of the boot image.
+    pub fn boot_url(&self, boot_id: uuid::Uuid) -> String {
+        let root = self.base_url.trim_end_matches("images/");
+        format!("{root}boot/{boot_id}.iso")
+    }
+
+    pub fn boot_image(&self) -> Option<&BootServing> {
+        self.boot.as_ref()
     }
 
     pub fn dir(&self) -> &Path {
@@ -346,6 +377,143 @@ async fn image(
     }
 }
 
+/// Bytes of a boot's copy read per step.
+const BOOT_PIECE: usize = 256 << 10;
+
+/// `GET /boot/<boot>.iso`: the boot image with that boot's data in its
+/// slot, while the boot is unused and unexpired (CONTRACTS.md §5). The
+/// BMC fetches it without a client certificate: the boot's id is the
+/// capability, and it ends when the agent enrolls or the boot expires.
+/// One range or the whole, as often as asked; never cached by the way.
+async fn boot_iso(
+    boot: web::Data<Option<(BootServing, Vec<u8>)>>,
+    gate: web::Data<DownloadGate>,
+    req: HttpRequest,
+    name: web::Path<String>,
+) -> HttpResponse {
+    use actix_web::http::{StatusCode, header};
+    let not_found = || {
+        HttpResponse::NotFound()
+            .content_type("text/plain; charset=utf-8")
+            .body("no such boot (used, expired or unknown)\n")
+    };
+    let Some((serving, ca_der)) = boot.get_ref().clone() else {
+        return not_found();
+    };
+    let Some(boot_id) = name
+        .strip_suffix(".iso")
+        .and_then(|id| uuid::Uuid::parse_str(id).ok())
+    else {
+        return not_found();
+    };
+    let found = tokio::time::timeout(
+        gate.timeout,
+        gate.bmdb
+            .transact(async |tx| crate::bmdb::boot::to_serve(tx, boot_id).await),
+    )
+    .await;
+    let issued = match found {
+        Ok(Ok(Some(b))) => b,
+        Ok(Ok(None)) => {
+            tracing::info!(boot = %boot_id, "boot image refused: no such boot (used, expired or unknown)");
+            return not_found();
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(boot = %boot_id, error = %e, "boot image: the BMDB cannot tell");
+            return refuse(
+                &req,
+                &name,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the BMDB cannot tell now whether this boot is served; try again",
+            );
+        }
+        Err(_) => {
+            return refuse(
+                &req,
+                &name,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the BMDB did not answer in time; try again",
+            );
+        }
+    };
+    use prost::Message as _;
+    let data = shepherd_proto::boot::BootData {
+        machine_id: issued.machine_id.to_string(),
+        bmaas_endpoint: serving.callback_endpoint.clone(),
+        ca_certificate: ca_der,
+        credential: issued.credential.clone(),
+    }
+    .encode_to_vec();
+    let slot = match serving.image.slot(&data) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(boot = %boot_id, error = %e, "boot image: cannot make this boot's copy");
+            return HttpResponse::InternalServerError().body(format!("{e}\n"));
+        }
+    };
+    let image = serving.image.clone();
+    let len = image.len;
+    let ranged = boot::range(
+        req.headers()
+            .get(header::RANGE)
+            .and_then(|v| v.to_str().ok()),
+        len,
+    );
+    let (status, first, last) = match ranged {
+        Ok(None) => (StatusCode::OK, 0, len.saturating_sub(1)),
+        Ok(Some((a, b))) => (StatusCode::PARTIAL_CONTENT, a, b),
+        Err(boot::Unsatisfiable) => {
+            return HttpResponse::RangeNotSatisfiable()
+                .insert_header((header::CONTENT_RANGE, format!("bytes */{len}")))
+                .finish();
+        }
+    };
+    tracing::info!(boot = %boot_id, machine = %issued.machine_id, first, last, "boot image served");
+    let mut res = HttpResponse::build(status);
+    res.insert_header((header::CONTENT_TYPE, "application/x-iso9660-image"))
+        .insert_header((header::ACCEPT_RANGES, "bytes"))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    if status == StatusCode::PARTIAL_CONTENT {
+        res.insert_header((header::CONTENT_RANGE, format!("bytes {first}-{last}/{len}")));
+    }
+    let count = if len == 0 { 0 } else { last - first + 1 };
+    if req.method() == actix_web::http::Method::HEAD {
+        // The length the GET would have (actix sends no body for a HEAD).
+        let none = futures::stream::empty::<Result<web::Bytes, std::io::Error>>();
+        return res.body(actix_web::body::SizedStream::new(count, none));
+    }
+    let file = match std::fs::File::open(&image.path) {
+        Ok(f) => Arc::new(f),
+        Err(e) => {
+            tracing::warn!(path = %image.path.display(), error = %e, "boot image: cannot open");
+            return HttpResponse::InternalServerError().body("the boot image cannot be read\n");
+        }
+    };
+    let slot = Arc::new(slot);
+    let end = first + count;
+    let body = futures::stream::unfold(first, move |at| {
+        let (file, slot, image) = (file.clone(), slot.clone(), image.clone());
+        async move {
+            if at >= end {
+                return None;
+            }
+            let n = (end - at).min(BOOT_PIECE as u64) as usize;
+            let read = web::block(move || {
+                let mut buf = vec![0u8; n];
+                image.read_at(&file, &slot, &mut buf, at).map(|()| buf)
+            })
+            .await;
+            let piece = match read {
+                Ok(Ok(buf)) => Ok(web::Bytes::from(buf)),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            Some((piece, at + n as u64))
+        }
+    });
+    res.body(actix_web::body::SizedStream::new(count, body))
+}
+
 /// Keeps the key of a client's certificate, if it showed one, with the
 /// connection.
 fn peer_key(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
@@ -378,12 +546,16 @@ impl ImageServer {
     ) -> std::io::Result<ImageServer> {
         let dir = web::Data::new(catalog.dir.clone());
         let gate = web::Data::new(gate);
+        let boot = web::Data::new(catalog.boot.clone().map(|b| (b, catalog.ca_der.clone())));
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(dir.clone())
                 .app_data(gate.clone())
+                .app_data(boot.clone())
                 .route("/images/{name}", web::get().to(image))
                 .route("/images/{name}", web::head().to(image))
+                .route("/boot/{name}", web::get().to(boot_iso))
+                .route("/boot/{name}", web::head().to(boot_iso))
         })
         .on_connect(peer_key)
         .workers(workers.max(1))

@@ -1,0 +1,226 @@
+//! Each boot's copy of the boot image (CONTRACTS.md §5): the ISO
+//! `scripts/boot-image` built, with its per-boot slot (a second initramfs,
+//! its place given by the `.slot` file beside the ISO) replaced by that
+//! boot's data: a `newc` cpio archive of `/shepherd/boot-data` (the
+//! encoded `BootData`), zero-padded to the slot's length (the kernel skips
+//! the padding). The ISO is never rebuilt; the copy is made as it is read,
+//! in whatever ranges the BMC asks for.
+
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+
+/// The base image and where its slot is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootImage {
+    pub path: PathBuf,
+    pub len: u64,
+    pub slot_offset: u64,
+    pub slot_len: u64,
+}
+
+/// What the placeholder in the slot says, as `scripts/boot-image` writes it.
+const PLACEHOLDER: &[u8] = b"SHEPHERD-BOOT-DATA-SLOT-PLACEHOLDER";
+
+fn find(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+impl BootImage {
+    /// The ISO at `path` and its `<path>.slot` (`offset N`, `length N`
+    /// lines), checked: the slot lies inside the ISO and holds the
+    /// placeholder.
+    pub fn open(path: &Path) -> Result<BootImage, String> {
+        let slot_file = {
+            let mut p = path.as_os_str().to_owned();
+            p.push(".slot");
+            PathBuf::from(p)
+        };
+        let text = std::fs::read_to_string(&slot_file).map_err(|e| {
+            format!(
+                "{}: {e} (scripts/boot-image writes it beside the ISO)",
+                slot_file.display()
+            )
+        })?;
+        let field = |name: &str| -> Result<u64, String> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .ok_or_else(|| format!("{}: no {name:?} line", slot_file.display()))
+        };
+        let (slot_offset, slot_len) = (field("offset ")?, field("length ")?);
+        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let len = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .len();
+        if !(512..=1 << 20).contains(&slot_len) || slot_offset + slot_len > len {
+            return Err(format!(
+                "{}: the slot (byte {slot_offset}, {slot_len} bytes) is not inside the {len}-byte image",
+                slot_file.display()
+            ));
+        }
+        let mut slot = vec![0u8; slot_len as usize];
+        file.read_exact_at(&mut slot, slot_offset)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if !slot.starts_with(b"070701") || !find(&slot, PLACEHOLDER) {
+            return Err(format!(
+                "{}: no placeholder at byte {slot_offset}: the .slot file is not this image's",
+                path.display()
+            ));
+        }
+        Ok(BootImage {
+            path: path.to_path_buf(),
+            len,
+            slot_offset,
+            slot_len,
+        })
+    }
+
+    /// The slot's bytes for one boot: `data` as `/shepherd/boot-data`.
+    pub fn slot(&self, data: &[u8]) -> Result<Vec<u8>, String> {
+        let mut out = Vec::with_capacity(self.slot_len as usize);
+        cpio_entry(&mut out, "shepherd", 0o040755, &[]);
+        cpio_entry(&mut out, "shepherd/boot-data", 0o100600, data);
+        cpio_entry(&mut out, "TRAILER!!!", 0, &[]);
+        if out.len() as u64 > self.slot_len {
+            return Err(format!(
+                "the boot's data ({} bytes as an archive) does not fit the image's {}-byte slot",
+                out.len(),
+                self.slot_len
+            ));
+        }
+        out.resize(self.slot_len as usize, 0);
+        Ok(out)
+    }
+
+    /// Bytes `[at, at + buf.len())` of the copy whose slot is `slot`.
+    pub fn read_at(
+        &self,
+        file: &std::fs::File,
+        slot: &[u8],
+        buf: &mut [u8],
+        at: u64,
+    ) -> std::io::Result<()> {
+        file.read_exact_at(buf, at)?;
+        let (from, to) = (at, at + buf.len() as u64);
+        let (s_from, s_to) = (self.slot_offset, self.slot_offset + self.slot_len);
+        if from < s_to && s_from < to {
+            let a = from.max(s_from);
+            let b = to.min(s_to);
+            buf[(a - from) as usize..(b - from) as usize]
+                .copy_from_slice(&slot[(a - s_from) as usize..(b - s_from) as usize]);
+        }
+        Ok(())
+    }
+}
+
+/// One `newc` entry: header, name (NUL-ended, padded to 4), data (padded
+/// to 4).
+fn cpio_entry(out: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]) {
+    let fields = [
+        0u32,                  // ino
+        mode,                  // mode
+        0,                     // uid
+        0,                     // gid
+        1,                     // nlink
+        0,                     // mtime
+        data.len() as u32,     // filesize
+        0,                     // devmajor
+        0,                     // devminor
+        0,                     // rdevmajor
+        0,                     // rdevminor
+        name.len() as u32 + 1, // namesize
+        0,                     // check
+    ];
+    out.extend_from_slice(b"070701");
+    for f in fields {
+        out.extend_from_slice(format!("{f:08X}").as_bytes());
+    }
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    while out.len() % 4 != 0 {
+        out.push(0);
+    }
+    out.extend_from_slice(data);
+    while out.len() % 4 != 0 {
+        out.push(0);
+    }
+}
+
+/// A `Range` this server cannot satisfy (416).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsatisfiable;
+
+/// A `Range` header's one range over `len` bytes: (first, last) inclusive.
+/// None: no header, or one this server answers with the whole (several
+/// ranges).
+pub fn range(header: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, Unsatisfiable> {
+    let Some(h) = header else { return Ok(None) };
+    let Some(spec) = h.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
+    if spec.contains(',') || len == 0 {
+        return Ok(None);
+    }
+    let (a, b) = spec.split_once('-').ok_or(Unsatisfiable)?;
+    let (a, b) = (a.trim(), b.trim());
+    let r = if a.is_empty() {
+        let n: u64 = b.parse().map_err(|_| Unsatisfiable)?;
+        if n == 0 {
+            return Err(Unsatisfiable);
+        }
+        (len.saturating_sub(n), len - 1)
+    } else {
+        let first: u64 = a.parse().map_err(|_| Unsatisfiable)?;
+        let last = if b.is_empty() {
+            len - 1
+        } else {
+            b.parse::<u64>().map_err(|_| Unsatisfiable)?.min(len - 1)
+        };
+        if first >= len || last < first {
+            return Err(Unsatisfiable);
+        }
+        (first, last)
+    };
+    Ok(Some(r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_read_as_rfc_9110_says() {
+        assert_eq!(range(None, 100), Ok(None));
+        assert_eq!(range(Some("bytes=0-9"), 100), Ok(Some((0, 9))));
+        assert_eq!(range(Some("bytes=90-"), 100), Ok(Some((90, 99))));
+        assert_eq!(range(Some("bytes=-10"), 100), Ok(Some((90, 99))));
+        assert_eq!(range(Some("bytes=-1000"), 100), Ok(Some((0, 99))));
+        assert_eq!(range(Some("bytes=50-1000"), 100), Ok(Some((50, 99))));
+        assert_eq!(range(Some("bytes=0-1,5-6"), 100), Ok(None));
+        assert_eq!(range(Some("items=0-1"), 100), Ok(None));
+        assert_eq!(range(Some("bytes=100-"), 100), Err(Unsatisfiable));
+        assert_eq!(range(Some("bytes=9-3"), 100), Err(Unsatisfiable));
+        assert_eq!(range(Some("bytes=x-3"), 100), Err(Unsatisfiable));
+    }
+
+    #[test]
+    fn the_slot_is_an_archive_the_kernel_reads_padded_to_the_slot() {
+        let image = BootImage {
+            path: PathBuf::new(),
+            len: 1 << 20,
+            slot_offset: 4096,
+            slot_len: 4096,
+        };
+        let slot = image.slot(b"hello").unwrap();
+        assert_eq!(slot.len(), 4096);
+        assert!(slot.starts_with(b"070701"));
+        let text = String::from_utf8_lossy(&slot);
+        assert!(text.contains("shepherd/boot-data\0"));
+        assert!(text.contains("hello"));
+        assert!(text.contains("TRAILER!!!"));
+        assert!(
+            image.slot(&vec![1u8; 5000]).is_err(),
+            "too big for the slot"
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! Each boot's copy of the boot image, from the image server as a BMC
+//! fetches it (TLS, no client certificate, whole or in ranges): the base
+//! image with the boot's slot replaced by an archive GNU cpio reads, whose
+//! `BootData` names the machine, the callback, the CA and the boot's
+//! credential; and nothing once the boot is used, expired or unknown.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use shepherd::bmdb::Bmdb;
+use shepherd::bmdb::boot;
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::callback::tls::{ServerIdentity, new_ca};
+use shepherd::images::{BootImage, BootServing, DownloadGate, ImageCatalog, ImageServer};
+use shepherd_proto::boot::BootData;
+use shepherd_sim::testing::TestDb;
+use uuid::Uuid;
+
+const SLOT_AT: u64 = 1 << 20;
+const SLOT_LEN: u64 = 16384;
+
+/// A stand-in for `scripts/boot-image`'s output: 3 MiB of bytes with the
+/// placeholder slot at 1 MiB, and its `.slot` file.
+fn base_image(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    let mut bytes: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let mut slot = b"070701".to_vec();
+    slot.extend_from_slice(b"SHEPHERD-BOOT-DATA-SLOT-PLACEHOLDER\n");
+    slot.resize(SLOT_LEN as usize, 0);
+    bytes[SLOT_AT as usize..(SLOT_AT + SLOT_LEN) as usize].copy_from_slice(&slot);
+    let path = dir.join("shepherd-boot.iso");
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::write(
+        dir.join("shepherd-boot.iso.slot"),
+        format!("offset {SLOT_AT}\nlength {SLOT_LEN}\nkernel test\n"),
+    )
+    .unwrap();
+    (path, bytes)
+}
+
+async fn machine(bmdb: &Bmdb) -> Uuid {
+    let m = NewProvidedMachine {
+        provider: shepherd::bmdb::Provider::None,
+        provider_id: format!("rack1-{}", Uuid::new_v4()),
+        reservation_id: None,
+        ip_address: None,
+        location: None,
+        status: None,
+    };
+    bmdb.transact(async |tx| machines::create_provided(tx, &m).await)
+        .await
+        .unwrap()
+}
+
+/// GET (or HEAD) `url` as a BMC does: trusting the CA, no certificate.
+async fn fetch(
+    ca_der: &[u8],
+    url: &str,
+    range: Option<&str>,
+    head: bool,
+) -> (u16, Vec<u8>, Option<String>) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
+        .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(Arc::new(tls)))
+        .timeout(Duration::from_secs(10))
+        .finish();
+    let mut req = if head {
+        client.head(url)
+    } else {
+        client.get(url)
+    };
+    if let Some(r) = range {
+        req = req.insert_header(("Range", r));
+    }
+    let mut r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let len = r
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = r.body().limit(16 << 20).await.unwrap();
+    (r.status().as_u16(), body.to_vec(), len)
+}
+
+/// The file the slot's archive holds, as GNU cpio extracts it.
+fn boot_data_of(slot: &[u8]) -> BootData {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("cpio")
+        .args(["-idm", "--quiet"])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("GNU cpio");
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(slot).unwrap();
+    assert!(child.wait().unwrap().success(), "cpio read the slot");
+    let raw = std::fs::read(dir.path().join("shepherd/boot-data")).unwrap();
+    BootData::decode(raw.as_slice()).unwrap()
+}
+
+#[actix_rt::test]
+async fn a_boots_copy_carries_its_data_in_the_slot_whole_or_in_ranges_until_used() {
+    let root = tempfile::tempdir().unwrap();
+    let images = root.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    let (iso, base) = base_image(root.path());
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let (a, b) = (machine(&bmdb).await, machine(&bmdb).await);
+    let issued = bmdb
+        .transact(async |tx| boot::issue(tx, a, Duration::from_secs(600)).await)
+        .await
+        .unwrap();
+    let (ca_der, ca_key) = new_ca().unwrap();
+    let id = ServerIdentity::issued_by(&ca_der, &ca_key, &["127.0.0.1".to_string()]).unwrap();
+    let catalog =
+        ImageCatalog::new(images, "127.0.0.1:7831", ca_der.clone()).with_boot_image(BootServing {
+            image: BootImage::open(&iso).unwrap(),
+            callback_endpoint: "10.0.2.100:7830".into(),
+        });
+    let server = ImageServer::start(
+        &catalog,
+        DownloadGate {
+            bmdb: bmdb.clone(),
+            timeout: Duration::from_secs(2),
+        },
+        "127.0.0.1:0".parse().unwrap(),
+        id.web_server_config().unwrap(),
+        1,
+    )
+    .unwrap();
+    let port = server.addr.port();
+    let url_of = |boot: Uuid| {
+        catalog
+            .boot_url(boot)
+            .replace("127.0.0.1:7831", &format!("127.0.0.1:{port}"))
+    };
+    let url = url_of(issued.boot_id);
+    assert!(
+        url.ends_with(&format!("/boot/{}.iso", issued.boot_id)),
+        "{url}"
+    );
+
+    // Whole: the base outside the slot, this boot's data inside it.
+    let (status, whole, _) = fetch(&ca_der, &url, None, false).await;
+    assert_eq!(status, 200);
+    assert_eq!(whole.len(), base.len());
+    let (s, e) = (SLOT_AT as usize, (SLOT_AT + SLOT_LEN) as usize);
+    assert!(
+        whole[..s] == base[..s] && whole[e..] == base[e..],
+        "outside the slot"
+    );
+    let data = boot_data_of(&whole[s..e]);
+    assert_eq!(data.machine_id, a.to_string());
+    assert_eq!(data.bmaas_endpoint, "10.0.2.100:7830");
+    assert_eq!(data.ca_certificate, ca_der);
+    assert_eq!(data.credential, issued.credential);
+
+    // In ranges, across the slot's edges, as a BMC streams it: the same.
+    let cuts = [
+        0u64,
+        700_000,
+        SLOT_AT - 5,
+        SLOT_AT + 9000,
+        SLOT_AT + SLOT_LEN + 3,
+        2_500_000,
+    ];
+    let mut joined = Vec::new();
+    for w in cuts.windows(2) {
+        let (status, part, _) = fetch(
+            &ca_der,
+            &url,
+            Some(&format!("bytes={}-{}", w[0], w[1] - 1)),
+            false,
+        )
+        .await;
+        assert_eq!(status, 206);
+        joined.extend_from_slice(&part);
+    }
+    let (status, tail, _) = fetch(&ca_der, &url, Some("bytes=2500000-"), false).await;
+    assert_eq!(status, 206);
+    joined.extend_from_slice(&tail);
+    assert!(joined == whole, "the ranges make the whole");
+    let (status, _, len) = fetch(&ca_der, &url, None, true).await;
+    assert_eq!(
+        (status, len.as_deref()),
+        (200, Some(&*base.len().to_string()))
+    );
+    let (status, _, _) = fetch(&ca_der, &url, Some("bytes=99999999-"), false).await;
+    assert_eq!(status, 416);
+
+    // Another machine's boot is its own.
+    let theirs = bmdb
+        .transact(async |tx| boot::issue(tx, b, Duration::from_secs(600)).await)
+        .await
+        .unwrap();
+    let (_, other, _) = fetch(&ca_der, &url_of(theirs.boot_id), None, false).await;
+    let other = boot_data_of(&other[s..e]);
+    assert_eq!(other.machine_id, b.to_string());
+    assert_ne!(other.credential, data.credential);
+
+    // Used: no more. Expired, voided or unknown: none either.
+    bmdb.transact(async |tx| boot::enroll(tx, a, &issued.credential, &[7u8; 32], "x:1").await)
+        .await
+        .unwrap();
+    assert_eq!(fetch(&ca_der, &url, None, false).await.0, 404);
+    let short = bmdb
+        .transact(async |tx| boot::issue(tx, a, Duration::from_millis(100)).await)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        fetch(&ca_der, &url_of(short.boot_id), None, false).await.0,
+        404
+    );
+    bmdb.transact(async |tx| boot::issue(tx, b, Duration::from_secs(600)).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        fetch(&ca_der, &url_of(theirs.boot_id), None, false).await.0,
+        404,
+        "voided"
+    );
+    assert_eq!(
+        fetch(&ca_der, &url_of(Uuid::new_v4()), None, false).await.0,
+        404
+    );
+    server.stop().await;
+}
+
+#[test]
+fn a_slot_file_that_is_not_the_images_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (iso, _) = base_image(root.path());
+    std::fs::write(
+        root.path().join("shepherd-boot.iso.slot"),
+        "offset 4096\nlength 16384\n",
+    )
+    .unwrap();
+    let e = BootImage::open(&iso).unwrap_err();
+    assert!(e.contains("no placeholder at byte 4096"), "{e}");
+    std::fs::write(
+        root.path().join("shepherd-boot.iso.slot"),
+        "offset 99999999\nlength 16384\n",
+    )
+    .unwrap();
+    let e = BootImage::open(&iso).unwrap_err();
+    assert!(e.contains("not inside"), "{e}");
+    std::fs::remove_file(root.path().join("shepherd-boot.iso.slot")).unwrap();
+    let e = BootImage::open(&iso).unwrap_err();
+    assert!(e.contains("scripts/boot-image"), "{e}");
+}

@@ -388,18 +388,7 @@ async fn fifty(url: &str, ca: &[u8], seeds: &[[u8; 32]], size: u64) -> f64 {
 /// served image `name` (the image server's grant).
 async fn asked_machine(bmdb: &Bmdb, seed: [u8; 32], name: &str) {
     use shepherd::bmdb::installations::{Asker, ask};
-    use shepherd::bmdb::machines::{NewProvidedMachine, create_provided, set_agent_started};
-    let key = ed25519_dalek::SigningKey::from_bytes(&seed)
-        .verifying_key()
-        .to_bytes();
-    let m = NewProvidedMachine {
-        provider: shepherd::bmdb::Provider::None,
-        provider_id: format!("bench-{}", uuid::Uuid::new_v4()),
-        reservation_id: None,
-        ip_address: Some("192.0.2.1".into()),
-        location: None,
-        status: None,
-    };
+    let id = shepherd_sim::testing::machine(bmdb, Some(seed)).await;
     let image = shepherd_proto::api::ImageInstallation {
         url: format!("https://127.0.0.1:7831/images/{name}"),
         digest: format!("sha256:{}", "0".repeat(64)),
@@ -411,13 +400,9 @@ async fn asked_machine(bmdb: &Bmdb, seed: [u8; 32], name: &str) {
         rollout_id: None,
         reason: None,
     };
-    bmdb.transact(async |tx| {
-        let id = create_provided(tx, &m).await?;
-        set_agent_started(tx, id, &key, None).await?;
-        ask(tx, id, &image, &asker).await
-    })
-    .await
-    .unwrap();
+    bmdb.transact(async |tx| ask(tx, id, &image, &asker).await)
+        .await
+        .unwrap();
 }
 
 fn main() {

@@ -10,9 +10,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use prost::Message;
+use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::boot::{self, IssuedBoot};
-use shepherd::bmdb::machines::{self, NewProvidedMachine};
-use shepherd::bmdb::{Bmdb, Provider};
 use shepherd::callback::{Callback, CertFiles, HEARTBEAT_PATHS, ServerIdentity};
 use shepherd_agent::api::{HeartbeatRequest, HeartbeatResponseRaw};
 use shepherd_agent::callback as client;
@@ -58,18 +57,7 @@ impl Rig {
     }
 
     async fn machine(&self) -> Uuid {
-        let m = NewProvidedMachine {
-            provider: Provider::None,
-            provider_id: format!("rack1-{}", Uuid::new_v4()),
-            reservation_id: None,
-            ip_address: None,
-            location: None,
-            status: None,
-        };
-        self.bmdb
-            .transact(async |tx| machines::create_provided(tx, &m).await)
-            .await
-            .unwrap()
+        shepherd_sim::testing::machine(&self.bmdb, None).await
     }
 
     async fn issue(&self, machine: Uuid, ttl: Duration) -> IssuedBoot {
@@ -92,12 +80,17 @@ impl Rig {
         }
     }
 
-    /// Enrolls the key of `seed` as the library does it.
-    async fn enroll(
+    /// One call of `path` as the agent with the key of `seed`.
+    async fn call<Req, Resp>(
         &self,
         seed: [u8; 32],
-        data: &BootData,
-    ) -> Result<EnrollResponse, tonic::Status> {
+        path: &'static str,
+        req: Req,
+    ) -> Result<Resp, tonic::Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
         let channel = client::connect(
             self.callback.addr,
             "127.0.0.1",
@@ -106,16 +99,21 @@ impl Rig {
         )
         .await
         .map_err(tonic::Status::unavailable)?;
-        client::call(
-            channel,
-            ENROLL_PATH,
-            EnrollRequest {
-                machine_id: data.machine_id.clone(),
-                credential: data.credential.clone(),
-                bmaas_endpoint: data.bmaas_endpoint.clone(),
-            },
-        )
-        .await
+        client::call(channel, path, req).await
+    }
+
+    /// Enrolls the key of `seed` as the library does it.
+    async fn enroll(
+        &self,
+        seed: [u8; 32],
+        data: &BootData,
+    ) -> Result<EnrollResponse, tonic::Status> {
+        let req = EnrollRequest {
+            machine_id: data.machine_id.clone(),
+            credential: data.credential.clone(),
+            bmaas_endpoint: data.bmaas_endpoint.clone(),
+        };
+        self.call(seed, ENROLL_PATH, req).await
     }
 
     async fn heartbeat(
@@ -123,23 +121,11 @@ impl Rig {
         seed: [u8; 32],
         machine: Uuid,
     ) -> Result<HeartbeatResponseRaw, tonic::Status> {
-        let channel = client::connect(
-            self.callback.addr,
-            "127.0.0.1",
-            &self.callback.ca_der,
-            &seed,
-        )
-        .await
-        .map_err(tonic::Status::unavailable)?;
-        client::call(
-            channel,
-            HEARTBEAT_PATHS[1],
-            HeartbeatRequest {
-                machine_id: machine.to_string(),
-                ..Default::default()
-            },
-        )
-        .await
+        let req = HeartbeatRequest {
+            machine_id: machine.to_string(),
+            ..Default::default()
+        };
+        self.call(seed, HEARTBEAT_PATHS[1], req).await
     }
 
     async fn agent_key(&self, machine: Uuid) -> Option<Vec<u8>> {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use prost::Message;
 use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::boot;
-use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::callback::tls::{ServerIdentity, new_ca};
 use shepherd::images::{BootImage, BootServing, DownloadGate, ImageCatalog, ImageServer};
 use shepherd_proto::boot::BootData;
@@ -42,17 +41,7 @@ fn base_image(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
 }
 
 async fn machine(bmdb: &Bmdb) -> Uuid {
-    let m = NewProvidedMachine {
-        provider: shepherd::bmdb::Provider::None,
-        provider_id: format!("rack1-{}", Uuid::new_v4()),
-        reservation_id: None,
-        ip_address: None,
-        location: None,
-        status: None,
-    };
-    bmdb.transact(async |tx| machines::create_provided(tx, &m).await)
-        .await
-        .unwrap()
+    shepherd_sim::testing::machine(bmdb, None).await
 }
 
 /// GET (or HEAD) `url` as a BMC does: trusting the CA, no certificate.

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use prost::Message;
-use shepherd::bmdb::machines::{self, NewProvidedMachine};
-use shepherd::bmdb::{Bmdb, Provider};
+use shepherd::bmdb::Bmdb;
+use shepherd::bmdb::machines;
 use shepherd::callback::Callback;
 use shepherd::callback::{CertFiles, HEARTBEAT_PATHS, ServerIdentity};
 use shepherd_agent::api::{
@@ -53,25 +53,7 @@ impl Rig {
 
     /// A machine whose agent started with the key of `seed`.
     async fn machine(&self, seed: [u8; 32]) -> Uuid {
-        let key = ed25519_dalek::SigningKey::from_bytes(&seed)
-            .verifying_key()
-            .to_bytes();
-        let m = NewProvidedMachine {
-            provider: Provider::None,
-            provider_id: format!("host-{}", Uuid::new_v4()),
-            reservation_id: None,
-            ip_address: Some("192.0.2.1".into()),
-            location: None,
-            status: None,
-        };
-        self.bmdb
-            .transact(async |tx| {
-                let id = machines::create_provided(tx, &m).await?;
-                machines::set_agent_started(tx, id, &key, None).await?;
-                Ok(id)
-            })
-            .await
-            .unwrap()
+        shepherd_sim::testing::machine(&self.bmdb, Some(seed)).await
     }
 
     async fn heartbeat(

@@ -11,9 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::installations::{self, Asked, Asker};
-use shepherd::bmdb::machines::{self, NewProvidedMachine};
-use shepherd::bmdb::{Bmdb, Provider};
 use shepherd::callback::tls::{ServerIdentity, new_ca};
 use shepherd::images::{DownloadGate, ImageCatalog, ImageServer};
 use shepherd_agent::install::fetch::{AgentKey, tls_config};
@@ -53,24 +52,7 @@ async fn get(server: &ImageServer, ca_der: &[u8], key: [u8; 32], name: &str) -> 
 
 /// A machine whose agent holds the key of `seed`.
 async fn machine(bmdb: &Bmdb, seed: [u8; 32]) -> Uuid {
-    let key = ed25519_dalek::SigningKey::from_bytes(&seed)
-        .verifying_key()
-        .to_bytes();
-    let m = NewProvidedMachine {
-        provider: Provider::None,
-        provider_id: format!("host-{}", Uuid::new_v4()),
-        reservation_id: None,
-        ip_address: Some("192.0.2.1".into()),
-        location: None,
-        status: None,
-    };
-    bmdb.transact(async |tx| {
-        let id = machines::create_provided(tx, &m).await?;
-        machines::set_agent_started(tx, id, &key, None).await?;
-        Ok(id)
-    })
-    .await
-    .unwrap()
+    shepherd_sim::testing::machine(bmdb, Some(seed)).await
 }
 
 /// Asks `machine` to install the served image `name` (as an operator

@@ -109,6 +109,34 @@ fn server() -> &'static Server {
     })
 }
 
+/// A machine of no provider (as an inventory host is), with an agent
+/// started with the key of `seed` when one is given; its ID.
+pub async fn machine(bmdb: &Bmdb, agent_seed: Option<[u8; 32]>) -> uuid::Uuid {
+    use shepherd::bmdb::machines::{NewProvidedMachine, create_provided, set_agent_started};
+    let m = NewProvidedMachine {
+        provider: shepherd::bmdb::Provider::None,
+        provider_id: format!("host-{}", uuid::Uuid::new_v4()),
+        reservation_id: None,
+        ip_address: Some("192.0.2.1".into()),
+        location: None,
+        status: None,
+    };
+    let key = agent_seed.map(|s| {
+        ed25519_dalek::SigningKey::from_bytes(&s)
+            .verifying_key()
+            .to_bytes()
+    });
+    bmdb.transact(async |tx| {
+        let id = create_provided(tx, &m).await?;
+        if let Some(key) = &key {
+            set_agent_started(tx, id, key, None).await?;
+        }
+        Ok(id)
+    })
+    .await
+    .expect("a machine in the BMDB")
+}
+
 /// A PostgreSQL server of the test's own (the embedded server's code: unix
 /// socket, fsync off), for fault tests that stop and start it under a
 /// running shepherd. Stopped and removed on drop.

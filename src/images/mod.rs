@@ -468,7 +468,13 @@ async fn boot_iso(
                 .finish();
         }
     };
-    tracing::info!(boot = %boot_id, machine = %issued.machine_id, first, last, "boot image served");
+    // A BMC streaming the image reads it in many ranges: one line at info
+    // per start, the rest at debug.
+    if first == 0 {
+        tracing::info!(boot = %boot_id, machine = %issued.machine_id, last, "boot image served");
+    } else {
+        tracing::debug!(boot = %boot_id, machine = %issued.machine_id, first, last, "boot image range served");
+    }
     let mut res = HttpResponse::build(status);
     res.insert_header((header::CONTENT_TYPE, "application/x-iso9660-image"))
         .insert_header((header::ACCEPT_RANGES, "bytes"))

@@ -482,12 +482,12 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
             .await
             .unwrap()
     };
-    let pid = || -> i32 {
+    // The detached agent writes its PID file a moment after the takeover
+    // answered.
+    let pid = || -> Option<i32> {
         std::fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
     };
     let first = take_over().await;
     record(first.agent_key).await;
@@ -497,7 +497,7 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
         async || rig.rows(HEARTBEATS, mid).await == 1,
     )
     .await;
-    let old = pid();
+    let old = pid().expect("the first agent's PID file");
     assert!(!gone(old));
 
     // Taken over again: the new agent stops the old one.
@@ -508,7 +508,13 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
         async || gone(old),
     )
     .await;
-    let new = pid();
+    until(
+        "the new agent's PID file",
+        Duration::from_secs(10),
+        async || pid().is_some_and(|p| p != old),
+    )
+    .await;
+    let new = pid().unwrap();
     assert_ne!(new, old);
     assert!(!gone(new), "the new agent runs");
     // Its key is never recorded: refused for 2 s, it exits.

@@ -133,21 +133,11 @@ impl Rig {
 
     /// Machines with their addresses, in provider ID order.
     async fn machines(&self) -> Vec<(uuid::Uuid, String)> {
-        self.bmdb
-            .transact(async |tx| {
-                Ok(tx
-                    .query(
-                        "SELECT machine_id, provider_ip_address FROM machine_provided \
-                         ORDER BY provider_id",
-                        &[],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1)))
-                    .collect())
-            })
-            .await
-            .unwrap()
+        shepherd_sim::testing::pairs(
+            &self.bmdb,
+            "SELECT machine_id, provider_ip_address FROM machine_provided ORDER BY provider_id",
+        )
+        .await
     }
 
     /// The file standing for the machine's disk.

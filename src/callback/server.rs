@@ -51,17 +51,27 @@ pub struct AgentPeer {
 const NOT_AUTHENTICATED: &str =
     "not authenticated: no agent with this key was started on this machine";
 
-/// Validates a heartbeat and turns it into what the writer writes.
-fn beat(peer: Option<&AgentPeer>, req: HeartbeatRequestRaw) -> Result<Beat, Status> {
-    let key = peer.and_then(|p| p.key).ok_or_else(|| {
+/// The key the caller proved in TLS.
+fn caller_key(peer: Option<&AgentPeer>) -> Result<[u8; KEY_LEN], Status> {
+    peer.and_then(|p| p.key).ok_or_else(|| {
         Status::unauthenticated("a client certificate with an ed25519 key is required")
-    })?;
-    let machine_id = Uuid::parse_str(req.machine_id.trim()).map_err(|_| {
+    })
+}
+
+/// A request's `machine_id`.
+fn machine_id(raw: &str) -> Result<Uuid, Status> {
+    Uuid::parse_str(raw.trim()).map_err(|_| {
         Status::invalid_argument(format!(
             "machine_id {:?} is not a UUID",
-            req.machine_id.chars().take(64).collect::<String>()
+            raw.chars().take(64).collect::<String>()
         ))
-    })?;
+    })
+}
+
+/// Validates a heartbeat and turns it into what the writer writes.
+fn beat(peer: Option<&AgentPeer>, req: HeartbeatRequestRaw) -> Result<Beat, Status> {
+    let key = caller_key(peer)?;
+    let machine_id = machine_id(&req.machine_id)?;
     if let Some(hw) = &req.hardware_report {
         AgentHardwareReport::decode(hw.as_slice()).map_err(|e| {
             Status::invalid_argument(format!("hardware_report does not decode: {e}"))
@@ -140,16 +150,9 @@ impl tonic::server::UnaryService<EnrollRequest> for Enroll {
         let writer = self.0.clone();
         let peer = request.extensions().get::<AgentPeer>().cloned();
         Box::pin(async move {
-            let key = peer.as_ref().and_then(|p| p.key).ok_or_else(|| {
-                Status::unauthenticated("a client certificate with an ed25519 key is required")
-            })?;
+            let key = caller_key(peer.as_ref())?;
             let req = request.into_inner();
-            let machine_id = Uuid::parse_str(req.machine_id.trim()).map_err(|_| {
-                Status::invalid_argument(format!(
-                    "machine_id {:?} is not a UUID",
-                    req.machine_id.chars().take(64).collect::<String>()
-                ))
-            })?;
+            let machine_id = machine_id(&req.machine_id)?;
             let endpoint = req.bmaas_endpoint.chars().take(256).collect::<String>();
             let outcome = writer
                 .send(WriteEnrollment {

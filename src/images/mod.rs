@@ -128,10 +128,6 @@ impl ImageCatalog {
         format!("{root}boot/{boot_id}.iso")
     }
 
-    pub fn boot_image(&self) -> Option<&BootServing> {
-        self.boot.as_ref()
-    }
-
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -251,6 +247,41 @@ pub struct DownloadGate {
     pub timeout: std::time::Duration,
 }
 
+impl DownloadGate {
+    /// `f` in one transaction, within the bound; Err: the 503 saying the
+    /// BMDB cannot tell `what` now.
+    async fn ask<T>(
+        &self,
+        req: &HttpRequest,
+        name: &str,
+        what: &str,
+        f: impl AsyncFnMut(&mut crate::bmdb::Tx<'_>) -> Result<T, crate::bmdb::BmdbError>,
+    ) -> Result<T, HttpResponse> {
+        use actix_web::http::StatusCode;
+        match tokio::time::timeout(self.timeout, self.bmdb.transact(f)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                tracing::warn!(image = %name, error = %e, "the BMDB cannot tell {what}");
+                Err(refuse(
+                    req,
+                    name,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("the BMDB cannot tell now {what}; try again"),
+                ))
+            }
+            Err(_) => Err(refuse(
+                req,
+                name,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "the BMDB did not answer within {}; try again",
+                    humantime::format_duration(self.timeout)
+                ),
+            )),
+        }
+    }
+}
+
 /// Why a download is refused (before the file is looked at, so nothing
 /// about the directory is told to whoever has no grant).
 fn refuse(
@@ -289,22 +320,22 @@ async fn image(
             "a download needs the agent's client certificate (the key of its callback)",
         );
     };
-    let asked = tokio::time::timeout(
-        gate.timeout,
-        gate.bmdb
-            .transact(async |tx| download_grant(tx, &key, &name).await),
-    )
-    .await;
+    let asked = gate
+        .ask(&req, &name, "whether this agent may download", async |tx| {
+            download_grant(tx, &key, &name).await
+        })
+        .await;
     let machine_id = match asked {
-        Ok(Ok(DownloadGrant::Allowed {
+        Err(unavailable) => return unavailable,
+        Ok(DownloadGrant::Allowed {
             machine_id,
             generation,
-        })) => {
+        }) => {
             let range = req.headers().contains_key(actix_web::http::header::RANGE);
             tracing::info!(image = %name, machine = %machine_id, generation, range, "image download");
             machine_id
         }
-        Ok(Ok(DownloadGrant::UnknownAgent)) => {
+        Ok(DownloadGrant::UnknownAgent) => {
             return refuse(
                 &req,
                 &name,
@@ -312,32 +343,12 @@ async fn image(
                 "no machine's agent holds this key",
             );
         }
-        Ok(Ok(DownloadGrant::NotAsked { machine_id })) => {
+        Ok(DownloadGrant::NotAsked { machine_id }) => {
             return refuse(
                 &req,
                 &name,
                 StatusCode::FORBIDDEN,
                 &format!("machine {machine_id} has no pending installation of this image"),
-            );
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(image = %name, error = %e, "image download: the BMDB cannot tell who may download");
-            return refuse(
-                &req,
-                &name,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the BMDB cannot tell now whether this agent may download; try again",
-            );
-        }
-        Err(_) => {
-            return refuse(
-                &req,
-                &name,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "the BMDB did not answer within {}; try again",
-                    humantime::format_duration(gate.timeout)
-                ),
             );
         }
     };
@@ -406,35 +417,18 @@ async fn boot_iso(
     else {
         return not_found();
     };
-    let found = tokio::time::timeout(
-        gate.timeout,
-        gate.bmdb
-            .transact(async |tx| crate::bmdb::boot::to_serve(tx, boot_id).await),
-    )
-    .await;
+    let found = gate
+        .ask(&req, &name, "whether this boot is served", async |tx| {
+            crate::bmdb::boot::to_serve(tx, boot_id).await
+        })
+        .await;
     let issued = match found {
-        Ok(Ok(Some(b))) => b,
-        Ok(Ok(None)) => {
+        Ok(Some(b)) => b,
+        Ok(None) => {
             tracing::info!(boot = %boot_id, "boot image refused: no such boot (used, expired or unknown)");
             return not_found();
         }
-        Ok(Err(e)) => {
-            tracing::warn!(boot = %boot_id, error = %e, "boot image: the BMDB cannot tell");
-            return refuse(
-                &req,
-                &name,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the BMDB cannot tell now whether this boot is served; try again",
-            );
-        }
-        Err(_) => {
-            return refuse(
-                &req,
-                &name,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the BMDB did not answer in time; try again",
-            );
-        }
+        Err(unavailable) => return unavailable,
     };
     use prost::Message as _;
     let data = shepherd_proto::boot::BootData {

@@ -85,14 +85,23 @@ fn mailbox(host: &str, bmc: &BmcConfig, e: actix::MailboxError) -> BmcError {
     }
 }
 
+/// `msg` to the actor of `host`'s BMC; its answer.
+async fn ask<M, T>(bmcs: &Bmcs, host: &str, bmc: &BmcConfig, msg: M) -> Result<T, BmcError>
+where
+    M: actix::Message<Result = Result<T, BmcError>> + Send + 'static,
+    T: Send + 'static,
+    BmcClient: actix::Handler<M>,
+{
+    bmcs.get(host, bmc)?
+        .send(msg)
+        .await
+        .map_err(|e| mailbox(host, bmc, e))?
+}
+
 /// The system's state and facts.
 pub async fn system(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<SystemInfo, BmcError> {
-    let addr = bmcs.get(host, bmc)?;
-    addr.send(GetSystem {
-        system: bmc.system.clone(),
-    })
-    .await
-    .map_err(|e| mailbox(host, bmc, e))?
+    let system = bmc.system.clone();
+    ask(bmcs, host, bmc, GetSystem { system }).await
 }
 
 /// What a Redfish power state means to the Recoverer: `On` is running,
@@ -189,33 +198,23 @@ pub async fn boot_from_media(
     bmc: &BmcConfig,
     image_url: &str,
 ) -> Result<MediaBoot, BmcError> {
-    bmcs.get(host, bmc)?
-        .send(BootFromMedia {
-            system: bmc.system.clone(),
-            image_url: image_url.to_string(),
-            power_timeout: bmcs.power_timeout,
-        })
-        .await
-        .map_err(|e| mailbox(host, bmc, e))?
+    let msg = BootFromMedia {
+        system: bmc.system.clone(),
+        image_url: image_url.to_string(),
+        power_timeout: bmcs.power_timeout,
+    };
+    ask(bmcs, host, bmc, msg).await
 }
 
 /// Ejects the system's virtual CD and clears its boot override; Ok(true)
 /// if media was inserted.
 pub async fn end_media_boot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<bool, BmcError> {
-    bmcs.get(host, bmc)?
-        .send(EndMediaBoot {
-            system: bmc.system.clone(),
-        })
-        .await
-        .map_err(|e| mailbox(host, bmc, e))?
+    let system = bmc.system.clone();
+    ask(bmcs, host, bmc, EndMediaBoot { system }).await
 }
 
 /// What the system's virtual CD holds.
 pub async fn virtual_cd(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<VirtualCd, BmcError> {
-    bmcs.get(host, bmc)?
-        .send(GetVirtualCd {
-            system: bmc.system.clone(),
-        })
-        .await
-        .map_err(|e| mailbox(host, bmc, e))?
+    let system = bmc.system.clone();
+    ask(bmcs, host, bmc, GetVirtualCd { system }).await
 }

@@ -232,21 +232,14 @@ impl Rig {
 
     /// Each event in the history, with how often it happened.
     async fn history_events(&self) -> std::collections::BTreeMap<String, i64> {
-        self.bmdb
-            .transact(async |tx| {
-                Ok(tx
-                    .query(
-                        "SELECT event::text || coalesce(': ' || failed_cause, ''), count(*) \
-                         FROM work_history GROUP BY 1",
-                        &[],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1)))
-                    .collect())
-            })
-            .await
-            .unwrap()
+        shepherd_sim::testing::pairs(
+            &self.bmdb,
+            "SELECT event::text || coalesce(': ' || failed_cause, ''), count(*) \
+             FROM work_history GROUP BY 1",
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
     /// The parts of the configuration every test shares.

@@ -49,12 +49,15 @@ impl PgCluster {
             .tempdir()
             .unwrap();
         let out = Self::script(dir.path(), "start");
-        assert!(
-            out.status.success(),
-            "scripts/pg-cluster start: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            Self::logs_in(dir.path())
-        );
+        if !out.status.success() {
+            // Nothing of a cluster that never came up is left running.
+            let logs = Self::logs_in(dir.path());
+            Self::script(dir.path(), "stop");
+            panic!(
+                "scripts/pg-cluster start: {}\n{logs}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let url = String::from_utf8(out.stdout).unwrap().trim().to_string();
         assert!(url.contains("target_session_attrs=read-write"), "{url}");
         PgCluster { dir, url }

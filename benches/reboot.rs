@@ -70,7 +70,8 @@ fn main() {
                 bmc.url = format!("http://{}", SocketAddr::new(addresses[i], port));
                 InventoryMachine {
                     id: names[i].clone(),
-                    address: addresses[i],
+                    address: Some(addresses[i]),
+                    boot: None,
                     location: None,
                     bmc: Some(bmc),
                 }

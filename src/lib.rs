@@ -21,6 +21,7 @@ pub mod bmdb;
 pub mod callback;
 pub mod config;
 pub mod control;
+pub mod enroller;
 pub mod equinix;
 pub mod images;
 pub mod initializer;

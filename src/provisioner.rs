@@ -113,8 +113,17 @@ async fn insert(
     m: &ProviderMachine,
 ) -> Result<bool, BmdbError> {
     let new = record(kind, m);
+    let bmc_boot = [m.provider_id.clone()];
     match session
-        .transact(async |tx| machines::create_provided(tx, &new).await)
+        .transact(async |tx| {
+            machines::create_provided(tx, &new).await?;
+            // Tagged in the same transaction: a machine reached only
+            // through its BMC is never offered to the SSH takeover.
+            if m.boots_from_bmc {
+                crate::bmdb::boot::set_bmc_boot_of(tx, kind, &bmc_boot).await?;
+            }
+            Ok(())
+        })
         .await
     {
         Ok(_) => Ok(true),
@@ -184,6 +193,23 @@ async fn reconcile(
             Ok(false) => {}
             Err(e) => return Err(format!("adopting {}: {e}", m.provider_id)),
         }
+    }
+    // Which machines boot through their BMC, as the listing says now.
+    let bmc_boot: Vec<String> = ours
+        .iter()
+        .filter(|m| m.boots_from_bmc)
+        .map(|m| m.provider_id.clone())
+        .collect();
+    let (tagged, untagged) = session
+        .transact(async |tx| crate::bmdb::boot::set_bmc_boot(tx, kind, &bmc_boot).await)
+        .await
+        .map_err(|e| format!("recording which machines boot through their BMC: {e}"))?;
+    if tagged + untagged > 0 {
+        tracing::info!(
+            tagged,
+            untagged,
+            "machines booted through their BMC (boot = \"virtual-media\") changed"
+        );
     }
     let managed = ours
         .iter()

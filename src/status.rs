@@ -19,6 +19,8 @@ pub struct SupervisorStatus {
     pub sessions_opened: u64,
     pub sessions_lost: u64,
     pub initializer: Option<crate::control::MailboxStatus>,
+    /// The Enroller (boots through BMCs), on the same process's leases.
+    pub enroller: Option<crate::control::MailboxStatus>,
     pub recoverer: Option<crate::control::MailboxStatus>,
     pub provisioner: Option<crate::provisioner::ProvisionerStatus>,
     pub updater: Option<crate::updater::UpdaterStatus>,

@@ -20,6 +20,7 @@ use crate::control::{
     GetRoundStatus, GetStatus, Round, RoundRunner, RoundStopped, SetSession, StopLeasing,
     StopRounds, WorkMailbox,
 };
+use crate::enroller::{BootMetrics, BootUrl, BootWaits, Enroller};
 use crate::equinix::{ApiMetrics, ClientSettings, EquinixApi};
 use crate::initializer::{Initializer, TakeoverSettings};
 use crate::provider::SharedProvider;
@@ -246,6 +247,11 @@ pub struct Supervisor {
     session: Option<Addr<BmdbSession>>,
     provisioner: Option<Addr<RoundRunner<Provisioner>>>,
     initializer: Option<Addr<WorkMailbox<Initializer>>>,
+    enroller: Option<Addr<WorkMailbox<Enroller>>>,
+    /// Where BMCs fetch a boot's image: set when the image server serves
+    /// the boot image (no Enroller without it).
+    boot_url: Option<BootUrl>,
+    boot_metrics: BootMetrics,
     recoverer: Option<Addr<WorkMailbox<Recoverer>>>,
     updater: Option<Addr<RoundRunner<Updater>>>,
     rollouts: Option<Addr<RoundRunner<RolloutDriver>>>,
@@ -278,6 +284,9 @@ impl Supervisor {
             session: None,
             provisioner: None,
             initializer: None,
+            enroller: None,
+            boot_url: None,
+            boot_metrics: BootMetrics::default(),
             recoverer: None,
             updater: None,
             rollouts: None,
@@ -288,8 +297,46 @@ impl Supervisor {
         }
     }
 
+    /// Boots machines through their BMC, fetching boot images at
+    /// `boot_url` (the image server's per-boot copies), counted in
+    /// `metrics`.
+    pub fn with_bmc_boots(mut self, boot_url: BootUrl, metrics: BootMetrics) -> Self {
+        self.boot_url = Some(boot_url);
+        self.boot_metrics = metrics;
+        self
+    }
+
+    fn start_enroller(&mut self) {
+        if !self.cfg.enroller.enabled {
+            return;
+        }
+        let Some(boot_url) = self.boot_url.clone() else {
+            if self.provider.kind() == crate::bmdb::Provider::None {
+                tracing::info!(
+                    "no boot image is served (installations.images_dir, installations.boot_image): machines listed with boot = \"virtual-media\" are not booted"
+                );
+            }
+            return;
+        };
+        let e = &self.cfg.enroller;
+        let enroller = Enroller::new(
+            self.provider.clone(),
+            boot_url,
+            e.backoff(),
+            BootWaits {
+                credential_ttl: e.credential_ttl,
+                callback_timeout: e.callback_timeout,
+                poll: Duration::from_millis(500),
+            },
+            self.boot_metrics.clone(),
+        );
+        self.enroller =
+            Some(WorkMailbox::new(enroller, e.parallelism as usize, e.poll_interval).start());
+    }
+
     fn start_children(&mut self, ctx: &mut Context<Self>) {
         self.start_provisioner(ctx);
+        self.start_enroller();
         if let Some(takeover) = self.takeover.clone() {
             let initializer = Initializer::new(
                 self.provider.kind(),
@@ -370,6 +417,9 @@ impl Supervisor {
         }
         if let Some(i) = &self.initializer {
             i.do_send(SetSession(session.clone()));
+        }
+        if let Some(e) = &self.enroller {
+            e.do_send(SetSession(session.clone()));
         }
         if let Some(r) = &self.recoverer {
             r.do_send(SetSession(session.clone()));
@@ -505,6 +555,7 @@ impl Handler<GetSupervisorStatus> for Supervisor {
     fn handle(&mut self, _: GetSupervisorStatus, _: &mut Context<Self>) -> Self::Result {
         let session = self.session.clone();
         let init = self.initializer.clone();
+        let enr = self.enroller.clone();
         let rec = self.recoverer.clone();
         let prov = self.provisioner.clone();
         let upd = self.updater.clone();
@@ -525,6 +576,9 @@ impl Handler<GetSupervisorStatus> for Supervisor {
             }
             if let Some(i) = init {
                 st.initializer = i.send(GetStatus).await.ok();
+            }
+            if let Some(e) = enr {
+                st.enroller = e.send(GetStatus).await.ok();
             }
             if let Some(r) = rec {
                 st.recoverer = r.send(GetStatus).await.ok();
@@ -550,12 +604,14 @@ impl Handler<Shutdown> for Supervisor {
             .initializer
             .iter()
             .map(|a| a.clone().recipient())
+            .chain(self.enroller.iter().map(|a| a.clone().recipient()))
             .chain(self.recoverer.iter().map(|a| a.clone().recipient()))
             .collect();
         let statuses: Vec<Recipient<GetStatus>> = self
             .initializer
             .iter()
             .map(|a| a.clone().recipient())
+            .chain(self.enroller.iter().map(|a| a.clone().recipient()))
             .chain(self.recoverer.iter().map(|a| a.clone().recipient()))
             .collect();
         let updater = self.updater.take();
@@ -739,6 +795,12 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
     }
     let recovery_metrics = crate::recoverer::RecoveryMetrics::default();
     recovery_metrics.register(&mut registry);
+    let boot_metrics = BootMetrics::default();
+    let boot_url: Option<BootUrl> = catalog.as_ref().filter(|c| c.serves_boot_image()).map(|c| {
+        boot_metrics.register(&mut registry);
+        let c = c.clone();
+        Rc::new(move |boot_id| c.boot_url(boot_id)) as BootUrl
+    });
     let admin = crate::admin::Admin {
         registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
@@ -762,6 +824,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         ..admin
     };
     let mut supervisor = Supervisor::new(cfg, parts, recovery_metrics);
+    if let Some(url) = boot_url {
+        supervisor = supervisor.with_bmc_boots(url, boot_metrics);
+    }
     let driver = supervisor.rollout_driver();
     let supervisor = supervisor.start();
     Ok(Running {

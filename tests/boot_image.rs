@@ -17,27 +17,11 @@ use shepherd_proto::boot::BootData;
 use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
 
-const SLOT_AT: u64 = 1 << 20;
-const SLOT_LEN: u64 = 16384;
+const SLOT_AT: u64 = shepherd_sim::testing::BOOT_SLOT_AT;
+const SLOT_LEN: u64 = shepherd_sim::testing::BOOT_SLOT_LEN;
 
-/// A stand-in for `scripts/boot-image`'s output: 3 MiB of bytes with the
-/// placeholder slot at 1 MiB, and its `.slot` file.
 fn base_image(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
-    let mut bytes: Vec<u8> = (0..3u32 << 20)
-        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
-        .collect();
-    let mut slot = b"070701".to_vec();
-    slot.extend_from_slice(b"SHEPHERD-BOOT-DATA-SLOT-PLACEHOLDER\n");
-    slot.resize(SLOT_LEN as usize, 0);
-    bytes[SLOT_AT as usize..(SLOT_AT + SLOT_LEN) as usize].copy_from_slice(&slot);
-    let path = dir.join("shepherd-boot.iso");
-    std::fs::write(&path, &bytes).unwrap();
-    std::fs::write(
-        dir.join("shepherd-boot.iso.slot"),
-        format!("offset {SLOT_AT}\nlength {SLOT_LEN}\nkernel test\n"),
-    )
-    .unwrap();
-    (path, bytes)
+    shepherd_sim::testing::boot_image_stand_in(dir)
 }
 
 async fn machine(bmdb: &Bmdb) -> Uuid {
@@ -86,18 +70,7 @@ async fn fetch(
 
 /// The file the slot's archive holds, as GNU cpio extracts it.
 fn boot_data_of(slot: &[u8]) -> BootData {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new("cpio")
-        .args(["-idm", "--quiet"])
-        .current_dir(dir.path())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("GNU cpio");
-    use std::io::Write as _;
-    child.stdin.take().unwrap().write_all(slot).unwrap();
-    assert!(child.wait().unwrap().success(), "cpio read the slot");
-    let raw = std::fs::read(dir.path().join("shepherd/boot-data")).unwrap();
-    BootData::decode(raw.as_slice()).unwrap()
+    BootData::decode(shepherd_sim::testing::boot_data_file(slot).as_slice()).unwrap()
 }
 
 #[actix_rt::test]

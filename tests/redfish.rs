@@ -18,7 +18,8 @@ const PASSWORD: &str = "bmc-pw-7c41e2";
 fn host(id: &str, bmc: Option<BmcConfig>) -> InventoryMachine {
     InventoryMachine {
         id: id.into(),
-        address: "127.0.0.1".parse().unwrap(),
+        address: Some("127.0.0.1".parse().unwrap()),
+        boot: None,
         location: None,
         bmc,
     }

@@ -119,7 +119,8 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
                 .enumerate()
                 .map(|(i, ip)| InventoryMachine {
                     id: format!("node-{:04}", i + 1),
-                    address: *ip,
+                    address: Some(*ip),
+                    boot: None,
                     location: Some(format!("demo rack {}", i / 40 + 1)),
                     bmc: Some(BmcConfig {
                         url: bmcs.url(*ip),

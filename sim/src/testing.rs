@@ -1025,3 +1025,47 @@ fn build_bins(dir: &std::path::Path) {
         .expect("cargo");
     assert!(status.success(), "building the workspace's binaries failed");
 }
+
+/// Where a stand-in boot image holds its slot, and the slot's length (as
+/// `scripts/boot-image` makes it).
+pub const BOOT_SLOT_AT: u64 = 1 << 20;
+pub const BOOT_SLOT_LEN: u64 = 16384;
+
+/// A stand-in for `scripts/boot-image`'s output in `dir`: 3 MiB of bytes
+/// with the placeholder slot at 1 MiB, and its `.slot` file. Its path and
+/// bytes.
+pub fn boot_image_stand_in(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
+    let mut bytes: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let mut slot = b"070701".to_vec();
+    slot.extend_from_slice(b"SHEPHERD-BOOT-DATA-SLOT-PLACEHOLDER\n");
+    slot.resize(BOOT_SLOT_LEN as usize, 0);
+    let at = BOOT_SLOT_AT as usize;
+    bytes[at..at + BOOT_SLOT_LEN as usize].copy_from_slice(&slot);
+    let path = dir.join("shepherd-boot.iso");
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::write(
+        dir.join("shepherd-boot.iso.slot"),
+        format!("offset {BOOT_SLOT_AT}\nlength {BOOT_SLOT_LEN}\nkernel test\n"),
+    )
+    .unwrap();
+    (path, bytes)
+}
+
+/// The boot data file (`shepherd/boot-data`, encoded `BootData`) a boot's
+/// slot holds, as GNU cpio extracts it (the boot image's kernel reads the
+/// same newc archive).
+pub fn boot_data_file(slot: &[u8]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("cpio")
+        .args(["-idm", "--quiet"])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("GNU cpio");
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(slot).unwrap();
+    assert!(child.wait().unwrap().success(), "cpio read the slot");
+    std::fs::read(dir.path().join("shepherd/boot-data")).unwrap()
+}

@@ -156,6 +156,9 @@ pub struct MachineDetailBody {
     pub history: Vec<HistoryEvent>,
     pub hold: Option<Hold>,
     pub reboot_requested: Option<RebootRequest>,
+    /// A boot into the live agent through the BMC, asked for and not yet
+    /// done.
+    pub boot_requested: Option<BootRequest>,
     pub operator_actions: Vec<Action>,
     pub installation: Option<InstallationBody>,
 }
@@ -176,6 +179,8 @@ pub struct Tags {
     /// Its SSH host key, as recorded at the first takeover.
     pub ssh_host_key: Option<String>,
     pub bmc: Option<Bmc>,
+    /// Booted through its BMC (inventory `boot = "virtual-media"`).
+    pub bmc_boot: bool,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -253,6 +258,15 @@ pub struct Hold {
 }
 
 #[derive(Serialize, ToSchema)]
+pub struct BootRequest {
+    /// `enroll`, `inspect`, `recovery` or `install`.
+    pub cause: String,
+    pub by: String,
+    pub at: String,
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
 pub struct RebootRequest {
     pub by: String,
     pub at: String,
@@ -304,6 +318,7 @@ impl From<&MachineDetail> for MachineDetailBody {
                     read_error: f.read_error.clone(),
                     changed_at: f.changed_at.map(rfc3339),
                 }),
+                bmc_boot: d.bmc_boot,
             },
             leases: d
                 .leases
@@ -343,6 +358,12 @@ impl From<&MachineDetail> for MachineDetailBody {
             reboot_requested: d.reboot_request.as_ref().map(|(by, at)| RebootRequest {
                 by: by.clone(),
                 at: rfc3339(*at),
+            }),
+            boot_requested: d.boot_request.as_ref().map(|r| BootRequest {
+                cause: r.cause.to_string(),
+                by: r.requested_by.clone(),
+                at: rfc3339(r.requested_at),
+                reason: r.reason.clone(),
             }),
             operator_actions: d.actions.iter().map(Action::from).collect(),
             installation: d.installation.as_ref().map(InstallationBody::from),

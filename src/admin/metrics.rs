@@ -128,6 +128,16 @@ pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
+/// A mailbox's labels: `process`, and `loop` when a second loop works
+/// under the same process (`"ShepherdAgentStart/enroller"`: the Enroller
+/// beside the Initializer's takeovers).
+fn loop_labels(name: &str) -> Labels {
+    match name.split_once('/') {
+        Some((process, lp)) => labels(&[("process", process), ("loop", lp)]),
+        None => labels(&[("process", name)]),
+    }
+}
+
 /// A counter family over the mailboxes: one series per process and per
 /// (label value, count) that `values` gives for its status.
 pub fn mailbox_counters(
@@ -140,7 +150,9 @@ pub fn mailbox_counters(
     for (process, m) in mailboxes {
         if let Some(m) = m {
             for (value, n) in values(m) {
-                series.push((labels(&[("process", process), (label, value)]), n));
+                let mut l = loop_labels(process);
+                l.push((label, value.to_string()));
+                series.push((l, n));
             }
         }
     }
@@ -193,10 +205,9 @@ pub fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus
             |m: &MailboxStatus| m.parallelism,
         ),
     ] {
-        let values = mailboxes.iter().filter_map(|(process, m)| {
-            m.as_ref()
-                .map(|m| (labels(&[("process", process)]), value(m) as i64))
-        });
+        let values = mailboxes
+            .iter()
+            .filter_map(|(process, m)| m.as_ref().map(|m| (loop_labels(process), value(m) as i64)));
         p.gauges(name, help, values);
     }
 }
@@ -271,6 +282,7 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         &mut p,
         &[
             ("ShepherdAgentStart", &st.initializer),
+            ("ShepherdAgentStart/enroller", &st.enroller),
             ("ShepherdRecovery", &st.recoverer),
         ],
     );

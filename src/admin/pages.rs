@@ -627,6 +627,19 @@ pub(super) async fn machine_page(
             rfc3339(*at)
         );
     }
+    if let Some(r) = &d.boot_request {
+        let _ = write!(
+            b,
+            "<tr><th>boot through the BMC</th><td id=\"boot-request\">{} asked by {} at {}{}</td></tr>",
+            r.cause,
+            esc(&r.requested_by),
+            rfc3339(r.requested_at),
+            r.reason
+                .as_deref()
+                .map(|x| format!(": {}", esc(x)))
+                .unwrap_or_default()
+        );
+    }
     b.push_str("</table>");
 
     // The buttons: one form per action, each with its CSRF token.
@@ -644,6 +657,13 @@ pub(super) async fn machine_page(
                 Action::Release => d.hold.is_some(),
                 Action::Reboot => d.hold.is_none() && d.reboot_request.is_none(),
                 Action::Retakeover => true,
+                Action::Inspect => {
+                    d.hold.is_none()
+                        && d.bmc_boot
+                        && d.boot_request
+                            .as_ref()
+                            .is_none_or(|r| r.cause != crate::bmdb::boot::BootCause::Inspect)
+                }
             };
             if !available {
                 continue;

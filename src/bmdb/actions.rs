@@ -28,15 +28,19 @@ pub enum Action {
     /// Keep every control loop away from it until released.
     Hold,
     Release,
+    /// Boot it into the live agent through its BMC (its hardware reported
+    /// again), whatever is installed.
+    Inspect,
 }
 
 impl Action {
-    pub const ALL: [Action; 5] = [
+    pub const ALL: [Action; 6] = [
         Action::Retry,
         Action::Retakeover,
         Action::Reboot,
         Action::Hold,
         Action::Release,
+        Action::Inspect,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +50,7 @@ impl Action {
             Action::Reboot => "reboot",
             Action::Hold => "hold",
             Action::Release => "release",
+            Action::Inspect => "inspect",
         }
     }
 
@@ -61,6 +66,7 @@ impl Action {
             Action::Reboot => "Reboot",
             Action::Hold => "Hold",
             Action::Release => "Release",
+            Action::Inspect => "Inspect",
         }
     }
 }
@@ -189,7 +195,8 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
     // loop leases the machine under this transaction.
     let Some(row) = tx
         .query_opt(
-            "SELECT held, reboot_requested FROM machine_summary WHERE machine_id = $1 FOR UPDATE",
+            "SELECT held, reboot_requested, bmc_boot, boot_request FROM machine_summary \
+              WHERE machine_id = $1 FOR UPDATE",
             &[&req.machine_id],
         )
         .await?
@@ -197,6 +204,7 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         return Ok(Outcome::NotFound);
     };
     let (held, reboot_requested): (bool, bool) = (row.get(0), row.get(1));
+    let (bmc_boot, boot_request): (bool, Option<String>) = (row.get(2), row.get(3));
     // Read after the lock (a statement of its own: under READ COMMITTED it
     // sees a lease committed while the lock was awaited).
     let working: Option<Process> = tx
@@ -314,6 +322,53 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
                 Some(p) => format!("held; the {p} work running now ends first"),
                 None => "held; no control loop takes it until it is released".into(),
             }
+        }
+        Action::Inspect => {
+            if held {
+                return Ok(Outcome::Refused(format!(
+                    "machine {m} is held; release it before inspecting it"
+                )));
+            }
+            if !bmc_boot {
+                return Ok(Outcome::Refused(format!(
+                    "machine {m} is not booted through a BMC: its inventory entry needs a bmc and boot = \"virtual-media\""
+                )));
+            }
+            if boot_request.as_deref() == Some("inspect") {
+                return Ok(Outcome::Refused(format!(
+                    "an inspection of machine {m} is already requested"
+                )));
+            }
+            super::boot::request(
+                tx,
+                m,
+                super::boot::BootCause::Inspect,
+                &req.actor,
+                req.reason.as_deref(),
+                true,
+            )
+            .await?;
+            // Asked by an operator: now, not after a backoff.
+            let cleared = tx
+                .execute(
+                    "DELETE FROM work_backoff WHERE machine_id = $1 \
+                       AND process = 'ShepherdAgentStart' AND until > now()",
+                    &[&m],
+                )
+                .await?;
+            let mut detail = match working {
+                Some(p) => format!(
+                    "requested; the Enroller boots it into the agent through its BMC once the {p} work ends"
+                ),
+                None => "requested; the Enroller boots it into the agent through its BMC".into(),
+            };
+            if let Some(c) = boot_request {
+                detail.push_str(&format!(" (it replaces the boot asked for {c})"));
+            }
+            if cleared > 0 {
+                detail.push_str("; cleared its ShepherdAgentStart backoff");
+            }
+            detail
         }
         Action::Release => {
             if !held {

@@ -147,3 +147,188 @@ pub async fn enroll(
     super::machines::set_agent_started(tx, machine_id, key, Some(endpoint)).await?;
     Ok(Enrolled::Enrolled { boot_id })
 }
+
+/// Why a machine is to be booted into the agent through its BMC
+/// (`machine_boot_request.cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootCause {
+    /// A blank machine, listed with `boot = "virtual-media"` and no agent.
+    Enroll,
+    /// An operator asked (`inspect`).
+    Inspect,
+    /// The Recoverer's last step for a machine whose agent went quiet.
+    Recovery,
+    /// An installation asked of a machine whose agent is gone (installed).
+    Install,
+}
+
+impl BootCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootCause::Enroll => "enroll",
+            BootCause::Inspect => "inspect",
+            BootCause::Recovery => "recovery",
+            BootCause::Install => "install",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BootCause> {
+        [
+            BootCause::Enroll,
+            BootCause::Inspect,
+            BootCause::Recovery,
+            BootCause::Install,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for BootCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+const TAG_BMC_BOOT: &str = "INSERT INTO machine_bmc_boot (machine_id, since) \
+     SELECT machine_id, now() FROM machine_provided WHERE provider = $1 AND provider_id = ANY($2) \
+     ON CONFLICT (machine_id) DO NOTHING";
+const UNTAG_BMC_BOOT: &str = "DELETE FROM machine_bmc_boot b USING machine_provided p \
+     WHERE p.machine_id = b.machine_id AND p.provider = $1 AND NOT (p.provider_id = ANY($2))";
+
+/// Makes the `machine_bmc_boot` tags of `provider`'s machines those of
+/// `ids` (the ones listed with `boot = "virtual-media"`). Returns (tagged,
+/// untagged) counts.
+pub async fn set_bmc_boot(
+    tx: &mut Tx<'_>,
+    provider: super::Provider,
+    ids: &[String],
+) -> Result<(u64, u64), BmdbError> {
+    let tagged = tx.execute(TAG_BMC_BOOT, &[&provider, &ids]).await?;
+    let untagged = tx.execute(UNTAG_BMC_BOOT, &[&provider, &ids]).await?;
+    Ok((tagged, untagged))
+}
+
+/// Tags `ids` of `provider` `machine_bmc_boot`, leaving the others be.
+pub async fn set_bmc_boot_of(
+    tx: &mut Tx<'_>,
+    provider: super::Provider,
+    ids: &[String],
+) -> Result<u64, BmdbError> {
+    Ok(tx.execute(TAG_BMC_BOOT, &[&provider, &ids]).await?)
+}
+
+const REQUEST: &str = "INSERT INTO machine_boot_request \
+         (machine_id, requested_at, requested_by, cause, reason) \
+     VALUES ($1, now(), $2, $3, $4) ON CONFLICT (machine_id) DO NOTHING";
+const REQUEST_REPLACE: &str = "INSERT INTO machine_boot_request \
+         (machine_id, requested_at, requested_by, cause, reason) \
+     VALUES ($1, now(), $2, $3, $4) ON CONFLICT (machine_id) DO UPDATE \
+     SET requested_at = now(), requested_by = $2, cause = $3, reason = $4";
+
+/// Asks for a boot of `machine_id` into the agent; a boot already asked
+/// for stands (false), unless `replace`.
+pub async fn request(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    cause: BootCause,
+    by: &str,
+    reason: Option<&str>,
+    replace: bool,
+) -> Result<bool, BmdbError> {
+    let q = if replace { REQUEST_REPLACE } else { REQUEST };
+    Ok(tx
+        .execute(q, &[&machine_id, &by, &cause.as_str(), &reason])
+        .await?
+        == 1)
+}
+
+/// A boot asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootRequest {
+    pub cause: BootCause,
+    pub requested_at: SystemTime,
+    pub requested_by: String,
+    pub reason: Option<String>,
+}
+
+/// The boot asked for `machine_id`, if any.
+pub async fn requested(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+) -> Result<Option<BootRequest>, BmdbError> {
+    let r = tx
+        .query_opt(
+            "SELECT cause, requested_at, requested_by, reason FROM machine_boot_request \
+             WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?;
+    Ok(r.map(|r| BootRequest {
+        cause: BootCause::parse(r.get(0)).unwrap_or(BootCause::Enroll),
+        requested_at: r.get(1),
+        requested_by: r.get(2),
+        reason: r.get(3),
+    }))
+}
+
+/// The boot asked for is done: its request goes.
+pub async fn request_done(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "DELETE FROM machine_boot_request WHERE machine_id = $1",
+        &[&machine_id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A machine's latest boot, as the Enroller resumes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatestBoot {
+    pub boot_id: Uuid,
+    pub issued_at: SystemTime,
+    pub used_at: Option<SystemTime>,
+    pub media_ended_at: Option<SystemTime>,
+}
+
+/// `machine_id`'s latest boot, if any.
+pub async fn latest(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<LatestBoot>, BmdbError> {
+    let r = tx
+        .query_opt(
+            "SELECT boot_id, issued_at, used_at, media_ended_at FROM machine_boot_credential \
+             WHERE machine_id = $1 ORDER BY issued_at DESC LIMIT 1",
+            &[&machine_id],
+        )
+        .await?;
+    Ok(r.map(|r| LatestBoot {
+        boot_id: r.get(0),
+        issued_at: r.get(1),
+        used_at: r.get(2),
+        media_ended_at: r.get(3),
+    }))
+}
+
+/// When boot `boot_id`'s agent enrolled, if it has.
+pub async fn used_at(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<Option<SystemTime>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT used_at FROM machine_boot_credential WHERE boot_id = $1",
+            &[&boot_id],
+        )
+        .await?
+        .and_then(|r| r.get(0)))
+}
+
+/// Boot `boot_id`'s media was ejected (and its override cleared); if it
+/// was not used yet, its credential is void from now on.
+pub async fn media_ended(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "UPDATE machine_boot_credential SET media_ended_at = now(), \
+                expires_at = CASE WHEN used_at IS NULL THEN least(expires_at, now()) ELSE expires_at END \
+          WHERE boot_id = $1",
+        &[&boot_id],
+    )
+    .await?;
+    Ok(())
+}

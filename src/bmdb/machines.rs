@@ -215,6 +215,17 @@ pub enum MachineState {
     Held,
     /// The agent runs.
     AgentStarted,
+    /// Its BMC boots it into the live agent (a blank machine, or one taken
+    /// back), or that boot waits its turn.
+    Enrolling,
+    /// An operator asked for an inspection: its BMC boots it into the
+    /// live agent, which reports the hardware.
+    Inspecting,
+    /// Its last boot through the BMC failed; waiting out the backoff.
+    EnrollFailed,
+    /// The live agent runs (booted through the BMC) and nothing is
+    /// installed: ready for an installation.
+    Available,
     /// The agent went quiet and its recovery failed; waiting out the
     /// Recoverer's backoff.
     RecoveryBackoff,
@@ -229,12 +240,16 @@ pub enum MachineState {
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 10] = [
+    pub const ALL: [MachineState; 14] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
         MachineState::Held,
         MachineState::AgentStarted,
+        MachineState::Enrolling,
+        MachineState::Inspecting,
+        MachineState::EnrollFailed,
+        MachineState::Available,
         MachineState::RecoveryBackoff,
         MachineState::Installing,
         MachineState::Installed,
@@ -249,6 +264,10 @@ impl MachineState {
             MachineState::Leased => "leased",
             MachineState::Held => "held",
             MachineState::AgentStarted => "agent-started",
+            MachineState::Enrolling => "enrolling",
+            MachineState::Inspecting => "inspecting",
+            MachineState::EnrollFailed => "enroll-failed",
+            MachineState::Available => "available",
             MachineState::RecoveryBackoff => "recovery-backoff",
             MachineState::Installing => "installing",
             MachineState::Installed => "installed",
@@ -298,13 +317,24 @@ impl MachineSummary {
 /// `machine_provided p`.
 macro_rules! state_column {
     () => {
-        "CASE WHEN s.shepherd_work THEN 'leased' \
+        "CASE WHEN s.shepherd_work AND s.boot_request = 'inspect' THEN 'inspecting' \
+              WHEN s.shepherd_work AND s.boot_request IS NOT NULL THEN 'enrolling' \
+              WHEN s.shepherd_work THEN 'leased' \
               WHEN s.held THEN 'held' \
+              WHEN (s.boot_request IS NOT NULL OR (s.bmc_boot AND s.agent_started_at IS NULL \
+                        AND NOT s.installation_fulfilled AND p.provider_ip_address IS NULL)) \
+                   AND s.agent_start_not_before > now() THEN 'enroll-failed' \
+              WHEN s.boot_request = 'inspect' THEN 'inspecting' \
+              WHEN s.boot_request IS NOT NULL THEN 'enrolling' \
+              WHEN s.bmc_boot AND s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
+                   AND p.provider_ip_address IS NULL THEN 'enrolling' \
               WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
               WHEN s.installation = 'installing' AND s.agent_started_at IS NOT NULL \
                    THEN 'installing' \
               WHEN s.agent_started_at IS NOT NULL AND s.recovery_not_before > now() \
                    THEN 'recovery-backoff' \
+              WHEN s.agent_started_at IS NOT NULL AND s.live_agent AND s.installation IS NULL \
+                   THEN 'available' \
               WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
               WHEN p.machine_id IS NULL THEN 'unprovided' \
               WHEN s.agent_start_not_before > now() THEN 'backoff' \
@@ -478,6 +508,10 @@ pub struct MachineDetail {
     pub actions: Vec<super::actions::Audit>,
     /// The installation shepherd asked of it last, with its progress.
     pub installation: Option<super::installations::Installation>,
+    /// Booted through its BMC (`boot = "virtual-media"`).
+    pub bmc_boot: bool,
+    /// A boot into the live agent asked for and not yet done.
+    pub boot_request: Option<super::boot::BootRequest>,
 }
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
@@ -545,6 +579,14 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         reboot_request: super::actions::reboot_request(tx, machine_id).await?,
         actions: super::actions::audit(tx, machine_id).await?,
         installation,
+        bmc_boot: tx
+            .query_opt(
+                "SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1",
+                &[&machine_id],
+            )
+            .await?
+            .is_some(),
+        boot_request: super::boot::requested(tx, machine_id).await?,
     }))
 }
 

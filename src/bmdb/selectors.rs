@@ -88,9 +88,33 @@ macro_rules! summary_selector {
 
 const NEEDS_AGENT_START: &str = summary_selector!(
     "s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
-     AND s.agent_start_not_before <= now()",
+     AND s.agent_start_not_before <= now() \
+     AND NOT (s.bmc_boot AND (p.provider_ip_address IS NULL OR s.boot_request IS NOT NULL))",
     "s.agent_start_not_before"
 );
+
+/// To boot into the agent through the BMC: tagged `machine_bmc_boot`, and
+/// either a boot asked for, or no agent, no address to log in at and not
+/// installed (a blank machine listed by its BMC only).
+const NEEDS_BMC_BOOT: &str = summary_selector!(
+    "s.bmc_boot AND s.agent_start_not_before <= now() \
+     AND (s.boot_request IS NOT NULL \
+          OR (s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
+              AND p.provider_ip_address IS NULL))",
+    "s.agent_start_not_before"
+);
+
+/// Needs a boot through the BMC (see `NEEDS_BMC_BOOT`): provided by
+/// `provider`, no conflicting work, not held, no live `ShepherdAgentStart`
+/// backoff. Longest-waiting first.
+pub async fn needs_bmc_boot(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    limit: i64,
+) -> Result<Vec<ProvidedMachine>, BmdbError> {
+    let rows = tx.query(NEEDS_BMC_BOOT, &[&provider, &limit]).await?;
+    Ok(rows.iter().map(ProvidedMachine::from_row).collect())
+}
 
 /// The machine's agent was given an endpoint served without a break for
 /// the threshold `$t` plus the agents' allowance `$grace` (`$own`: the

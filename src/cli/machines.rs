@@ -75,6 +75,13 @@ pub enum MachinesCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Boot the machine into the live agent through its BMC (its hardware
+    /// reported again), whatever is installed on it.
+    Inspect {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Install an operating system image: on one machine (one ID), or as a
     /// rollout over several (IDs, or the filters of `list`), at most
     /// --max-parallel at once, stopped once more than --max-failures fail.
@@ -94,6 +101,7 @@ impl MachinesCommand {
             MachinesCommand::Reboot { id, reason } => (id, Action::Reboot, reason),
             MachinesCommand::Hold { id, reason } => (id, Action::Hold, reason),
             MachinesCommand::Release { id, reason } => (id, Action::Release, reason),
+            MachinesCommand::Inspect { id, reason } => (id, Action::Inspect, reason),
         };
         let mut req = Request::new(*id, action, "cli");
         req.reason = reason

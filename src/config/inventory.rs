@@ -11,18 +11,60 @@ use std::path::PathBuf;
 
 use crate::secret::Secret;
 
-/// A host of the inventory: its ID, address, location and BMC.
+/// A host of the inventory: its ID, address, location, BMC and how
+/// shepherd reaches it first.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct InventoryMachine {
     pub id: String,
-    pub address: std::net::IpAddr,
+    /// Where shepherd logs in over SSH. Unset: the host is reached through
+    /// its BMC only (`boot = "virtual-media"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
     /// Its BMC: how it is rebooted and where its out-of-band facts come
     /// from. Without one the host cannot be rebooted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmc: Option<BmcConfig>,
+    /// How shepherd first reaches it: `"ssh"` (a takeover at `address`,
+    /// the default when there is one) or `"virtual-media"` (its BMC boots
+    /// it into the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootMethod>,
+}
+
+/// How shepherd reaches a host of the inventory (CONTRACTS.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootMethod {
+    /// A login over SSH at the host's address (a takeover).
+    Ssh,
+    /// Its BMC boots it into shepherd's boot image (the live agent).
+    VirtualMedia,
+}
+
+impl InventoryMachine {
+    /// Whether its BMC boots it into the agent: `boot = "virtual-media"`.
+    pub fn boots_from_bmc(&self) -> bool {
+        self.boot == Some(BootMethod::VirtualMedia)
+    }
+
+    /// What makes the entry unusable, if anything: no way in (neither an
+    /// address nor `boot = "virtual-media"`), or a boot through a BMC it
+    /// does not have.
+    pub fn check_reach(&self) -> Result<(), String> {
+        match (self.boot, self.address, &self.bmc) {
+            (Some(BootMethod::VirtualMedia), _, None) => {
+                Err("boot = \"virtual-media\" needs a bmc to boot it through".into())
+            }
+            (Some(BootMethod::Ssh) | None, None, _) => Err(
+                "address is missing (give an address to log in at, or boot = \"virtual-media\" with a bmc)"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A host's baseboard management controller, spoken to with Redfish.
@@ -239,10 +281,23 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
     };
     let id = text(&mut entry, "id")?.ok_or("id is missing")?;
     check_id(&id)?;
-    let address = text(&mut entry, "address")?.ok_or("address is missing")?;
-    let address = address
-        .parse()
-        .map_err(|_| format!("address {address:?} is not an IP address"))?;
+    let address = match text(&mut entry, "address")? {
+        None => None,
+        Some(a) => Some(
+            a.parse()
+                .map_err(|_| format!("address {a:?} is not an IP address"))?,
+        ),
+    };
+    let boot = match text(&mut entry, "boot")?.as_deref() {
+        None => None,
+        Some("ssh") => Some(BootMethod::Ssh),
+        Some("virtual-media") => Some(BootMethod::VirtualMedia),
+        Some(other) => {
+            return Err(format!(
+                "boot {other:?} is not \"ssh\" or \"virtual-media\""
+            ));
+        }
+    };
     let location = text(&mut entry, "location")?;
     let bmc = match entry.remove("bmc") {
         None => None,
@@ -257,12 +312,15 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
     if let Some(k) = entry.keys().next() {
         return Err(format!("unknown key `{k}`"));
     }
-    Ok(InventoryMachine {
+    let m = InventoryMachine {
         id,
         address,
         location,
         bmc,
-    })
+        boot,
+    };
+    m.check_reach()?;
+    Ok(m)
 }
 
 #[cfg(test)]

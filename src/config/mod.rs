@@ -15,7 +15,7 @@ use crate::secret::{Secret, redact_database_url};
 
 pub mod inventory;
 
-pub use inventory::{BmcConfig, BmcTls, InventoryMachine};
+pub use inventory::{BmcConfig, BmcTls, BootMethod, InventoryMachine};
 
 /// Environment variables with this prefix override file keys:
 /// `SHEPHERD__BMDB__URL` is `bmdb.url`.
@@ -54,6 +54,7 @@ pub struct Config {
     pub equinix: EquinixConfig,
     pub ssh: SshConfig,
     pub initializer: InitializerConfig,
+    pub enroller: EnrollerConfig,
     pub provider: ProviderConfig,
     pub provisioner: ProvisionerConfig,
     pub recoverer: RecovererConfig,
@@ -436,6 +437,107 @@ impl InitializerConfig {
         self.backoff()
             .validate()
             .map_err(|m| ConfigError::key("initializer.backoff", m))?;
+        Ok(())
+    }
+
+    pub fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff {
+            initial: self.backoff_initial,
+            maximum: Some(self.backoff_max),
+            exponent: self.backoff_exponent,
+            jitter: self.backoff_jitter,
+        }
+    }
+}
+
+/// The Enroller: boots machines into the live agent through their BMC
+/// (inventory `boot = "virtual-media"`, `inspect`, taking machines back).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnrollerConfig {
+    pub enabled: bool,
+    /// Boots under way at once (each BMC takes one request at a time).
+    pub parallelism: u32,
+    /// How often to look for work when there was none.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// How long a boot's credential, and its copy of the boot image, stay
+    /// good after the boot is issued.
+    #[serde(with = "humantime_serde")]
+    pub credential_ttl: Duration,
+    /// From the BMC's reset to the live agent's call back: longer than the
+    /// slowest machine's firmware, boot and DHCP.
+    #[serde(with = "humantime_serde")]
+    pub callback_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    pub backoff_exponent: f64,
+    /// Waits are lengthened by up to this fraction, at random.
+    pub backoff_jitter: f64,
+}
+
+impl Default for EnrollerConfig {
+    fn default() -> Self {
+        EnrollerConfig {
+            enabled: true,
+            parallelism: 8,
+            poll_interval: Duration::from_secs(1),
+            credential_ttl: Duration::from_secs(30 * 60),
+            callback_timeout: Duration::from_secs(15 * 60),
+            backoff_initial: Duration::from_secs(60),
+            backoff_max: Duration::from_secs(2 * 3600),
+            backoff_exponent: 2.0,
+            backoff_jitter: 0.1,
+        }
+    }
+}
+
+impl EnrollerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1024).contains(&self.parallelism) {
+            return Err(ConfigError::key(
+                "enroller.parallelism",
+                "must be within 1 and 1024",
+            ));
+        }
+        for (key, d) in [
+            ("enroller.poll_interval", self.poll_interval),
+            ("enroller.callback_timeout", self.callback_timeout),
+            ("enroller.backoff_initial", self.backoff_initial),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::key(key, "must be positive"));
+            }
+        }
+        if self.credential_ttl <= self.callback_timeout {
+            return Err(ConfigError::key(
+                "enroller.credential_ttl",
+                format!(
+                    "must be longer than enroller.callback_timeout ({}): the agent presents it after the boot",
+                    humantime::format_duration(self.callback_timeout)
+                ),
+            ));
+        }
+        if self.backoff_max < self.backoff_initial {
+            return Err(ConfigError::key(
+                "enroller.backoff_max",
+                "must be at least enroller.backoff_initial",
+            ));
+        }
+        if !(self.backoff_exponent >= 1.0 && self.backoff_exponent.is_finite()) {
+            return Err(ConfigError::key(
+                "enroller.backoff_exponent",
+                "must be at least 1",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.backoff_jitter) {
+            return Err(ConfigError::key(
+                "enroller.backoff_jitter",
+                "must be within 0 and 1",
+            ));
+        }
         Ok(())
     }
 
@@ -1061,6 +1163,13 @@ impl ProviderConfig {
                             format!("{} is listed twice", m.id),
                         ));
                     }
+                    if let Err(e) = m.check_reach() {
+                        let key = if m.boots_from_bmc() { "bmc" } else { "address" };
+                        return Err(ConfigError::key(
+                            format!("provider.inventory.machines[{i}].{key}"),
+                            format!("host {}: {e}", m.id),
+                        ));
+                    }
                 }
                 if let Some(f) = &self.inventory.file {
                     inventory::read_file(f)
@@ -1218,6 +1327,7 @@ impl Config {
         self.equinix.validate()?;
         self.ssh.validate()?;
         self.initializer.validate()?;
+        self.enroller.validate()?;
         self.provider.validate(&self.equinix)?;
         if self.provisioner.interval.is_zero() {
             return Err(ConfigError::key("provisioner.interval", "must be positive"));

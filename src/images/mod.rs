@@ -122,6 +122,11 @@ impl ImageCatalog {
         self
     }
 
+    /// Whether boots' copies of the boot image are served.
+    pub fn serves_boot_image(&self) -> bool {
+        self.boot.is_some()
+    }
+
     /// Where the BMC fetches boot `boot_id`'s copy of the boot image.
     pub fn boot_url(&self, boot_id: uuid::Uuid) -> String {
         let root = self.base_url.trim_end_matches("images/");

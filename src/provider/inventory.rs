@@ -56,6 +56,24 @@ impl Inventory {
         self.hosts().into_iter().find(|m| m.id == provider_id)
     }
 
+    /// The host and its BMC; an error naming the host when it is gone from
+    /// the inventory or has no BMC to be `what` (e.g. "booted through it").
+    fn with_bmc(
+        &self,
+        provider_id: &str,
+        what: &str,
+    ) -> Result<(InventoryMachine, crate::config::BmcConfig), ProviderError> {
+        let host = self.host(provider_id).ok_or_else(|| {
+            ProviderError::Inventory(format!("host {provider_id} is no longer in the inventory"))
+        })?;
+        let bmc = host.bmc.clone().ok_or_else(|| {
+            ProviderError::Unsupported(format!(
+                "host {provider_id} has no BMC in the inventory to be {what}"
+            ))
+        })?;
+        Ok((host, bmc))
+    }
+
     /// Logs the problems not reported yet; forgets the ones that are gone
     /// (so they are reported again if they come back).
     fn report(&self, problems: BTreeSet<String>) {
@@ -109,11 +127,12 @@ impl Inventory {
 fn machine(m: &InventoryMachine) -> ProviderMachine {
     ProviderMachine {
         provider_id: m.id.clone(),
-        address: Some(m.address),
+        address: m.address,
         location: m.location.clone(),
         reservation_id: None,
         status: ProviderStatus::Running,
         kind: MachineKind::Ours,
+        boots_from_bmc: m.boots_from_bmc(),
     }
 }
 
@@ -183,6 +202,36 @@ impl Provider for Inventory {
                 };
             }
             Ok(reads)
+        })
+    }
+
+    fn boot_from_media<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
+        Box::pin(async move {
+            let (host, bmc) = self.with_bmc(provider_id, "booted through it")?;
+            let boot = crate::redfish::boot_from_media(&self.bmcs, &host.id, &bmc, image_url)
+                .await
+                .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+            let mut how = format!(
+                "{} with {} from {}",
+                boot.reset, "the boot image", boot.media
+            );
+            if boot.plain_insert {
+                how.push_str(" (the BMC refused Inserted/WriteProtected: inserted without them)");
+            }
+            if let Some(old) = &boot.ejected_before {
+                how.push_str(&format!(" (ejected {old} first)"));
+            }
+            tracing::info!(host = %host.id, bmc = %bmc.url, how = %how, "booting into the agent through the BMC");
+            Ok(how)
+        })
+    }
+
+    fn end_media_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
+        Box::pin(async move {
+            let (host, bmc) = self.with_bmc(provider_id, "its media ejected")?;
+            crate::redfish::end_media_boot(&self.bmcs, &host.id, &bmc)
+                .await
+                .map_err(|e| ProviderError::Bmc(e.to_string()))
         })
     }
 

@@ -27,6 +27,9 @@ pub struct ProviderMachine {
     pub reservation_id: Option<String>,
     pub status: ProviderStatus,
     pub kind: MachineKind,
+    /// Its BMC boots it into the agent (inventory `boot =
+    /// "virtual-media"`): the BMDB's `machine_bmc_boot` tag.
+    pub boots_from_bmc: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +69,27 @@ pub trait Provider {
     fn create_machine<'a>(&'a self, capacity: &'a ProviderMachine) -> Fut<'a, ProviderMachine>;
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()>;
+
+    /// Boots the machine into the boot image at `image_url` through its
+    /// BMC's virtual media; Ok (how it was started) once it is on.
+    fn boot_from_media<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
+        let _ = image_url;
+        Box::pin(async move {
+            Err(ProviderError::Unsupported(format!(
+                "machine {provider_id}: this provider cannot boot machines through a BMC"
+            )))
+        })
+    }
+
+    /// Ejects the machine's virtual media and clears its boot override, so
+    /// it boots from its disk next; Ok(true) if media was inserted.
+    fn end_media_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
+        Box::pin(async move {
+            Err(ProviderError::Unsupported(format!(
+                "machine {provider_id}: this provider cannot boot machines through a BMC"
+            )))
+        })
+    }
 
     /// What the BMC of each machine that has one says about it, read now.
     /// Providers without BMCs have none.

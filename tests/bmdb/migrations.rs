@@ -9,7 +9,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_reboot_request', 'operator_action', 'callback_ca', 'callback_endpoint', \
      'recovery_power_action', 'recovery_brake', 'machine_installation', \
      'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine', \
-     'machine_boot_credential')";
+     'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', \
+     'machine_hardware_accepted')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -30,14 +31,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V9__fair_recovery",
             "V10__installations",
             "V11__agent_key_index",
-            "V12__boot_credentials"
+            "V12__boot_credentials",
+            "V13__bmc_boots"
         ]
     );
-    assert_eq!(first.version, Some(12));
-    assert_eq!(count(&bmdb, TABLES).await, 27);
+    assert_eq!(first.version, Some(13));
+    assert_eq!(count(&bmdb, TABLES).await, 30);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(12));
+    assert_eq!(again.version, Some(13));
 }
 
 #[actix_rt::test]
@@ -50,13 +52,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 12],
+        [0, 13],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 27);
+    assert_eq!(count(&a, TABLES).await, 30);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        12
+        13
     );
 }
 
@@ -92,7 +94,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V9__fair_recovery",
             "V10__installations",
             "V11__agent_key_index",
-            "V12__boot_credentials"
+            "V12__boot_credentials",
+            "V13__bmc_boots"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -145,7 +148,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V9__fair_recovery",
             "V10__installations",
             "V11__agent_key_index",
-            "V12__boot_credentials"
+            "V12__boot_credentials",
+            "V13__bmc_boots"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

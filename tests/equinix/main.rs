@@ -439,6 +439,7 @@ async fn a_vanished_reservation_is_named_as_gone() {
         reservation_id: Some("0b7c2c8e-0000-4000-8000-000000000000".into()),
         status: ProviderStatus::Missing,
         kind: MachineKind::Capacity,
+        boots_from_bmc: false,
     };
     let e = provider
         .create_machine(&gone)

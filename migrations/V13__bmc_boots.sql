@@ -1,0 +1,93 @@
+-- Machines shepherd boots into its live agent through their BMC
+-- (CONTRACTS.md §5): which machines boot that way, which boots are asked
+-- for and why, and whether a machine's agent came from such a boot.
+
+-- The tag "boots through its BMC's virtual media" (inventory
+-- `boot = "virtual-media"`), kept by the Provisioner from the inventory.
+CREATE TABLE machine_bmc_boot (
+    machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+    since timestamptz NOT NULL
+);
+
+-- "Boot this machine into the agent through its BMC": written when a
+-- blank machine is listed ('enroll'), by an operator ('inspect'), by the
+-- Recoverer's last step ('recovery') or by an installation asked of an
+-- installed machine ('install'); the Enroller deletes it once the agent
+-- called back.
+CREATE TABLE machine_boot_request (
+    machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+    requested_at timestamptz NOT NULL,
+    requested_by text NOT NULL,
+    cause text NOT NULL CHECK (cause IN ('enroll', 'inspect', 'recovery', 'install')),
+    reason text NULL
+);
+
+-- When the boot's media was ejected and its override cleared.
+ALTER TABLE machine_boot_credential ADD COLUMN media_ended_at timestamptz NULL;
+
+ALTER TABLE operator_action DROP CONSTRAINT operator_action_action_check;
+ALTER TABLE operator_action ADD CONSTRAINT operator_action_action_check
+    CHECK (action IN ('retry', 'retakeover', 'reboot', 'hold', 'release', 'inspect', 'accept-hardware'));
+
+-- An operator accepted the differences between what the BMC says and what
+-- the agent reported (a mismatch blocks installations until then).
+CREATE TABLE machine_hardware_accepted (
+    machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+    -- The differences accepted, as shown then; a new difference is not
+    -- accepted by it.
+    differences text NOT NULL,
+    accepted_at timestamptz NOT NULL,
+    accepted_by text NOT NULL
+);
+
+ALTER TABLE machine_summary
+    ADD COLUMN bmc_boot boolean NOT NULL DEFAULT false,
+    -- machine_boot_request.cause, NULL without one.
+    ADD COLUMN boot_request text NULL,
+    -- The agent key is the one a boot through the BMC enrolled.
+    ADD COLUMN live_agent boolean NOT NULL DEFAULT false;
+
+-- Machines to boot through their BMC, found without scanning the fleet.
+CREATE INDEX machine_summary_bmc_boot ON machine_summary (provider, agent_start_not_before)
+    WHERE bmc_boot;
+
+CREATE FUNCTION machine_summary_on_bmc_boot() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        UPDATE machine_summary SET bmc_boot = false WHERE machine_id = OLD.machine_id;
+    ELSE
+        UPDATE machine_summary SET bmc_boot = true WHERE machine_id = NEW.machine_id;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER machine_summary_bmc_boot AFTER INSERT OR DELETE ON machine_bmc_boot
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_bmc_boot();
+
+CREATE FUNCTION machine_summary_on_boot_request() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        UPDATE machine_summary SET boot_request = NULL WHERE machine_id = OLD.machine_id;
+    ELSE
+        UPDATE machine_summary SET boot_request = NEW.cause WHERE machine_id = NEW.machine_id;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER machine_summary_boot_request AFTER INSERT OR UPDATE OR DELETE ON machine_boot_request
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_boot_request();
+
+-- Whether the machine's agent key was enrolled by a boot (a live agent)
+-- rather than given by a takeover.
+CREATE FUNCTION machine_summary_on_agent_key() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        UPDATE machine_summary SET live_agent = false WHERE machine_id = OLD.machine_id;
+    ELSE
+        UPDATE machine_summary SET live_agent = EXISTS (
+            SELECT 1 FROM machine_boot_credential b
+             WHERE b.machine_id = NEW.machine_id AND b.agent_public_key = NEW.agent_public_key)
+         WHERE machine_id = NEW.machine_id;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER machine_summary_agent_key AFTER INSERT OR UPDATE OR DELETE ON machine_agent_started
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_agent_key();

@@ -1,0 +1,419 @@
+//! The Enroller: boots machines into shepherd's live agent through their
+//! BMC (CONTRACTS.md §5). A [`LeaseLoop`] on the `ShepherdAgentStart`
+//! lease: the selector is "needs a boot through the BMC" (a blank machine
+//! listed with `boot = "virtual-media"` and no address, or a boot asked
+//! for: `inspect`, the Recoverer's last step, an installation asked of an
+//! installed machine); the work issues the boot (its credential, its copy
+//! of the boot image), has the BMC boot the machine from it, waits for the
+//! live agent to call back with the credential, and ejects the media and
+//! clears the override, so the machine boots from its disk afterwards.
+//!
+//! A boot interrupted (a dead shepherd, a lost session) is resumed, not
+//! repeated: the request stays until the work finishes, and the next
+//! worker finds the boot issued for it. Enrolled already: the media is
+//! ejected and the work is done. Not yet and unexpired: the agent is
+//! waited for again, with no second reset.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use uuid::Uuid;
+
+use crate::bmdb::boot::{self, BootCause, LatestBoot};
+use crate::bmdb::selectors::{self, ProvidedMachine};
+use crate::bmdb::{Backoff, BmdbError, Process, Tx, Work};
+use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome};
+use crate::provider::SharedProvider;
+
+/// Where the BMC fetches a boot's copy of the boot image.
+pub type BootUrl = Rc<dyn Fn(Uuid) -> String>;
+
+/// How long a boot may take.
+#[derive(Debug, Clone, Copy)]
+pub struct BootWaits {
+    /// A boot's credential (and its copy of the image) is good this long
+    /// after it is issued.
+    pub credential_ttl: Duration,
+    /// From the BMC's reset to the agent's call.
+    pub callback_timeout: Duration,
+    /// How often the BMDB is asked whether the agent called.
+    pub poll: Duration,
+}
+
+/// How a boot through a BMC ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum BootOutcome {
+    /// The live agent called back.
+    enrolled,
+    /// The BMC refused or failed a step.
+    bmc_failed,
+    /// The machine was booted but its agent did not call back in time.
+    no_callback,
+    /// The BMDB failed the work.
+    failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: BootOutcome,
+}
+
+/// Boots through BMCs: how each ended and how long it took.
+#[derive(Clone)]
+pub struct BootMetrics {
+    pub boots: Family<OutcomeLabel, Counter>,
+    pub seconds: Family<OutcomeLabel, Histogram>,
+}
+
+impl Default for BootMetrics {
+    fn default() -> Self {
+        BootMetrics {
+            boots: Family::default(),
+            seconds: Family::new_with_constructor(|| {
+                Histogram::new([5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0])
+            }),
+        }
+    }
+}
+
+impl BootMetrics {
+    const OUTCOMES: [BootOutcome; 4] = [
+        BootOutcome::enrolled,
+        BootOutcome::bmc_failed,
+        BootOutcome::no_callback,
+        BootOutcome::failed,
+    ];
+
+    /// Adds the series to `registry`, every outcome at 0 until it happens.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        for outcome in Self::OUTCOMES {
+            let _ = self.boots.get_or_create(&OutcomeLabel { outcome });
+            let _ = self.seconds.get_or_create(&OutcomeLabel { outcome });
+        }
+        registry.register(
+            "shepherd_bmc_boots",
+            "Boots into the live agent through a BMC, by outcome: enrolled (the agent called back), bmc_failed, no_callback (booted, the agent never called), failed (recording it)",
+            self.boots.clone(),
+        );
+        registry.register(
+            "shepherd_bmc_boot_seconds",
+            "Seconds from a boot's first Redfish call to its agent's call back (or the failure), by outcome",
+            self.seconds.clone(),
+        );
+    }
+
+    fn observe(&self, outcome: BootOutcome, took: Duration) {
+        let label = OutcomeLabel { outcome };
+        self.boots.get_or_create(&label).inc();
+        self.seconds
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// The Enroller control loop.
+pub struct Enroller {
+    provider: SharedProvider,
+    boot_url: BootUrl,
+    backoff: Backoff,
+    waits: BootWaits,
+    metrics: BootMetrics,
+}
+
+impl Enroller {
+    pub fn new(
+        provider: SharedProvider,
+        boot_url: BootUrl,
+        backoff: Backoff,
+        waits: BootWaits,
+        metrics: BootMetrics,
+    ) -> Self {
+        Enroller {
+            provider,
+            boot_url,
+            backoff,
+            waits,
+            metrics,
+        }
+    }
+}
+
+/// What a boot writes when its lease ends.
+#[derive(Debug)]
+pub enum Enrollment {
+    /// The live agent called back (its key is the machine's already): the
+    /// request is done. `detail` says the cause, the boot and how.
+    Enrolled {
+        detail: String,
+        outcome: Option<(BootOutcome, Duration)>,
+    },
+    /// Not done; the request stays for the next try.
+    NotYet {
+        outcome: Option<(BootOutcome, Duration)>,
+    },
+}
+
+impl Record for Enrollment {
+    fn detail(&self) -> Option<&str> {
+        match self {
+            Enrollment::Enrolled { detail, .. } => Some(detail),
+            Enrollment::NotYet { .. } => None,
+        }
+    }
+
+    async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
+        match self {
+            Enrollment::Enrolled { .. } => boot::request_done(tx, mid).await,
+            Enrollment::NotYet { .. } => Ok(()),
+        }
+    }
+}
+
+/// Where the work stands on a machine when it begins.
+enum Resume {
+    /// Issue a new boot and have the BMC start it.
+    Boot { cause: BootCause },
+    /// The boot issued for this request is under way: wait for its agent.
+    Wait { cause: BootCause, boot: LatestBoot },
+    /// Its agent called back; only the media is left to eject.
+    Eject { cause: BootCause, boot: LatestBoot },
+}
+
+impl Enroller {
+    /// Reads the request (asking one for a blank machine, so that an
+    /// interrupted boot is resumed) and the latest boot, and issues a new
+    /// boot if there is none under way.
+    async fn begin(
+        &self,
+        tx: &mut Tx<'_>,
+        mid: Uuid,
+    ) -> Result<(Resume, Option<boot::IssuedBoot>), BmdbError> {
+        boot::request(tx, mid, BootCause::Enroll, "shepherd", None, false).await?;
+        let request = boot::requested(tx, mid)
+            .await?
+            .ok_or_else(|| BmdbError::Invalid("the boot request vanished".into()))?;
+        let cause = request.cause;
+        let resume = match boot::latest(tx, mid).await? {
+            Some(b) if b.issued_at >= request.requested_at && b.media_ended_at.is_none() => {
+                if b.used_at.is_some() {
+                    Resume::Eject { cause, boot: b }
+                } else {
+                    let live: bool = tx
+                        .query_one(
+                            "SELECT expires_at > now() FROM machine_boot_credential WHERE boot_id = $1",
+                            &[&b.boot_id],
+                        )
+                        .await?
+                        .get(0);
+                    if live {
+                        Resume::Wait { cause, boot: b }
+                    } else {
+                        Resume::Boot { cause }
+                    }
+                }
+            }
+            _ => Resume::Boot { cause },
+        };
+        let issued = match resume {
+            Resume::Boot { .. } => Some(boot::issue(tx, mid, self.waits.credential_ttl).await?),
+            _ => None,
+        };
+        Ok((resume, issued))
+    }
+
+    /// Waits for boot `boot_id`'s agent to call back, until `deadline`.
+    async fn wait_for_agent(
+        &self,
+        work: &Work<ProvidedMachine>,
+        boot_id: Uuid,
+        deadline: Instant,
+    ) -> Result<Option<SystemTime>, BmdbError> {
+        loop {
+            match work
+                .session()
+                .transact(async |tx| boot::used_at(tx, boot_id).await)
+                .await
+            {
+                Ok(Some(t)) => return Ok(Some(t)),
+                Ok(None) => {}
+                // An outage while waiting is not the machine's fault: wait
+                // on (the session's death stops the worker).
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(error = %e, "the BMDB did not answer while waiting for the agent")
+                }
+                Err(e) => return Err(e),
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(self.waits.poll).await;
+        }
+    }
+
+    /// Ejects boot `boot_id`'s media and records it (voiding the
+    /// credential if it was not used).
+    async fn end_boot(&self, work: &Work<ProvidedMachine>, boot_id: Uuid) -> Result<bool, String> {
+        let m = work.item();
+        let inserted = self
+            .provider
+            .end_media_boot(&m.provider_id)
+            .await
+            .map_err(|e| format!("ejecting the boot image: {e}"))?;
+        work.session()
+            .transact(async |tx| boot::media_ended(tx, boot_id).await)
+            .await
+            .map_err(|e| format!("recording the ejection of boot {boot_id}: {e}"))?;
+        Ok(inserted)
+    }
+}
+
+impl LeaseLoop for Enroller {
+    type Item = ProvidedMachine;
+    type Record = Enrollment;
+    const WORK: &'static str = "boot";
+
+    fn process(&self) -> Process {
+        Process::ShepherdAgentStart
+    }
+
+    fn name(&self) -> &'static str {
+        "enroller"
+    }
+
+    fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, ProvidedMachine)>, BmdbError> {
+        let mut m = selectors::needs_bmc_boot(tx, self.provider.kind(), 1).await?;
+        Ok(m.pop().map(|m| (m.machine_id, m)))
+    }
+
+    fn span(&self, machine_id: Uuid, m: &ProvidedMachine) -> tracing::Span {
+        tracing::info_span!("bmc_boot", %machine_id, provider_id = %m.provider_id)
+    }
+
+    async fn work(&self, work: &Work<ProvidedMachine>) -> Outcome<Enrollment> {
+        let m = work.item();
+        let mid = m.machine_id;
+        let started = Instant::now();
+        let (resume, issued) = match work
+            .session()
+            .transact(async |tx| self.begin(tx, mid).await)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) if e.is_transient() || matches!(e, BmdbError::SessionExpired(_)) => {
+                return Outcome::GiveBack(format!("issuing the boot: {e}"));
+            }
+            Err(e) => {
+                return Outcome::Failed {
+                    cause: format!("issuing the boot: {e}"),
+                    record: Enrollment::NotYet { outcome: None },
+                };
+            }
+        };
+        let failed = |outcome: BootOutcome, cause: String| Outcome::Failed {
+            cause,
+            record: Enrollment::NotYet {
+                outcome: Some((outcome, started.elapsed())),
+            },
+        };
+        let (cause, boot_id, how) = match (resume, issued) {
+            (Resume::Boot { cause }, Some(issued)) => {
+                let url = (self.boot_url)(issued.boot_id);
+                tracing::debug!(boot = %issued.boot_id, %cause, "booting into the agent through the BMC");
+                match self.provider.boot_from_media(&m.provider_id, &url).await {
+                    Ok(how) => (cause, issued.boot_id, how),
+                    Err(e) => {
+                        // Nothing may boot from it now: void it.
+                        let _ = work
+                            .session()
+                            .transact(async |tx| boot::media_ended(tx, issued.boot_id).await)
+                            .await;
+                        return failed(
+                            BootOutcome::bmc_failed,
+                            format!("booting into the agent through the BMC: {e}"),
+                        );
+                    }
+                }
+            }
+            (Resume::Wait { cause, boot }, _) => {
+                tracing::info!(boot = %boot.boot_id, "resuming a boot under way: waiting for its agent");
+                (cause, boot.boot_id, "resumed".to_string())
+            }
+            (Resume::Eject { cause, boot }, _) => (
+                cause,
+                boot.boot_id,
+                "resumed after the agent called".to_string(),
+            ),
+            (Resume::Boot { .. }, None) => unreachable!("a boot is issued to begin one"),
+        };
+
+        let deadline = Instant::now() + self.waits.callback_timeout;
+        match self.wait_for_agent(work, boot_id, deadline).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let ejected = self.end_boot(work, boot_id).await;
+                let mut cause = format!(
+                    "the live agent of boot {boot_id} did not call back within {} of the BMC's reset ({how})",
+                    humantime::format_duration(self.waits.callback_timeout)
+                );
+                if let Err(e) = ejected {
+                    cause.push_str(&format!("; then {e}"));
+                }
+                return failed(BootOutcome::no_callback, cause);
+            }
+            Err(e) => {
+                return failed(
+                    BootOutcome::failed,
+                    format!("waiting for boot {boot_id}'s agent: {e}"),
+                );
+            }
+        }
+        // The agent is up: the next boot is from the disk.
+        if let Err(e) = self.end_boot(work, boot_id).await {
+            return failed(
+                BootOutcome::bmc_failed,
+                format!("the agent of boot {boot_id} called back, but {e}"),
+            );
+        }
+        let took = started.elapsed();
+        Outcome::Finished(Enrollment::Enrolled {
+            detail: format!(
+                "{cause}: booted into the agent through the BMC (boot {boot_id}, {how}); it called back after {:.1} s; media ejected, override cleared",
+                took.as_secs_f64()
+            ),
+            outcome: Some((BootOutcome::enrolled, took)),
+        })
+    }
+
+    fn ended(&self, record: &Enrollment, outcome: &WorkOutcome) {
+        let seen = match record {
+            Enrollment::Enrolled { outcome: o, .. } | Enrollment::NotYet { outcome: o } => *o,
+        };
+        let Some((mut what, took)) = seen else {
+            return;
+        };
+        match outcome {
+            WorkOutcome::Finished => {
+                if let Some(d) = record.detail() {
+                    tracing::info!(detail = %d, "live agent enrolled");
+                }
+            }
+            WorkOutcome::Failed(cause) => {
+                if what == BootOutcome::enrolled {
+                    what = BootOutcome::failed;
+                }
+                tracing::warn!(%cause, "boot through the BMC failed");
+            }
+            WorkOutcome::Aborted | WorkOutcome::Canceled(_) => return,
+        }
+        self.metrics.observe(what, took);
+    }
+}

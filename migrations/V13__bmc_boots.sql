@@ -27,7 +27,8 @@ ALTER TABLE machine_boot_credential ADD COLUMN media_ended_at timestamptz NULL;
 
 ALTER TABLE operator_action DROP CONSTRAINT operator_action_action_check;
 ALTER TABLE operator_action ADD CONSTRAINT operator_action_action_check
-    CHECK (action IN ('retry', 'retakeover', 'reboot', 'hold', 'release', 'inspect', 'accept-hardware'));
+    CHECK (action IN ('retry', 'retakeover', 'reboot', 'hold', 'release', 'release-brake', 'install',
+                      'inspect', 'accept-hardware'));
 
 -- An operator accepted the differences between what the BMC says and what
 -- the agent reported (a mismatch blocks installations until then).

@@ -40,6 +40,13 @@ use crate::ssh::HostKeyPolicy;
 const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1), \
      r AS (DELETE FROM machine_reboot_request WHERE machine_id = $1) \
      DELETE FROM machine_agent_heartbeat WHERE machine_id = $1";
+/// A machine booted through its BMC is taken back that way: a boot into
+/// the live agent is asked (the Enroller's, `machine_boot_request`).
+const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
+         (machine_id, requested_at, requested_by, cause, reason) \
+     SELECT $1, now(), 'shepherd', 'recovery', 'the agent did not come back after a reboot' \
+      WHERE EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1) \
+     ON CONFLICT (machine_id) DO NOTHING";
 const DROP_REBOOT_REQUEST: &str = "DELETE FROM machine_reboot_request WHERE machine_id = $1";
 /// Whether the agent called after `$2` (its restart, or the power action).
 const CALLED_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_heartbeat \
@@ -101,7 +108,7 @@ impl Step {
             Step::agent_restarted => "agent restarted over SSH; it called back (no power action)",
             Step::rebooted => "rebooted; the agent came back by itself",
             Step::taken_over_again => {
-                "rebooted; the agent did not come back, so it is taken over again"
+                "rebooted; the agent did not come back, so it is taken over again (through its BMC's virtual media when it boots that way)"
             }
             Step::braked => "power action withheld by the recovery brake",
             Step::failed => "recovery failed",
@@ -202,7 +209,10 @@ impl Record for Step {
 
     async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
         let sql = match self {
-            Step::taken_over_again => DROP_AGENT_TAGS,
+            Step::taken_over_again => {
+                tx.execute(DROP_AGENT_TAGS, &[&mid]).await?;
+                ASK_BMC_BOOT
+            }
             Step::agent_restarted | Step::rebooted | Step::rehomed => DROP_REBOOT_REQUEST,
             Step::braked | Step::failed => return Ok(()),
         };

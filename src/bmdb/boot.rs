@@ -216,7 +216,7 @@ pub async fn set_bmc_boot_of(
     provider: super::Provider,
     ids: &[String],
 ) -> Result<u64, BmdbError> {
-    Ok(tx.execute(TAG_BMC_BOOT, &[&provider, &ids]).await?)
+    tx.execute(TAG_BMC_BOOT, &[&provider, &ids]).await
 }
 
 const REQUEST: &str = "INSERT INTO machine_boot_request \

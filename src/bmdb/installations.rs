@@ -60,6 +60,13 @@ const PUT_INSTALLATION: &str = "INSERT INTO machine_installation \
          image_url = EXCLUDED.image_url, image_digest = EXCLUDED.image_digest, \
          requested_at = EXCLUDED.requested_at, requested_by = EXCLUDED.requested_by, \
          rollout_id = EXCLUDED.rollout_id";
+const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
+         (machine_id, requested_at, requested_by, cause, reason) \
+     SELECT $1, now(), $2, 'install', NULL \
+      WHERE EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1) \
+        AND EXISTS (SELECT 1 FROM machine_os_installation_report \
+                     WHERE machine_id = $1 AND os_installation_result = 'Success') \
+     ON CONFLICT (machine_id) DO NOTHING";
 const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
 const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
          (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, 'requested', now(), $3)";
@@ -164,7 +171,18 @@ pub async fn ask(
     )
     .await?;
     tx.execute(CLEAR_PROGRESS, &[&machine_id]).await?;
-    let detail = format!("generation {generation}: {}", image.url);
+    let mut detail = format!("generation {generation}: {}", image.url);
+    // An installed machine runs no agent: one booted through its BMC is
+    // booted into the live agent first, which then takes this request.
+    let installed = reported.is_some() && requested == reported;
+    if installed
+        && tx
+            .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor])
+            .await?
+            == 1
+    {
+        detail.push_str("; its BMC boots it into the agent first");
+    }
     tx.execute(
         HISTORY_REQUESTED,
         &[

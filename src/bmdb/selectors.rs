@@ -166,7 +166,7 @@ macro_rules! silent {
 const NEEDS_RECOVERY_STALE: &str = summary_selector!(
     concat!(
         stale!("$3", "$4", "$5"),
-        " AND s.recovery_not_before <= now()"
+        " AND s.recovery_not_before <= now() AND s.boot_request IS NULL"
     ),
     "s.agent_heartbeat_at"
 );
@@ -174,7 +174,7 @@ const NEEDS_RECOVERY_STALE: &str = summary_selector!(
 const NEEDS_RECOVERY_SILENT: &str = summary_selector!(
     concat!(
         silent!("$3", "$4", "$5"),
-        " AND s.recovery_not_before <= now()"
+        " AND s.recovery_not_before <= now() AND s.boot_request IS NULL"
     ),
     "s.agent_started_at"
 );
@@ -202,7 +202,7 @@ const NEEDS_REHOME: &str = concat!(
        JOIN callback_endpoint c ON c.endpoint = a.agent_endpoint \
       WHERE s.provider = $1 AND NOT s.shepherd_work AND NOT s.held \
         AND NOT s.installation_fulfilled AND s.recovery_not_before <= now() \
-        AND a.agent_endpoint <> $3 \
+        AND s.boot_request IS NULL AND a.agent_endpoint <> $3 \
         AND c.served_until < now() - make_interval(secs => $4) \
         AND s.agent_started_at < now() - make_interval(secs => $4) \
         AND (s.agent_heartbeat_at IS NULL OR s.agent_heartbeat_at < now() - make_interval(secs => $4)) \
@@ -214,7 +214,7 @@ const ANY_UNSERVED: &str = "SELECT EXISTS (SELECT 1 FROM callback_endpoint \
      WHERE endpoint <> $1 AND served_until < now() - make_interval(secs => $2))";
 
 const NEEDS_REBOOT: &str = summary_selector!(
-    "s.reboot_requested AND s.recovery_not_before <= now()",
+    "s.reboot_requested AND s.recovery_not_before <= now() AND s.boot_request IS NULL",
     "s.machine_id"
 );
 

@@ -363,15 +363,35 @@ address = "192.0.2.9"
 [[machines]]
 id = "typo"
 adress = "192.0.2.10"
+
+[[machines]]
+id = "by-bmc"
+boot = "virtual-media"
+bmc = {{ url = "https://10.0.0.5", username = "admin", password = "pw" }}
+
+[[machines]]
+id = "by-nothing"
+boot = "virtual-media"
+
+[[machines]]
+id = "no-way-in"
+location = "rack 3"
+
+[[machines]]
+id = "by-floppy"
+address = "192.0.2.11"
+boot = "floppy"
 "#
             ),
         )
         .unwrap();
         let read = read_file(&f).unwrap();
         let ids: Vec<&str> = read.hosts.iter().map(|m| m.id.as_str()).collect();
-        assert_eq!(ids, ["good-1", "good-2"]);
+        assert_eq!(ids, ["good-1", "good-2", "by-bmc"]);
+        assert!(read.hosts[2].boots_from_bmc() && read.hosts[2].address.is_none());
+        assert!(!read.hosts[0].boots_from_bmc());
         let p = &read.problems;
-        assert_eq!(p.len(), 5, "{p:#?}");
+        assert_eq!(p.len(), 8, "{p:#?}");
         let file = f.display().to_string();
         assert!(
             p[0].starts_with(&format!("{file}:5: machines[1]: id is 200 characters long")),
@@ -396,9 +416,30 @@ adress = "192.0.2.10"
             p[3]
         );
         assert!(
-            p[4].starts_with(&format!("{file}:26: host typo: address is missing")),
+            p[4].starts_with(&format!("{file}:26: host typo: unknown key `adress`")),
             "{}",
             p[4]
+        );
+        assert!(
+            p[5].starts_with(&format!(
+                "{file}:35: host by-nothing: boot = \"virtual-media\" needs a bmc"
+            )),
+            "{}",
+            p[5]
+        );
+        assert!(
+            p[6].starts_with(&format!(
+                "{file}:39: host no-way-in: address is missing (give an address to log in at, or boot = \"virtual-media\" with a bmc)"
+            )),
+            "{}",
+            p[6]
+        );
+        assert!(
+            p[7].starts_with(&format!(
+                "{file}:43: host by-floppy: boot \"floppy\" is not \"ssh\" or \"virtual-media\""
+            )),
+            "{}",
+            p[7]
         );
     }
 }

@@ -1458,6 +1458,43 @@ mod tests {
     }
 
     #[test]
+    fn an_inventory_host_with_no_way_in_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("shepherd.toml");
+        let load = |hosts: &str| {
+            std::fs::write(&f, format!("[provider.inventory]\nmachines = [{hosts}]\n")).unwrap();
+            Config::load_with_env(Some(&f), Vec::new())
+        };
+        let e =
+            load(r#"{ id = "a", address = "192.0.2.1" }, { id = "rack1-u12", location = "r1" }"#)
+                .unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[1].address"),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("host rack1-u12: address is missing"),
+            "{e}"
+        );
+        let e = load(r#"{ id = "rack1-u13", boot = "virtual-media" }"#).unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[0].bmc"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("rack1-u13"), "{e}");
+        let e = load(r#"{ id = "x", address = "192.0.2.1", boot = "pxe" }"#).unwrap_err();
+        assert!(e.to_string().contains("pxe"), "{e}");
+        let ok = load(
+            r#"{ id = "rack1-u14", boot = "virtual-media", bmc = { url = "https://10.0.0.5", username = "admin", password = "pw" } }"#,
+        )
+        .unwrap();
+        let m = &ok.provider.inventory.machines[0];
+        assert!(m.boots_from_bmc() && m.address.is_none());
+    }
+
+    #[test]
     fn a_mistyped_secret_is_not_echoed() {
         assert_eq!(
             clean_serde_message(r#"invalid type: string "hunter2", expected u32"#),

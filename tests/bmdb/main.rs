@@ -3,6 +3,7 @@
 
 mod actions;
 mod backoff;
+mod bmc_boot;
 mod brake;
 mod callback;
 mod history;

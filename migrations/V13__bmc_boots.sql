@@ -45,7 +45,7 @@ ALTER TABLE machine_summary
     ADD COLUMN bmc_boot boolean NOT NULL DEFAULT false,
     -- machine_boot_request.cause, NULL without one.
     ADD COLUMN boot_request text NULL,
-    -- The agent key is the one a boot through the BMC enrolled.
+    -- The machine runs the live agent (see machine_summary_live_agent).
     ADD COLUMN live_agent boolean NOT NULL DEFAULT false;
 
 -- Machines to boot through their BMC, found without scanning the fleet.
@@ -76,19 +76,37 @@ END $$;
 CREATE TRIGGER machine_summary_boot_request AFTER INSERT OR UPDATE OR DELETE ON machine_boot_request
     FOR EACH ROW EXECUTE FUNCTION machine_summary_on_boot_request();
 
--- Whether the machine's agent key was enrolled by a boot (a live agent)
--- rather than given by a takeover.
-CREATE FUNCTION machine_summary_on_agent_key() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Whether the machine runs the live agent now: its agent key was enrolled
+-- by a boot, after the last installation asked of it, and no installation
+-- was reported since (an agent that installed a system rebooted into it).
+CREATE FUNCTION machine_summary_live_agent(mid uuid) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE machine_summary SET live_agent = EXISTS (
+        SELECT 1 FROM machine_agent_started a
+          JOIN machine_boot_credential b
+            ON b.machine_id = a.machine_id AND b.agent_public_key = a.agent_public_key
+         WHERE a.machine_id = mid
+           AND NOT EXISTS (SELECT 1 FROM machine_installation i
+                            WHERE i.machine_id = mid AND i.requested_at >= a.agent_started_at))
+     WHERE machine_id = mid;
+END $$;
+CREATE FUNCTION machine_summary_on_live_agent() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        UPDATE machine_summary SET live_agent = false WHERE machine_id = OLD.machine_id;
+        PERFORM machine_summary_live_agent(OLD.machine_id);
     ELSE
-        UPDATE machine_summary SET live_agent = EXISTS (
-            SELECT 1 FROM machine_boot_credential b
-             WHERE b.machine_id = NEW.machine_id AND b.agent_public_key = NEW.agent_public_key)
-         WHERE machine_id = NEW.machine_id;
+        PERFORM machine_summary_live_agent(NEW.machine_id);
     END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER machine_summary_agent_key AFTER INSERT OR UPDATE OR DELETE ON machine_agent_started
-    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_agent_key();
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_live_agent();
+CREATE TRIGGER machine_summary_live_agent_installation AFTER INSERT OR UPDATE OR DELETE ON machine_installation
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_live_agent();
+CREATE FUNCTION machine_summary_on_installation_report() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE machine_summary SET live_agent = false WHERE machine_id = NEW.machine_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER machine_summary_live_agent_report AFTER INSERT OR UPDATE ON machine_os_installation_report
+    FOR EACH ROW EXECUTE FUNCTION machine_summary_on_installation_report();

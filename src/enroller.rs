@@ -23,7 +23,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use uuid::Uuid;
 
-use crate::bmdb::boot::{self, BootCause, LatestBoot};
+use crate::bmdb::bmc_boot::{self, BootCause};
+use crate::bmdb::boot::{self, LatestBoot};
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, Tx, Work};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome};
@@ -168,7 +169,7 @@ impl Record for Enrollment {
 
     async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
         match self {
-            Enrollment::Enrolled { .. } => boot::request_done(tx, mid).await,
+            Enrollment::Enrolled { .. } => bmc_boot::request_done(tx, mid).await,
             Enrollment::NotYet { .. } => Ok(()),
         }
     }
@@ -193,8 +194,8 @@ impl Enroller {
         tx: &mut Tx<'_>,
         mid: Uuid,
     ) -> Result<(Resume, Option<boot::IssuedBoot>), BmdbError> {
-        boot::request(tx, mid, BootCause::Enroll, "shepherd", None, false).await?;
-        let request = boot::requested(tx, mid)
+        bmc_boot::request(tx, mid, BootCause::Enroll, "shepherd", None, false).await?;
+        let request = bmc_boot::requested(tx, mid)
             .await?
             .ok_or_else(|| BmdbError::Invalid("the boot request vanished".into()))?;
         let cause = request.cause;

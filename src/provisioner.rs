@@ -120,7 +120,7 @@ async fn insert(
             // Tagged in the same transaction: a machine reached only
             // through its BMC is never offered to the SSH takeover.
             if m.boots_from_bmc {
-                crate::bmdb::boot::set_bmc_boot_of(tx, kind, &bmc_boot).await?;
+                crate::bmdb::bmc_boot::set_bmc_boot_of(tx, kind, &bmc_boot).await?;
             }
             Ok(())
         })
@@ -201,7 +201,7 @@ async fn reconcile(
         .map(|m| m.provider_id.clone())
         .collect();
     let (tagged, untagged) = session
-        .transact(async |tx| crate::bmdb::boot::set_bmc_boot(tx, kind, &bmc_boot).await)
+        .transact(async |tx| crate::bmdb::bmc_boot::set_bmc_boot(tx, kind, &bmc_boot).await)
         .await
         .map_err(|e| format!("recording which machines boot through their BMC: {e}"))?;
     if tagged + untagged > 0 {

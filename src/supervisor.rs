@@ -98,9 +98,12 @@ async fn callback_identity(
     // The image server presents the same certificate.
     if cfg.installations.images_dir.is_some() {
         let images = images_endpoint(cfg, endpoint);
-        if let Some(h) = crate::config::endpoint_host(&images) {
-            if !names.iter().any(|n| n == h) {
-                names.push(h.to_string());
+        let boots = cfg.installations.boot_endpoint.as_deref();
+        for e in std::iter::once(images.as_str()).chain(boots) {
+            if let Some(h) = crate::config::endpoint_host(e) {
+                if !names.iter().any(|n| n == h) {
+                    names.push(h.to_string());
+                }
             }
         }
         let ip = cfg.installations.images_listen.ip();
@@ -751,7 +754,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             identity.ca_der.clone(),
         );
         let c = match boot_image(&cfg, parts.serves.as_deref())? {
-            Some(b) => c.with_boot_image(b),
+            Some(b) => c.with_boot_image(b, cfg.installations.boot_endpoint.as_deref()),
             None => c,
         };
         let tls = identity.web_server_config()?;

@@ -88,11 +88,13 @@ async fn a_boots_copy_carries_its_data_in_the_slot_whole_or_in_ranges_until_used
         .unwrap();
     let (ca_der, ca_key) = new_ca().unwrap();
     let id = ServerIdentity::issued_by(&ca_der, &ca_key, &["127.0.0.1".to_string()]).unwrap();
-    let catalog =
-        ImageCatalog::new(images, "127.0.0.1:7831", ca_der.clone()).with_boot_image(BootServing {
+    let catalog = ImageCatalog::new(images, "127.0.0.1:7831", ca_der.clone()).with_boot_image(
+        BootServing {
             image: BootImage::open(&iso).unwrap(),
             callback_endpoint: "10.0.2.100:7830".into(),
-        });
+        },
+        None,
+    );
     let server = ImageServer::start(
         &catalog,
         DownloadGate {

@@ -39,7 +39,7 @@ fn promtool(args: &[&str]) -> String {
 #[test]
 fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     let check = promtool(&["check", "rules", "shepherd.rules.yml"]);
-    assert!(check.contains("SUCCESS: 11 rules found"), "{check}");
+    assert!(check.contains("SUCCESS: 12 rules found"), "{check}");
     let test = promtool(&["test", "rules", "shepherd.rules.test.yml"]);
     assert!(test.contains("SUCCESS"), "{test}");
     println!("{check}{test}");
@@ -298,7 +298,7 @@ async fn prometheus_scrapes_a_demo_loads_the_rules_and_answers_every_dashboard_q
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(loaded.len(), 11, "{rules}");
+    assert_eq!(loaded.len(), 12, "{rules}");
     for r in &loaded {
         assert_eq!(r["health"], "ok", "{r}");
     }

@@ -5,7 +5,7 @@
 use crate::api::{AgentHardwareReport, EfiSupport, block_device};
 
 /// A stored hardware report, decoded for operators (pages, JSON, CLI).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct HardwareSummary {
     pub manufacturer: String,
     pub product: String,

@@ -159,6 +159,9 @@ pub struct MachineDetailBody {
     /// A boot into the live agent through the BMC, asked for and not yet
     /// done.
     pub boot_requested: Option<BootRequest>,
+    /// What the BMC says against what the agent reported (once both are
+    /// known).
+    pub hardware_check: Option<HardwareCheckBody>,
     pub operator_actions: Vec<Action>,
     pub installation: Option<InstallationBody>,
 }
@@ -255,6 +258,17 @@ pub struct Hold {
     pub by: String,
     pub since: String,
     pub reason: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct HardwareCheckBody {
+    /// Each fact told differently (serial number, memory), in words.
+    pub differences: Vec<String>,
+    /// Who accepted these differences, and when.
+    pub accepted_by: Option<String>,
+    pub accepted_at: Option<String>,
+    /// Installations wait for an operator's acceptance.
+    pub blocks_installation: bool,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -364,6 +378,12 @@ impl From<&MachineDetail> for MachineDetailBody {
                 by: r.requested_by.clone(),
                 at: rfc3339(r.requested_at),
                 reason: r.reason.clone(),
+            }),
+            hardware_check: d.hardware_check.as_ref().map(|c| HardwareCheckBody {
+                differences: c.differences.clone(),
+                accepted_by: c.accepted.as_ref().map(|(by, _)| by.clone()),
+                accepted_at: c.accepted.as_ref().map(|(_, at)| rfc3339(*at)),
+                blocks_installation: c.blocks(),
             }),
             operator_actions: d.actions.iter().map(Action::from).collect(),
             installation: d.installation.as_ref().map(InstallationBody::from),

@@ -240,7 +240,15 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
                 None => None,
             };
             let endpoints = crate::bmdb::callback::endpoints(tx).await?;
-            Ok((sessions, backoffs, counts, agents, brake, endpoints))
+            let oldest_boot = crate::bmdb::bmc_boot::oldest_request_age(tx).await?;
+            Ok((
+                sessions,
+                backoffs,
+                counts,
+                agents,
+                brake,
+                (endpoints, oldest_boot),
+            ))
         })
         .await;
     let st = status(&admin).await;
@@ -287,7 +295,19 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         ],
     );
     match db {
-        Ok((sessions, backoffs, counts, (heartbeating, silent), brake, endpoints)) => {
+        Ok((
+            sessions,
+            backoffs,
+            counts,
+            (heartbeating, silent),
+            brake,
+            (endpoints, oldest_boot),
+        )) => {
+            p.gauge(
+                "shepherd_boot_request_oldest_seconds",
+                "How long the oldest boot into the live agent through a BMC has been asked for and not done (held machines excepted; 0 when none is): machines stuck enrolling",
+                oldest_boot.as_secs() as i64,
+            );
             p.gauges(
                 "shepherd_callback_endpoint_agents",
                 "Agents told each callback endpoint at their takeover, by whether a shepherd serves it now (agents of an endpoint nobody serves are not heard, and are re-homed after recoverer.rehome_after)",

@@ -627,6 +627,25 @@ pub(super) async fn machine_page(
             rfc3339(*at)
         );
     }
+    if let Some(c) = &d.hardware_check {
+        let verdict = match (&c.accepted, c.differences.is_empty()) {
+            (_, true) => "they agree".to_string(),
+            (Some((by, at)), false) => format!(
+                "{} (accepted by {} at {})",
+                esc(&c.differences.join("; ")),
+                esc(by),
+                rfc3339(*at)
+            ),
+            (None, false) => format!(
+                "<strong>{}</strong>: installations wait until an operator accepts it",
+                esc(&c.differences.join("; "))
+            ),
+        };
+        let _ = write!(
+            b,
+            "<tr><th>BMC vs agent</th><td id=\"hardware-check\">{verdict}</td></tr>"
+        );
+    }
     if let Some(r) = &d.boot_request {
         let _ = write!(
             b,
@@ -657,12 +676,13 @@ pub(super) async fn machine_page(
                 Action::Release => d.hold.is_some(),
                 Action::Reboot => d.hold.is_none() && d.reboot_request.is_none(),
                 Action::Retakeover => true,
+                Action::AcceptHardware => d.hardware_check.as_ref().is_some_and(|c| c.blocks()),
                 Action::Inspect => {
                     d.hold.is_none()
                         && d.bmc_boot
                         && d.boot_request
                             .as_ref()
-                            .is_none_or(|r| r.cause != crate::bmdb::boot::BootCause::Inspect)
+                            .is_none_or(|r| r.cause != crate::bmdb::bmc_boot::BootCause::Inspect)
                 }
             };
             if !available {

@@ -31,16 +31,20 @@ pub enum Action {
     /// Boot it into the live agent through its BMC (its hardware reported
     /// again), whatever is installed.
     Inspect,
+    /// Accept the differences between what its BMC says and what its agent
+    /// reported (installations wait until then).
+    AcceptHardware,
 }
 
 impl Action {
-    pub const ALL: [Action; 6] = [
+    pub const ALL: [Action; 7] = [
         Action::Retry,
         Action::Retakeover,
         Action::Reboot,
         Action::Hold,
         Action::Release,
         Action::Inspect,
+        Action::AcceptHardware,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -51,6 +55,7 @@ impl Action {
             Action::Hold => "hold",
             Action::Release => "release",
             Action::Inspect => "inspect",
+            Action::AcceptHardware => "accept-hardware",
         }
     }
 
@@ -67,6 +72,7 @@ impl Action {
             Action::Hold => "Hold",
             Action::Release => "Release",
             Action::Inspect => "Inspect",
+            Action::AcceptHardware => "Accept the hardware differences",
         }
     }
 }
@@ -339,10 +345,10 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
                     "an inspection of machine {m} is already requested"
                 )));
             }
-            super::boot::request(
+            super::bmc_boot::request(
                 tx,
                 m,
-                super::boot::BootCause::Inspect,
+                super::bmc_boot::BootCause::Inspect,
                 &req.actor,
                 req.reason.as_deref(),
                 true,
@@ -370,6 +376,14 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
             }
             detail
         }
+        Action::AcceptHardware => match super::hardware::accept(tx, m, &req.actor).await? {
+            Some(accepted) => format!("accepted: {accepted}; installations may go ahead"),
+            None => {
+                return Ok(Outcome::Refused(format!(
+                    "machine {m}: nothing to accept: its BMC and its agent's hardware report do not disagree"
+                )));
+            }
+        },
         Action::Release => {
             if !held {
                 return Ok(Outcome::Refused(format!("machine {m} is not held")));

@@ -66,6 +66,7 @@ const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
       WHERE EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1) \
         AND EXISTS (SELECT 1 FROM machine_os_installation_report \
                      WHERE machine_id = $1 AND os_installation_result = 'Success') \
+        AND NOT EXISTS (SELECT 1 FROM machine_summary WHERE machine_id = $1 AND live_agent) \
      ON CONFLICT (machine_id) DO NOTHING";
 const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
 const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
@@ -150,12 +151,33 @@ pub async fn ask(
             }
         )));
     }
+    if let Some(c) = super::hardware::check(tx, machine_id).await? {
+        if c.blocks() {
+            return Ok(Asked::Refused(format!(
+                "machine {machine_id}: its BMC and its agent's hardware report disagree ({}): \
+                 is the right machine behind that BMC? Accept the difference first \
+                 (accept-hardware) if it is",
+                c.differences.join("; ")
+            )));
+        }
+    }
     let generation = requested.max(reported).unwrap_or(0).saturating_add(1);
     let raw = OsInstallationRequest {
         generation: generation.into(),
         r#type: Some(os_installation_request::Type::Image(image.clone())),
     }
     .encode_to_vec();
+    // An installed machine runs no agent (unless a boot since brought the
+    // live agent back): one booted through its BMC is booted into the
+    // live agent first, which then takes this request. Asked before the
+    // request is written, which makes any agent enrolled so far older
+    // than the installation.
+    let installed = reported.is_some() && requested == reported;
+    let boot_first = installed
+        && tx
+            .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor])
+            .await?
+            == 1;
     tx.execute(PUT_REQUEST, &[&machine_id, &generation, &raw])
         .await?;
     tx.execute(
@@ -172,15 +194,7 @@ pub async fn ask(
     .await?;
     tx.execute(CLEAR_PROGRESS, &[&machine_id]).await?;
     let mut detail = format!("generation {generation}: {}", image.url);
-    // An installed machine runs no agent: one booted through its BMC is
-    // booted into the live agent first, which then takes this request.
-    let installed = reported.is_some() && requested == reported;
-    if installed
-        && tx
-            .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor])
-            .await?
-            == 1
-    {
+    if boot_first {
         detail.push_str("; its BMC boots it into the agent first");
     }
     tx.execute(

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
+pub use super::hardware::{BmcFacts, bmc_facts};
 use super::selectors::{ProvidedMachine, provided_columns};
 use super::{BmdbError, HistoryEvent, Process, Provider, ProviderStatus, Tx};
 
@@ -328,13 +329,13 @@ macro_rules! state_column {
               WHEN s.boot_request IS NOT NULL THEN 'enrolling' \
               WHEN s.bmc_boot AND s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
                    AND p.provider_ip_address IS NULL THEN 'enrolling' \
-              WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
               WHEN s.installation = 'installing' AND s.agent_started_at IS NOT NULL \
-                   THEN 'installing' \
+                   AND NOT s.installation_fulfilled THEN 'installing' \
+              WHEN s.live_agent AND s.agent_started_at IS NOT NULL \
+                   AND s.recovery_not_before <= now() THEN 'available' \
+              WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
               WHEN s.agent_started_at IS NOT NULL AND s.recovery_not_before > now() \
                    THEN 'recovery-backoff' \
-              WHEN s.agent_started_at IS NOT NULL AND s.live_agent AND s.installation IS NULL \
-                   THEN 'available' \
               WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
               WHEN p.machine_id IS NULL THEN 'unprovided' \
               WHEN s.agent_start_not_before > now() THEN 'backoff' \
@@ -511,7 +512,9 @@ pub struct MachineDetail {
     /// Booted through its BMC (`boot = "virtual-media"`).
     pub bmc_boot: bool,
     /// A boot into the live agent asked for and not yet done.
-    pub boot_request: Option<super::boot::BootRequest>,
+    pub boot_request: Option<super::bmc_boot::BootRequest>,
+    /// Its BMC's facts against its agent's report.
+    pub hardware_check: Option<super::hardware::HardwareCheck>,
 }
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
@@ -586,7 +589,8 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
             )
             .await?
             .is_some(),
-        boot_request: super::boot::requested(tx, machine_id).await?,
+        boot_request: super::bmc_boot::requested(tx, machine_id).await?,
+        hardware_check: super::hardware::check(tx, machine_id).await?,
     }))
 }
 
@@ -620,86 +624,6 @@ pub async fn update_provided(
     )
     .await?;
     Ok(())
-}
-
-/// A machine's out-of-band facts, from its BMC's Redfish ComputerSystem
-/// (`machine_bmc_facts`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BmcFacts {
-    pub bmc_url: String,
-    pub system_path: Option<String>,
-    pub power_state: Option<String>,
-    pub manufacturer: Option<String>,
-    pub model: Option<String>,
-    pub serial_number: Option<String>,
-    pub bios_version: Option<String>,
-    pub processor_count: Option<i32>,
-    pub processor_model: Option<String>,
-    pub memory_gib: Option<f64>,
-    pub health: Option<String>,
-    /// Why the last read failed; the facts are from the read before.
-    pub read_error: Option<String>,
-    /// When they last changed (set by the BMDB; ignored when writing).
-    pub changed_at: Option<SystemTime>,
-}
-
-impl BmcFacts {
-    /// Label and value of each fact that is known, for the pages and the
-    /// command line.
-    pub fn lines(&self) -> Vec<(&'static str, String)> {
-        let mut out = vec![("BMC", self.bmc_url.clone())];
-        let mut add = |k: &'static str, v: Option<String>| {
-            if let Some(v) = v {
-                out.push((k, v));
-            }
-        };
-        add("system", self.system_path.clone());
-        add("power", self.power_state.clone());
-        add("health", self.health.clone());
-        let product = [&self.manufacturer, &self.model]
-            .iter()
-            .filter_map(|v| v.as_deref())
-            .collect::<Vec<_>>()
-            .join(" ");
-        add("product", Some(product).filter(|p| !p.is_empty()));
-        add("serial", self.serial_number.clone());
-        add("BIOS", self.bios_version.clone());
-        let cpus = match (self.processor_count, &self.processor_model) {
-            (Some(n), Some(m)) => Some(format!("{n} × {m}")),
-            (Some(n), None) => Some(n.to_string()),
-            (None, Some(m)) => Some(m.clone()),
-            (None, None) => None,
-        };
-        add("processors", cpus);
-        add("memory", self.memory_gib.map(|g| format!("{g} GiB")));
-        add("read error", self.read_error.clone());
-        out
-    }
-}
-
-const BMC_FACTS: &str = "SELECT bmc_url, system_path, power_state, manufacturer, model, serial_number, \
-     bios_version, processor_count, processor_model, memory_gib, health, read_error, changed_at \
-     FROM machine_bmc_facts WHERE machine_id = $1";
-
-pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFacts>, BmdbError> {
-    Ok(tx
-        .query_opt(BMC_FACTS, &[&machine_id])
-        .await?
-        .map(|r| BmcFacts {
-            bmc_url: r.get(0),
-            system_path: r.get(1),
-            power_state: r.get(2),
-            manufacturer: r.get(3),
-            model: r.get(4),
-            serial_number: r.get(5),
-            bios_version: r.get(6),
-            processor_count: r.get(7),
-            processor_model: r.get(8),
-            memory_gib: r.get(9),
-            health: r.get(10),
-            read_error: r.get(11),
-            changed_at: r.get(12),
-        }))
 }
 
 /// Upserts what BMCs said, one row per machine, touching a row only if

@@ -10,6 +10,7 @@
 //!   queries.
 
 pub mod actions;
+pub mod bmc_boot;
 pub mod boot;
 pub mod brake;
 pub mod callback;
@@ -17,6 +18,7 @@ mod conn;
 pub mod duty;
 pub mod embedded;
 pub mod error;
+pub mod hardware;
 pub mod installations;
 pub mod machines;
 mod migrate;

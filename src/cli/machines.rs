@@ -82,6 +82,13 @@ pub enum MachinesCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Accept the differences between what the machine's BMC says and what
+    /// its agent reported (installations wait until then).
+    AcceptHardware {
+        id: uuid::Uuid,
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Install an operating system image: on one machine (one ID), or as a
     /// rollout over several (IDs, or the filters of `list`), at most
     /// --max-parallel at once, stopped once more than --max-failures fail.
@@ -102,6 +109,7 @@ impl MachinesCommand {
             MachinesCommand::Hold { id, reason } => (id, Action::Hold, reason),
             MachinesCommand::Release { id, reason } => (id, Action::Release, reason),
             MachinesCommand::Inspect { id, reason } => (id, Action::Inspect, reason),
+            MachinesCommand::AcceptHardware { id, reason } => (id, Action::AcceptHardware, reason),
         };
         let mut req = Request::new(*id, action, "cli");
         req.reason = reason

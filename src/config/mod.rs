@@ -1043,6 +1043,10 @@ pub struct InstallationsConfig {
     /// `host:port` agents fetch served images from. Unset: the host of
     /// `bmaas.endpoint` and the port of `images_listen`.
     pub images_endpoint: Option<String>,
+    /// `host:port` BMCs fetch each boot's copy of the boot image from (a
+    /// BMC's management network is often not its machine's). Unset:
+    /// `images_endpoint`'s.
+    pub boot_endpoint: Option<String>,
     /// The boot image (`scripts/boot-image`, its `.slot` beside it) the
     /// image server serves per boot. Unset: `shepherd-boot.iso` beside the
     /// shepherd binary, if there is one.
@@ -1056,6 +1060,7 @@ impl Default for InstallationsConfig {
             images_dir: None,
             images_listen: ([127, 0, 0, 1], 7831).into(),
             images_endpoint: None,
+            boot_endpoint: None,
             boot_image: None,
         }
     }
@@ -1090,6 +1095,16 @@ impl InstallationsConfig {
                 return Err(ConfigError::key(
                     "installations.images_endpoint",
                     "must be host:port (where agents fetch served images)",
+                ));
+            }
+        }
+        if let Some(e) = &self.boot_endpoint {
+            if e.trim().is_empty() {
+                self.boot_endpoint = None;
+            } else if endpoint_host(e).is_none() {
+                return Err(ConfigError::key(
+                    "installations.boot_endpoint",
+                    "must be host:port (where BMCs fetch boot images)",
                 ));
             }
         }

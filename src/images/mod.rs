@@ -68,6 +68,8 @@ pub struct ImageCatalog {
     digests: Arc<Mutex<HashMap<PathBuf, KnownDigest>>>,
     /// The boot image, served per boot at `/boot/<boot>.iso`.
     boot: Option<BootServing>,
+    /// `https://host:port/` BMCs fetch boots from, when not `base_url`'s.
+    boot_root: Option<String>,
 }
 
 /// The boot image and what each boot's data tells its agent.
@@ -113,12 +115,15 @@ impl ImageCatalog {
             ca_der,
             digests: Default::default(),
             boot: None,
+            boot_root: None,
         }
     }
 
-    /// Serves `boot`'s image too, one copy per boot.
-    pub fn with_boot_image(mut self, boot: BootServing) -> ImageCatalog {
+    /// Serves `boot`'s image too, one copy per boot, fetched by BMCs at
+    /// `endpoint` (`host:port`; None: where agents fetch images).
+    pub fn with_boot_image(mut self, boot: BootServing, endpoint: Option<&str>) -> ImageCatalog {
         self.boot = Some(boot);
+        self.boot_root = endpoint.map(|e| format!("https://{}/", e.trim_end_matches('/')));
         self
     }
 
@@ -129,7 +134,10 @@ impl ImageCatalog {
 
     /// Where the BMC fetches boot `boot_id`'s copy of the boot image.
     pub fn boot_url(&self, boot_id: uuid::Uuid) -> String {
-        let root = self.base_url.trim_end_matches("images/");
+        let root = match &self.boot_root {
+            Some(r) => r.as_str(),
+            None => self.base_url.trim_end_matches("images/"),
+        };
         format!("{root}boot/{boot_id}.iso")
     }
 

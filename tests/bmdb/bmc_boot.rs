@@ -5,7 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use shepherd::bmdb::boot::{self, BootCause};
+use shepherd::bmdb::bmc_boot::{self, BootCause};
+use shepherd::bmdb::boot;
 use shepherd::bmdb::machines::{self, FleetFilter, MachineState};
 use shepherd::bmdb::selectors;
 use shepherd::bmdb::{Bmdb, Provider};
@@ -254,10 +255,174 @@ async fn an_agent_enrolled_by_a_boot_is_available_until_something_is_installed()
         audit.detail
     );
     let request = bmdb
-        .transact(async |tx| boot::requested(tx, mid).await)
+        .transact(async |tx| bmc_boot::requested(tx, mid).await)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(request.cause, BootCause::Install);
     assert_eq!(state().await, MachineState::Enrolling);
+
+    // Its live agent enrolls (the boot done): it takes the installation.
+    let enroll_again = async |seed: u8| {
+        bmdb.transact(async |tx| {
+            let b = boot::issue(tx, mid, std::time::Duration::from_secs(60)).await?;
+            let e = boot::enroll(tx, mid, &b.credential, &[seed; 32], "cb:1").await?;
+            bmc_boot::request_done(tx, mid).await?;
+            Ok(e)
+        })
+        .await
+        .unwrap()
+    };
+    assert!(matches!(
+        enroll_again(8).await,
+        boot::Enrolled::Enrolled { .. }
+    ));
+    assert_eq!(state().await, MachineState::Installing);
+    run(
+        &bmdb,
+        "INSERT INTO machine_os_installation_report VALUES ($1, 2, 'Success', '\\x') \
+         ON CONFLICT (machine_id) DO UPDATE SET generation = 2",
+        mid,
+    )
+    .await;
+    assert_eq!(state().await, MachineState::Installed);
+
+    // Inspected: the live agent runs again on the installed machine.
+    run(&bmdb, INSPECT, mid).await;
+    assert_eq!(state().await, MachineState::Inspecting);
+    assert!(matches!(
+        enroll_again(9).await,
+        boot::Enrolled::Enrolled { .. }
+    ));
+    assert_eq!(state().await, MachineState::Available);
+    // An installation asked now goes to that agent: no boot first.
+    let asker = shepherd::bmdb::installations::Asker {
+        action_id: Uuid::new_v4(),
+        ..asker
+    };
+    let asked = bmdb
+        .transact(async |tx| shepherd::bmdb::installations::ask(tx, mid, &image, &asker).await)
+        .await
+        .unwrap();
+    let shepherd::bmdb::installations::Asked::Done { audit, .. } = asked else {
+        panic!("{asked:?}");
+    };
+    assert!(!audit.detail.contains("boots it"), "{}", audit.detail);
+    assert_eq!(state().await, MachineState::Installing);
+}
+
+#[actix_rt::test]
+async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted() {
+    use prost::Message;
+    use shepherd::bmdb::actions::{self, Action, Outcome, Request};
+    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd_proto::api::{AgentHardwareReport, Node};
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let mid = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
+    run(&bmdb, AGENT, mid).await;
+    // The BMC of rack1-u12 is cabled to another box: its system is not
+    // the machine whose agent reports.
+    run(
+        &bmdb,
+        "INSERT INTO machine_bmc_facts (machine_id, bmc_url, serial_number, memory_gib) \
+         VALUES ($1, 'https://10.0.0.5', 'CZJ-0001', 64)",
+        mid,
+    )
+    .await;
+    let report = AgentHardwareReport {
+        report: Some(Node {
+            serial_number: "CZJ-0002".into(),
+            memory_installed_bytes: 16 << 30,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO machine_hardware_report VALUES ($1, $2)",
+            &[&mid, &report],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+    let image = shepherd_proto::api::ImageInstallation {
+        url: "https://images.example/os.img".into(),
+        digest: format!("sha256:{}", "ab".repeat(32)),
+        ..Default::default()
+    };
+    let ask = async || {
+        let asker = Asker {
+            action_id: Uuid::new_v4(),
+            actor: "op",
+            reason: None,
+            rollout_id: None,
+        };
+        bmdb.transact(async |tx| installations::ask(tx, mid, &image, &asker).await)
+            .await
+            .unwrap()
+    };
+    let Asked::Refused(why) = ask().await else {
+        panic!("an installation went ahead on a machine its BMC does not describe");
+    };
+    assert!(
+        why.contains("\"CZJ-0001\"") && why.contains("\"CZJ-0002\"") && why.contains("64 GiB"),
+        "{why}"
+    );
+    let check = bmdb
+        .transact(async |tx| shepherd::bmdb::hardware::check(tx, mid).await)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(check.blocks() && check.differences.len() == 2, "{check:?}");
+
+    // An operator looks, and accepts (audited).
+    let done = bmdb
+        .transact(async |tx| {
+            actions::act(tx, &Request::new(mid, Action::AcceptHardware, "alice")).await
+        })
+        .await
+        .unwrap();
+    let Outcome::Done(audit) = done else {
+        panic!("{done:?}");
+    };
+    assert!(
+        audit.detail.starts_with("accepted: serial number"),
+        "{}",
+        audit.detail
+    );
+    assert!(matches!(ask().await, Asked::Done { .. }));
+
+    // A new difference is not accepted by the old acceptance.
+    run(
+        &bmdb,
+        "UPDATE machine_bmc_facts SET serial_number = 'CZJ-0003' WHERE machine_id = $1",
+        mid,
+    )
+    .await;
+    let check = bmdb
+        .transact(async |tx| shepherd::bmdb::hardware::check(tx, mid).await)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(check.blocks(), "{check:?}");
+    // Agreeing facts leave nothing to accept.
+    run(
+        &bmdb,
+        "UPDATE machine_bmc_facts SET serial_number = 'CZJ-0002', memory_gib = 16 WHERE machine_id = $1",
+        mid,
+    )
+    .await;
+    let refused = bmdb
+        .transact(async |tx| {
+            actions::act(tx, &Request::new(mid, Action::AcceptHardware, "alice")).await
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Outcome::Refused(ref w) if w.contains("nothing to accept")),
+        "{refused:?}"
+    );
 }

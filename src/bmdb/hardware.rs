@@ -1,0 +1,269 @@
+//! What a machine's BMC says against what its agent reported: the wrong
+//! machine behind a BMC (a cabling or labelling fault) shows as a BMC whose
+//! system's serial number or memory is not the reporting machine's. A
+//! difference blocks installations until an operator accepts it
+//! (`accept-hardware`); an acceptance holds for the differences accepted,
+//! not for new ones.
+
+use std::time::SystemTime;
+
+use shepherd_proto::summary::HardwareSummary;
+use uuid::Uuid;
+
+use super::{BmdbError, Tx};
+
+/// A machine's out-of-band facts, from its BMC's Redfish ComputerSystem
+/// (`machine_bmc_facts`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BmcFacts {
+    pub bmc_url: String,
+    pub system_path: Option<String>,
+    pub power_state: Option<String>,
+    pub manufacturer: Option<String>,
+    pub model: Option<String>,
+    pub serial_number: Option<String>,
+    pub bios_version: Option<String>,
+    pub processor_count: Option<i32>,
+    pub processor_model: Option<String>,
+    pub memory_gib: Option<f64>,
+    pub health: Option<String>,
+    /// Why the last read failed; the facts are from the read before.
+    pub read_error: Option<String>,
+    /// When they last changed (set by the BMDB; ignored when writing).
+    pub changed_at: Option<SystemTime>,
+}
+
+impl BmcFacts {
+    /// Label and value of each fact that is known, for the pages and the
+    /// command line.
+    pub fn lines(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![("BMC", self.bmc_url.clone())];
+        let mut add = |k: &'static str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push((k, v));
+            }
+        };
+        add("system", self.system_path.clone());
+        add("power", self.power_state.clone());
+        add("health", self.health.clone());
+        let product = [&self.manufacturer, &self.model]
+            .iter()
+            .filter_map(|v| v.as_deref())
+            .collect::<Vec<_>>()
+            .join(" ");
+        add("product", Some(product).filter(|p| !p.is_empty()));
+        add("serial", self.serial_number.clone());
+        add("BIOS", self.bios_version.clone());
+        let cpus = match (self.processor_count, &self.processor_model) {
+            (Some(n), Some(m)) => Some(format!("{n} × {m}")),
+            (Some(n), None) => Some(n.to_string()),
+            (None, Some(m)) => Some(m.clone()),
+            (None, None) => None,
+        };
+        add("processors", cpus);
+        add("memory", self.memory_gib.map(|g| format!("{g} GiB")));
+        add("read error", self.read_error.clone());
+        out
+    }
+}
+
+const BMC_FACTS: &str = "SELECT bmc_url, system_path, power_state, manufacturer, model, serial_number, \
+     bios_version, processor_count, processor_model, memory_gib, health, read_error, changed_at \
+     FROM machine_bmc_facts WHERE machine_id = $1";
+
+pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFacts>, BmdbError> {
+    Ok(tx
+        .query_opt(BMC_FACTS, &[&machine_id])
+        .await?
+        .map(|r| BmcFacts {
+            bmc_url: r.get(0),
+            system_path: r.get(1),
+            power_state: r.get(2),
+            manufacturer: r.get(3),
+            model: r.get(4),
+            serial_number: r.get(5),
+            bios_version: r.get(6),
+            processor_count: r.get(7),
+            processor_model: r.get(8),
+            memory_gib: r.get(9),
+            health: r.get(10),
+            read_error: r.get(11),
+            changed_at: r.get(12),
+        }))
+}
+
+/// Placeholders firmware puts where a serial number should be.
+fn no_serial(s: &str) -> bool {
+    let s = s.trim().to_ascii_lowercase();
+    s.is_empty()
+        || s.chars().all(|c| c == '0' || c == ' ')
+        || [
+            "not specified",
+            "to be filled by o.e.m.",
+            "default string",
+            "system serial number",
+            "none",
+            "n/a",
+        ]
+        .contains(&s.as_str())
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Each fact both sides know and tell differently, in words.
+pub fn differences(bmc: &BmcFacts, report: &HardwareSummary) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(b) = bmc.serial_number.as_deref() {
+        let a = report.serial_number.as_str();
+        if !no_serial(b) && !no_serial(a) && !b.trim().eq_ignore_ascii_case(a.trim()) {
+            out.push(format!(
+                "serial number: the BMC says {:?}, the agent reports {:?}",
+                b.trim(),
+                a.trim()
+            ));
+        }
+    }
+    if let Some(b) = bmc.memory_gib.filter(|g| *g > 0.0) {
+        let a = report.memory_bytes as f64 / GIB;
+        // The BMC counts what is installed; the agent what it sees, a
+        // little less (firmware's reservations): a tenth either way.
+        if a > 0.0 && (a > b * 1.1 || a < b * 0.9) {
+            out.push(format!(
+                "memory: the BMC says {b} GiB, the agent reports {a:.1} GiB"
+            ));
+        }
+    }
+    out
+}
+
+/// A machine's BMC facts checked against its agent's report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HardwareCheck {
+    pub differences: Vec<String>,
+    /// Who accepted these very differences, and when.
+    pub accepted: Option<(String, SystemTime)>,
+}
+
+impl HardwareCheck {
+    /// Differences nobody accepted: installations wait.
+    pub fn blocks(&self) -> bool {
+        !self.differences.is_empty() && self.accepted.is_none()
+    }
+
+    fn text(&self) -> String {
+        self.differences.join("; ")
+    }
+}
+
+/// The check of `machine_id`: None until both its BMC's facts and a
+/// readable hardware report are stored.
+pub async fn check(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<HardwareCheck>, BmdbError> {
+    let Some(facts) = bmc_facts(tx, machine_id).await? else {
+        return Ok(None);
+    };
+    let Some(raw) = tx
+        .query_opt(
+            "SELECT hardware_report_raw FROM machine_hardware_report WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| r.get::<_, Vec<u8>>(0))
+    else {
+        return Ok(None);
+    };
+    let Ok(report) = shepherd_proto::summary::summarize(&raw) else {
+        return Ok(None);
+    };
+    let mut c = HardwareCheck {
+        differences: differences(&facts, &report),
+        accepted: None,
+    };
+    if !c.differences.is_empty() {
+        c.accepted = tx
+            .query_opt(
+                "SELECT accepted_by, accepted_at FROM machine_hardware_accepted \
+                 WHERE machine_id = $1 AND differences = $2",
+                &[&machine_id, &c.text()],
+            )
+            .await?
+            .map(|r| (r.get(0), r.get(1)));
+    }
+    Ok(Some(c))
+}
+
+/// Accepts the machine's differences as they are now; Ok(None) when there
+/// is nothing to accept, else the differences accepted.
+pub async fn accept(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    by: &str,
+) -> Result<Option<String>, BmdbError> {
+    let Some(c) = check(tx, machine_id).await? else {
+        return Ok(None);
+    };
+    if c.differences.is_empty() {
+        return Ok(None);
+    }
+    let text = c.text();
+    tx.execute(
+        "INSERT INTO machine_hardware_accepted (machine_id, differences, accepted_at, accepted_by) \
+         VALUES ($1, $2, now(), $3) ON CONFLICT (machine_id) DO UPDATE \
+         SET differences = $2, accepted_at = now(), accepted_by = $3",
+        &[&machine_id, &text, &by],
+    )
+    .await?;
+    Ok(Some(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(serial: Option<&str>, memory: Option<f64>) -> BmcFacts {
+        BmcFacts {
+            bmc_url: "https://10.0.0.5".into(),
+            system_path: None,
+            power_state: None,
+            manufacturer: None,
+            model: None,
+            serial_number: serial.map(String::from),
+            bios_version: None,
+            processor_count: None,
+            processor_model: None,
+            memory_gib: memory,
+            health: None,
+            read_error: None,
+            changed_at: None,
+        }
+    }
+
+    fn report(serial: &str, memory_gib: f64) -> HardwareSummary {
+        HardwareSummary {
+            serial_number: serial.into(),
+            memory_bytes: (memory_gib * GIB) as i64,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_wrong_machine_behind_a_bmc_shows() {
+        assert!(differences(&facts(Some("SER-1"), Some(16.0)), &report("ser-1 ", 15.6)).is_empty());
+        let d = differences(&facts(Some("SER-1"), Some(64.0)), &report("SER-2", 15.6));
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(
+            d[0].contains("\"SER-1\"") && d[0].contains("\"SER-2\""),
+            "{d:?}"
+        );
+        assert!(d[1].starts_with("memory: the BMC says 64 GiB"), "{d:?}");
+        // Unknown on either side, or a firmware placeholder: nothing to say.
+        assert!(differences(&facts(None, None), &report("SER-2", 8.0)).is_empty());
+        assert!(
+            differences(
+                &facts(Some("To Be Filled By O.E.M."), None),
+                &report("SER-2", 8.0)
+            )
+            .is_empty()
+        );
+        assert!(differences(&facts(Some("SER-1"), Some(8.0)), &report("", 0.0)).is_empty());
+    }
+}

@@ -13,17 +13,22 @@ CREATE TABLE machine_bmc_boot (
 -- blank machine is listed ('enroll'), by an operator ('inspect'), by the
 -- Recoverer's last step ('recovery') or by an installation asked of an
 -- installed machine ('install'); the Enroller deletes it once the agent
--- called back.
+-- called back. 'disk': restart it from its disk through its BMC, once its
+-- agent reported an installation (so that BMCs that apply the media's
+-- ejection only at a power cycle apply it).
 CREATE TABLE machine_boot_request (
     machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
     requested_at timestamptz NOT NULL,
     requested_by text NOT NULL,
-    cause text NOT NULL CHECK (cause IN ('enroll', 'inspect', 'recovery', 'install')),
+    cause text NOT NULL CHECK (cause IN ('enroll', 'inspect', 'recovery', 'install', 'disk')),
     reason text NULL
 );
 
--- When the boot's media was ejected and its override cleared.
-ALTER TABLE machine_boot_credential ADD COLUMN media_ended_at timestamptz NULL;
+-- When the BMC took the boot (media inserted, machine reset), and when the
+-- media was ejected and the override cleared.
+ALTER TABLE machine_boot_credential
+    ADD COLUMN media_inserted_at timestamptz NULL,
+    ADD COLUMN media_ended_at timestamptz NULL;
 
 ALTER TABLE operator_action DROP CONSTRAINT operator_action_action_check;
 ALTER TABLE operator_action ADD CONSTRAINT operator_action_action_check
@@ -110,3 +115,23 @@ BEGIN
 END $$;
 CREATE TRIGGER machine_summary_live_agent_report AFTER INSERT OR UPDATE ON machine_os_installation_report
     FOR EACH ROW EXECUTE FUNCTION machine_summary_on_installation_report();
+
+-- An installation of a machine booted through its BMC with a reboot asked:
+-- its agent is asked not to reboot, and the BMC restarts it from its disk
+-- once the installation is reported done.
+ALTER TABLE machine_installation ADD COLUMN reboot_by_bmc boolean NOT NULL DEFAULT false;
+CREATE FUNCTION machine_boot_after_installation() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.os_installation_result = 'Success' AND EXISTS (
+        SELECT 1 FROM machine_installation i
+         WHERE i.machine_id = NEW.machine_id AND i.generation = NEW.generation AND i.reboot_by_bmc)
+    THEN
+        INSERT INTO machine_boot_request (machine_id, requested_at, requested_by, cause, reason)
+        VALUES (NEW.machine_id, now(), 'shepherd', 'disk',
+                'generation ' || NEW.generation || ' installed')
+        ON CONFLICT (machine_id) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER machine_boot_after_installation AFTER INSERT OR UPDATE ON machine_os_installation_report
+    FOR EACH ROW EXECUTE FUNCTION machine_boot_after_installation();

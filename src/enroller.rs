@@ -211,7 +211,7 @@ impl Enroller {
                         )
                         .await?
                         .get(0);
-                    if live {
+                    if live && b.media_inserted_at.is_some() {
                         Resume::Wait { cause, boot: b }
                     } else {
                         Resume::Boot { cause }
@@ -303,6 +303,30 @@ impl LeaseLoop for Enroller {
         let m = work.item();
         let mid = m.machine_id;
         let started = Instant::now();
+        // Installed: restarted from its disk, nothing to enroll.
+        match work
+            .session()
+            .transact(async |tx| bmc_boot::requested(tx, mid).await)
+            .await
+        {
+            Ok(Some(r)) if r.cause == BootCause::Disk => {
+                return match self.provider.boot_from_disk(&m.provider_id).await {
+                    Ok(reset) => Outcome::Finished(Enrollment::Enrolled {
+                        detail: format!(
+                            "disk: media ejected, override cleared, restarted from its disk through the BMC ({reset}){}",
+                            r.reason.map(|w| format!(": {w}")).unwrap_or_default()
+                        ),
+                        outcome: None,
+                    }),
+                    Err(e) => Outcome::Failed {
+                        cause: format!("restarting from the disk through the BMC: {e}"),
+                        record: Enrollment::NotYet { outcome: None },
+                    },
+                };
+            }
+            Ok(_) => {}
+            Err(e) => return Outcome::GiveBack(format!("reading the boot asked: {e}")),
+        }
         let (resume, issued) = match work
             .session()
             .transact(async |tx| self.begin(tx, mid).await)
@@ -330,7 +354,18 @@ impl LeaseLoop for Enroller {
                 let url = (self.boot_url)(issued.boot_id);
                 tracing::debug!(boot = %issued.boot_id, %cause, "booting into the agent through the BMC");
                 match self.provider.boot_from_media(&m.provider_id, &url).await {
-                    Ok(how) => (cause, issued.boot_id, how),
+                    Ok(how) => {
+                        // A worker taking over from this one waits for this
+                        // boot instead of resetting the machine again.
+                        if let Err(e) = work
+                            .session()
+                            .transact(async |tx| boot::media_inserted(tx, issued.boot_id).await)
+                            .await
+                        {
+                            tracing::debug!(error = %e, "could not record the boot as taken by the BMC");
+                        }
+                        (cause, issued.boot_id, how)
+                    }
                     Err(e) => {
                         // Nothing may boot from it now: void it.
                         let _ = work

@@ -771,6 +771,20 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
             )
             .map_err(|e| anyhow::anyhow!("installations.images_listen {e}"))?,
         );
+        // Each served image's digest, computed now on a thread of its own:
+        // the first installation of a large image then does not wait for
+        // its hash (within admin.database_timeout).
+        let warm = c.clone();
+        std::thread::Builder::new()
+            .name("image-digests".into())
+            .spawn(move || {
+                for (name, _) in warm.list().unwrap_or_default() {
+                    if let Err(e) = warm.resolve(&name) {
+                        tracing::debug!(image = %name, error = %e, "not served");
+                    }
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("starting the image digest thread: {e}"))?;
         catalog = Some(c);
     }
     let callback = match parts.callback.take() {

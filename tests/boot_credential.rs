@@ -153,23 +153,7 @@ impl Rig {
     /// The real agent, as the boot image's init starts it, from a copy of
     /// its own (the files beside it are its settings).
     fn live_agent(&self, name: &str, data: &BootData) -> std::process::Child {
-        let dir = self.dir.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("takeover-agent");
-        std::fs::copy(shepherd_sim::bin("takeover-agent"), &exe).unwrap();
-        std::fs::write(dir.join("takeover-agent.interval"), "1s").unwrap();
-        std::fs::write(dir.join("takeover-agent.disks"), "").unwrap();
-        let file = dir.join("boot-data");
-        std::fs::write(&file, data.encode_to_vec()).unwrap();
-        std::process::Command::new(&exe)
-            .arg("--live")
-            .arg(&file)
-            .env("TAKEOVER_AGENT_REBOOT", "0")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
+        shepherd_sim::testing::live_agent(&self.dir.path().join(name), &data.encode_to_vec())
     }
 }
 

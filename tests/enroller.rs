@@ -61,6 +61,8 @@ impl Rig {
         let env: Vec<(&str, String)> = vec![
             ("SHEPHERD__BMDB__URL", db.url()),
             ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
+            // A killed shepherd's leases are released soon after.
+            ("SHEPHERD__BMDB__SESSION_GC_GRACE", "2s".into()),
             ("SHEPHERD__ADMIN__LISTEN", admin.clone()),
             ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
             ("SHEPHERD__BMAAS__ENDPOINT", callback),
@@ -236,23 +238,8 @@ impl Rig {
         let slot = &iso[at..at + shepherd_sim::testing::BOOT_SLOT_LEN as usize];
         let data =
             BootData::decode(shepherd_sim::testing::boot_data_file(slot).as_slice()).unwrap();
-        let dir = self.dir.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("takeover-agent");
-        std::fs::copy(shepherd_sim::bin("takeover-agent"), &exe).unwrap();
-        std::fs::write(dir.join("takeover-agent.interval"), "1s").unwrap();
-        std::fs::write(dir.join("takeover-agent.disks"), "").unwrap();
-        let file = dir.join("boot-data");
-        std::fs::write(&file, data.encode_to_vec()).unwrap();
-        let child = std::process::Command::new(&exe)
-            .arg("--live")
-            .arg(&file)
-            .env("TAKEOVER_AGENT_REBOOT", "0")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-            .spawn()
-            .unwrap();
+        let child =
+            shepherd_sim::testing::live_agent(&self.dir.path().join(name), &data.encode_to_vec());
         (data, child)
     }
 
@@ -381,7 +368,13 @@ async fn a_blank_machine_listed_by_its_bmc_is_booted_into_the_agent_enrolled_and
     let url13 = rig.inserted_image(1, None).await;
     assert_ne!(url13, url);
     let d = rig.wait_state(u13, "enroll-failed").await;
-    let cause = d["backoffs"][0]["cause"].as_str().unwrap();
+    let cause = d["backoffs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["process"] == "ShepherdAgentStart")
+        .and_then(|b| b["cause"].as_str())
+        .unwrap_or_else(|| panic!("no ShepherdAgentStart backoff: {d}"));
     assert!(
         cause.contains(&format!("did not call back within {CALLBACK_TIMEOUT}")),
         "{cause}"
@@ -463,4 +456,60 @@ async fn a_blank_machine_listed_by_its_bmc_is_booted_into_the_agent_enrolled_and
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already requested"), "{err}");
     stop(agent2);
+}
+
+#[actix_rt::test]
+async fn a_shepherd_killed_mid_boot_is_resumed_by_the_next_without_a_second_reset() {
+    let mut rig = Rig::new(&["rack2-u01"]).await;
+    let id = rig.machine_id("rack2-u01").await;
+    let url = rig.inserted_image(0, None).await;
+    let resets = |rig: &Rig| rig.sushy.log().matches("ComputerSystem.Reset").count();
+    // The BMC has booted the machine (recorded as such); shepherd waits
+    // for its agent, and is killed. Another starts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while shepherd_sim::testing::count(
+        &rig.bmdb,
+        "SELECT count(*) FROM machine_boot_credential WHERE media_inserted_at IS NOT NULL",
+    )
+    .await
+        == 0
+    {
+        assert!(Instant::now() < deadline, "{}", rig.shepherd.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(resets(&rig), 1, "{}", rig.sushy.log());
+    rig.shepherd.kill();
+    rig.shepherd = ShepherdProcess::start(
+        Path::new(SHEPHERD),
+        &rig.config,
+        rig.dir.path().join("shepherd-2.log"),
+        &rig.env,
+    );
+    // Its Enroller takes the boot over: same boot, no second reset.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(rig.dir.path().join("shepherd-2.log"))
+        .unwrap_or_default()
+        .contains("resuming a boot under way")
+    {
+        rig.shepherd.assert_running();
+        assert!(Instant::now() < deadline, "{}", rig.shepherd.log_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The machine comes up with what the first shepherd's BMC call put in.
+    let (_, agent) = rig.boot("u01", &url).await;
+    rig.wait_state(id, "available").await;
+    assert_eq!(resets(&rig), 1, "one reset in all: {}", rig.sushy.log());
+    assert_eq!(rig.cd(0).await, (String::new(), false));
+    let d = rig.api(&format!("/api/v1/machines/{id}")).await;
+    let history = d["history"].as_array().unwrap();
+    // The killed shepherd's lease ended with its session; the second
+    // finished the boot.
+    let finished: Vec<&str> = history
+        .iter()
+        .filter(|h| h["process"] == "ShepherdAgentStart" && h["event"] == "Finished")
+        .filter_map(|h| h["detail"].as_str())
+        .collect();
+    assert_eq!(finished.len(), 1, "{history:?}");
+    assert!(finished[0].contains("resumed"), "{}", finished[0]);
+    stop(agent);
 }

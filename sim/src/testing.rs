@@ -1069,3 +1069,26 @@ pub fn boot_data_file(slot: &[u8]) -> Vec<u8> {
     assert!(child.wait().unwrap().success(), "cpio read the slot");
     std::fs::read(dir.path().join("shepherd/boot-data")).unwrap()
 }
+
+/// The real live agent (`takeover-agent --live`), as the boot image's init
+/// starts it, from a copy of its own in `dir` (the files beside it are its
+/// settings: heartbeats every second, no disks) with `boot_data` (an
+/// encoded `BootData`); its output piped.
+pub fn live_agent(dir: &std::path::Path, boot_data: &[u8]) -> std::process::Child {
+    std::fs::create_dir_all(dir).unwrap();
+    let exe = dir.join("takeover-agent");
+    std::fs::copy(bin("takeover-agent"), &exe).unwrap();
+    std::fs::write(dir.join("takeover-agent.interval"), "1s").unwrap();
+    std::fs::write(dir.join("takeover-agent.disks"), "").unwrap();
+    let file = dir.join("boot-data");
+    std::fs::write(&file, boot_data).unwrap();
+    std::process::Command::new(&exe)
+        .arg("--live")
+        .arg(&file)
+        .env("TAKEOVER_AGENT_REBOOT", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

@@ -211,7 +211,7 @@ fn api_post<T: serde::de::DeserializeOwned + Default>(
         (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
         (status = 403, description = "sent from another site", body = super::api::ErrorBody),
         (status = 404, description = "no such machine", body = super::api::ErrorBody),
-        (status = 409, description = "the previous installation is unanswered, or the machine is held", body = super::api::ErrorBody),
+        (status = 409, description = "the previous installation is unanswered, the machine is held, or its BMC and its agent's report disagree (not accepted)", body = super::api::ErrorBody),
         (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
         (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_install(

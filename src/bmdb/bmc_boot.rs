@@ -23,6 +23,8 @@ pub enum BootCause {
     Recovery,
     /// An installation asked of a machine whose agent is gone (installed).
     Install,
+    /// Restart from the disk through the BMC: an installation is done.
+    Disk,
 }
 
 impl BootCause {
@@ -32,6 +34,7 @@ impl BootCause {
             BootCause::Inspect => "inspect",
             BootCause::Recovery => "recovery",
             BootCause::Install => "install",
+            BootCause::Disk => "disk",
         }
     }
 
@@ -41,6 +44,7 @@ impl BootCause {
             BootCause::Inspect,
             BootCause::Recovery,
             BootCause::Install,
+            BootCause::Disk,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)

@@ -153,6 +153,8 @@ pub async fn enroll(
 pub struct LatestBoot {
     pub boot_id: Uuid,
     pub issued_at: SystemTime,
+    /// The BMC took it (media inserted, machine reset).
+    pub media_inserted_at: Option<SystemTime>,
     pub used_at: Option<SystemTime>,
     pub media_ended_at: Option<SystemTime>,
 }
@@ -161,7 +163,8 @@ pub struct LatestBoot {
 pub async fn latest(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<LatestBoot>, BmdbError> {
     let r = tx
         .query_opt(
-            "SELECT boot_id, issued_at, used_at, media_ended_at FROM machine_boot_credential \
+            "SELECT boot_id, issued_at, used_at, media_ended_at, media_inserted_at \
+               FROM machine_boot_credential \
              WHERE machine_id = $1 ORDER BY issued_at DESC LIMIT 1",
             &[&machine_id],
         )
@@ -171,6 +174,7 @@ pub async fn latest(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<LatestBo
         issued_at: r.get(1),
         used_at: r.get(2),
         media_ended_at: r.get(3),
+        media_inserted_at: r.get(4),
     }))
 }
 
@@ -183,6 +187,16 @@ pub async fn used_at(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<Option<SystemTime
         )
         .await?
         .and_then(|r| r.get(0)))
+}
+
+/// The BMC took boot `boot_id`: media inserted, machine reset.
+pub async fn media_inserted(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "UPDATE machine_boot_credential SET media_inserted_at = now() WHERE boot_id = $1",
+        &[&boot_id],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Boot `boot_id`'s media was ejected (and its override cleared); if it

@@ -54,12 +54,13 @@ const PUT_REQUEST: &str = "INSERT INTO machine_os_installation_request \
      ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
          os_installation_request_raw = EXCLUDED.os_installation_request_raw";
 const PUT_INSTALLATION: &str = "INSERT INTO machine_installation \
-         (machine_id, generation, image_url, image_digest, requested_at, requested_by, rollout_id) \
-     VALUES ($1, $2, $3, $4, now(), $5, $6) \
+         (machine_id, generation, image_url, image_digest, requested_at, requested_by, rollout_id, \
+          reboot_by_bmc) \
+     VALUES ($1, $2, $3, $4, now(), $5, $6, $7) \
      ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
          image_url = EXCLUDED.image_url, image_digest = EXCLUDED.image_digest, \
          requested_at = EXCLUDED.requested_at, requested_by = EXCLUDED.requested_by, \
-         rollout_id = EXCLUDED.rollout_id";
+         rollout_id = EXCLUDED.rollout_id, reboot_by_bmc = EXCLUDED.reboot_by_bmc";
 const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
          (machine_id, requested_at, requested_by, cause, reason) \
      SELECT $1, now(), $2, 'install', NULL \
@@ -151,6 +152,13 @@ pub async fn ask(
             }
         )));
     }
+    if super::hardware::bmc_unread(tx, machine_id).await? {
+        return Ok(Asked::Refused(format!(
+            "machine {machine_id}: its BMC has not been read yet, so it cannot be checked against \
+             its agent's report (the Updater reads BMCs every updater.interval): ask again once \
+             its BMC's facts show on its page"
+        )));
+    }
     if let Some(c) = super::hardware::check(tx, machine_id).await? {
         if c.blocks() {
             return Ok(Asked::Refused(format!(
@@ -162,9 +170,24 @@ pub async fn ask(
         }
     }
     let generation = requested.max(reported).unwrap_or(0).saturating_add(1);
+    // A machine booted through its BMC is restarted from its disk by its
+    // BMC once installed, not by its agent: BMCs that apply the media's
+    // ejection only at a power cycle would boot the agent again.
+    let bmc_boot: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1)",
+            &[&machine_id],
+        )
+        .await?
+        .get(0);
+    let reboot_by_bmc = bmc_boot && image.reboot;
+    let mut asked = image.clone();
+    if reboot_by_bmc {
+        asked.reboot = false;
+    }
     let raw = OsInstallationRequest {
         generation: generation.into(),
-        r#type: Some(os_installation_request::Type::Image(image.clone())),
+        r#type: Some(os_installation_request::Type::Image(asked)),
     }
     .encode_to_vec();
     // An installed machine runs no agent (unless a boot since brought the
@@ -189,6 +212,7 @@ pub async fn ask(
             &image.digest,
             &asker.actor,
             &asker.rollout_id,
+            &reboot_by_bmc,
         ],
     )
     .await?;
@@ -196,6 +220,9 @@ pub async fn ask(
     let mut detail = format!("generation {generation}: {}", image.url);
     if boot_first {
         detail.push_str("; its BMC boots it into the agent first");
+    }
+    if reboot_by_bmc {
+        detail.push_str("; its BMC restarts it from its disk once installed");
     }
     tx.execute(
         HISTORY_REQUESTED,

@@ -319,14 +319,16 @@ impl MachineSummary {
 macro_rules! state_column {
     () => {
         "CASE WHEN s.shepherd_work AND s.boot_request = 'inspect' THEN 'inspecting' \
-              WHEN s.shepherd_work AND s.boot_request IS NOT NULL THEN 'enrolling' \
+              WHEN s.shepherd_work AND s.boot_request IS NOT NULL AND s.boot_request <> 'disk' \
+                   THEN 'enrolling' \
               WHEN s.shepherd_work THEN 'leased' \
               WHEN s.held THEN 'held' \
-              WHEN (s.boot_request IS NOT NULL OR (s.bmc_boot AND s.agent_started_at IS NULL \
+              WHEN ((s.boot_request IS NOT NULL AND s.boot_request <> 'disk') \
+                        OR (s.bmc_boot AND s.agent_started_at IS NULL \
                         AND NOT s.installation_fulfilled AND p.provider_ip_address IS NULL)) \
                    AND s.agent_start_not_before > now() THEN 'enroll-failed' \
               WHEN s.boot_request = 'inspect' THEN 'inspecting' \
-              WHEN s.boot_request IS NOT NULL THEN 'enrolling' \
+              WHEN s.boot_request IS NOT NULL AND s.boot_request <> 'disk' THEN 'enrolling' \
               WHEN s.bmc_boot AND s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
                    AND p.provider_ip_address IS NULL THEN 'enrolling' \
               WHEN s.installation = 'installing' AND s.agent_started_at IS NOT NULL \

@@ -505,7 +505,6 @@ impl EnrollerConfig {
         for (key, d) in [
             ("enroller.poll_interval", self.poll_interval),
             ("enroller.callback_timeout", self.callback_timeout),
-            ("enroller.backoff_initial", self.backoff_initial),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::key(key, "must be positive"));
@@ -520,24 +519,9 @@ impl EnrollerConfig {
                 ),
             ));
         }
-        if self.backoff_max < self.backoff_initial {
-            return Err(ConfigError::key(
-                "enroller.backoff_max",
-                "must be at least enroller.backoff_initial",
-            ));
-        }
-        if !(self.backoff_exponent >= 1.0 && self.backoff_exponent.is_finite()) {
-            return Err(ConfigError::key(
-                "enroller.backoff_exponent",
-                "must be at least 1",
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.backoff_jitter) {
-            return Err(ConfigError::key(
-                "enroller.backoff_jitter",
-                "must be within 0 and 1",
-            ));
-        }
+        self.backoff()
+            .validate()
+            .map_err(|m| ConfigError::key("enroller.backoff", m))?;
         Ok(())
     }
 

@@ -226,6 +226,17 @@ impl Provider for Inventory {
         })
     }
 
+    fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
+        Box::pin(async move {
+            let (host, bmc) = self.with_bmc(provider_id, "restarted from its disk")?;
+            let reset = crate::redfish::boot_from_disk(&self.bmcs, &host.id, &bmc)
+                .await
+                .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+            tracing::info!(host = %host.id, bmc = %bmc.url, %reset, "restarted from its disk through the BMC");
+            Ok(reset)
+        })
+    }
+
     fn end_media_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
         Box::pin(async move {
             let (host, bmc) = self.with_bmc(provider_id, "its media ejected")?;

@@ -91,6 +91,16 @@ pub trait Provider {
         })
     }
 
+    /// Ejects the machine's virtual media, clears its boot override and
+    /// restarts it from its disk through its BMC; Ok (the reset used).
+    fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
+        Box::pin(async move {
+            Err(ProviderError::Unsupported(format!(
+                "machine {provider_id}: this provider cannot boot machines through a BMC"
+            )))
+        })
+    }
+
     /// What the BMC of each machine that has one says about it, read now.
     /// Providers without BMCs have none.
     fn bmc_facts(&self) -> Fut<'_, Vec<BmcRead>> {

@@ -53,6 +53,18 @@ pub struct EndMediaBoot {
     pub system: Option<String>,
 }
 
+/// Ends a boot from media and restarts the system from its disk (as
+/// [`EndMediaBoot`], then the best restart, watched until `On`): how an
+/// installed machine is brought up in its installed system, so that BMCs
+/// that apply media and override changes only at a power cycle apply them.
+/// Ok(the reset used).
+#[derive(Message)]
+#[rtype(result = "Result<String, BmcError>")]
+pub struct BootFromDisk {
+    pub system: Option<String>,
+    pub power_timeout: Duration,
+}
+
 /// What a virtual CD holds now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualCd {
@@ -77,6 +89,22 @@ impl Handler<BootFromMedia> for BmcClient {
     fn handle(&mut self, msg: BootFromMedia, _: &mut Context<Self>) -> Self::Result {
         self.atomic(|mut c| async move {
             let r = boot_from_media(&mut c, &msg).await;
+            (c, r)
+        })
+    }
+}
+
+impl Handler<BootFromDisk> for BmcClient {
+    type Result = AtomicResponse<Self, Result<String, BmcError>>;
+
+    fn handle(&mut self, msg: BootFromDisk, _: &mut Context<Self>) -> Self::Result {
+        self.atomic(|mut c| async move {
+            let r = async {
+                end_media_boot(&mut c, &msg.system).await?;
+                let info = c.get_system(&msg.system).await?;
+                power_boot(&mut c, &msg.system, &info, msg.power_timeout).await
+            }
+            .await;
             (c, r)
         })
     }

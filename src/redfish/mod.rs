@@ -29,7 +29,7 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 
 pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset, SystemInfo};
-pub use media::{BootFromMedia, EndMediaBoot, GetVirtualCd, MediaBoot, VirtualCd};
+pub use media::{BootFromDisk, BootFromMedia, EndMediaBoot, GetVirtualCd, MediaBoot, VirtualCd};
 
 use crate::bmdb::ProviderStatus;
 use crate::config::{BmcConfig, RedfishConfig};
@@ -201,6 +201,16 @@ pub async fn boot_from_media(
     let msg = BootFromMedia {
         system: bmc.system.clone(),
         image_url: image_url.to_string(),
+        power_timeout: bmcs.power_timeout,
+    };
+    ask(bmcs, host, bmc, msg).await
+}
+
+/// Ejects the system's virtual CD, clears its boot override and restarts
+/// it from its disk; Ok(the reset used).
+pub async fn boot_from_disk(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, BmcError> {
+    let msg = BootFromDisk {
+        system: bmc.system.clone(),
         power_timeout: bmcs.power_timeout,
     };
     ask(bmcs, host, bmc, msg).await

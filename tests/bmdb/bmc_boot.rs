@@ -210,6 +210,15 @@ async fn an_agent_enrolled_by_a_boot_is_available_until_something_is_installed()
         .unwrap()
     };
     assert_eq!(state().await, MachineState::Enrolling);
+    // Its BMC read (by the Updater), in agreement with what the agent
+    // reports (none of it yet).
+    run(
+        &bmdb,
+        "INSERT INTO machine_bmc_facts (machine_id, bmc_url, serial_number) \
+         VALUES ($1, 'https://10.0.0.5', 'CZJ-0001')",
+        mid,
+    )
+    .await;
     let issued = bmdb
         .transact(async |tx| boot::issue(tx, mid, std::time::Duration::from_secs(60)).await)
         .await
@@ -321,6 +330,29 @@ async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted
     let bmdb = db.bmdb().await;
     let mid = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
     run(&bmdb, AGENT, mid).await;
+    run(&bmdb, TAG, mid).await;
+    let image = shepherd_proto::api::ImageInstallation {
+        url: "https://images.example/os.img".into(),
+        digest: format!("sha256:{}", "ab".repeat(32)),
+        ..Default::default()
+    };
+    let ask = async || {
+        let asker = Asker {
+            action_id: Uuid::new_v4(),
+            actor: "op",
+            reason: None,
+            rollout_id: None,
+        };
+        bmdb.transact(async |tx| installations::ask(tx, mid, &image, &asker).await)
+            .await
+            .unwrap()
+    };
+    // Booted through its BMC, whose facts were not read yet: nothing can
+    // be checked, nothing is installed.
+    let Asked::Refused(why) = ask().await else {
+        panic!("an installation went ahead before the BMC was read");
+    };
+    assert!(why.contains("has not been read yet"), "{why}");
     // The BMC of rack1-u12 is cabled to another box: its system is not
     // the machine whose agent reports.
     run(
@@ -348,22 +380,6 @@ async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted
     })
     .await
     .unwrap();
-    let image = shepherd_proto::api::ImageInstallation {
-        url: "https://images.example/os.img".into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        ..Default::default()
-    };
-    let ask = async || {
-        let asker = Asker {
-            action_id: Uuid::new_v4(),
-            actor: "op",
-            reason: None,
-            rollout_id: None,
-        };
-        bmdb.transact(async |tx| installations::ask(tx, mid, &image, &asker).await)
-            .await
-            .unwrap()
-    };
     let Asked::Refused(why) = ask().await else {
         panic!("an installation went ahead on a machine its BMC does not describe");
     };

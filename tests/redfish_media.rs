@@ -123,6 +123,37 @@ async fn a_boot_from_virtual_media_inserts_overrides_once_and_restarts_then_ends
     iso2.stop(true).await;
 }
 
+#[actix_rt::test]
+async fn an_installed_machine_is_restarted_from_its_disk_with_the_media_out() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let (url, iso) = serve_iso("boot-1.iso");
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    redfish::boot_from_media(&bmcs, "node-1", &sushy.bmc(0), &url)
+        .await
+        .unwrap();
+    let resets = sushy.log().matches("ComputerSystem.Reset").count();
+    // The agent installed the disk: the BMC ejects, clears the override
+    // and restarts the system (a power cycle, which BMCs that apply media
+    // changes only then need).
+    let reset = redfish::boot_from_disk(&bmcs, "node-1", &sushy.bmc(0))
+        .await
+        .unwrap();
+    assert_eq!(reset, "ForceRestart");
+    let cd = get(&sushy, &cd_path(0)).await;
+    assert_eq!(cd["Inserted"], false);
+    assert_eq!(cd["Image"], "");
+    let system = sushy.system(0).await;
+    assert_eq!(system["Boot"]["BootSourceOverrideTarget"], "Hdd");
+    assert_eq!(system["PowerState"], "On");
+    assert_eq!(
+        sushy.log().matches("ComputerSystem.Reset").count(),
+        resets + 1,
+        "one reset: {}",
+        sushy.log()
+    );
+    iso.stop(true).await;
+}
+
 /// A BMC in front of the emulator that refuses `Inserted` and
 /// `WriteProtected` in `InsertMedia` (as some vendors' do) and answers
 /// every request after `delay`; counts the refusals.

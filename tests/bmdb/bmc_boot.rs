@@ -442,3 +442,100 @@ async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted
         "{refused:?}"
     );
 }
+
+#[actix_rt::test]
+async fn a_reboot_asked_of_a_machine_booted_through_its_bmc_is_its_bmcs() {
+    use prost::Message;
+    use shepherd::bmdb::installations::{self, Asked, Asker};
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let mid = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
+    run(&bmdb, TAG, mid).await;
+    run(&bmdb, NO_ADDRESS, mid).await;
+    run(
+        &bmdb,
+        "INSERT INTO machine_bmc_facts (machine_id, bmc_url) VALUES ($1, 'https://10.0.0.5')",
+        mid,
+    )
+    .await;
+    bmdb.transact(async |tx| {
+        let b = boot::issue(tx, mid, std::time::Duration::from_secs(60)).await?;
+        boot::enroll(tx, mid, &b.credential, &[3; 32], "cb:1").await?;
+        bmc_boot::request_done(tx, mid).await
+    })
+    .await
+    .unwrap();
+    let image = shepherd_proto::api::ImageInstallation {
+        url: "https://images.example/os.img".into(),
+        digest: format!("sha256:{}", "ab".repeat(32)),
+        reboot: true,
+        ..Default::default()
+    };
+    let asker = Asker {
+        action_id: Uuid::new_v4(),
+        actor: "op",
+        reason: None,
+        rollout_id: None,
+    };
+    let asked = bmdb
+        .transact(async |tx| installations::ask(tx, mid, &image, &asker).await)
+        .await
+        .unwrap();
+    let Asked::Done { audit, generation } = asked else {
+        panic!("{asked:?}");
+    };
+    assert!(
+        audit
+            .detail
+            .ends_with("; its BMC restarts it from its disk once installed"),
+        "{}",
+        audit.detail
+    );
+    // The agent is told not to reboot.
+    let raw: Vec<u8> = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT os_installation_request_raw FROM machine_os_installation_request \
+                     WHERE machine_id = $1",
+                    &[&mid],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    let req = shepherd_proto::api::OsInstallationRequest::decode(raw.as_slice()).unwrap();
+    let Some(shepherd_proto::api::os_installation_request::Type::Image(sent)) = req.r#type else {
+        panic!("{req:?}");
+    };
+    assert!(!sent.reboot);
+    let requested = async || {
+        bmdb.transact(async |tx| bmc_boot::requested(tx, mid).await)
+            .await
+            .unwrap()
+    };
+    assert!(requested().await.is_none());
+    // Its agent reports success: the BMC is to restart it from its disk.
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO machine_os_installation_report VALUES ($1, $2, 'Success', '\\x')",
+            &[&mid, &generation],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(requested().await.unwrap().cause, BootCause::Disk);
+    // The Enroller's to do; the machine shows installed, not enrolling.
+    let picked = bmdb
+        .transact(async |tx| selectors::needs_bmc_boot(tx, Provider::None, 10).await)
+        .await
+        .unwrap();
+    assert_eq!(picked.len(), 1);
+    let (page, _) = bmdb
+        .transact(async |tx| machines::fleet_page(tx, &FleetFilter::default(), 10, 0).await)
+        .await
+        .unwrap();
+    assert_eq!(page[0].state, MachineState::Installed);
+}

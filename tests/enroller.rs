@@ -38,6 +38,11 @@ struct Rig {
 
 impl Rig {
     async fn new(hosts: &[&str]) -> Rig {
+        Self::with(hosts, &[]).await
+    }
+
+    /// With more settings (environment overrides).
+    async fn with(hosts: &[&str], more: &[(&'static str, &str)]) -> Rig {
         let db = TestDb::new().await;
         let bmdb = db.bmdb().await;
         let dir = tempfile::tempdir().unwrap();
@@ -91,6 +96,8 @@ impl Rig {
             ),
             ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
         ];
+        let mut env = env;
+        env.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
         let shepherd = ShepherdProcess::start(
             Path::new(SHEPHERD),
             &path,
@@ -511,5 +518,55 @@ async fn a_shepherd_killed_mid_boot_is_resumed_by_the_next_without_a_second_rese
         .collect();
     assert_eq!(finished.len(), 1, "{history:?}");
     assert!(finished[0].contains("resumed"), "{}", finished[0]);
+    stop(agent);
+}
+
+#[actix_rt::test]
+async fn a_machine_whose_live_agent_went_quiet_is_taken_back_through_its_bmc() {
+    let mut rig = Rig::with(
+        &["rack3-u01"],
+        &[
+            ("SHEPHERD__RECOVERER__HEARTBEAT_STALE_AFTER", "3s"),
+            ("SHEPHERD__RECOVERER__SILENT_AFTER_START", "3s"),
+            ("SHEPHERD__RECOVERER__CALLBACK_GRACE", "1s"),
+            ("SHEPHERD__RECOVERER__POLL_INTERVAL", "200ms"),
+            ("SHEPHERD__RECOVERER__REBOOT_POLL", "200ms"),
+            ("SHEPHERD__RECOVERER__REBOOT_SETTLE", "2s"),
+            ("SHEPHERD__RECOVERER__AGENT_RETURN_WAIT", "2s"),
+            ("SHEPHERD__UPDATER__INTERVAL", "500ms"),
+        ],
+    )
+    .await;
+    let id = rig.machine_id("rack3-u01").await;
+    let url = rig.inserted_image(0, None).await;
+    let (_, agent) = rig.boot("first", &url).await;
+    rig.wait_state(id, "available").await;
+    // The machine hangs: its agent falls silent.
+    stop(agent);
+    // The Recoverer power-cycles it through its BMC; the agent does not
+    // come back by itself (the machine boots its empty disk), so it is
+    // taken back through the BMC: a new boot of the agent.
+    let again = rig.inserted_image(0, Some(&url)).await;
+    let (_, agent) = rig.boot("again", &again).await;
+    let d = rig.wait_state(id, "available").await;
+    let history = d["history"].as_array().unwrap();
+    let details: Vec<&str> = history
+        .iter()
+        .filter_map(|h| h["detail"].as_str())
+        .collect();
+    assert!(
+        details
+            .iter()
+            .any(|d| d
+                .starts_with("rebooted; the agent did not come back, so it is taken over again")),
+        "{details:?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.starts_with("recovery: booted into the agent through the BMC")),
+        "{details:?}"
+    );
+    assert_eq!(rig.cd(0).await, (String::new(), false));
     stop(agent);
 }

@@ -127,6 +127,33 @@ const CASES: &[Case] = &[
     ),
 ];
 
+/// An image installation request (rebooting once done, if `reboot`).
+fn image(reboot: bool) -> shepherd_proto::api::ImageInstallation {
+    shepherd_proto::api::ImageInstallation {
+        url: "https://images.example/os.img".into(),
+        digest: format!("sha256:{}", "ab".repeat(32)),
+        reboot,
+        ..Default::default()
+    }
+}
+
+/// An operator asks `mid` to install `image`, as a request of its own.
+async fn ask(
+    bmdb: &Bmdb,
+    mid: Uuid,
+    image: &shepherd_proto::api::ImageInstallation,
+) -> shepherd::bmdb::installations::Asked {
+    let asker = shepherd::bmdb::installations::Asker {
+        action_id: Uuid::new_v4(),
+        actor: "op",
+        reason: None,
+        rollout_id: None,
+    };
+    bmdb.transact(async |tx| shepherd::bmdb::installations::ask(tx, mid, image, &asker).await)
+        .await
+        .unwrap()
+}
+
 async fn run(bmdb: &Bmdb, sql: &'static str, mid: Uuid) {
     bmdb.transact(async |tx| tx.execute(sql, &[&mid]).await)
         .await
@@ -238,21 +265,7 @@ async fn an_agent_enrolled_by_a_boot_is_available_until_something_is_installed()
     // first (the installed system runs none).
     run(&bmdb, INSTALLED, mid).await;
     assert_eq!(state().await, MachineState::Installed);
-    let image = shepherd_proto::api::ImageInstallation {
-        url: "https://images.example/os.img".into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        ..Default::default()
-    };
-    let asker = shepherd::bmdb::installations::Asker {
-        action_id: Uuid::new_v4(),
-        actor: "op",
-        reason: None,
-        rollout_id: None,
-    };
-    let asked = bmdb
-        .transact(async |tx| shepherd::bmdb::installations::ask(tx, mid, &image, &asker).await)
-        .await
-        .unwrap();
+    let asked = ask(&bmdb, mid, &image(false)).await;
     let shepherd::bmdb::installations::Asked::Done { audit, .. } = asked else {
         panic!("{asked:?}");
     };
@@ -305,14 +318,7 @@ async fn an_agent_enrolled_by_a_boot_is_available_until_something_is_installed()
     ));
     assert_eq!(state().await, MachineState::Available);
     // An installation asked now goes to that agent: no boot first.
-    let asker = shepherd::bmdb::installations::Asker {
-        action_id: Uuid::new_v4(),
-        ..asker
-    };
-    let asked = bmdb
-        .transact(async |tx| shepherd::bmdb::installations::ask(tx, mid, &image, &asker).await)
-        .await
-        .unwrap();
+    let asked = ask(&bmdb, mid, &image(false)).await;
     let shepherd::bmdb::installations::Asked::Done { audit, .. } = asked else {
         panic!("{asked:?}");
     };
@@ -324,32 +330,18 @@ async fn an_agent_enrolled_by_a_boot_is_available_until_something_is_installed()
 async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted() {
     use prost::Message;
     use shepherd::bmdb::actions::{self, Action, Outcome, Request};
-    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd::bmdb::installations::Asked;
     use shepherd_proto::api::{AgentHardwareReport, Node};
     let db = TestDb::new().await;
     let bmdb = db.bmdb().await;
     let mid = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
     run(&bmdb, AGENT, mid).await;
     run(&bmdb, TAG, mid).await;
-    let image = shepherd_proto::api::ImageInstallation {
-        url: "https://images.example/os.img".into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        ..Default::default()
-    };
-    let ask = async || {
-        let asker = Asker {
-            action_id: Uuid::new_v4(),
-            actor: "op",
-            reason: None,
-            rollout_id: None,
-        };
-        bmdb.transact(async |tx| installations::ask(tx, mid, &image, &asker).await)
-            .await
-            .unwrap()
-    };
+    let image = image(false);
+    let ask_now = async || ask(&bmdb, mid, &image).await;
     // Booted through its BMC, whose facts were not read yet: nothing can
     // be checked, nothing is installed.
-    let Asked::Refused(why) = ask().await else {
+    let Asked::Refused(why) = ask_now().await else {
         panic!("an installation went ahead before the BMC was read");
     };
     assert!(why.contains("has not been read yet"), "{why}");
@@ -380,7 +372,7 @@ async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted
     })
     .await
     .unwrap();
-    let Asked::Refused(why) = ask().await else {
+    let Asked::Refused(why) = ask_now().await else {
         panic!("an installation went ahead on a machine its BMC does not describe");
     };
     assert!(
@@ -409,7 +401,7 @@ async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted
         "{}",
         audit.detail
     );
-    assert!(matches!(ask().await, Asked::Done { .. }));
+    assert!(matches!(ask_now().await, Asked::Done { .. }));
 
     // A new difference is not accepted by the old acceptance.
     run(
@@ -446,7 +438,7 @@ async fn a_bmc_that_disagrees_with_the_agent_blocks_installations_until_accepted
 #[actix_rt::test]
 async fn a_reboot_asked_of_a_machine_booted_through_its_bmc_is_its_bmcs() {
     use prost::Message;
-    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd::bmdb::installations::Asked;
     let db = TestDb::new().await;
     let bmdb = db.bmdb().await;
     let mid = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
@@ -465,22 +457,7 @@ async fn a_reboot_asked_of_a_machine_booted_through_its_bmc_is_its_bmcs() {
     })
     .await
     .unwrap();
-    let image = shepherd_proto::api::ImageInstallation {
-        url: "https://images.example/os.img".into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        reboot: true,
-        ..Default::default()
-    };
-    let asker = Asker {
-        action_id: Uuid::new_v4(),
-        actor: "op",
-        reason: None,
-        rollout_id: None,
-    };
-    let asked = bmdb
-        .transact(async |tx| installations::ask(tx, mid, &image, &asker).await)
-        .await
-        .unwrap();
+    let asked = ask(&bmdb, mid, &image(true)).await;
     let Asked::Done { audit, generation } = asked else {
         panic!("{asked:?}");
     };

@@ -156,24 +156,31 @@ async fn an_installed_machine_is_restarted_from_its_disk_with_the_media_out() {
 
 /// A BMC in front of the emulator that refuses `Inserted` and
 /// `WriteProtected` in `InsertMedia` (as some vendors' do) and answers
-/// every request after `delay`; counts the refusals.
+/// every request after `delay`; counts the refusals and keeps the bodies
+/// of the PATCHes it passed on.
 struct Proxy {
     url: String,
     refused: Arc<AtomicUsize>,
+    patches: Arc<std::sync::Mutex<Vec<String>>>,
     handle: actix_web::dev::ServerHandle,
 }
 
 fn proxy(upstream: &str, refuse_inserted: bool, delay: Duration) -> Proxy {
     let upstream = upstream.to_string();
     let refused = Arc::new(AtomicUsize::new(0));
+    let patches = Arc::new(std::sync::Mutex::new(Vec::new()));
     let count = refused.clone();
+    let seen = patches.clone();
     let server = HttpServer::new(move || {
-        let (upstream, count) = (upstream.clone(), count.clone());
+        let (upstream, count, seen) = (upstream.clone(), count.clone(), seen.clone());
         App::new().default_service(web::to(move |req: HttpRequest, body: web::Bytes| {
-            let (upstream, count) = (upstream.clone(), count.clone());
+            let (upstream, count, seen) = (upstream.clone(), count.clone(), seen.clone());
             async move {
                 tokio::time::sleep(delay).await;
                 let text = String::from_utf8_lossy(&body);
+                if req.method() == awc::http::Method::PATCH {
+                    seen.lock().unwrap().push(text.to_string());
+                }
                 if refuse_inserted
                     && req.path().ends_with("VirtualMedia.InsertMedia")
                     && (text.contains("\"Inserted\"") || text.contains("\"WriteProtected\""))
@@ -221,6 +228,7 @@ fn proxy(upstream: &str, refuse_inserted: bool, delay: Duration) -> Proxy {
     Proxy {
         url: format!("http://{addr}"),
         refused,
+        patches,
         handle,
     }
 }
@@ -238,6 +246,17 @@ async fn a_bmc_refusing_inserted_and_write_protected_gets_the_image_alone() {
         .unwrap();
     assert!(boot.plain_insert);
     assert_eq!(bmc_proxy.refused.load(Ordering::SeqCst), 1);
+    // The override asked is for one boot, from the CD (the emulator shows
+    // every override as Continuous, so it is read here, on the wire).
+    let patches = bmc_proxy.patches.lock().unwrap().clone();
+    let overrides: Vec<serde_json::Value> = patches
+        .iter()
+        .filter_map(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+        .filter(|v| v["Boot"].is_object())
+        .collect();
+    assert_eq!(overrides.len(), 1, "{patches:?}");
+    assert_eq!(overrides[0]["Boot"]["BootSourceOverrideTarget"], "Cd");
+    assert_eq!(overrides[0]["Boot"]["BootSourceOverrideEnabled"], "Once");
     let cd = get(&sushy, &cd_path(0)).await;
     assert_eq!(cd["Image"], url.as_str());
     assert_eq!(cd["Inserted"], true, "the emulator's default");

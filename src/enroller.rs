@@ -177,8 +177,13 @@ impl Record for Enrollment {
 
 /// Where the work stands on a machine when it begins.
 enum Resume {
-    /// Issue a new boot and have the BMC start it.
-    Boot { cause: BootCause },
+    /// Installed: restart it from its disk through the BMC (`reason`).
+    Disk { reason: Option<String> },
+    /// A boot issued: have the BMC start it.
+    Boot {
+        cause: BootCause,
+        issued: boot::IssuedBoot,
+    },
     /// The boot issued for this request is under way: wait for its agent.
     Wait { cause: BootCause, boot: LatestBoot },
     /// Its agent called back; only the media is left to eject.
@@ -189,42 +194,33 @@ impl Enroller {
     /// Reads the request (asking one for a blank machine, so that an
     /// interrupted boot is resumed) and the latest boot, and issues a new
     /// boot if there is none under way.
-    async fn begin(
-        &self,
-        tx: &mut Tx<'_>,
-        mid: Uuid,
-    ) -> Result<(Resume, Option<boot::IssuedBoot>), BmdbError> {
+    async fn begin(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<Resume, BmdbError> {
         bmc_boot::request(tx, mid, BootCause::Enroll, "shepherd", None, false).await?;
         let request = bmc_boot::requested(tx, mid)
             .await?
             .ok_or_else(|| BmdbError::Invalid("the boot request vanished".into()))?;
         let cause = request.cause;
-        let resume = match boot::latest(tx, mid).await? {
+        if cause == BootCause::Disk {
+            return Ok(Resume::Disk {
+                reason: request.reason,
+            });
+        }
+        Ok(match boot::latest(tx, mid).await? {
             Some(b) if b.issued_at >= request.requested_at && b.media_ended_at.is_none() => {
                 if b.used_at.is_some() {
                     Resume::Eject { cause, boot: b }
+                } else if b.live && b.media_inserted_at.is_some() {
+                    Resume::Wait { cause, boot: b }
                 } else {
-                    let live: bool = tx
-                        .query_one(
-                            "SELECT expires_at > now() FROM machine_boot_credential WHERE boot_id = $1",
-                            &[&b.boot_id],
-                        )
-                        .await?
-                        .get(0);
-                    if live && b.media_inserted_at.is_some() {
-                        Resume::Wait { cause, boot: b }
-                    } else {
-                        Resume::Boot { cause }
-                    }
+                    let issued = boot::issue(tx, mid, self.waits.credential_ttl).await?;
+                    Resume::Boot { cause, issued }
                 }
             }
-            _ => Resume::Boot { cause },
-        };
-        let issued = match resume {
-            Resume::Boot { .. } => Some(boot::issue(tx, mid, self.waits.credential_ttl).await?),
-            _ => None,
-        };
-        Ok((resume, issued))
+            _ => {
+                let issued = boot::issue(tx, mid, self.waits.credential_ttl).await?;
+                Resume::Boot { cause, issued }
+            }
+        })
     }
 
     /// Waits for boot `boot_id`'s agent to call back, until `deadline`.
@@ -303,31 +299,7 @@ impl LeaseLoop for Enroller {
         let m = work.item();
         let mid = m.machine_id;
         let started = Instant::now();
-        // Installed: restarted from its disk, nothing to enroll.
-        match work
-            .session()
-            .transact(async |tx| bmc_boot::requested(tx, mid).await)
-            .await
-        {
-            Ok(Some(r)) if r.cause == BootCause::Disk => {
-                return match self.provider.boot_from_disk(&m.provider_id).await {
-                    Ok(reset) => Outcome::Finished(Enrollment::Enrolled {
-                        detail: format!(
-                            "disk: media ejected, override cleared, restarted from its disk through the BMC ({reset}){}",
-                            r.reason.map(|w| format!(": {w}")).unwrap_or_default()
-                        ),
-                        outcome: None,
-                    }),
-                    Err(e) => Outcome::Failed {
-                        cause: format!("restarting from the disk through the BMC: {e}"),
-                        record: Enrollment::NotYet { outcome: None },
-                    },
-                };
-            }
-            Ok(_) => {}
-            Err(e) => return Outcome::GiveBack(format!("reading the boot asked: {e}")),
-        }
-        let (resume, issued) = match work
+        let resume = match work
             .session()
             .transact(async |tx| self.begin(tx, mid).await)
             .await
@@ -349,8 +321,24 @@ impl LeaseLoop for Enroller {
                 outcome: Some((outcome, started.elapsed())),
             },
         };
-        let (cause, boot_id, how) = match (resume, issued) {
-            (Resume::Boot { cause }, Some(issued)) => {
+        let (cause, boot_id, how) = match resume {
+            // Installed: restarted from its disk, nothing to enroll.
+            Resume::Disk { reason } => {
+                return match self.provider.boot_from_disk(&m.provider_id).await {
+                    Ok(reset) => Outcome::Finished(Enrollment::Enrolled {
+                        detail: format!(
+                            "disk: media ejected, override cleared, restarted from its disk through the BMC ({reset}){}",
+                            reason.map(|w| format!(": {w}")).unwrap_or_default()
+                        ),
+                        outcome: None,
+                    }),
+                    Err(e) => Outcome::Failed {
+                        cause: format!("restarting from the disk through the BMC: {e}"),
+                        record: Enrollment::NotYet { outcome: None },
+                    },
+                };
+            }
+            Resume::Boot { cause, issued } => {
                 let url = (self.boot_url)(issued.boot_id);
                 tracing::debug!(boot = %issued.boot_id, %cause, "booting into the agent through the BMC");
                 match self.provider.boot_from_media(&m.provider_id, &url).await {
@@ -379,16 +367,15 @@ impl LeaseLoop for Enroller {
                     }
                 }
             }
-            (Resume::Wait { cause, boot }, _) => {
+            Resume::Wait { cause, boot } => {
                 tracing::info!(boot = %boot.boot_id, "resuming a boot under way: waiting for its agent");
                 (cause, boot.boot_id, "resumed".to_string())
             }
-            (Resume::Eject { cause, boot }, _) => (
+            Resume::Eject { cause, boot } => (
                 cause,
                 boot.boot_id,
                 "resumed after the agent called".to_string(),
             ),
-            (Resume::Boot { .. }, None) => unreachable!("a boot is issued to begin one"),
         };
 
         let deadline = Instant::now() + self.waits.callback_timeout;

@@ -5,7 +5,6 @@
 //! credential; and nothing once the boot is used, expired or unknown.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
@@ -35,37 +34,7 @@ async fn fetch(
     range: Option<&str>,
     head: bool,
 ) -> (u16, Vec<u8>, Option<String>) {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
-        .unwrap();
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let client = awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(Arc::new(tls)))
-        .timeout(Duration::from_secs(10))
-        .finish();
-    let mut req = if head {
-        client.head(url)
-    } else {
-        client.get(url)
-    };
-    if let Some(r) = range {
-        req = req.insert_header(("Range", r));
-    }
-    let mut r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
-    let len = r
-        .headers()
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = r.body().limit(16 << 20).await.unwrap();
-    (r.status().as_u16(), body.to_vec(), len)
+    shepherd_sim::testing::fetch_as_bmc(ca_der, url, range, head).await
 }
 
 /// The file the slot's archive holds, as GNU cpio extracts it.

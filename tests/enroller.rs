@@ -10,7 +10,6 @@
 //! override, history, audit, metrics.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -212,28 +211,9 @@ impl Rig {
 
     /// GETs `url` as a BMC does: trusting the fleet's CA, no certificate.
     async fn fetch(&self, url: &str) -> (u16, Vec<u8>) {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(rustls::pki_types::CertificateDer::from(self.ca.clone()))
-            .unwrap();
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let client = awc::Client::builder()
-            .connector(awc::Connector::new().rustls_0_23(Arc::new(tls)))
-            .timeout(Duration::from_secs(20))
-            .finish();
-        let mut r = client
-            .get(url)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{url}: {e}"));
-        let body = r.body().limit(16 << 20).await.unwrap();
-        (r.status().as_u16(), body.to_vec())
+        let (status, body, _) =
+            shepherd_sim::testing::fetch_as_bmc(&self.ca, url, None, false).await;
+        (status, body)
     }
 
     /// Plays the firmware of a machine whose BMC was given `url`: fetches

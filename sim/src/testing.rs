@@ -1092,3 +1092,45 @@ pub fn live_agent(dir: &std::path::Path, boot_data: &[u8]) -> std::process::Chil
         .spawn()
         .unwrap()
 }
+
+/// GETs (or HEADs) `url` as a BMC fetches a boot image: trusting the
+/// fleet's CA (`ca_der`), no client certificate, one `range` if given.
+/// (status, body, Content-Length).
+pub async fn fetch_as_bmc(
+    ca_der: &[u8],
+    url: &str,
+    range: Option<&str>,
+    head: bool,
+) -> (u16, Vec<u8>, Option<String>) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
+        .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(std::sync::Arc::new(tls)))
+        .timeout(Duration::from_secs(20))
+        .finish();
+    let mut req = if head {
+        client.head(url)
+    } else {
+        client.get(url)
+    };
+    if let Some(r) = range {
+        req = req.insert_header(("Range", r));
+    }
+    let mut r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let len = r
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = r.body().limit(16 << 20).await.unwrap();
+    (r.status().as_u16(), body.to_vec(), len)
+}

@@ -155,6 +155,8 @@ pub struct LatestBoot {
     pub issued_at: SystemTime,
     /// The BMC took it (media inserted, machine reset).
     pub media_inserted_at: Option<SystemTime>,
+    /// Its credential has not expired (nor been voided).
+    pub live: bool,
     pub used_at: Option<SystemTime>,
     pub media_ended_at: Option<SystemTime>,
 }
@@ -163,7 +165,8 @@ pub struct LatestBoot {
 pub async fn latest(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<LatestBoot>, BmdbError> {
     let r = tx
         .query_opt(
-            "SELECT boot_id, issued_at, used_at, media_ended_at, media_inserted_at \
+            "SELECT boot_id, issued_at, used_at, media_ended_at, media_inserted_at, \
+                    expires_at > now() \
                FROM machine_boot_credential \
              WHERE machine_id = $1 ORDER BY issued_at DESC LIMIT 1",
             &[&machine_id],
@@ -175,6 +178,7 @@ pub async fn latest(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<LatestBo
         used_at: r.get(2),
         media_ended_at: r.get(3),
         media_inserted_at: r.get(4),
+        live: r.get(5),
     }))
 }
 

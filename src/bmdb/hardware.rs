@@ -185,11 +185,23 @@ pub async fn check(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<HardwareC
     else {
         return Ok(None);
     };
-    let Ok(report) = shepherd_proto::summary::summarize(&raw) else {
+    judge(tx, machine_id, &facts, &raw).await
+}
+
+/// The check of `machine_id` from its BMC's facts and its stored report
+/// (`hardware_report_raw`), as read already: None when the report does
+/// not read.
+pub async fn judge(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    facts: &BmcFacts,
+    raw: &[u8],
+) -> Result<Option<HardwareCheck>, BmdbError> {
+    let Ok(report) = shepherd_proto::summary::summarize(raw) else {
         return Ok(None);
     };
     let mut c = HardwareCheck {
-        differences: differences(&facts, &report),
+        differences: differences(facts, &report),
         accepted: None,
     };
     if !c.differences.is_empty() {

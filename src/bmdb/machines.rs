@@ -566,17 +566,24 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
         .await?;
     let summary = MachineSummary::from_row(&summary);
+    let bmc = bmc_facts(tx, machine_id).await?;
+    let hardware_report: Option<Vec<u8>> = r.get(4);
+    // Judged from what this detail read already.
+    let hardware_check = match (&bmc, &hardware_report) {
+        (Some(f), Some(raw)) => super::hardware::judge(tx, machine_id, f, raw).await?,
+        _ => None,
+    };
     Ok(Some(MachineDetail {
         summary,
         created_at: r.get(0),
         provided: provided(tx, machine_id).await?,
         agent_started: started.zip(key),
         agent_heartbeat: r.get(3),
-        hardware_report: r.get(4),
+        hardware_report,
         installation_request: r.get(5),
         installation_report: report_gen.zip(report_result),
         ssh_host_key: r.get(8),
-        bmc: bmc_facts(tx, machine_id).await?,
+        bmc,
         leases: leases(tx, machine_id).await?,
         backoffs,
         history: history(tx, machine_id).await?,
@@ -592,7 +599,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
             .await?
             .is_some(),
         boot_request: super::bmc_boot::requested(tx, machine_id).await?,
-        hardware_check: super::hardware::check(tx, machine_id).await?,
+        hardware_check,
     }))
 }
 

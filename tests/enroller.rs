@@ -310,7 +310,14 @@ async fn a_blank_machine_listed_by_its_bmc_is_booted_into_the_agent_enrolled_and
     let url = rig.inserted_image(0, None).await;
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
     assert!(url.contains("/boot/") && url.ends_with(".iso"), "{url}");
-    let system = rig.sushy.system(0).await;
+    // The override follows the insert (one sequence, not one request):
+    // read once it is set, or after 10 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut system = rig.sushy.system(0).await;
+    while system["Boot"]["BootSourceOverrideTarget"] != "Cd" && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        system = rig.sushy.system(0).await;
+    }
     // (The fake driver keeps the target, and shows every override as
     // `Continuous`: `Once` is checked in tests/redfish_media.rs.)
     assert_eq!(system["Boot"]["BootSourceOverrideTarget"], "Cd");

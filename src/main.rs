@@ -154,6 +154,9 @@ fn main() -> ExitCode {
             Command::Run => shepherd::supervisor::run(cfg).await,
             Command::Migrate => cli::migrate::run(cfg).await,
             Command::Machines(MachinesCommand::Install(a)) => cli::install::run(cfg, *a).await,
+            Command::Machines(MachinesCommand::Deprovision(a)) => {
+                cli::install::deprovision(cfg, *a).await
+            }
             Command::Machines(m) => cli::machines::run(cfg, m).await,
             Command::Rollouts(r) => cli::rollouts::run(cfg, r).await,
             Command::Brake { command } => {

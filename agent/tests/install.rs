@@ -7,7 +7,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,205 +21,8 @@ use shepherd_agent::install::fetch::FetchLimits;
 use shepherd_agent::install::{Counters, Installer, Limits, install};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const MIB: u64 = 1 << 20;
-
-// ---------------------------------------------------------------- disks
-
-/// A disk to write: a loop device over a file when we may make one, else
-/// the file itself.
-struct TestDisk {
-    file: PathBuf,
-    device: Option<String>,
-    _dir: tempfile::TempDir,
-}
-
-fn can_loop() -> bool {
-    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CAN.get_or_init(|| {
-        let root = nix_is_root();
-        let ok = root
-            && Command::new("losetup")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-            && Path::new("/dev/loop-control").exists();
-        if !ok {
-            eprintln!("not root or no loop devices: files stand for the disks");
-        }
-        ok
-    })
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-impl TestDisk {
-    fn new(size: u64) -> TestDisk {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("disk.img");
-        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
-        let device = can_loop().then(|| {
-            let out = Command::new("losetup")
-                .args(["--find", "--show", "--partscan"])
-                .arg(&file)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "losetup: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap().trim().to_string()
-        });
-        TestDisk {
-            file,
-            device,
-            _dir: dir,
-        }
-    }
-
-    fn disk(&self) -> Disk {
-        match &self.device {
-            Some(d) => Disk::probe(Path::new(d)).unwrap(),
-            None => Disk::file(&self.file, std::fs::metadata(&self.file).unwrap().len()).unwrap(),
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        match &self.device {
-            Some(d) => PathBuf::from(d),
-            None => self.file.clone(),
-        }
-    }
-
-    fn read(&self, at: u64, len: usize) -> Vec<u8> {
-        let f = std::fs::File::open(self.path()).unwrap();
-        let mut b = vec![0u8; len];
-        f.read_exact_at(&mut b, at).unwrap();
-        b
-    }
-
-    fn size(&self) -> u64 {
-        std::fs::metadata(&self.file).unwrap().len()
-    }
-
-    /// Partitions util-linux's `partx` (libblkid's parser) finds on the
-    /// disk; None when partx is not installed. (The kernel's own view is
-    /// not asked: kernels built without partition table support exist,
-    /// this machine's among them.)
-    fn partitions(&self) -> Option<usize> {
-        let out = Command::new("partx")
-            .args(["--show", "--noheadings", "--output", "NR"])
-            .arg(self.path())
-            .output()
-            .ok()?;
-        Some(String::from_utf8_lossy(&out.stdout).lines().count())
-    }
-}
-
-impl Drop for TestDisk {
-    fn drop(&mut self) {
-        if let Some(d) = &self.device {
-            let _ = Command::new("losetup").args(["-d", d]).status();
-        }
-    }
-}
-
-// ---------------------------------------------------------------- images
-
-/// A GPT disk image of `size` bytes with two partitions (1 MiB–half,
-/// half–end less 1 MiB), filled with data that compresses some but not
-/// all the way.
-fn gpt_image(size: u64) -> Vec<u8> {
-    gpt_image_with(size, "0FC63DAF-8483-4772-8E79-3D69D8477DE4")
-}
-
-/// The same, its first partition of `first_type` (an EFI system partition's,
-/// say).
-fn gpt_image_with(size: u64, first_type: &str) -> Vec<u8> {
-    let sectors = size / 512;
-    let mut img = vec![0u8; size as usize];
-    // Content: runs of pseudo-random bytes and of zeros.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for (i, chunk) in img.chunks_mut(64 << 10).enumerate() {
-        if i % 3 != 2 {
-            for b in chunk.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = (x >> 24) as u8 & 0x3f;
-            }
-        }
-    }
-    // Protective MBR.
-    img[..512].fill(0);
-    img[446 + 4] = 0xee;
-    img[446 + 1..446 + 4].copy_from_slice(&[0, 2, 0]);
-    img[446 + 5..446 + 8].copy_from_slice(&[0xff, 0xff, 0xff]);
-    img[446 + 8..446 + 12].copy_from_slice(&1u32.to_le_bytes());
-    img[446 + 12..446 + 16]
-        .copy_from_slice(&((sectors - 1).min(u32::MAX as u64) as u32).to_le_bytes());
-    img[510] = 0x55;
-    img[511] = 0xaa;
-    // Partition entries: 128 of 128 bytes.
-    let mut entries = vec![0u8; 128 * 128];
-    let linux = guid_bytes("0FC63DAF-8483-4772-8E79-3D69D8477DE4");
-    let first_usable = 34u64;
-    let last_usable = sectors - 34;
-    let parts = [(2048, sectors / 2 - 1), (sectors / 2, last_usable - 2048)];
-    for (i, (start, end)) in parts.iter().enumerate() {
-        let e = &mut entries[i * 128..(i + 1) * 128];
-        e[..16].copy_from_slice(&if i == 0 {
-            guid_bytes(first_type)
-        } else {
-            linux
-        });
-        e[16..32].copy_from_slice(&[i as u8 + 1; 16]);
-        e[32..40].copy_from_slice(&start.to_le_bytes());
-        e[40..48].copy_from_slice(&end.to_le_bytes());
-        let name: Vec<u8> = format!("part{}", i + 1)
-            .encode_utf16()
-            .flat_map(|c| c.to_le_bytes())
-            .collect();
-        e[56..56 + name.len()].copy_from_slice(&name);
-    }
-    let entries_crc = crc32fast::hash(&entries);
-    let header = |current: u64, backup: u64, entries_lba: u64| {
-        let mut h = vec![0u8; 92];
-        h[..8].copy_from_slice(b"EFI PART");
-        h[8..12].copy_from_slice(&0x0001_0000u32.to_le_bytes());
-        h[12..16].copy_from_slice(&92u32.to_le_bytes());
-        h[24..32].copy_from_slice(&current.to_le_bytes());
-        h[32..40].copy_from_slice(&backup.to_le_bytes());
-        h[40..48].copy_from_slice(&first_usable.to_le_bytes());
-        h[48..56].copy_from_slice(&last_usable.to_le_bytes());
-        h[56..72].copy_from_slice(&[0x42; 16]);
-        h[72..80].copy_from_slice(&entries_lba.to_le_bytes());
-        h[80..84].copy_from_slice(&128u32.to_le_bytes());
-        h[84..88].copy_from_slice(&128u32.to_le_bytes());
-        h[88..92].copy_from_slice(&entries_crc.to_le_bytes());
-        let crc = crc32fast::hash(&h);
-        h[16..20].copy_from_slice(&crc.to_le_bytes());
-        let mut sector = vec![0u8; 512];
-        sector[..92].copy_from_slice(&h);
-        sector
-    };
-    let last = sectors - 1;
-    img[512..1024].copy_from_slice(&header(1, last, 2));
-    img[1024..1024 + entries.len()].copy_from_slice(&entries);
-    let backup_entries = (last - 32) * 512;
-    img[backup_entries as usize..backup_entries as usize + entries.len()].copy_from_slice(&entries);
-    img[(last * 512) as usize..].copy_from_slice(&header(last, 1, last - 32));
-    img
-}
+mod common;
+use common::*;
 
 /// Partitions partx finds in an image (None: no partx).
 fn image_partitions(image: &[u8]) -> Option<usize> {
@@ -232,18 +35,6 @@ fn image_partitions(image: &[u8]) -> Option<usize> {
         .output()
         .ok()?;
     Some(String::from_utf8_lossy(&out.stdout).lines().count())
-}
-
-fn guid_bytes(s: &str) -> [u8; 16] {
-    let h: String = s.chars().filter(|c| *c != '-').collect();
-    let b: Vec<u8> = (0..16)
-        .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
-    // Mixed endian: the first three fields little-endian.
-    [
-        b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6], b[8], b[9], b[10], b[11], b[12], b[13],
-        b[14], b[15],
-    ]
 }
 
 /// `data` compressed by the named program (`gzip`, `zstd`, `xz`).
@@ -927,4 +718,234 @@ fn guarded_regions_are_kept_as_they_pass_and_written_again() {
     // …and the last writes before the reboot put the image back.
     rewrite(&disk.path(), &guards).unwrap();
     assert!(disk.read(0, image.len()) == image);
+}
+
+// ---------------------------------------------------------------- first boot
+
+/// What libblkid says of the filesystem at `offset` of `file`: its
+/// `KEY=value` lines.
+fn blkid(file: &Path, offset: u64) -> String {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "export", "-O"])
+        .arg(offset.to_string())
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A file of the FAT volume at `offset` of `image`, read with mtools.
+fn mcopy(image: &Path, offset: u64, name: &str) -> Vec<u8> {
+    let out = Command::new("mcopy")
+        .arg("-i")
+        .arg(format!("{}@@{offset}", image.display()))
+        .arg(format!("::{name}"))
+        .arg("-")
+        .env("MTOOLS_SKIP_CHECK", "1")
+        .output()
+        .expect("mcopy (mtools)");
+    assert!(
+        out.status.success(),
+        "mcopy {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// The disk's partition table as sfdisk (libfdisk, which checks every
+/// GPT checksum and where the backup lies) reads it; its complaints fail
+/// the test.
+fn sfdisk(file: &Path) -> serde_json::Value {
+    let out = Command::new("sfdisk")
+        .arg("--json")
+        .arg(file)
+        .output()
+        .expect("sfdisk");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.trim().is_empty(),
+        "sfdisk: {err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verify = Command::new("sfdisk")
+        .arg("--verify")
+        .arg(file)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verify.stdout).into_owned()
+        + &String::from_utf8_lossy(&verify.stderr);
+    assert!(verify.status.success(), "sfdisk --verify: {said}");
+    v["partitiontable"].clone()
+}
+
+fn files(list: &[(&str, &str)]) -> std::collections::HashMap<String, Vec<u8>> {
+    list.iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nocloud_seed_is_a_new_partition_behind_the_image_and_the_gpt_spans_the_disk() {
+    use shepherd_agent::api::FirstBootFiles;
+    use shepherd_agent::api::image_installation::FirstBoot;
+    let image = gpt_image(48 * MIB);
+    let disk = TestDisk::new(128 * MIB);
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    let mut req = request(&server.url, &sha256(&image), Some(image.len() as u64));
+    let seed = [
+        (
+            "user-data",
+            "#cloud-config\nruncmd:\n  - [touch, /var/lib/first-boot-ran]\n",
+        ),
+        (
+            "meta-data",
+            "instance-id: m-g1\nlocal-hostname: rack1-u12\n",
+        ),
+        ("network-config", "version: 2\nethernets: {}\n"),
+    ];
+    req.first_boot = Some(FirstBoot::Nocloud(FirstBootFiles {
+        files: files(&seed),
+        disk: None,
+    }));
+    let counters = Arc::new(Counters::default());
+    install(
+        &req,
+        vec![disk.disk()],
+        counters.clone(),
+        &quick(),
+        &log_line,
+    )
+    .await
+    .unwrap();
+    let t = sfdisk(&disk.file);
+    let sectors = 128 * MIB / 512;
+    assert_eq!(t["label"], "gpt");
+    assert_eq!(t["lastlba"], sectors - 34, "the GPT spans the disk: {t}");
+    let parts = t["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 3, "{t}");
+    let seed_part = &parts[2];
+    assert_eq!(seed_part["name"], "cidata");
+    assert_eq!(seed_part["type"], "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7");
+    let start = seed_part["start"].as_u64().unwrap();
+    let size = seed_part["size"].as_u64().unwrap();
+    assert_eq!(start % 2048, 0, "aligned to 1 MiB");
+    assert!(start + size <= sectors - 33, "before the backup array");
+    // Free space between the image's last partition and the seed, for
+    // growpart.
+    let image_end = parts[1]["start"].as_u64().unwrap() + parts[1]["size"].as_u64().unwrap();
+    assert!(start - image_end > 40 * MIB / 512, "{t}");
+    // The image's partitions are untouched.
+    assert_eq!(
+        disk.read(MIB, (46 * MIB) as usize),
+        image[MIB as usize..(47 * MIB) as usize]
+    );
+    let offset = start * 512;
+    let probed = blkid(&disk.file, offset);
+    assert!(probed.contains("LABEL=CIDATA"), "{probed}");
+    assert!(probed.contains("TYPE=vfat"), "{probed}");
+    for (name, content) in seed {
+        assert_eq!(
+            String::from_utf8(mcopy(&disk.file, offset, name)).unwrap(),
+            content,
+            "{name}"
+        );
+    }
+    // Partitions the kernel's parser (libblkid's, here) finds.
+    if let Some(n) = disk.partitions() {
+        assert_eq!(n, 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_without_room_for_the_seed_fails_naming_the_space_needed() {
+    use shepherd_agent::api::FirstBootFiles;
+    use shepherd_agent::api::image_installation::FirstBoot;
+    let image = gpt_image(112 * MIB);
+    let seed = Some(FirstBoot::Nocloud(FirstBootFiles {
+        files: files(&[("user-data", "#cloud-config\n"), ("meta-data", "")]),
+        disk: None,
+    }));
+    // The size known: refused before anything is written.
+    let disk = TestDisk::new(128 * MIB);
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    let mut req = request(&server.url, &sha256(&image), Some(image.len() as u64));
+    req.first_boot = seed.clone();
+    let err = run(&req, vec![disk.disk()]).await.unwrap_err();
+    assert!(err.contains("no room for the first-boot volume"), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
+    assert!(err.contains("146.0 MiB"), "the space needed: {err}");
+    assert_eq!(
+        disk.read(0, (2 * MIB) as usize),
+        vec![0; (2 * MIB) as usize]
+    );
+    assert_eq!(server.sent.load(Ordering::Relaxed), 0, "nothing fetched");
+    // Unknown: found once the image is written, which is then wiped.
+    let mut req = request(&server.url, &sha256(&image), None);
+    req.first_boot = seed;
+    let err = run(&req, vec![disk.disk()]).await.unwrap_err();
+    assert!(
+        err.contains("has no room for the first-boot volume"),
+        "{err}"
+    );
+    assert!(err.contains("wiped"), "{err}");
+    assert_eq!(disk.read(0, 4096), vec![0; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_drive_goes_to_the_other_disk_its_hints_choose() {
+    use shepherd_agent::api::FirstBootFiles;
+    use shepherd_agent::api::image_installation::FirstBoot;
+    let image = gpt_image(16 * MIB);
+    let (main, other) = (TestDisk::new(128 * MIB), TestDisk::new(40 * MIB));
+    // An old partition table on the other disk goes.
+    std::fs::write(&other.file, gpt_image(40 * MIB)).unwrap();
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    let mut req = request(&server.url, &sha256(&image), None);
+    req.disk = Some(DiskHints {
+        min_size_bytes: Some((100 * MIB) as i64),
+        ..Default::default()
+    });
+    let drive = [
+        (
+            "openstack/latest/meta_data.json",
+            "{\"uuid\": \"m-g2\", \"hostname\": \"rack1-u12\"}",
+        ),
+        ("openstack/latest/user_data", "#cloud-config\n"),
+    ];
+    req.first_boot = Some(FirstBoot::ConfigDrive(FirstBootFiles {
+        files: files(&drive),
+        disk: Some(DiskHints {
+            max_size_bytes: Some((64 * MIB) as i64),
+            ..Default::default()
+        }),
+    }));
+    run(&req, vec![main.disk(), other.disk()]).await.unwrap();
+    let probed = blkid(&other.file, 0);
+    assert!(probed.contains("LABEL=CONFIG-2"), "{probed}");
+    assert!(probed.contains("TYPE=vfat"), "{probed}");
+    for (name, content) in drive {
+        assert_eq!(
+            String::from_utf8(mcopy(&other.file, 0, name)).unwrap(),
+            content
+        );
+    }
+    assert_eq!(
+        main.read(0, image.len()),
+        image,
+        "the image on the main disk"
+    );
+    // Hints that choose no other disk: refused before writing.
+    let fresh = TestDisk::new(128 * MIB);
+    if let Some(FirstBoot::ConfigDrive(f)) = &mut req.first_boot {
+        f.disk = Some(DiskHints {
+            min_size_bytes: Some((100 * MIB) as i64),
+            ..Default::default()
+        });
+    }
+    let err = run(&req, vec![fresh.disk(), other.disk()])
+        .await
+        .unwrap_err();
+    assert!(err.contains("the first-boot volume's disk"), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(fresh.read(0, 4096), vec![0; 4096]);
 }

@@ -645,6 +645,8 @@ pub fn phase_name(p: i32) -> &'static str {
         Phase::Done => "done",
         Phase::Failed => "failed",
         Phase::Rebooting => "rebooting",
+        Phase::Erasing => "erasing",
+        Phase::FirstBoot => "first-boot",
     }
 }
 

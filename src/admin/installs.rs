@@ -56,6 +56,59 @@ pub struct ImageBody {
     pub set_efi_boot_entry: bool,
     /// How long the agent may take, as `90m`, `2h` (default 2 h).
     pub deadline: Option<String>,
+    /// Data for the installed system's first boot (cloud-init).
+    pub first_boot: Option<FirstBootBody>,
+}
+
+/// First-boot data: a NoCloud seed (`cidata`) or a config drive
+/// (`config-2`), written by the agent after the image.
+#[derive(Deserialize, Default, Debug, Clone, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FirstBootBody {
+    /// The NoCloud seed's files: `user-data`, `meta-data`,
+    /// `network-config` (and any other, by name).
+    pub nocloud: Option<std::collections::BTreeMap<String, String>>,
+    /// The config drive's files by path (`openstack/latest/meta_data.json`,
+    /// `openstack/latest/user_data`…).
+    pub config_drive: Option<std::collections::BTreeMap<String, String>>,
+    /// Put the volume on the one other disk these hints choose (default: a
+    /// new partition on the installed disk).
+    pub disk: Option<DiskBody>,
+}
+
+/// The first-boot payload a [`FirstBootBody`] becomes, or a 400's message.
+pub fn first_boot_request(
+    b: FirstBootBody,
+) -> Result<shepherd_proto::api::image_installation::FirstBoot, String> {
+    use shepherd_proto::api::FirstBootFiles;
+    use shepherd_proto::api::image_installation::FirstBoot;
+    let (files, make): (_, fn(FirstBootFiles) -> FirstBoot) = match (b.nocloud, b.config_drive) {
+        (Some(_), Some(_)) => {
+            return Err("image.first_boot: give nocloud or config_drive, not both".into());
+        }
+        (None, None) => return Err("image.first_boot: nocloud or config_drive is required".into()),
+        (Some(f), None) => (f, FirstBoot::Nocloud),
+        (None, Some(f)) => (f, FirstBoot::ConfigDrive),
+    };
+    Ok(make(FirstBootFiles {
+        files: files
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes()))
+            .collect(),
+        disk: b.disk.map(disk_hints),
+    }))
+}
+
+fn disk_hints(h: DiskBody) -> DiskHints {
+    DiskHints {
+        serial: h.serial.unwrap_or_default(),
+        wwn: h.wwn.unwrap_or_default(),
+        model: h.model.unwrap_or_default(),
+        by_path: h.by_path.unwrap_or_default(),
+        min_size_bytes: h.min_size_bytes,
+        max_size_bytes: h.max_size_bytes,
+        rotational: h.rotational,
+    }
 }
 
 /// What an [`ImageBody`] becomes, or a 400's message naming the field.
@@ -119,15 +172,10 @@ pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallat
         image.deadline_seconds = d.as_secs() as i64;
     }
     if let Some(h) = b.disk {
-        image.disk = Some(DiskHints {
-            serial: h.serial.unwrap_or_default(),
-            wwn: h.wwn.unwrap_or_default(),
-            model: h.model.unwrap_or_default(),
-            by_path: h.by_path.unwrap_or_default(),
-            min_size_bytes: h.min_size_bytes,
-            max_size_bytes: h.max_size_bytes,
-            rotational: h.rotational,
-        });
+        image.disk = Some(disk_hints(h));
+    }
+    if let Some(f) = b.first_boot {
+        image.first_boot = Some(first_boot_request(f)?);
     }
     installations::check_image(&image)?;
     Ok(image)
@@ -225,6 +273,157 @@ pub async fn api_install(
         Err(r) => return r,
     };
     match install(&admin, &op, &id, parsed).await {
+        Ok((generation, a)) => HttpResponse::Ok().json(super::api::InstallAsked {
+            generation,
+            action: (&a).into(),
+        }),
+        Err((status, msg)) => error_response(status, &msg),
+    }
+}
+
+/// A deprovisioning: erase the machine's disks and leave it available.
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeprovisionBody {
+    /// `metadata` (the default), `discard`, `secure` or `overwrite`.
+    #[schema(value_type = Option<EraseModeName>)]
+    pub mode: Option<String>,
+    /// Only the disks matching every hint given (default: every disk).
+    pub disk: Option<DiskBody>,
+    /// The disk the running system boots from may be erased.
+    #[serde(default)]
+    pub allow_boot_disk: bool,
+    /// How long the agent may take, as `90m`, `2h` (default 2 h).
+    pub deadline: Option<String>,
+    #[schema(max_length = 1000)]
+    pub reason: Option<String>,
+    pub request_id: Option<Uuid>,
+}
+
+/// The erase modes, as the API names them.
+#[derive(utoipa::ToSchema)]
+#[schema(as = EraseModeName)]
+#[allow(dead_code)]
+pub enum EraseModeName {
+    #[schema(rename = "metadata")]
+    Metadata,
+    #[schema(rename = "discard")]
+    Discard,
+    #[schema(rename = "secure")]
+    Secure,
+    #[schema(rename = "overwrite")]
+    Overwrite,
+}
+
+/// The erasure a [`DeprovisionBody`] asks for, or a 400's message.
+pub fn erasure_request(b: &DeprovisionBody) -> Result<shepherd_proto::api::DiskErasure, String> {
+    use shepherd_proto::api::{DiskErasure, disk_erasure::Mode};
+    let mode = match b.mode.as_deref().map(str::trim) {
+        None | Some("") | Some("metadata") => Mode::Metadata,
+        Some("discard") => Mode::Discard,
+        Some("secure") => Mode::Secure,
+        Some("overwrite") => Mode::Overwrite,
+        Some(m) => {
+            return Err(format!(
+                "mode: {m:?} is not metadata, discard, secure or overwrite"
+            ));
+        }
+    };
+    let mut e = DiskErasure {
+        mode: mode as i32,
+        disk: b.disk.clone().map(disk_hints),
+        allow_boot_disk: b.allow_boot_disk,
+        deadline_seconds: 0,
+    };
+    if let Some(d) = b.deadline.as_deref().filter(|d| !d.trim().is_empty()) {
+        let d = humantime::parse_duration(d.trim())
+            .ok()
+            .filter(|d| !d.is_zero() && d.as_secs() <= 7 * 86400)
+            .ok_or_else(|| format!("deadline: {d:?} is not a duration from 1s to 7d"))?;
+        e.deadline_seconds = d.as_secs() as i64;
+    }
+    if let Some(h) = &e.disk {
+        for (field, v) in [
+            ("disk.min_size_bytes", h.min_size_bytes),
+            ("disk.max_size_bytes", h.max_size_bytes),
+        ] {
+            if v.is_some_and(|v| v < 0) {
+                return Err(format!("{field}: negative"));
+            }
+        }
+        if let (Some(min), Some(max)) = (h.min_size_bytes, h.max_size_bytes) {
+            if min > max {
+                return Err(format!(
+                    "disk: min_size_bytes {min} is more than max_size_bytes {max}"
+                ));
+            }
+        }
+    }
+    Ok(e)
+}
+
+/// Asks `machine` to be deprovisioned; the generation and audit, or the
+/// error.
+pub async fn deprovision(
+    admin: &Admin,
+    operator: &Operator,
+    machine: &str,
+    body: DeprovisionBody,
+) -> Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let machine_id: Uuid = machine
+        .parse()
+        .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
+    let erasure = erasure_request(&body).map_err(bad)?;
+    let reason = check_reason(body.reason).map_err(bad)?;
+    let asker = Asker {
+        actor: &operator.0,
+        action_id: body.request_id.unwrap_or_else(Uuid::new_v4),
+        rollout_id: None,
+        reason: reason.as_deref(),
+    };
+    match admin
+        .bmdb
+        .transact(async |tx| installations::deprovision(tx, machine_id, &erasure, &asker).await)
+        .await
+    {
+        Ok(Asked::Done { generation, audit }) => {
+            tracing::info!(%machine_id, generation, mode = installations::erase_mode_name(erasure.mode), actor = %operator.0, "deprovisioning asked");
+            Ok((generation, audit))
+        }
+        Ok(Asked::Refused(why)) => Err((StatusCode::CONFLICT, why)),
+        Ok(Asked::NotFound) => Err((
+            StatusCode::NOT_FOUND,
+            format!("machine {machine_id} is not in the BMDB"),
+        )),
+        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+    }
+}
+
+/// `POST /api/v1/machines/{id}/deprovision`.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/deprovision", tag = "installations",
+    params(("id" = Uuid, Path, description = "the machine's ID")),
+    request_body(content = DeprovisionBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "asked: the generation and the audit row", body = super::api::InstallAsked),
+        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
+        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
+        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
+        (status = 404, description = "no such machine", body = super::api::ErrorBody),
+        (status = 409, description = "not allowed in the machine's state (named), held, or its previous request is unanswered", body = super::api::ErrorBody),
+        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
+        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+pub async fn api_deprovision(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let (parsed, op) = match api_post::<DeprovisionBody>(&req, &body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match deprovision(&admin, &op, &id, parsed).await {
         Ok((generation, a)) => HttpResponse::Ok().json(super::api::InstallAsked {
             generation,
             action: (&a).into(),

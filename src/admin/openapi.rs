@@ -52,6 +52,7 @@ impl Modify for Security {
         super::handlers::api_machines,
         super::handlers::api_machine,
         super::installs::api_install,
+        super::installs::api_deprovision,
         super::handlers::api_action,
         super::installs::api_rollouts,
         super::installs::api_rollout_create,

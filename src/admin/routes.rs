@@ -66,6 +66,10 @@ fn bounded_by_the_database() -> actix_web::Scope<
             "/api/v1/machines/{id}/install",
             installs::api_install,
         ))
+        .service(post_only(
+            "/api/v1/machines/{id}/deprovision",
+            installs::api_deprovision,
+        ))
         .service(post_only("/api/v1/machines/{id}/{action}", api_action))
         .service(read_and_post(
             "/api/v1/rollouts",

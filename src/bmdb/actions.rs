@@ -13,6 +13,7 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
+use super::lifecycle::Operation;
 use super::{BmdbError, Process, Tx};
 
 /// The actions, by the names the API, CLI and audit use.
@@ -80,6 +81,20 @@ impl Action {
 impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl From<Action> for Operation {
+    fn from(a: Action) -> Operation {
+        match a {
+            Action::Retry => Operation::Retry,
+            Action::Retakeover => Operation::Retakeover,
+            Action::Reboot => Operation::Reboot,
+            Action::Hold => Operation::Hold,
+            Action::Release => Operation::Release,
+            Action::Inspect => Operation::Inspect,
+            Action::AcceptHardware => Operation::AcceptHardware,
+        }
     }
 }
 
@@ -222,6 +237,34 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         .await?
         .map(|r| r.get(0));
     let m = req.machine_id;
+    if let Some(state) = super::machines::state_of(tx, m).await? {
+        if let Some(why) = super::lifecycle::refusal(m, state, req.action.into()) {
+            if state == super::machines::MachineState::Held {
+                // Who holds it says more than the table.
+                let r = tx
+                    .query_one(
+                        "SELECT held_by, held_at FROM machine_hold WHERE machine_id = $1",
+                        &[&m],
+                    )
+                    .await?;
+                let at: SystemTime = r.get(1);
+                let by = format!(
+                    "(by {} since {})",
+                    r.get::<_, String>(0),
+                    humantime::format_rfc3339_seconds(at)
+                );
+                return Ok(Outcome::Refused(if req.action == Action::Hold {
+                    format!("machine {m} is already held {by}")
+                } else {
+                    format!(
+                        "machine {m} is held {by}; release it before asking for {}",
+                        req.action
+                    )
+                }));
+            }
+            return Ok(Outcome::Refused(why));
+        }
+    }
     let detail = match req.action {
         Action::Retry => {
             let rows = tx

@@ -9,8 +9,8 @@ use std::time::SystemTime;
 
 use prost::Message as _;
 use shepherd_proto::api::{
-    ImageInstallation, InstallationProgress, OsInstallationReport, OsInstallationRequest,
-    os_installation_report, os_installation_request,
+    DiskErasure, ImageInstallation, InstallationProgress, OsInstallationReport,
+    OsInstallationRequest, image_installation, os_installation_report, os_installation_request,
 };
 use uuid::Uuid;
 
@@ -55,15 +55,16 @@ const PUT_REQUEST: &str = "INSERT INTO machine_os_installation_request \
          os_installation_request_raw = EXCLUDED.os_installation_request_raw";
 const PUT_INSTALLATION: &str = "INSERT INTO machine_installation \
          (machine_id, generation, image_url, image_digest, requested_at, requested_by, rollout_id, \
-          reboot_by_bmc) \
-     VALUES ($1, $2, $3, $4, now(), $5, $6, $7) \
+          reboot_by_bmc, kind, erase_mode, first_boot) \
+     VALUES ($1, $2, $3, $4, now(), $5, $6, $7, $8, $9, $10) \
      ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
          image_url = EXCLUDED.image_url, image_digest = EXCLUDED.image_digest, \
          requested_at = EXCLUDED.requested_at, requested_by = EXCLUDED.requested_by, \
-         rollout_id = EXCLUDED.rollout_id, reboot_by_bmc = EXCLUDED.reboot_by_bmc";
+         rollout_id = EXCLUDED.rollout_id, reboot_by_bmc = EXCLUDED.reboot_by_bmc, \
+         kind = EXCLUDED.kind, erase_mode = EXCLUDED.erase_mode, first_boot = EXCLUDED.first_boot";
 const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
          (machine_id, requested_at, requested_by, cause, reason) \
-     SELECT $1, now(), $2, 'install', NULL \
+     SELECT $1, now(), $2, $3, NULL \
       WHERE EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1) \
         AND EXISTS (SELECT 1 FROM machine_os_installation_report \
                      WHERE machine_id = $1 AND os_installation_result = 'Success') \
@@ -71,7 +72,60 @@ const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
      ON CONFLICT (machine_id) DO NOTHING";
 const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
 const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
-         (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, 'requested', now(), $3)";
+         (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, $4, now(), $3)";
+/// An installed machine taken over by SSH runs no agent: it is taken over
+/// again (the installed system has host keys of its own).
+const RETAKE_OVER: &str = "WITH h AS (DELETE FROM machine_agent_heartbeat WHERE machine_id = $1), \
+          k AS (DELETE FROM machine_ssh_host_key WHERE machine_id = $1) \
+     DELETE FROM machine_agent_started WHERE machine_id = $1";
+
+/// What is asked of the machine's agent.
+#[derive(Debug, Clone, Copy)]
+pub enum Work<'a> {
+    Install(&'a ImageInstallation),
+    Erase(&'a DiskErasure),
+}
+
+/// Erase modes as operators name them.
+pub fn erase_mode_name(m: i32) -> &'static str {
+    use shepherd_proto::api::disk_erasure::Mode;
+    match Mode::try_from(m) {
+        Ok(Mode::Metadata) => "metadata",
+        Ok(Mode::Discard) => "discard",
+        Ok(Mode::Secure) => "secure",
+        Ok(Mode::Overwrite) => "overwrite",
+        Err(_) => "unknown",
+    }
+}
+
+/// The first-boot data of `image` as shown: the volume and each file's
+/// name, size and SHA-256 (never its bytes: user-data holds secrets).
+pub fn first_boot_summary(image: &ImageInstallation) -> Option<String> {
+    use sha2::Digest as _;
+    let (volume, files) = match image.first_boot.as_ref()? {
+        image_installation::FirstBoot::Nocloud(f) => ("nocloud", f),
+        image_installation::FirstBoot::ConfigDrive(f) => ("config-drive", f),
+    };
+    let mut names: Vec<&String> = files.files.keys().collect();
+    names.sort();
+    let each: Vec<String> = names
+        .iter()
+        .map(|n| {
+            let b = &files.files[*n];
+            format!(
+                "{n} {} B sha256:{}",
+                b.len(),
+                hex::encode(sha2::Sha256::digest(b))
+            )
+        })
+        .collect();
+    let on = if files.disk.is_some() {
+        " (on another disk)"
+    } else {
+        ""
+    };
+    Some(format!("{volume}{on}: {}", each.join(", ")))
+}
 
 /// Checks what shepherd can check of an image request before any agent
 /// sees it; the error names the field.
@@ -96,7 +150,34 @@ pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
     if image.deadline_seconds < 0 {
         return Err("image.deadline_seconds: negative".into());
     }
+    if let Some(fb) = &image.first_boot {
+        let files = match fb {
+            image_installation::FirstBoot::Nocloud(f)
+            | image_installation::FirstBoot::ConfigDrive(f) => f,
+        };
+        if files.files.is_empty() {
+            return Err("image.first_boot: no files".into());
+        }
+        let mut total = 0;
+        for (name, content) in &files.files {
+            check_first_boot_path(name).map_err(|e| format!("image.first_boot: {e}"))?;
+            total += name.len() + content.len();
+        }
+        if total > MAX_FIRST_BOOT {
+            return Err(format!(
+                "image.first_boot: {total} bytes; at most {MAX_FIRST_BOOT}"
+            ));
+        }
+    }
     if let Some(h) = &image.disk {
+        for (field, v) in [
+            ("image.disk.min_size_bytes", h.min_size_bytes),
+            ("image.disk.max_size_bytes", h.max_size_bytes),
+        ] {
+            if v.is_some_and(|v| v < 0) {
+                return Err(format!("{field}: negative"));
+            }
+        }
         if let (Some(min), Some(max)) = (h.min_size_bytes, h.max_size_bytes) {
             if min > max {
                 return Err(format!(
@@ -108,6 +189,92 @@ pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
     Ok(())
 }
 
+/// The most first-boot data an installation carries, all files together
+/// (the volume the agent writes is 16 MiB at least).
+pub const MAX_FIRST_BOOT: usize = 1 << 20;
+
+/// A first-boot file's path inside its volume: relative, `/`-separated,
+/// no `.` or `..` parts, at most 255 bytes, printable.
+pub fn check_first_boot_path(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.len() > 255 {
+        return Err(format!(
+            "the file name {p:?} is empty or longer than 255 bytes"
+        ));
+    }
+    if p.starts_with('/')
+        || p.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        || p.chars().any(|c| c.is_control() || c == '\\')
+    {
+        return Err(format!(
+            "the file name {p:?} is not a relative path of plain names (no leading /, no . or .., no \\)"
+        ));
+    }
+    Ok(())
+}
+
+/// The first-boot data as this machine's agent gets it: the placeholders
+/// `{{machine_id}}`, `{{provider_id}}`, `{{generation}}` and
+/// `{{instance_id}}` filled in the meta files (NoCloud's `meta-data` and
+/// `network-config`; the config drive's `meta_data.json` and
+/// `network_data.json`; never in user-data, which may be a template of its
+/// own), and the instance ID set to `<machine>-g<generation>`: it changes
+/// with every installation, so cloud-init runs again on each.
+pub fn fill_first_boot(
+    image: &mut ImageInstallation,
+    machine_id: Uuid,
+    provider_id: Option<&str>,
+    generation: i32,
+) {
+    let instance_id = format!("{machine_id}-g{generation}");
+    let fill = |b: &[u8]| -> Vec<u8> {
+        String::from_utf8_lossy(b)
+            .replace("{{machine_id}}", &machine_id.to_string())
+            .replace("{{provider_id}}", provider_id.unwrap_or(""))
+            .replace("{{generation}}", &generation.to_string())
+            .replace("{{instance_id}}", &instance_id)
+            .into_bytes()
+    };
+    match image.first_boot.as_mut() {
+        Some(image_installation::FirstBoot::Nocloud(f)) => {
+            for name in ["meta-data", "network-config"] {
+                if let Some(b) = f.files.get_mut(name) {
+                    *b = fill(b);
+                }
+            }
+            let meta = f.files.entry("meta-data".into()).or_default();
+            let text = String::from_utf8_lossy(meta);
+            let mut lines: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("instance-id:"))
+                .collect();
+            let id = format!("instance-id: {instance_id}");
+            lines.insert(0, &id);
+            *meta = (lines.join("\n") + "\n").into_bytes();
+        }
+        Some(image_installation::FirstBoot::ConfigDrive(f)) => {
+            for name in [
+                "openstack/latest/meta_data.json",
+                "openstack/latest/network_data.json",
+            ] {
+                if let Some(b) = f.files.get_mut(name) {
+                    *b = fill(b);
+                }
+            }
+            let meta = f
+                .files
+                .entry("openstack/latest/meta_data.json".into())
+                .or_insert_with(|| b"{}".to_vec());
+            let mut v: serde_json::Value =
+                serde_json::from_slice(meta).unwrap_or_else(|_| serde_json::json!({}));
+            if let Some(o) = v.as_object_mut() {
+                o.insert("uuid".into(), instance_id.clone().into());
+            }
+            *meta = serde_json::to_vec_pretty(&v).unwrap_or_default();
+        }
+        None => {}
+    }
+}
+
 /// Asks the machine's agent to install `image`, as the next generation.
 /// Refused while an installation is pending (asked, not answered) or the
 /// machine is held.
@@ -117,9 +284,45 @@ pub async fn ask(
     image: &ImageInstallation,
     asker: &Asker<'_>,
 ) -> Result<Asked, BmdbError> {
+    ask_work(tx, machine_id, Work::Install(image), asker).await
+}
+
+/// Asks the machine's agent to erase its disks (deprovisioning), as the
+/// next generation; refused as [`ask`] is, and where the life cycle's
+/// table does not allow it.
+pub async fn deprovision(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    erasure: &DiskErasure,
+    asker: &Asker<'_>,
+) -> Result<Asked, BmdbError> {
+    ask_work(tx, machine_id, Work::Erase(erasure), asker).await
+}
+
+async fn ask_work(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    work: Work<'_>,
+    asker: &Asker<'_>,
+) -> Result<Asked, BmdbError> {
+    let (op, verb) = match work {
+        Work::Install(_) => (super::lifecycle::Operation::Install, "installing"),
+        Work::Erase(_) => (super::lifecycle::Operation::Deprovision, "erasing"),
+    };
     if let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&asker.action_id]).await? {
         // Asked before under this ID: that answer again.
         let audit = audit_from(&r);
+        if audit.machine_id != Some(machine_id) || audit.action != op.as_str() {
+            return Ok(Asked::Refused(format!(
+                "request {} was another action's ({} {})",
+                asker.action_id,
+                audit.action,
+                audit
+                    .machine_id
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "fleet".into())
+            )));
+        }
         // The detail says "generation N: URL".
         let generation = audit
             .detail
@@ -142,7 +345,7 @@ pub async fn ask(
     }
     if let Some(g) = requested.filter(|g| Some(*g) != reported) {
         return Ok(Asked::Refused(format!(
-            "machine {machine_id} is installing generation {g}{}; its agent has not reported yet",
+            "machine {machine_id} is {verb} generation {g}{}; its agent has not reported yet",
             match (by, at) {
                 (Some(by), Some(at)) => format!(
                     " (asked by {by} at {})",
@@ -151,6 +354,11 @@ pub async fn ask(
                 _ => String::new(),
             }
         )));
+    }
+    if let Some(state) = super::machines::state_of(tx, machine_id).await? {
+        if let Some(why) = super::lifecycle::refusal(machine_id, state, op) {
+            return Ok(Asked::Refused(why));
+        }
     }
     if super::hardware::bmc_unread(tx, machine_id).await? {
         return Ok(Asked::Refused(format!(
@@ -180,46 +388,116 @@ pub async fn ask(
         )
         .await?
         .get(0);
-    let reboot_by_bmc = bmc_boot && image.reboot;
-    let mut asked = image.clone();
-    if reboot_by_bmc {
-        asked.reboot = false;
-    }
-    let raw = OsInstallationRequest {
-        generation: generation.into(),
-        r#type: Some(os_installation_request::Type::Image(asked)),
-    }
-    .encode_to_vec();
+    let installed = reported.is_some() && requested == reported;
+    let (raw, reboot_by_bmc, url, digest, erase_mode, first_boot) = match work {
+        Work::Install(image) => {
+            let reboot_by_bmc = bmc_boot && image.reboot;
+            let mut asked = image.clone();
+            if asked.first_boot.is_some() {
+                let provider_id: Option<String> = tx
+                    .query_opt(
+                        "SELECT provider_id FROM machine_provided WHERE machine_id = $1",
+                        &[&machine_id],
+                    )
+                    .await?
+                    .map(|r| r.get(0));
+                fill_first_boot(&mut asked, machine_id, provider_id.as_deref(), generation);
+            }
+            if reboot_by_bmc {
+                asked.reboot = false;
+            }
+            let summary = first_boot_summary(&asked);
+            let raw = OsInstallationRequest {
+                generation: generation.into(),
+                r#type: Some(os_installation_request::Type::Image(asked)),
+            }
+            .encode_to_vec();
+            (
+                raw,
+                reboot_by_bmc,
+                image.url.clone(),
+                image.digest.clone(),
+                None,
+                summary,
+            )
+        }
+        Work::Erase(e) => {
+            let raw = OsInstallationRequest {
+                generation: generation.into(),
+                r#type: Some(os_installation_request::Type::Erasure(e.clone())),
+            }
+            .encode_to_vec();
+            (
+                raw,
+                false,
+                String::new(),
+                String::new(),
+                Some(erase_mode_name(e.mode)),
+                None,
+            )
+        }
+    };
+    let (kind, cause, event) = match work {
+        Work::Install(_) => ("install", "install", "requested"),
+        Work::Erase(_) => ("erase", "deprovision", "erase-requested"),
+    };
     // An installed machine runs no agent (unless a boot since brought the
     // live agent back): one booted through its BMC is booted into the
     // live agent first, which then takes this request. Asked before the
     // request is written, which makes any agent enrolled so far older
     // than the installation.
-    let installed = reported.is_some() && requested == reported;
     let boot_first = installed
         && tx
-            .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor])
+            .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor, &cause])
             .await?
             == 1;
-    tx.execute(PUT_REQUEST, &[&machine_id, &generation, &raw])
-        .await?;
+    // One taken over by SSH is taken over again, for an erasure.
+    let retaken = installed
+        && !bmc_boot
+        && matches!(work, Work::Erase(_))
+        && tx.execute(RETAKE_OVER, &[&machine_id]).await? > 0;
     tx.execute(
         PUT_INSTALLATION,
         &[
             &machine_id,
             &generation,
-            &image.url,
-            &image.digest,
+            &url,
+            &digest,
             &asker.actor,
             &asker.rollout_id,
             &reboot_by_bmc,
+            &kind,
+            &erase_mode,
+            &first_boot,
         ],
     )
     .await?;
+    tx.execute(PUT_REQUEST, &[&machine_id, &generation, &raw])
+        .await?;
     tx.execute(CLEAR_PROGRESS, &[&machine_id]).await?;
-    let mut detail = format!("generation {generation}: {}", image.url);
+    let what = match work {
+        Work::Install(image) => image.url.clone(),
+        Work::Erase(e) => format!(
+            "erase ({}, {})",
+            erase_mode_name(e.mode),
+            match &e.disk {
+                Some(h) if *h != Default::default() => "the disks its hints choose",
+                _ => "every disk",
+            }
+        ),
+    };
+    let mut detail = format!("generation {generation}: {what}");
+    if let Some(f) = &first_boot {
+        detail.push_str(&format!("; first boot: {f}"));
+    }
     if boot_first {
         detail.push_str("; its BMC boots it into the agent first");
+    }
+    if retaken {
+        detail.push_str(
+            "; its agent left with the installed system: the Initializer takes it over again over SSH \
+             (its recorded SSH host key forgotten: the installed system has its own)",
+        );
     }
     if reboot_by_bmc {
         detail.push_str("; its BMC restarts it from its disk once installed");
@@ -229,7 +507,8 @@ pub async fn ask(
         &[
             &machine_id,
             &generation,
-            &format!("{} (by {})", image.url, asker.actor),
+            &format!("{what} (by {})", asker.actor),
+            &event,
         ],
     )
     .await?;
@@ -239,7 +518,7 @@ pub async fn ask(
             &[
                 &asker.action_id,
                 &machine_id,
-                &"install",
+                &op.as_str(),
                 &asker.actor,
                 &asker.reason,
                 &detail,

@@ -236,12 +236,17 @@ pub enum MachineState {
     Installed,
     /// Its agent answered the last installation with an error.
     InstallFailed,
+    /// Its agent erases its disks (deprovisioning: asked, not answered).
+    Cleaning,
+    /// Its agent answered the last erasure with an error: held from
+    /// installations until an erasure succeeds.
+    CleanFailed,
     /// No provider record.
     Unprovided,
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 14] = [
+    pub const ALL: [MachineState; 16] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
@@ -255,6 +260,8 @@ impl MachineState {
         MachineState::Installing,
         MachineState::Installed,
         MachineState::InstallFailed,
+        MachineState::Cleaning,
+        MachineState::CleanFailed,
         MachineState::Unprovided,
     ];
 
@@ -273,6 +280,8 @@ impl MachineState {
             MachineState::Installing => "installing",
             MachineState::Installed => "installed",
             MachineState::InstallFailed => "install-failed",
+            MachineState::Cleaning => "cleaning",
+            MachineState::CleanFailed => "clean-failed",
             MachineState::Unprovided => "unprovided",
         }
     }
@@ -331,8 +340,10 @@ macro_rules! state_column {
               WHEN s.boot_request IS NOT NULL AND s.boot_request <> 'disk' THEN 'enrolling' \
               WHEN s.bmc_boot AND s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
                    AND p.provider_ip_address IS NULL THEN 'enrolling' \
-              WHEN s.installation = 'installing' AND s.agent_started_at IS NOT NULL \
-                   AND NOT s.installation_fulfilled THEN 'installing' \
+              WHEN s.installation IN ('installing', 'cleaning') AND s.agent_started_at IS NOT NULL \
+                   AND NOT s.installation_fulfilled THEN s.installation \
+              WHEN s.installation = 'clean-failed' AND s.installation_fulfilled \
+                   THEN 'clean-failed' \
               WHEN s.live_agent AND s.agent_started_at IS NOT NULL \
                    AND s.recovery_not_before <= now() THEN 'available' \
               WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
@@ -377,6 +388,24 @@ const FLEET_COUNTS: &str = concat!(
     state_column!(),
     " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id) f GROUP BY state"
 );
+
+const STATE_OF: &str = concat!(
+    "SELECT ",
+    state_column!(),
+    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+     WHERE s.machine_id = $1"
+);
+
+/// One machine's state, as the fleet shows it (None: no such machine).
+pub async fn state_of(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+) -> Result<Option<MachineState>, BmdbError> {
+    Ok(tx
+        .query_opt(STATE_OF, &[&machine_id])
+        .await?
+        .map(|r| MachineState::parse(r.get(0)).unwrap_or(MachineState::Unprovided)))
+}
 
 /// Whether a machine's agent heartbeats, as the fleet page filters it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

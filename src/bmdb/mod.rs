@@ -20,6 +20,7 @@ pub mod embedded;
 pub mod error;
 pub mod hardware;
 pub mod installations;
+pub mod lifecycle;
 pub mod machines;
 mod migrate;
 mod model;

@@ -67,6 +67,24 @@ pub struct InstallArgs {
     /// How long each agent may take (default 2h).
     #[arg(long, value_parser = humantime::parse_duration)]
     deadline: Option<std::time::Duration>,
+    /// First boot (cloud-init): this file as the user-data.
+    #[arg(long, value_name = "FILE")]
+    user_data: Option<std::path::PathBuf>,
+    /// First boot: the SSH public keys (one per line) cloud-init installs.
+    #[arg(long, value_name = "FILE")]
+    ssh_authorized_keys: Option<std::path::PathBuf>,
+    /// First boot: the host name (`{{provider_id}}` and `{{machine_id}}`
+    /// are filled per machine).
+    #[arg(long)]
+    hostname: Option<String>,
+    /// First boot: this file as the network configuration (NoCloud's
+    /// network-config; with --config-drive, network_data.json).
+    #[arg(long, value_name = "FILE")]
+    network_config: Option<std::path::PathBuf>,
+    /// Write the first-boot data as an OpenStack config drive (config-2)
+    /// instead of a NoCloud seed (cidata).
+    #[arg(long)]
+    config_drive: bool,
     #[arg(long, default_value_t = 1)]
     max_parallel: i32,
     #[arg(long, default_value_t = 0)]
@@ -146,8 +164,105 @@ pub async fn image_of(
             rotational: a.disk_rotational,
         });
     }
+    image.first_boot = first_boot_of(a)?;
     shepherd::bmdb::installations::check_image(&image).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(image)
+}
+
+/// The first-boot data the flags ask for, if any.
+fn first_boot_of(
+    a: &InstallArgs,
+) -> anyhow::Result<Option<shepherd_proto::api::image_installation::FirstBoot>> {
+    use shepherd_proto::api::FirstBootFiles;
+    use shepherd_proto::api::image_installation::FirstBoot;
+    let read = |flag: &str, p: &std::path::Path| -> anyhow::Result<Vec<u8>> {
+        std::fs::read(p).map_err(|e| anyhow::anyhow!("--{flag} {}: {e}", p.display()))
+    };
+    let user_data = a
+        .user_data
+        .as_deref()
+        .map(|p| read("user-data", p))
+        .transpose()?;
+    let network = a
+        .network_config
+        .as_deref()
+        .map(|p| read("network-config", p))
+        .transpose()?;
+    let keys: Vec<String> = match a.ssh_authorized_keys.as_deref() {
+        Some(p) => String::from_utf8(read("ssh-authorized-keys", p)?)
+            .map_err(|_| anyhow::anyhow!("--ssh-authorized-keys {}: not UTF-8", p.display()))?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(String::from)
+            .collect(),
+        None => Vec::new(),
+    };
+    if a.ssh_authorized_keys.is_some() && keys.is_empty() {
+        anyhow::bail!("--ssh-authorized-keys: the file holds no key");
+    }
+    if user_data.is_none() && network.is_none() && keys.is_empty() && a.hostname.is_none() {
+        if a.config_drive {
+            anyhow::bail!(
+                "--config-drive: give the first-boot data (--user-data, --ssh-authorized-keys, --hostname, --network-config)"
+            );
+        }
+        return Ok(None);
+    }
+    let mut files = std::collections::HashMap::new();
+    if a.config_drive {
+        let mut meta = serde_json::Map::new();
+        if let Some(h) = &a.hostname {
+            meta.insert("hostname".into(), h.clone().into());
+            meta.insert("name".into(), h.clone().into());
+        }
+        if !keys.is_empty() {
+            let k: serde_json::Map<String, serde_json::Value> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (format!("key-{i}"), k.clone().into()))
+                .collect();
+            meta.insert("public_keys".into(), k.into());
+        }
+        files.insert(
+            "openstack/latest/meta_data.json".to_string(),
+            serde_json::to_vec_pretty(&meta)?,
+        );
+        if let Some(u) = user_data {
+            files.insert("openstack/latest/user_data".into(), u);
+        }
+        if let Some(n) = network {
+            files.insert("openstack/latest/network_data.json".into(), n);
+        }
+        return Ok(Some(FirstBoot::ConfigDrive(FirstBootFiles {
+            files,
+            disk: None,
+        })));
+    }
+    // YAML takes JSON strings: every value quoted, whatever it holds.
+    let q = |v: &str| serde_json::Value::from(v).to_string();
+    let mut meta = String::new();
+    if let Some(h) = &a.hostname {
+        meta += &format!("local-hostname: {}\n", q(h));
+    }
+    if !keys.is_empty() {
+        meta += "public-keys:\n";
+        for k in &keys {
+            meta += &format!("  - {}\n", q(k));
+        }
+    }
+    files.insert("meta-data".to_string(), meta.into_bytes());
+    files.insert(
+        "user-data".to_string(),
+        user_data.unwrap_or_else(|| b"#cloud-config\n{}\n".to_vec()),
+    );
+    if let Some(n) = network {
+        files.insert("network-config".into(), n);
+    }
+    Ok(Some(FirstBoot::Nocloud(FirstBootFiles {
+        files,
+        disk: None,
+    })))
 }
 
 pub async fn run(mut cfg: Config, a: InstallArgs) -> anyhow::Result<()> {
@@ -262,4 +377,86 @@ pub async fn run(mut cfg: Config, a: InstallArgs) -> anyhow::Result<()> {
         r.id
     );
     Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct DeprovisionArgs {
+    id: uuid::Uuid,
+    /// metadata (partition tables and signatures; the default), discard,
+    /// secure (the disk's own erase, where it advertises one) or overwrite.
+    #[arg(long, default_value = "metadata")]
+    mode: String,
+    /// Only the disks matching every hint given (default: every disk).
+    #[arg(long)]
+    disk_serial: Option<String>,
+    #[arg(long)]
+    disk_wwn: Option<String>,
+    #[arg(long)]
+    disk_model: Option<String>,
+    #[arg(long)]
+    disk_by_path: Option<String>,
+    #[arg(long)]
+    disk_min_bytes: Option<i64>,
+    #[arg(long)]
+    disk_max_bytes: Option<i64>,
+    #[arg(long)]
+    disk_rotational: Option<bool>,
+    /// The disk the running system boots from may be erased.
+    #[arg(long)]
+    allow_boot_disk: bool,
+    /// How long the agent may take (default 2h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    deadline: Option<std::time::Duration>,
+    #[arg(long)]
+    reason: Option<String>,
+}
+
+/// `shepherd machines deprovision`.
+pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<()> {
+    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd_proto::api::{DiskErasure, DiskHints, disk_erasure::Mode};
+    let mode = match a.mode.trim() {
+        "metadata" => Mode::Metadata,
+        "discard" => Mode::Discard,
+        "secure" => Mode::Secure,
+        "overwrite" => Mode::Overwrite,
+        m => anyhow::bail!("--mode: {m:?} is not metadata, discard, secure or overwrite"),
+    };
+    let hints = DiskHints {
+        serial: a.disk_serial.clone().unwrap_or_default(),
+        wwn: a.disk_wwn.clone().unwrap_or_default(),
+        model: a.disk_model.clone().unwrap_or_default(),
+        by_path: a.disk_by_path.clone().unwrap_or_default(),
+        min_size_bytes: a.disk_min_bytes,
+        max_size_bytes: a.disk_max_bytes,
+        rotational: a.disk_rotational,
+    };
+    let erasure = DiskErasure {
+        mode: mode as i32,
+        disk: (hints != DiskHints::default()).then_some(hints),
+        allow_boot_disk: a.allow_boot_disk,
+        deadline_seconds: a.deadline.map(|d| d.as_secs() as i64).unwrap_or(0),
+    };
+    cfg.bmdb.pool_size = 2;
+    let bmdb = Bmdb::open(&cfg.bmdb).await?;
+    let reason = a.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
+    let asker = Asker {
+        actor: "cli",
+        action_id: uuid::Uuid::new_v4(),
+        rollout_id: None,
+        reason,
+    };
+    let id = a.id;
+    match bmdb
+        .transact(async |tx| installations::deprovision(tx, id, &erasure, &asker).await)
+        .await?
+    {
+        Asked::Done { generation, audit } => {
+            println!("deprovision {id}: {}", audit.detail);
+            let _ = generation;
+            Ok(())
+        }
+        Asked::Refused(why) => anyhow::bail!("deprovision refused: {why}"),
+        Asked::NotFound => anyhow::bail!("machine {id} is not in the BMDB"),
+    }
 }

@@ -6,7 +6,7 @@ use shepherd::bmdb::machines::{self, MachineState};
 use shepherd::bmdb::{Bmdb, actions};
 use shepherd::config::Config;
 
-use super::install::InstallArgs;
+use super::install::{DeprovisionArgs, InstallArgs};
 use super::parse::{parse_heartbeat, parse_process, parse_provider_status, parse_state};
 
 #[derive(Subcommand)]
@@ -93,6 +93,10 @@ pub enum MachinesCommand {
     /// rollout over several (IDs, or the filters of `list`), at most
     /// --max-parallel at once, stopped once more than --max-failures fail.
     Install(Box<InstallArgs>),
+    /// Erase the machine's disks through its agent and leave it available
+    /// (an installed machine is booted into the agent first, through its
+    /// BMC, or taken over again over SSH).
+    Deprovision(Box<DeprovisionArgs>),
 }
 
 impl MachinesCommand {
@@ -102,7 +106,8 @@ impl MachinesCommand {
         let (id, action, reason) = match self {
             MachinesCommand::List { .. }
             | MachinesCommand::Show { .. }
-            | MachinesCommand::Install(_) => return None,
+            | MachinesCommand::Install(_)
+            | MachinesCommand::Deprovision(_) => return None,
             MachinesCommand::Retry { id, reason, .. } => (id, Action::Retry, reason),
             MachinesCommand::Retakeover { id, reason, .. } => (id, Action::Retakeover, reason),
             MachinesCommand::Reboot { id, reason } => (id, Action::Reboot, reason),

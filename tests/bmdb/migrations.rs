@@ -32,14 +32,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V10__installations",
             "V11__agent_key_index",
             "V12__boot_credentials",
-            "V13__bmc_boots"
+            "V13__bmc_boots",
+            "V14__life_cycle"
         ]
     );
-    assert_eq!(first.version, Some(13));
+    assert_eq!(first.version, Some(14));
     assert_eq!(count(&bmdb, TABLES).await, 30);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(13));
+    assert_eq!(again.version, Some(14));
 }
 
 #[actix_rt::test]
@@ -52,13 +53,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 13],
+        [0, 14],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 30);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        13
+        14
     );
 }
 
@@ -95,7 +96,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V10__installations",
             "V11__agent_key_index",
             "V12__boot_credentials",
-            "V13__bmc_boots"
+            "V13__bmc_boots",
+            "V14__life_cycle"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -149,7 +151,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V10__installations",
             "V11__agent_key_index",
             "V12__boot_credentials",
-            "V13__bmc_boots"
+            "V13__bmc_boots",
+            "V14__life_cycle"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -257,19 +257,7 @@ pub fn select(
 ) -> Result<Disk, String> {
     let default = DiskHints::default();
     let h = hints.unwrap_or(&default);
-    let matches = |d: &Disk| -> bool {
-        (h.serial.is_empty() || d.serial.as_deref() == Some(h.serial.trim()))
-            && (h.wwn.is_empty() || d.wwn.as_deref() == Some(normalize_wwn(&h.wwn).as_str()))
-            && (h.model.is_empty() || d.model.as_deref().map(str::trim) == Some(h.model.trim()))
-            && (h.by_path.is_empty() || {
-                let want = h.by_path.trim_start_matches("/dev/disk/by-path/");
-                d.by_path.iter().any(|p| p == want)
-            })
-            && h.min_size_bytes.is_none_or(|m| d.size_bytes as i64 >= m)
-            && h.max_size_bytes.is_none_or(|m| d.size_bytes as i64 <= m)
-            && h.rotational.is_none_or(|r| d.rotational == r)
-    };
-    let matched: Vec<&Disk> = disks.iter().filter(|d| matches(d)).collect();
+    let matched: Vec<&Disk> = disks.iter().filter(|d| matches(h, d)).collect();
     let candidates: Vec<&Disk> = matched
         .iter()
         .copied()
@@ -297,7 +285,22 @@ pub fn select(
     }
 }
 
-fn describe_hints(h: &DiskHints) -> String {
+/// Whether `d` matches every hint of `h` given.
+pub fn matches(h: &DiskHints, d: &Disk) -> bool {
+    (h.serial.is_empty() || d.serial.as_deref() == Some(h.serial.trim()))
+        && (h.wwn.is_empty() || d.wwn.as_deref() == Some(normalize_wwn(&h.wwn).as_str()))
+        && (h.model.is_empty() || d.model.as_deref().map(str::trim) == Some(h.model.trim()))
+        && (h.by_path.is_empty() || {
+            let want = h.by_path.trim_start_matches("/dev/disk/by-path/");
+            d.by_path.iter().any(|p| p == want)
+        })
+        && h.min_size_bytes.is_none_or(|m| d.size_bytes as i64 >= m)
+        && h.max_size_bytes.is_none_or(|m| d.size_bytes as i64 <= m)
+        && h.rotational.is_none_or(|r| d.rotational == r)
+}
+
+/// The hints given, for people.
+pub fn describe_hints(h: &DiskHints) -> String {
     let mut v = Vec::new();
     if !h.serial.is_empty() {
         v.push(format!("serial {:?}", h.serial));
@@ -332,7 +335,7 @@ pub const WRITE_BLOCK: usize = 4 << 20;
 const ALIGN: usize = 4096;
 
 /// A buffer aligned for `O_DIRECT`.
-struct AlignedBuf {
+pub struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
 }
@@ -341,7 +344,7 @@ struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
         let layout = std::alloc::Layout::from_size_align(len, ALIGN).expect("layout");
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -351,7 +354,7 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
-    fn as_mut(&mut self) -> &mut [u8] {
+    pub fn as_mut(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for len bytes and uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -565,6 +568,21 @@ impl Target {
         Ok(self.pos)
     }
 
+    /// The disk's size as the kernel says it (a file's length).
+    pub fn size(&self) -> Option<u64> {
+        let meta = self.file.metadata().ok()?;
+        if !meta.file_type().is_block_device() {
+            return Some(meta.len());
+        }
+        // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+        const BLKGETSIZE64: libc::c_ulong = 0x80081272;
+        let mut size: u64 = 0;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.file);
+        // SAFETY: the ioctl writes one u64 into `size`.
+        let r = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size) };
+        (r == 0).then_some(size)
+    }
+
     /// Whether anything reached the disk.
     pub fn touched(&self) -> bool {
         self.touched
@@ -682,6 +700,11 @@ fn clear_direct(file: &File) {
             libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_DIRECT);
         }
     }
+}
+
+/// Asks the kernel to re-read `disk`'s partition table (block devices).
+pub fn reread(file: &File, disk: &Disk) -> Result<(), String> {
+    reread_partitions(file, disk)
 }
 
 fn reread_partitions(file: &File, disk: &Disk) -> Result<(), String> {

@@ -15,7 +15,9 @@
 
 pub mod disk;
 pub mod efi;
+pub mod erase;
 pub mod fetch;
+pub mod first_boot;
 pub mod pipeline;
 pub mod record;
 
@@ -92,6 +94,11 @@ impl Counters {
         self.phase.store(p as i32, Ordering::Relaxed);
     }
 
+    /// The disk in hand, as the progress names it.
+    pub fn set_disk(&self, disk: &str) {
+        *self.disk.lock().unwrap() = disk.to_string();
+    }
+
     pub fn phase(&self) -> Phase {
         Phase::try_from(self.phase.load(Ordering::Relaxed)).unwrap_or(Phase::Unknown)
     }
@@ -164,12 +171,8 @@ pub fn check(req: &ImageInstallation) -> Result<ExpectedDigest, String> {
         return Err("the request names no digest; an image is never written unverified".into());
     }
     let digest = parse_digest(&req.digest)?;
-    if req.first_boot.is_some() {
-        return Err(
-            "first-boot payloads (NoCloud seed, config drive) are not written by this agent yet; \
-             nothing was written"
-                .into(),
-        );
+    if let Some(fb) = &req.first_boot {
+        first_boot::check(fb)?;
     }
     if req.size_bytes.is_some_and(|s| s < 0) {
         return Err(format!(
@@ -198,6 +201,41 @@ pub async fn install(
 ) -> Result<Installed, Failed> {
     let expected = check(req).map_err(failed)?;
     let chosen = disk::select(&disks, req.disk.as_ref(), req.allow_boot_disk).map_err(failed)?;
+    // Where the first-boot volume goes, known before anything is written.
+    let first_boot_disk = match req.first_boot.as_ref().map(first_boot::Volume::of) {
+        Some(v) => match &v.files.disk {
+            Some(h) => {
+                let others: Vec<Disk> = disks
+                    .iter()
+                    .filter(|d| d.path != chosen.path)
+                    .cloned()
+                    .collect();
+                let d = disk::select(&others, Some(h), req.allow_boot_disk).map_err(|e| {
+                    failed(format!(
+                        "the first-boot volume's disk: {e}; nothing was written"
+                    ))
+                })?;
+                Some(d)
+            }
+            None => {
+                if let Some(size) = req.size_bytes {
+                    let needed = size as u64 + first_boot::room_needed();
+                    if chosen.size_bytes < needed {
+                        return Err(failed(format!(
+                            "{} ({}) has no room for the first-boot volume after the image ({}): \
+                             it needs {} in all; nothing was written",
+                            chosen.path.display(),
+                            disk::bytes(chosen.size_bytes),
+                            disk::bytes(size as u64),
+                            disk::bytes(needed)
+                        )));
+                    }
+                }
+                None
+            }
+        },
+        None => None,
+    };
     if let Some(size) = req.size_bytes {
         counters.total.store(size as u64, Ordering::Relaxed);
     }
@@ -377,6 +415,47 @@ pub async fn install(
             warnings.push(e);
         }
     }
+    if let Some(fb) = &req.first_boot {
+        counters.set_phase(Phase::FirstBoot);
+        let v = first_boot::Volume::of(fb);
+        let placed = first_boot::build(&v).and_then(|bytes| match &first_boot_disk {
+            Some(other) => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&other.path)
+                    .map_err(|e| format!("cannot open {}: {e}", other.path.display()))?;
+                let size = block_size(&f).unwrap_or(other.size_bytes);
+                first_boot::whole_disk(&f, other, size, &bytes)
+            }
+            None => {
+                let sector = u64::from(chosen.logical_block_size.max(512));
+                let size = target.size().unwrap_or(chosen.size_bytes);
+                // Read and written through the page cache (the image went
+                // around it, and is flushed).
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&chosen.path)
+                    .map_err(|e| format!("cannot open {}: {e}", chosen.path.display()))?;
+                first_boot::add_partition(&f, &chosen, size, sector, &bytes, v.name)
+            }
+        });
+        match placed {
+            Ok(p) => log(format_args!(
+                "wrote the first-boot volume {} ({} files) to {}{}",
+                v.label,
+                v.files.files.len(),
+                p.disk,
+                if p.partition > 0 {
+                    format!(", partition {} at byte {}", p.partition, p.offset)
+                } else {
+                    " (the whole disk)".into()
+                }
+            )),
+            Err(e) => return Err(wipe_for(&mut target, e)),
+        }
+    }
     let guards = target.guards();
     if req.set_efi_boot_entry {
         let sector = u64::from(chosen.logical_block_size.max(512));
@@ -470,13 +549,22 @@ pub struct Installer {
     /// After writing the running system's own disk: the disk and the
     /// regions to write again just before the reboot.
     guards: Option<(PathBuf, Vec<disk::Guard>)>,
+    /// How disks are discarded and erase themselves.
+    ops: Arc<dyn erase::DiskOps>,
 }
 
 struct Job {
     generation: i64,
     reboot: bool,
     counters: Arc<Counters>,
-    done: tokio::sync::oneshot::Receiver<Result<Installed, Failed>>,
+    done: tokio::sync::oneshot::Receiver<Result<Finished, Failed>>,
+}
+
+/// What a job did.
+#[derive(Debug, Clone)]
+pub enum Finished {
+    Installed(Installed),
+    Erased(erase::Erased),
 }
 
 /// The report of an installation, and whether to reboot once it is
@@ -514,7 +602,15 @@ impl Installer {
             memory: None,
             job: None,
             guards: None,
+            ops: Arc::new(erase::Kernel),
         }
+    }
+
+    /// Disks discarded and erased through `ops` (tests stand a disk that
+    /// lies for the kernel's).
+    pub fn with_disk_ops(mut self, ops: Arc<dyn erase::DiskOps>) -> Installer {
+        self.ops = ops;
+        self
     }
 
     fn read_record(&self) -> Option<Record> {
@@ -573,7 +669,9 @@ impl Installer {
             })
         };
         if let Some(r) = self.read_record() {
-            if r.generation == generation {
+            // An erasure cut short by a restart is simply run again.
+            let again = r.erase && r.outcome == Outcome::Started;
+            if r.generation == generation && !again {
                 if r.outcome == Outcome::Started {
                     // Cut short by a restart: whatever is on the disk is
                     // not to be booted.
@@ -599,6 +697,7 @@ impl Installer {
                             outcome: outcome.clone(),
                             disk: r.disk.clone(),
                             reboot: false,
+                            erase: false,
                         },
                         &*log,
                     );
@@ -619,6 +718,9 @@ impl Installer {
         }
         let image = match req.r#type {
             Some(os_installation_request::Type::Image(i)) => i,
+            Some(os_installation_request::Type::Erasure(e)) => {
+                return self.start_erasure(generation, e, disks(), limits, log);
+            }
             Some(os_installation_request::Type::Metropolis(_)) => {
                 return error(
                     "this agent cannot install Metropolis requests; it installs disk images (ImageInstallation)",
@@ -642,6 +744,7 @@ impl Installer {
                 outcome: Outcome::Started,
                 disk: Some(chosen.path.clone()),
                 reboot: image.reboot,
+                erase: false,
             },
             &*log,
         );
@@ -651,7 +754,9 @@ impl Installer {
         let reboot = image.reboot;
         tokio::spawn(async move {
             let l = log.clone();
-            let r = install(&image, disks, c.clone(), &limits, &move |a| l(a)).await;
+            let r = install(&image, disks, c.clone(), &limits, &move |a| l(a))
+                .await
+                .map(Finished::Installed);
             if r.is_err() {
                 c.set_phase(Phase::Failed);
             }
@@ -660,6 +765,72 @@ impl Installer {
         self.job = Some(Job {
             generation,
             reboot,
+            counters,
+            done: rx,
+        });
+        None
+    }
+
+    /// Starts erasing as `req` asks (checked first: a wrong request is
+    /// answered at once).
+    fn start_erasure(
+        &mut self,
+        generation: i64,
+        req: crate::api::DiskErasure,
+        disks: Vec<Disk>,
+        limits: Limits,
+        log: Arc<dyn Fn(std::fmt::Arguments<'_>) + Send + Sync>,
+    ) -> Option<Answer> {
+        if let Err(e) = erase::choose(&disks, &req) {
+            return Some(Answer {
+                report: report(generation, &Outcome::Failed(e)),
+                reboot: false,
+            });
+        }
+        self.write_record(
+            Record {
+                generation,
+                outcome: Outcome::Started,
+                disk: None,
+                reboot: false,
+                erase: true,
+            },
+            &*log,
+        );
+        let counters = Arc::new(Counters::default());
+        counters.set_phase(Phase::Erasing);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let c = counters.clone();
+        let ops = self.ops.clone();
+        let deadline = if req.deadline_seconds > 0 {
+            Duration::from_secs(req.deadline_seconds as u64)
+        } else {
+            limits.deadline
+        };
+        let spawned = std::thread::Builder::new()
+            .name("erase".into())
+            .spawn(move || {
+                let l = log.clone();
+                let r = erase::erase(&req, &disks, &*ops, &c, deadline, &move |a| l(a))
+                    .map(Finished::Erased)
+                    .map_err(failed);
+                if r.is_err() {
+                    c.set_phase(Phase::Failed);
+                }
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            return Some(Answer {
+                report: report(
+                    generation,
+                    &Outcome::Failed(format!("cannot start a thread: {e}")),
+                ),
+                reboot: false,
+            });
+        }
+        self.job = Some(Job {
+            generation,
+            reboot: false,
             counters,
             done: rx,
         });
@@ -678,8 +849,13 @@ impl Installer {
             }
         };
         let (generation, reboot) = (job.generation, job.reboot);
+        let erase = matches!(result, Ok(Finished::Erased(_)));
         let (outcome, disk) = match &result {
-            Ok(i) => {
+            Ok(Finished::Erased(e)) => {
+                log(format_args!("generation {generation}: {e}"));
+                (Outcome::Succeeded, None)
+            }
+            Ok(Finished::Installed(i)) => {
                 log(format_args!(
                     "installed generation {generation}: {} ({} image, {} fetched, {} written, {} resumes) on {}",
                     i.digest,
@@ -698,9 +874,7 @@ impl Installer {
                 (Outcome::Succeeded, Some(i.disk.clone()))
             }
             Err(f) => {
-                log(format_args!(
-                    "installing generation {generation} failed: {f}"
-                ));
+                log(format_args!("generation {generation} failed: {f}"));
                 (Outcome::Failed(f.error.clone()), f.disk.clone())
             }
         };
@@ -709,6 +883,7 @@ impl Installer {
             outcome: outcome.clone(),
             disk,
             reboot,
+            erase,
         };
         if self.guards.is_some() {
             // The record's file was on the disk just written: only the

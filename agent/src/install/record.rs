@@ -22,6 +22,8 @@ pub struct Record {
     pub disk: Option<PathBuf>,
     /// Whether the request asked for a reboot once reported.
     pub reboot: bool,
+    /// The generation erases disks (cut short, it is run again).
+    pub erase: bool,
 }
 
 /// `key=value` lines; the error is the last line, so it may hold anything.
@@ -35,6 +37,9 @@ pub fn write(path: &Path, r: &Record) -> std::io::Result<()> {
         "generation={}\nstate={state}\nreboot={}\n",
         r.generation, r.reboot
     );
+    if r.erase {
+        text += "erase=true\n";
+    }
     if let Some(d) = &r.disk {
         text += &format!("disk={}\n", d.display());
     }
@@ -52,6 +57,7 @@ pub fn read(path: &Path) -> Option<Record> {
     let mut disk = None;
     let mut error = String::new();
     let mut reboot = false;
+    let mut erase = false;
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else {
             continue;
@@ -62,6 +68,7 @@ pub fn read(path: &Path) -> Option<Record> {
             "disk" => disk = Some(PathBuf::from(v)),
             "error" => error = v.to_string(),
             "reboot" => reboot = v == "true",
+            "erase" => erase = v == "true",
             _ => {}
         }
     }
@@ -76,5 +83,6 @@ pub fn read(path: &Path) -> Option<Record> {
         outcome,
         disk,
         reboot,
+        erase,
     })
 }

@@ -1,0 +1,730 @@
+//! Erasing disks for the next tenant (`DiskErasure`): what the last one
+//! wrote must not be readable afterwards, and the agent proves it by
+//! reading back before it reports success.
+//!
+//! Modes:
+//! - metadata: zeros over the partition tables at both ends of the disk and
+//!   over both ends of every partition found in them (filesystem, RAID,
+//!   LVM and ZFS signatures live there), every byte written read back.
+//! - discard: `BLKDISCARD` over the whole disk, where the disk advertises
+//!   discard; then both ends and random samples read back as zeros (a disk
+//!   that keeps discarded data fails here).
+//! - secure: the disk's own erase, NVMe Format with user data (or
+//!   cryptographic) erase where the controller advertises it; then sampled.
+//! - overwrite: zeros over every block; then sampled.
+//!
+//! Every disk chosen is checked for its mode before any is erased. The
+//! kernel and disk operations go through [`DiskOps`], so that a disk which
+//! says it erased and did not can be stood for in tests.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rand::Rng as _;
+
+use super::Counters;
+use super::disk::{self, Disk};
+use crate::api::disk_erasure::Mode;
+use crate::api::{DiskErasure, DiskHints};
+
+const MIB: u64 = 1 << 20;
+/// What is zeroed at each end of a disk and of each partition.
+pub const END_SPAN: u64 = MIB;
+/// Random samples read back per disk after a whole-disk erase, each
+/// [`SAMPLE_LEN`] long, besides both ends.
+pub const SAMPLES: usize = 256;
+pub const SAMPLE_LEN: usize = 64 << 10;
+/// Discards are issued in pieces this large (progress between them).
+const DISCARD_STEP: u64 = 1 << 30;
+
+/// The kernel's and the disk's own operations an erasure asks for.
+pub trait DiskOps: Send + Sync {
+    /// Whether `disk` can be discarded; the error says why not.
+    fn can_discard(&self, disk: &Disk, file: &File) -> Result<(), String>;
+    /// Discards `len` bytes from `offset`.
+    fn discard(&self, file: &File, offset: u64, len: u64) -> io::Result<()>;
+    /// How `disk` erases itself, or why it cannot.
+    fn secure_erase(&self, disk: &Disk, file: &File) -> Result<SecureErase, String>;
+    /// Carries out `how` on `disk`.
+    fn run_secure_erase(&self, disk: &Disk, file: &File, how: &SecureErase) -> Result<(), String>;
+}
+
+/// A disk's own erase, as it advertises it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecureErase {
+    /// NVMe Format NVM of namespace `nsid` with its current LBA format;
+    /// `ses` 1 (user data erase) or 2 (cryptographic erase).
+    NvmeFormat { nsid: u32, lbaf: u32, ses: u32 },
+}
+
+impl std::fmt::Display for SecureErase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecureErase::NvmeFormat { nsid, ses, .. } => write!(
+                f,
+                "NVMe Format of namespace {nsid} with {}",
+                if *ses == 2 {
+                    "cryptographic erase"
+                } else {
+                    "user data erase"
+                }
+            ),
+        }
+    }
+}
+
+/// The machine's own kernel and disks.
+pub struct Kernel;
+
+impl DiskOps for Kernel {
+    fn can_discard(&self, disk: &Disk, file: &File) -> Result<(), String> {
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", disk.path.display()))?;
+        if !meta.file_type().is_block_device() {
+            return Err(format!(
+                "{} is not a block device: it cannot be discarded",
+                disk.path.display()
+            ));
+        }
+        let sys = format!(
+            "/sys/dev/block/{}:{}/queue/discard_max_bytes",
+            libc::major(meta.rdev()),
+            libc::minor(meta.rdev())
+        );
+        let max: u64 = std::fs::read_to_string(&sys)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if max == 0 {
+            return Err(format!(
+                "{} does not advertise discard (its queue/discard_max_bytes is 0): erase it with overwrite",
+                disk.path.display()
+            ));
+        }
+        Ok(())
+    }
+
+    fn discard(&self, file: &File, offset: u64, len: u64) -> io::Result<()> {
+        // BLKDISCARD = _IO(0x12, 119)
+        const BLKDISCARD: libc::c_ulong = 0x1277;
+        let range: [u64; 2] = [offset, len];
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+        // SAFETY: the ioctl reads two u64 from `range`.
+        let r = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn secure_erase(&self, disk: &Disk, file: &File) -> Result<SecureErase, String> {
+        let name = disk
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.starts_with("nvme") {
+            return nvme::advertised(disk, file);
+        }
+        if name.starts_with("sd") {
+            return Err(format!(
+                "{}: a SCSI or ATA disk; this agent carries out secure erase on NVMe disks only \
+                 (ATA Security Erase and SCSI Sanitize are not implemented yet): erase it with overwrite",
+                disk.path.display()
+            ));
+        }
+        Err(format!(
+            "{} advertises no secure erase: it is not an NVMe, ATA or SCSI disk (a virtio or loop \
+             device, or a file): erase it with overwrite or discard",
+            disk.path.display()
+        ))
+    }
+
+    fn run_secure_erase(&self, disk: &Disk, file: &File, how: &SecureErase) -> Result<(), String> {
+        match how {
+            SecureErase::NvmeFormat { nsid, lbaf, ses } => nvme::format(file, *nsid, *lbaf, *ses)
+                .map_err(|e| format!("{}: the NVMe Format failed: {e}", disk.path.display())),
+        }
+    }
+}
+
+/// One disk erased.
+#[derive(Debug, Clone)]
+pub struct ErasedDisk {
+    pub disk: String,
+    /// Bytes the erase covered.
+    pub bytes: u64,
+    /// Bytes read back as zeros.
+    pub checked: u64,
+    /// How: "metadata: 6 regions", "NVMe Format …".
+    pub how: String,
+}
+
+/// What an erasure did.
+#[derive(Debug, Clone)]
+pub struct Erased {
+    pub disks: Vec<ErasedDisk>,
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for Erased {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let each: Vec<String> = self
+            .disks
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} ({}, {} erased, {} read back as zeros)",
+                    d.disk,
+                    d.how,
+                    disk::bytes(d.bytes),
+                    disk::bytes(d.checked)
+                )
+            })
+            .collect();
+        write!(f, "erased {} in {:.1} s", each.join(", "), self.seconds)
+    }
+}
+
+/// Mode names as operators write them.
+pub fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Metadata => "metadata",
+        Mode::Discard => "discard",
+        Mode::Secure => "secure",
+        Mode::Overwrite => "overwrite",
+    }
+}
+
+/// The disks `req` chooses: every disk matching all its hints, the boot
+/// disk only when allowed. The error names what matched.
+pub fn choose(disks: &[Disk], req: &DiskErasure) -> Result<Vec<Disk>, String> {
+    let default = DiskHints::default();
+    let h = req.disk.as_ref().unwrap_or(&default);
+    let matched: Vec<&Disk> = disks.iter().filter(|d| disk::matches(h, d)).collect();
+    let chosen: Vec<Disk> = matched
+        .iter()
+        .filter(|d| req.allow_boot_disk || !d.boot)
+        .map(|d| (*d).clone())
+        .collect();
+    if !chosen.is_empty() {
+        return Ok(chosen);
+    }
+    if disks.is_empty() {
+        return Err("the machine has no disk to erase".into());
+    }
+    if !matched.is_empty() {
+        return Err(format!(
+            "only the running system's boot disk matches ({}), and the request does not allow erasing it",
+            matched
+                .iter()
+                .map(|d| d.path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Err(format!(
+        "no disk matches the disk hints ({}); the machine has {}",
+        disk::describe_hints(h),
+        disks
+            .iter()
+            .map(|d| format!("{} ({})", d.path.display(), disk::bytes(d.size_bytes)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+fn open(d: &Disk) -> Result<File, String> {
+    // Exclusive for block devices: a mounted disk (or one held by md or
+    // LVM) refuses, unless it is the boot disk, whose filesystems are
+    // mounted by definition.
+    let flags = if d.boot { 0 } else { libc::O_EXCL };
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(&d.path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                format!(
+                    "cannot open {} to erase it: it is in use (mounted, or held by md or LVM)",
+                    d.path.display()
+                )
+            } else {
+                format!("cannot open {} to erase it: {e}", d.path.display())
+            }
+        })
+}
+
+/// Erases the disks `req` chooses of `disks`, checking each mode against
+/// every disk first. Blocking: run it on a thread of its own.
+pub fn erase(
+    req: &DiskErasure,
+    disks: &[Disk],
+    ops: &dyn DiskOps,
+    counters: &Counters,
+    deadline: Duration,
+    log: &(dyn Fn(std::fmt::Arguments<'_>) + Send + Sync),
+) -> Result<Erased, String> {
+    let started = Instant::now();
+    let mode = Mode::try_from(req.mode)
+        .map_err(|_| format!("the erase mode {} is not one this agent knows", req.mode))?;
+    let chosen = choose(disks, req)?;
+    // Open and check every disk before erasing any.
+    let mut plan = Vec::new();
+    for d in &chosen {
+        let file = open(d)?;
+        let size = disk_size(&file).unwrap_or(d.size_bytes);
+        let mut d = d.clone();
+        d.size_bytes = size;
+        let secure = match mode {
+            Mode::Discard => {
+                ops.can_discard(&d, &file)?;
+                None
+            }
+            Mode::Secure => Some(ops.secure_erase(&d, &file)?),
+            _ => None,
+        };
+        plan.push((d, file, secure));
+    }
+    let total: u64 = plan
+        .iter()
+        .map(|(d, f, _)| match mode {
+            Mode::Metadata => regions(f, d).iter().map(|r| r.1 - r.0).sum(),
+            _ => d.size_bytes,
+        })
+        .sum();
+    counters.total.store(total, Ordering::Relaxed);
+    counters.set_phase(crate::api::installation_progress::Phase::Erasing);
+    let mut done = Vec::new();
+    for (d, file, secure) in plan {
+        counters.set_disk(&d.path.display().to_string());
+        let over = || {
+            if started.elapsed() > deadline {
+                Err(format!(
+                    "the erasure did not finish within its deadline of {}",
+                    humantime::format_duration(deadline)
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        log(format_args!(
+            "erasing {} ({}) with {}",
+            d.path.display(),
+            disk::bytes(d.size_bytes),
+            mode_name(mode)
+        ));
+        let e = match mode {
+            Mode::Metadata => metadata(&file, &d, counters)?,
+            Mode::Overwrite => overwrite(&file, &d, counters, &over)?,
+            Mode::Discard => {
+                let mut at = 0;
+                while at < d.size_bytes {
+                    over()?;
+                    let len = DISCARD_STEP.min(d.size_bytes - at);
+                    ops.discard(&file, at, len).map_err(|e| {
+                        format!("discarding {} at byte {at}: {e}", d.path.display())
+                    })?;
+                    at += len;
+                    counters.written.fetch_add(len, Ordering::Relaxed);
+                }
+                let checked = sample(&file, &d, "discarded")?;
+                ErasedDisk {
+                    disk: d.path.display().to_string(),
+                    bytes: d.size_bytes,
+                    checked,
+                    how: "discarded (BLKDISCARD)".into(),
+                }
+            }
+            Mode::Secure => {
+                let how = secure.expect("checked above");
+                log(format_args!("{}: {how}", d.path.display()));
+                ops.run_secure_erase(&d, &file, &how)?;
+                counters.written.fetch_add(d.size_bytes, Ordering::Relaxed);
+                let checked = sample(&file, &d, &how.to_string())?;
+                ErasedDisk {
+                    disk: d.path.display().to_string(),
+                    bytes: d.size_bytes,
+                    checked,
+                    how: how.to_string(),
+                }
+            }
+        };
+        let _ = disk::reread(&file, &d);
+        done.push(e);
+    }
+    counters.set_phase(crate::api::installation_progress::Phase::Done);
+    Ok(Erased {
+        disks: done,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Byte ranges `[start, end)` of the disk that hold its partition tables
+/// and every partition's signatures: both ends of the disk and of each
+/// partition the disk's tables (or the kernel) list. Sorted, merged.
+pub fn regions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
+    let size = d.size_bytes;
+    let mut v = vec![
+        (0, END_SPAN.min(size)),
+        (size.saturating_sub(END_SPAN), size),
+    ];
+    for (start, end) in partitions(file, d) {
+        let (start, end) = (start.min(size), end.min(size));
+        if start >= end {
+            continue;
+        }
+        v.push((start, (start + END_SPAN).min(end)));
+        v.push((end.saturating_sub(END_SPAN).max(start), end));
+    }
+    v.sort();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in v {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    merged
+}
+
+/// The partitions (byte ranges) the disk's GPT (primary, else backup), its
+/// MBR, and for a block device the kernel list.
+pub fn partitions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for sector in [512u64, 4096] {
+        out.extend(gpt_partitions(file, d.size_bytes, sector));
+    }
+    out.extend(mbr_partitions(file));
+    if let Some(name) = d.path.file_name().map(|n| n.to_string_lossy().into_owned()) {
+        if let Ok(dir) = std::fs::read_dir(Path::new("/sys/class/block").join(&name)) {
+            for e in dir.flatten() {
+                let p = e.path();
+                let read = |f: &str| -> Option<u64> {
+                    std::fs::read_to_string(p.join(f)).ok()?.trim().parse().ok()
+                };
+                if let (Some(start), Some(len)) = (read("start"), read("size")) {
+                    out.push((start * 512, (start + len) * 512));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn read_at(file: &File, len: usize, at: u64) -> Option<Vec<u8>> {
+    let mut b = vec![0u8; len];
+    file.read_exact_at(&mut b, at).ok()?;
+    Some(b)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn gpt_partitions(file: &File, size: u64, sector: u64) -> Vec<(u64, u64)> {
+    let last = (size / sector).saturating_sub(1);
+    for header_lba in [1, last] {
+        let Some(h) = read_at(file, 92, header_lba * sector) else {
+            continue;
+        };
+        if &h[..8] != b"EFI PART" {
+            continue;
+        }
+        let (entries_lba, count, entry_len) = (u64_at(&h, 72), u32_at(&h, 80), u32_at(&h, 84));
+        if !(128..=4096).contains(&entry_len) || count > 16384 {
+            continue;
+        }
+        let Some(t) = read_at(
+            file,
+            count as usize * entry_len as usize,
+            entries_lba * sector,
+        ) else {
+            continue;
+        };
+        return t
+            .chunks(entry_len as usize)
+            .filter(|e| e[..16].iter().any(|b| *b != 0))
+            .map(|e| (u64_at(e, 32) * sector, (u64_at(e, 40) + 1) * sector))
+            .filter(|(s, e)| s < e)
+            .collect();
+    }
+    Vec::new()
+}
+
+fn mbr_partitions(file: &File) -> Vec<(u64, u64)> {
+    let Some(b) = read_at(file, 512, 0) else {
+        return Vec::new();
+    };
+    if b[510..512] != [0x55, 0xAA] {
+        return Vec::new();
+    }
+    (0..4)
+        .map(|i| &b[446 + i * 16..446 + (i + 1) * 16])
+        .filter(|e| e[4] != 0 && e[4] != 0xEE)
+        .map(|e| {
+            let (s, n) = (u32_at(e, 8) as u64, u32_at(e, 12) as u64);
+            (s * 512, (s + n) * 512)
+        })
+        .filter(|(s, e)| s < e)
+        .collect()
+}
+
+fn metadata(file: &File, d: &Disk, counters: &Counters) -> Result<ErasedDisk, String> {
+    let regions = regions(file, d);
+    let zero = vec![0u8; END_SPAN as usize];
+    let name = d.path.display();
+    for &(s, e) in &regions {
+        let mut at = s;
+        while at < e {
+            let n = (e - at).min(END_SPAN);
+            file.write_all_at(&zero[..n as usize], at)
+                .map_err(|err| format!("erasing {name} at byte {at}: {err}"))?;
+            counters.written.fetch_add(n, Ordering::Relaxed);
+            at += n;
+        }
+    }
+    file.sync_all()
+        .map_err(|e| format!("flushing {name}: {e}"))?;
+    drop_cache(file);
+    let mut checked = 0;
+    for &(s, e) in &regions {
+        checked += check_zero(file, d, s, e - s, "erased")?;
+    }
+    Ok(ErasedDisk {
+        disk: name.to_string(),
+        bytes: checked,
+        checked,
+        how: format!("metadata: {} regions", regions.len()),
+    })
+}
+
+fn overwrite(
+    file: &File,
+    d: &Disk,
+    counters: &Counters,
+    over: &dyn Fn() -> Result<(), String>,
+) -> Result<ErasedDisk, String> {
+    let name = d.path.display();
+    // O_DIRECT where the disk allows it: a pass over the whole disk would
+    // otherwise go through (and evict) the page cache.
+    let direct = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | if d.boot { 0 } else { libc::O_EXCL })
+        .open(&d.path)
+        .ok();
+    let mut buf = disk::AlignedBuf::new(disk::WRITE_BLOCK);
+    let zero = buf.as_mut();
+    let mut at = 0u64;
+    while at < d.size_bytes {
+        over()?;
+        let n = (d.size_bytes - at).min(zero.len() as u64) as usize;
+        let r = match &direct {
+            Some(f) if n % 4096 == 0 => f.write_all_at(&zero[..n], at),
+            _ => file.write_all_at(&zero[..n], at),
+        };
+        r.map_err(|e| format!("overwriting {name} at byte {at}: {e}"))?;
+        at += n as u64;
+        counters.written.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    if let Some(f) = &direct {
+        f.sync_all().map_err(|e| format!("flushing {name}: {e}"))?;
+    }
+    file.sync_all()
+        .map_err(|e| format!("flushing {name}: {e}"))?;
+    let checked = sample(file, d, "overwritten")?;
+    Ok(ErasedDisk {
+        disk: name.to_string(),
+        bytes: d.size_bytes,
+        checked,
+        how: "overwritten with zeros".into(),
+    })
+}
+
+/// Drops the disk's cached pages, so that reads come from the disk.
+fn drop_cache(file: &File) {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+    // BLKFLSBUF = _IO(0x12, 97): flushes and drops a block device's buffers.
+    const BLKFLSBUF: libc::c_ulong = 0x1261;
+    // SAFETY: ioctl and fadvise on a descriptor we own, no pointers.
+    unsafe {
+        libc::ioctl(fd, BLKFLSBUF as _);
+        libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+/// Both ends of the disk and [`SAMPLES`] random blocks read back as zeros.
+/// Returns the bytes checked.
+fn sample(file: &File, d: &Disk, what: &str) -> Result<u64, String> {
+    drop_cache(file);
+    let size = d.size_bytes;
+    let mut checked = 0;
+    checked += check_zero(file, d, 0, END_SPAN.min(size), what)?;
+    let tail = size.saturating_sub(END_SPAN);
+    checked += check_zero(file, d, tail, size - tail, what)?;
+    let len = SAMPLE_LEN as u64;
+    if size > len {
+        let mut rng = rand::rng();
+        let blocks = size / len;
+        for _ in 0..SAMPLES {
+            let at = rng.random_range(0..blocks) * len;
+            checked += check_zero(file, d, at, len, what)?;
+        }
+    }
+    Ok(checked)
+}
+
+/// Reads `[at, at + len)` and fails naming the first byte that is not zero.
+fn check_zero(file: &File, d: &Disk, at: u64, len: u64, what: &str) -> Result<u64, String> {
+    let mut buf = vec![0u8; (len.min(4 * MIB)) as usize];
+    let mut pos = at;
+    while pos < at + len {
+        let n = (at + len - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)
+            .map_err(|e| format!("reading {} back at byte {pos}: {e}", d.path.display()))?;
+        if let Some(i) = buf[..n].iter().position(|b| *b != 0) {
+            return Err(format!(
+                "{} was {what} but still holds data at byte {}: the disk said it erased and did not \
+                 (its blocks are not to be trusted to the next tenant; erase it with overwrite)",
+                d.path.display(),
+                pos + i as u64
+            ));
+        }
+        pos += n as u64;
+    }
+    Ok(len)
+}
+
+fn disk_size(f: &File) -> Option<u64> {
+    let meta = f.metadata().ok()?;
+    if !meta.file_type().is_block_device() {
+        return Some(meta.len());
+    }
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x80081272;
+    let mut size: u64 = 0;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+    // SAFETY: the ioctl writes one u64 into `size`.
+    let r = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size) };
+    (r == 0).then_some(size)
+}
+
+/// NVMe admin commands through the kernel's pass-through.
+mod nvme {
+    use std::fs::File;
+    use std::io;
+
+    use super::{Disk, SecureErase};
+
+    /// `struct nvme_passthru_cmd` (linux/nvme_ioctl.h).
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cmd {
+        opcode: u8,
+        flags: u8,
+        rsvd1: u16,
+        nsid: u32,
+        cdw2: u32,
+        cdw3: u32,
+        metadata: u64,
+        addr: u64,
+        metadata_len: u32,
+        data_len: u32,
+        cdw10: u32,
+        cdw11: u32,
+        cdw12: u32,
+        cdw13: u32,
+        cdw14: u32,
+        cdw15: u32,
+        timeout_ms: u32,
+        result: u32,
+    }
+    // NVME_IOCTL_ID = _IO('N', 0x40); NVME_IOCTL_ADMIN_CMD = _IOWR('N', 0x41, 72 bytes)
+    const NVME_IOCTL_ID: libc::c_ulong = 0x4e40;
+    const NVME_IOCTL_ADMIN_CMD: libc::c_ulong = 0xc048_4e41;
+
+    fn admin(file: &File, cmd: &mut Cmd) -> io::Result<u32> {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+        // SAFETY: the ioctl reads and writes one `Cmd`, and the buffer its
+        // `addr` names is `data_len` bytes the caller owns.
+        let r = unsafe { libc::ioctl(fd, NVME_IOCTL_ADMIN_CMD as _, cmd as *mut Cmd) };
+        match r {
+            0 => Ok(cmd.result),
+            r if r > 0 => Err(io::Error::other(format!(
+                "the controller answered status {r:#x}"
+            ))),
+            _ => Err(io::Error::last_os_error()),
+        }
+    }
+
+    fn identify(file: &File, nsid: u32, cns: u32) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        let mut cmd = Cmd {
+            opcode: 0x06,
+            nsid,
+            addr: buf.as_mut_ptr() as u64,
+            data_len: 4096,
+            cdw10: cns,
+            ..Cmd::default()
+        };
+        admin(file, &mut cmd)?;
+        Ok(buf)
+    }
+
+    pub fn advertised(disk: &Disk, file: &File) -> Result<SecureErase, String> {
+        let name = disk.path.display();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+        // SAFETY: an ioctl without argument on a descriptor we own.
+        let nsid = unsafe { libc::ioctl(fd, NVME_IOCTL_ID as _) };
+        if nsid <= 0 {
+            return Err(format!(
+                "{name} is an NVMe controller, not a namespace: name the namespace (nvmeXnY)"
+            ));
+        }
+        let ctrl = identify(file, 0, 1)
+            .map_err(|e| format!("{name}: the NVMe Identify Controller failed: {e}"))?;
+        let oacs = u16::from_le_bytes([ctrl[256], ctrl[257]]);
+        let fna = ctrl[524];
+        if oacs & 0b10 == 0 {
+            return Err(format!(
+                "{name}: the NVMe controller does not advertise Format NVM (OACS bit 1): erase it with overwrite"
+            ));
+        }
+        let ns = identify(file, nsid as u32, 0)
+            .map_err(|e| format!("{name}: the NVMe Identify Namespace failed: {e}"))?;
+        let flbas = ns[26];
+        let lbaf = u32::from(flbas & 0x0f) | (u32::from((flbas >> 5) & 0x3) << 4);
+        // Cryptographic erase where advertised (FNA bit 2): the keys are
+        // gone in an instant; else user data erase.
+        let ses = if fna & 0b100 != 0 { 2 } else { 1 };
+        Ok(SecureErase::NvmeFormat {
+            nsid: nsid as u32,
+            lbaf,
+            ses,
+        })
+    }
+
+    pub fn format(file: &File, nsid: u32, lbaf: u32, ses: u32) -> io::Result<()> {
+        let mut cmd = Cmd {
+            opcode: 0x80,
+            nsid,
+            cdw10: (ses << 9) | (lbaf & 0x0f) | ((lbaf >> 4) << 12),
+            // Large disks take minutes; the kernel's default is 60 s.
+            timeout_ms: 3_600_000,
+            ..Cmd::default()
+        };
+        admin(file, &mut cmd).map(|_| ())
+    }
+}

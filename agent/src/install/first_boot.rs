@@ -1,0 +1,371 @@
+//! The installed system's first-boot data (`ImageInstallation.nocloud`,
+//! `config_drive`): a FAT volume labelled `CIDATA` (a NoCloud seed) or
+//! `CONFIG-2` (an OpenStack config drive) holding the request's files,
+//! where cloud-init looks for it on the first boot.
+//!
+//! The volume goes into a new partition at the end of the installed disk,
+//! behind the image: the image's GPT is moved to the disk's real end (its
+//! backup header and array), the partition added, every checksum written
+//! anew; the space between the image's last partition and the volume stays
+//! free for cloud-init's growpart. An MBR image gets a primary partition.
+//! Or, when the request names another disk, the volume is that whole disk.
+
+use std::fs::File;
+use std::io::{Cursor, Write as _};
+use std::os::unix::fs::FileExt;
+
+use super::disk::{self, Disk};
+use crate::api::FirstBootFiles;
+use crate::api::image_installation::FirstBoot;
+
+const MIB: u64 = 1 << 20;
+/// The volume's size: room for the request's files (at most 1 MiB) in a
+/// FAT16 filesystem every kernel mounts.
+pub const VOLUME_BYTES: u64 = 32 * MIB;
+/// The partition's alignment.
+const ALIGN: u64 = MIB;
+/// The most file bytes a volume takes.
+pub const MAX_FILES_BYTES: usize = 4 << 20;
+
+/// What the volume is, as cloud-init finds it.
+pub struct Volume<'a> {
+    /// `CIDATA` or `CONFIG-2` (blkid's LABEL; cloud-init looks for both
+    /// cases).
+    pub label: &'static str,
+    /// The GPT partition's name.
+    pub name: &'static str,
+    pub files: &'a FirstBootFiles,
+}
+
+impl<'a> Volume<'a> {
+    pub fn of(fb: &'a FirstBoot) -> Volume<'a> {
+        match fb {
+            FirstBoot::Nocloud(files) => Volume {
+                label: "CIDATA",
+                name: "cidata",
+                files,
+            },
+            FirstBoot::ConfigDrive(files) => Volume {
+                label: "CONFIG-2",
+                name: "config-2",
+                files,
+            },
+        }
+    }
+}
+
+/// Checks the files before anything is written: names, sizes.
+pub fn check(fb: &FirstBoot) -> Result<(), String> {
+    let v = Volume::of(fb);
+    if v.files.files.is_empty() {
+        return Err(format!("the first-boot volume ({}) has no files", v.name));
+    }
+    let mut total = 0;
+    for (name, bytes) in &v.files.files {
+        if name.is_empty()
+            || name.starts_with('/')
+            || name
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(format!(
+                "the first-boot file name {name:?} is not a relative path of plain names"
+            ));
+        }
+        total += bytes.len();
+    }
+    if total > MAX_FILES_BYTES {
+        return Err(format!(
+            "the first-boot files are {total} bytes; at most {MAX_FILES_BYTES}"
+        ));
+    }
+    Ok(())
+}
+
+/// The volume's bytes: a FAT filesystem of [`VOLUME_BYTES`] labelled as
+/// cloud-init expects, with every file (directories made as the paths
+/// need).
+pub fn build(v: &Volume<'_>) -> Result<Vec<u8>, String> {
+    let mut image = vec![0u8; VOLUME_BYTES as usize];
+    let mut label = [b' '; 11];
+    label[..v.label.len()].copy_from_slice(v.label.as_bytes());
+    let err = |e: std::io::Error| format!("building the first-boot volume: {e}");
+    fatfs::format_volume(
+        Cursor::new(&mut image[..]),
+        fatfs::FormatVolumeOptions::new().volume_label(label),
+    )
+    .map_err(err)?;
+    let fs = fatfs::FileSystem::new(Cursor::new(&mut image[..]), fatfs::FsOptions::new())
+        .map_err(err)?;
+    {
+        let root = fs.root_dir();
+        let mut names: Vec<&String> = v.files.files.keys().collect();
+        names.sort();
+        for name in names {
+            let parts: Vec<&str> = name.split('/').collect();
+            let mut dir = root.clone();
+            for p in &parts[..parts.len() - 1] {
+                dir = match dir.open_dir(p) {
+                    Ok(d) => d,
+                    Err(_) => dir.create_dir(p).map_err(err)?,
+                };
+            }
+            let mut f = dir.create_file(parts[parts.len() - 1]).map_err(err)?;
+            f.truncate().map_err(err)?;
+            f.write_all(&v.files.files[name]).map_err(err)?;
+            f.flush().map_err(err)?;
+        }
+    }
+    fs.unmount().map_err(err)?;
+    Ok(image)
+}
+
+/// The room the volume needs beyond the image on its disk: the volume,
+/// its alignment, and the moved GPT.
+pub fn room_needed() -> u64 {
+    VOLUME_BYTES + 2 * ALIGN
+}
+
+/// Where the volume went.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub disk: String,
+    /// Its byte offset on that disk and its partition number (0: the whole
+    /// disk).
+    pub offset: u64,
+    pub partition: u32,
+}
+
+/// Writes the volume as a new partition at the end of the disk `f`
+/// (`size` bytes, `sector`-byte sectors) that holds a freshly written
+/// image: GPT (moved to the disk's end) or MBR.
+pub fn add_partition(
+    f: &File,
+    d: &Disk,
+    size: u64,
+    sector: u64,
+    volume: &[u8],
+    name: &str,
+) -> Result<Placed, String> {
+    let path = d.path.display().to_string();
+    let mut lba1 = vec![0u8; sector as usize];
+    f.read_exact_at(&mut lba1, sector)
+        .map_err(|e| format!("reading {path}'s partition table: {e}"))?;
+    let placed = if &lba1[..8] == b"EFI PART" {
+        gpt_add(f, &path, size, sector, lba1, volume, name)?
+    } else {
+        mbr_add(f, &path, size, volume)?
+    };
+    f.write_all_at(volume, placed.offset)
+        .map_err(|e| format!("writing the first-boot volume to {path}: {e}"))?;
+    f.sync_all().map_err(|e| format!("flushing {path}: {e}"))?;
+    let _ = disk::reread(f, d);
+    Ok(placed)
+}
+
+/// Writes the volume over the whole disk `f` (another disk than the
+/// installed one), its old partition tables' last MiB zeroed.
+pub fn whole_disk(f: &File, d: &Disk, size: u64, volume: &[u8]) -> Result<Placed, String> {
+    let path = d.path.display().to_string();
+    if size < volume.len() as u64 {
+        return Err(format!(
+            "{path} ({}) is smaller than the first-boot volume ({})",
+            disk::bytes(size),
+            disk::bytes(volume.len() as u64)
+        ));
+    }
+    let zero = vec![0u8; MIB.min(size) as usize];
+    f.write_all_at(&zero, size - zero.len() as u64)
+        .and_then(|_| f.write_all_at(volume, 0))
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("writing the first-boot volume to {path}: {e}"))?;
+    let _ = disk::reread(f, d);
+    Ok(Placed {
+        disk: path,
+        offset: 0,
+        partition: 0,
+    })
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn crc32(b: &[u8]) -> u32 {
+    let mut c = flate2::Crc::new();
+    c.update(b);
+    c.sum()
+}
+
+/// Microsoft basic data, as GPT stores it (mixed-endian).
+const BASIC_DATA: [u8; 16] = [
+    0xA2, 0xA0, 0xD0, 0xEB, 0xE5, 0xB9, 0x33, 0x44, 0x87, 0xC0, 0x68, 0xB6, 0xB7, 0x26, 0x99, 0xC7,
+];
+
+fn no_room(path: &str, used_end: u64, size: u64) -> String {
+    format!(
+        "{path} has no room for the first-boot volume: the image's partitions end at {}, the disk is {}; \
+         the volume needs {} free at the disk's end",
+        disk::bytes(used_end),
+        disk::bytes(size),
+        disk::bytes(room_needed())
+    )
+}
+
+fn gpt_add(
+    f: &File,
+    path: &str,
+    size: u64,
+    sector: u64,
+    mut header: Vec<u8>,
+    volume: &[u8],
+    name: &str,
+) -> Result<Placed, String> {
+    let header_len = u32_at(&header, 12) as usize;
+    if !(92..=sector as usize).contains(&header_len) {
+        return Err(format!(
+            "{path}: the GPT header's size {header_len} is not valid"
+        ));
+    }
+    let (old_backup, first_usable) = (u64_at(&header, 32), u64_at(&header, 40));
+    let (entries_lba, count, entry_len) = (
+        u64_at(&header, 72),
+        u32_at(&header, 80) as usize,
+        u32_at(&header, 84) as usize,
+    );
+    if !(128..=4096).contains(&entry_len) || count == 0 || count > 16384 {
+        return Err(format!("{path}: the GPT's partition array is not valid"));
+    }
+    let mut entries = vec![0u8; count * entry_len];
+    f.read_exact_at(&mut entries, entries_lba * sector)
+        .map_err(|e| format!("reading {path}'s partition array: {e}"))?;
+    let mut used_end = first_usable;
+    let mut free = None;
+    for (i, e) in entries.chunks(entry_len).enumerate() {
+        if e[..16].iter().all(|b| *b == 0) {
+            free.get_or_insert(i);
+        } else {
+            used_end = used_end.max(u64_at(e, 40) + 1);
+        }
+    }
+    let Some(slot) = free else {
+        return Err(format!(
+            "{path}: the image's GPT has no free entry for the first-boot volume"
+        ));
+    };
+    let array_sectors = ((count * entry_len) as u64).div_ceil(sector);
+    let last = size / sector - 1;
+    let last_usable = last - array_sectors - 1;
+    let len = volume.len() as u64 / sector;
+    let align = ALIGN / sector;
+    let start = (last_usable + 1 - len) / align * align;
+    if start < used_end || start < first_usable {
+        return Err(no_room(path, used_end * sector, size));
+    }
+    // The new entry.
+    let e = &mut entries[slot * entry_len..(slot + 1) * entry_len];
+    e.fill(0);
+    e[..16].copy_from_slice(&BASIC_DATA);
+    e[16..32].copy_from_slice(uuid::Uuid::new_v4().to_bytes_le().as_slice());
+    put_u64(e, 32, start);
+    put_u64(e, 40, start + len - 1);
+    for (i, u) in name.encode_utf16().take(36).enumerate() {
+        e[56 + 2 * i..58 + 2 * i].copy_from_slice(&u.to_le_bytes());
+    }
+    let entries_crc = crc32(&entries);
+    // The primary header: the disk's real end.
+    put_u64(&mut header, 32, last);
+    put_u64(&mut header, 48, last_usable);
+    put_u32(&mut header, 88, entries_crc);
+    put_u32(&mut header, 16, 0);
+    let crc = crc32(&header[..header_len]);
+    put_u32(&mut header, 16, crc);
+    // The backup: the same, at the end, pointing at its own array.
+    let mut backup = header.clone();
+    put_u64(&mut backup, 24, last);
+    put_u64(&mut backup, 32, 1);
+    put_u64(&mut backup, 72, last - array_sectors);
+    put_u32(&mut backup, 16, 0);
+    let crc = crc32(&backup[..header_len]);
+    put_u32(&mut backup, 16, crc);
+    let io = |e: std::io::Error| format!("writing {path}'s partition table: {e}");
+    // The image's old backup header (now inside free space) goes.
+    if old_backup != last && old_backup > used_end && old_backup < start {
+        f.write_all_at(&vec![0u8; sector as usize], old_backup * sector)
+            .map_err(io)?;
+    }
+    f.write_all_at(&entries, entries_lba * sector).map_err(io)?;
+    f.write_all_at(&entries, (last - array_sectors) * sector)
+        .map_err(io)?;
+    f.write_all_at(&backup, last * sector).map_err(io)?;
+    f.write_all_at(&header, sector).map_err(io)?;
+    // The protective MBR covers the whole disk.
+    let mut mbr = vec![0u8; 512];
+    f.read_exact_at(&mut mbr, 0).map_err(io)?;
+    if mbr[446 + 4] == 0xEE {
+        put_u32(&mut mbr, 446 + 12, last.min(u64::from(u32::MAX)) as u32);
+        f.write_all_at(&mbr, 0).map_err(io)?;
+    }
+    Ok(Placed {
+        disk: path.to_string(),
+        offset: start * sector,
+        partition: slot as u32 + 1,
+    })
+}
+
+fn mbr_add(f: &File, path: &str, size: u64, volume: &[u8]) -> Result<Placed, String> {
+    let mut mbr = vec![0u8; 512];
+    f.read_exact_at(&mut mbr, 0)
+        .map_err(|e| format!("reading {path}'s partition table: {e}"))?;
+    if mbr[510..512] != [0x55, 0xAA] {
+        return Err(format!(
+            "{path}: the image has neither a GPT nor an MBR partition table: no first-boot volume can be added"
+        ));
+    }
+    let mut used_end = MIB / 512;
+    let mut free = None;
+    for i in 0..4 {
+        let e = &mbr[446 + i * 16..446 + (i + 1) * 16];
+        if e[4] == 0 {
+            free.get_or_insert(i);
+        } else {
+            used_end = used_end.max(u64::from(u32_at(e, 8)) + u64::from(u32_at(e, 12)));
+        }
+    }
+    let Some(slot) = free else {
+        return Err(format!(
+            "{path}: the image's MBR has no free primary entry for the first-boot volume"
+        ));
+    };
+    let sectors = (size / 512).min(u64::from(u32::MAX));
+    let len = volume.len() as u64 / 512;
+    let start = (sectors - len) / (ALIGN / 512) * (ALIGN / 512);
+    if start < used_end {
+        return Err(no_room(path, used_end * 512, size));
+    }
+    let e = &mut mbr[446 + slot * 16..446 + (slot + 1) * 16];
+    e.copy_from_slice(&[
+        0, 0xFE, 0xFF, 0xFF, 0x0C, 0xFE, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    put_u32(e, 8, start as u32);
+    put_u32(e, 12, len as u32);
+    f.write_all_at(&mbr, 0)
+        .map_err(|e| format!("writing {path}'s partition table: {e}"))?;
+    Ok(Placed {
+        disk: path.to_string(),
+        offset: start * 512,
+        partition: slot as u32 + 1,
+    })
+}

@@ -400,8 +400,16 @@ pub struct InstallationBody {
     pub requested_by: String,
     pub requested_at: String,
     pub rollout_id: Option<Uuid>,
-    /// `installing`, `installed` or `install-failed`.
+    /// `installing`, `installed` or `install-failed`; for an erasure
+    /// (deprovisioning) `cleaning`, `available` or `clean-failed`.
     pub state: String,
+    /// `install`, or `erase` (deprovisioning; no image).
+    pub kind: String,
+    /// An erasure's mode: `metadata`, `discard`, `secure`, `overwrite`.
+    pub erase_mode: Option<String>,
+    /// The first-boot data: the volume, each file's name, size and
+    /// SHA-256 (never its content).
+    pub first_boot: Option<String>,
     pub progress: Option<Progress>,
     /// `Success` or `Error`, once reported.
     pub result: Option<String>,
@@ -411,7 +419,8 @@ pub struct InstallationBody {
 
 #[derive(Serialize, ToSchema)]
 pub struct Progress {
-    /// `preparing`, `writing`, `verifying`, `done`, `failed`, `rebooting`.
+    /// `preparing`, `writing`, `verifying`, `first-boot`, `done`, `failed`,
+    /// `rebooting`; `erasing` for an erasure.
     pub phase: String,
     pub bytes_fetched: i64,
     pub bytes_written: i64,
@@ -440,6 +449,9 @@ impl From<&Installation> for InstallationBody {
             requested_at: rfc3339(i.requested_at),
             rollout_id: i.rollout_id,
             state: i.state.clone(),
+            kind: i.kind.clone(),
+            erase_mode: i.erase_mode.clone(),
+            first_boot: i.first_boot.clone(),
             progress: i.progress.as_ref().map(|(p, at)| Progress {
                 phase: phase_name(p.phase).to_string(),
                 bytes_fetched: p.bytes_fetched,

@@ -76,15 +76,34 @@ pub(super) fn machine_section(
     match &d.installation {
         None => b.push_str("<p class=\"muted\" id=\"install-none\">No installation asked yet.</p>"),
         Some(i) => {
+            let what = if i.kind == "erase" {
+                format!(
+                    "erase ({})",
+                    esc(i.erase_mode.as_deref().unwrap_or("metadata"))
+                )
+            } else {
+                format!(
+                    "{}<br><span class=\"muted\">{}</span>{}",
+                    esc(&i.image_url),
+                    esc(&i.image_digest),
+                    i.first_boot
+                        .as_deref()
+                        .map(|f| format!(
+                            "<br><span id=\"install-first-boot\">first boot: {}</span>",
+                            esc(f)
+                        ))
+                        .unwrap_or_default()
+                )
+            };
             let _ = write!(
                 b,
                 "<table id=\"install\"><tr><th>generation</th><td>{}</td></tr>\
-                 <tr><th>image</th><td id=\"install-image\">{}<br><span class=\"muted\">{}</span></td></tr>\
+                 <tr><th>{}</th><td id=\"install-image\">{}</td></tr>\
                  <tr><th>asked by</th><td id=\"install-by\">{} at {}{}</td></tr>\
                  <tr><th>state</th><td id=\"install-state\">{}</td></tr>",
                 i.generation,
-                esc(&i.image_url),
-                esc(&i.image_digest),
+                if i.kind == "erase" { "deprovisioning" } else { "image" },
+                what,
                 esc(&i.requested_by),
                 rfc3339(i.requested_at),
                 i.rollout_id
@@ -145,16 +164,36 @@ pub(super) fn machine_section(
             b.push_str("</table>");
         }
     }
+    use crate::bmdb::lifecycle::Operation;
     if let Some(op) = operator {
-        let _ = write!(
-            b,
-            "<form method=\"post\" action=\"{mid}/install\" id=\"form-install\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{}\">{}\
-             <input type=\"text\" name=\"reason\" placeholder=\"reason\" size=\"20\"> \
-             <button type=\"submit\" id=\"button-install\">Install</button></form>",
-            admin.csrf.token(op, &mid),
-            image_fields(admin)
-        );
+        if Operation::Install.allows(d.summary.state) {
+            let _ = write!(
+                b,
+                "<form method=\"post\" action=\"{mid}/install\" id=\"form-install\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">{}\
+                 <details><summary>first boot (cloud-init NoCloud)</summary>\
+                 <label>host name <input name=\"hostname\" size=\"16\"></label> \
+                 <label>SSH keys <textarea name=\"ssh_keys\" rows=\"2\" cols=\"40\"></textarea></label> \
+                 <label>user-data <textarea name=\"user_data\" rows=\"4\" cols=\"40\" placeholder=\"#cloud-config\"></textarea></label>\
+                 </details>\
+                 <input type=\"text\" name=\"reason\" placeholder=\"reason\" size=\"20\"> \
+                 <button type=\"submit\" id=\"button-install\">Install</button></form>",
+                admin.csrf.token(op, &mid),
+                image_fields(admin)
+            );
+        }
+        if Operation::Deprovision.allows(d.summary.state) {
+            let _ = write!(
+                b,
+                "<form method=\"post\" action=\"{mid}/deprovision\" id=\"form-deprovision\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <label>erase <select name=\"mode\"><option>metadata</option><option>discard</option>\
+                 <option>secure</option><option>overwrite</option></select></label> \
+                 <input type=\"text\" name=\"reason\" placeholder=\"reason\" size=\"20\"> \
+                 <button type=\"submit\" id=\"button-deprovision\">Deprovision</button></form>",
+                admin.csrf.token(op, &mid),
+            );
+        }
     }
     b.push_str("</section>");
     b
@@ -183,6 +222,13 @@ pub(super) struct ImageForm {
     deadline: String,
     #[serde(default)]
     reason: String,
+    // One machine's first boot.
+    #[serde(default)]
+    hostname: String,
+    #[serde(default)]
+    ssh_keys: String,
+    #[serde(default)]
+    user_data: String,
     // Rollouts only.
     #[serde(default)]
     max_parallel: String,
@@ -233,6 +279,40 @@ impl ImageForm {
             min_size_bytes: min,
             ..DiskBody::default()
         });
+        let first_boot = (some(&self.hostname).is_some()
+            || some(&self.ssh_keys).is_some()
+            || some(&self.user_data).is_some())
+        .then(|| {
+            let q = |v: &str| serde_json::Value::from(v).to_string();
+            let mut meta = String::new();
+            if let Some(h) = some(&self.hostname) {
+                meta += &format!("local-hostname: {}\n", q(&h));
+            }
+            let keys: Vec<&str> = self
+                .ssh_keys
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            if !keys.is_empty() {
+                meta += "public-keys:\n";
+                for k in keys {
+                    meta += &format!("  - {}\n", q(k));
+                }
+            }
+            let mut files = std::collections::BTreeMap::new();
+            files.insert("meta-data".to_string(), meta);
+            files.insert(
+                "user-data".to_string(),
+                some(&self.user_data)
+                    .map(|u| u.replace("\r\n", "\n") + "\n")
+                    .unwrap_or_else(|| "#cloud-config\n{}\n".into()),
+            );
+            super::installs::FirstBootBody {
+                nocloud: Some(files),
+                ..Default::default()
+            }
+        });
         Ok(ImageBody {
             url: some(&self.url),
             served: some(&self.served),
@@ -241,6 +321,7 @@ impl ImageForm {
             reboot: checked(&self.reboot),
             set_efi_boot_entry: checked(&self.efi),
             deadline: some(&self.deadline),
+            first_boot,
             ..ImageBody::default()
         })
     }
@@ -278,6 +359,56 @@ pub(super) async fn install_form(
                 format!(
                     "{}?done={}#installation",
                     req.path().trim_end_matches("/install"),
+                    a.id
+                ),
+            ))
+            .finish(),
+        Err((status, msg)) => error_page(status, &msg, &back),
+    }
+}
+
+/// The machine page's deprovisioning form, as posted.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeprovisionForm {
+    csrf: String,
+    #[serde(default)]
+    mode: String,
+    #[serde(default)]
+    reason: String,
+}
+
+impl auth::Form for DeprovisionForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+/// `POST /machines/{id}/deprovision` from the machine page.
+pub(super) async fn deprovision_form(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    form: web::Bytes,
+) -> HttpResponse {
+    let back = format!("../{}", esc(&id));
+    let (form, operator) =
+        match auth::checked_form::<DeprovisionForm>(&admin, &req, &form, &id, &back) {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
+    let body = installs::DeprovisionBody {
+        mode: some(&form.mode),
+        reason: some(&form.reason),
+        ..Default::default()
+    };
+    match installs::deprovision(&admin, &operator, &id, body).await {
+        Ok((_, a)) => HttpResponse::SeeOther()
+            .insert_header((
+                "Location",
+                format!(
+                    "{}?done={}#installation",
+                    req.path().trim_end_matches("/deprovision"),
                     a.id
                 ),
             ))

@@ -669,6 +669,21 @@ pub(super) async fn machine_page(
             "<section class=\"actions\" id=\"actions\"><h2>Actions</h2><p class=\"muted\">As {}; each is recorded with its reason.</p>",
             esc(&op.0)
         );
+        let allowed: Vec<&str> = crate::bmdb::lifecycle::Operation::ALL
+            .iter()
+            .filter(|o| o.allows(d.summary.state))
+            .map(|o| o.as_str())
+            .collect();
+        let _ = write!(
+            b,
+            "<p id=\"allowed\">In state <b>{}</b>, the life cycle allows: {}.</p>",
+            d.summary.state,
+            if allowed.is_empty() {
+                "nothing".to_string()
+            } else {
+                allowed.join(", ")
+            }
+        );
         for action in Action::ALL {
             let available = match action {
                 Action::Retry => !d.backoffs.is_empty(),
@@ -685,7 +700,8 @@ pub(super) async fn machine_page(
                             .is_none_or(|r| r.cause != crate::bmdb::bmc_boot::BootCause::Inspect)
                 }
             };
-            if !available {
+            let allowed = crate::bmdb::lifecycle::Operation::from(action).allows(d.summary.state);
+            if !available || !allowed {
                 continue;
             }
             let _ = write!(

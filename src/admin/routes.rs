@@ -92,6 +92,10 @@ fn bounded_by_the_database() -> actix_web::Scope<
             "/machines/{id}/install",
             install_pages::install_form,
         ))
+        .service(post_only(
+            "/machines/{id}/deprovision",
+            install_pages::deprovision_form,
+        ))
         .service(post_only("/machines/{id}/{action}", pages::form_action))
         .service(read_and_post(
             "/rollouts",

@@ -44,7 +44,7 @@ pub struct Asker<'a> {
 
 const LOCK_MACHINE: &str = "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE";
 const CURRENT: &str = "SELECT rq.generation, rp.generation, i.requested_by, i.requested_at, \
-            EXISTS (SELECT 1 FROM machine_hold h WHERE h.machine_id = $1) \
+            EXISTS (SELECT 1 FROM machine_hold h WHERE h.machine_id = $1), i.kind \
      FROM (SELECT $1::uuid AS machine_id) x \
      LEFT JOIN machine_os_installation_request rq ON rq.machine_id = x.machine_id \
      LEFT JOIN machine_os_installation_report rp ON rp.machine_id = x.machine_id \
@@ -305,9 +305,9 @@ async fn ask_work(
     work: Work<'_>,
     asker: &Asker<'_>,
 ) -> Result<Asked, BmdbError> {
-    let (op, verb) = match work {
-        Work::Install(_) => (super::lifecycle::Operation::Install, "installing"),
-        Work::Erase(_) => (super::lifecycle::Operation::Deprovision, "erasing"),
+    let op = match work {
+        Work::Install(_) => super::lifecycle::Operation::Install,
+        Work::Erase(_) => super::lifecycle::Operation::Deprovision,
     };
     if let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&asker.action_id]).await? {
         // Asked before under this ID: that answer again.
@@ -338,14 +338,23 @@ async fn ask_work(
     let r = tx.query_one(CURRENT, &[&machine_id]).await?;
     let (requested, reported): (Option<i32>, Option<i32>) = (r.get(0), r.get(1));
     let (by, at): (Option<String>, Option<SystemTime>) = (r.get(2), r.get(3));
+    let pending = match r.get::<_, Option<String>>(5).as_deref() {
+        Some("erase") => "erasing",
+        _ => "installing",
+    };
     if r.get::<_, bool>(4) {
         return Ok(Asked::Refused(format!(
             "machine {machine_id} is held; release it first"
         )));
     }
+    if let Some(state) = super::machines::state_of(tx, machine_id).await? {
+        if let Some(why) = super::lifecycle::refusal(machine_id, state, op) {
+            return Ok(Asked::Refused(why));
+        }
+    }
     if let Some(g) = requested.filter(|g| Some(*g) != reported) {
         return Ok(Asked::Refused(format!(
-            "machine {machine_id} is {verb} generation {g}{}; its agent has not reported yet",
+            "machine {machine_id} is {pending} generation {g}{}; its agent has not reported yet",
             match (by, at) {
                 (Some(by), Some(at)) => format!(
                     " (asked by {by} at {})",
@@ -354,11 +363,6 @@ async fn ask_work(
                 _ => String::new(),
             }
         )));
-    }
-    if let Some(state) = super::machines::state_of(tx, machine_id).await? {
-        if let Some(why) = super::lifecycle::refusal(machine_id, state, op) {
-            return Ok(Asked::Refused(why));
-        }
     }
     if super::hardware::bmc_unread(tx, machine_id).await? {
         return Ok(Asked::Refused(format!(
@@ -540,8 +544,15 @@ pub struct Installation {
     pub requested_by: String,
     pub requested_at: SystemTime,
     pub rollout_id: Option<Uuid>,
-    /// `installing`, `installed` or `install-failed`.
+    /// `installing`, `installed` or `install-failed`; for an erasure
+    /// `cleaning`, `available` or `clean-failed`.
     pub state: String,
+    /// `install` or `erase`.
+    pub kind: String,
+    /// An erasure's mode.
+    pub erase_mode: Option<String>,
+    /// The first-boot data, as digests ([`first_boot_summary`]).
+    pub first_boot: Option<String>,
     /// The agent's latest progress, and when it came.
     pub progress: Option<(InstallationProgress, SystemTime)>,
     /// The report of this generation: its result and, for an error, what
@@ -560,7 +571,8 @@ pub struct HistoryEntry {
 
 const VIEW: &str = "SELECT i.generation, i.image_url, i.image_digest, i.requested_by, i.requested_at, \
             i.rollout_id, s.installation, p.progress_raw, p.progress_at, p.generation, \
-            rp.generation, rp.os_installation_result, rp.os_installation_report_raw \
+            rp.generation, rp.os_installation_result, rp.os_installation_report_raw, \
+            i.kind, i.erase_mode, i.first_boot \
      FROM machine_installation i \
      JOIN machine_summary s ON s.machine_id = i.machine_id \
      LEFT JOIN machine_installation_progress p ON p.machine_id = i.machine_id \
@@ -630,6 +642,9 @@ pub async fn installation(
         state: r
             .get::<_, Option<String>>(6)
             .unwrap_or_else(|| "installing".into()),
+        kind: r.get(13),
+        erase_mode: r.get(14),
+        first_boot: r.get(15),
         progress,
         result,
         history,

@@ -79,11 +79,10 @@ impl Operation {
                 CleanFailed,
             ],
             // Drops the agent: not while it writes or erases a disk, nor
-            // while its BMC boots it.
+            // while a shepherd works on it or its BMC boots it.
             Operation::Retakeover => &[
                 Pending,
                 Backoff,
-                Leased,
                 Held,
                 AgentStarted,
                 EnrollFailed,

@@ -678,3 +678,200 @@ async fn the_command_line_asks_installs_and_starts_follows_and_cancels_rollouts(
     let (_, out, _) = run(&["rollouts", "show", &rollout]);
     assert!(out.contains("ended: canceled by cli"), "{out}");
 }
+
+/// A raw disk image with a GPT (one 8 MiB Linux partition) made by
+/// sfdisk, as images are.
+fn gpt_image(path: &Path, len: u64) {
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(len).unwrap();
+    let mut child = std::process::Command::new("sfdisk")
+        .arg("--quiet")
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("sfdisk");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"label: gpt\nstart=2048, size=16384, type=L\n")
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[actix_rt::test]
+async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_available_again() {
+    let mut rig = Rig::new(2, Ipv4Addr::new(127, 0, 63, 1)).await;
+    let (id, ip) = rig.machines().await[0].clone();
+    let images = rig.dir.path().join("images");
+    gpt_image(&images.join("gpt.img"), 16 << 20);
+    let secret = "password-in-user-data-7f3e";
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/install"),
+            json!({"image": {"served": "gpt.img", "reboot": true, "first_boot": {"nocloud": {
+                "user-data": format!("#cloud-config\nchpasswd:\n  users:\n    - {{name: root, password: {secret}}}\n"),
+                "meta-data": "local-hostname: {{provider_id}}\n"}}}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.to_string().contains(secret), "{body}");
+    let d = rig.wait_state(id, &["installed", "install-failed"]).await;
+    assert_eq!(d["machine"]["state"], "installed", "{d:#}");
+    let fb = d["installation"]["first_boot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(fb.starts_with("nocloud: meta-data "), "{fb}");
+    assert!(fb.contains("user-data ") && fb.contains("sha256:"), "{fb}");
+    // The seed is on the machine's disk, behind the image, its meta-data
+    // filled for this machine and generation.
+    let disk = rig.disk(&ip);
+    let out = std::process::Command::new("sfdisk")
+        .arg("--json")
+        .arg(&disk)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let parts = t["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(parts.len(), 2, "{t:#}");
+    assert_eq!(parts[1]["name"], "cidata");
+    let offset = parts[1]["start"].as_u64().unwrap() * 512;
+    let meta = std::process::Command::new("mcopy")
+        .arg("-i")
+        .arg(format!("{}@@{offset}", disk.display()))
+        .args(["::meta-data", "-"])
+        .env("MTOOLS_SKIP_CHECK", "1")
+        .output()
+        .unwrap();
+    let meta = String::from_utf8_lossy(&meta.stdout).into_owned();
+    let provider_id: String = rig
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT provider_id FROM machine_provided WHERE machine_id = $1",
+                    &[&id],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    assert!(meta.contains(&format!("instance-id: {id}-g1")), "{meta}");
+    assert!(
+        meta.contains(&format!("local-hostname: {provider_id}")),
+        "{meta}"
+    );
+    // Nor is it in the service's log.
+    assert!(!rig.shepherd.log_tail().contains(secret));
+    // Deprovisioned: taken over again (the installed system runs no
+    // agent), erased, available.
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/deprovision"),
+            json!({"mode": "metadata", "reason": "tenant left"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 2);
+    assert_eq!(body["action"]["action"], "deprovision");
+    assert!(
+        body["action"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("takes it over again"),
+        "{body}"
+    );
+    let d = rig.wait_state(id, &["available", "clean-failed"]).await;
+    assert_eq!(d["machine"]["state"], "available", "{d:#}");
+    let inst = &d["installation"];
+    assert_eq!(inst["kind"], "erase");
+    assert_eq!(inst["erase_mode"], "metadata");
+    let events: Vec<&str> = inst["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        ["requested", "installed", "erase-requested", "erased"]
+    );
+    // No partition table is left, nor the seed's filesystem.
+    let out = std::process::Command::new("sfdisk")
+        .arg("--json")
+        .arg(&disk)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() || out.stdout.is_empty(),
+        "a partition table is left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let probed = std::process::Command::new("blkid")
+        .args(["-p", "-o", "export", "-O"])
+        .arg(offset.to_string())
+        .arg(&disk)
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&probed.stdout).contains("CIDATA"),
+        "the seed is gone"
+    );
+    // Available: its agent heartbeats and takes the next installation.
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/install"),
+            json!({"image": {"served": "gpt.img"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let d = rig.wait_state(id, &["installed", "install-failed"]).await;
+    assert_eq!(d["machine"]["state"], "installed", "{d:#}");
+    // Deprovisioning a machine that is not there, or twice at once: 404, 409.
+    let (status, _) = rig
+        .post(
+            &format!("/api/v1/machines/{}/deprovision", uuid::Uuid::new_v4()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{id}/deprovision"),
+            json!({"mode": "shred"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("mode"), "{body}");
+}
+
+impl Rig {
+    /// The machine's API detail once its state is one of `states`.
+    async fn wait_state(&mut self, id: uuid::Uuid, states: &[&str]) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let d = self.get(&format!("/api/v1/machines/{id}")).await;
+            if states.contains(&d["machine"]["state"].as_str().unwrap_or("")) {
+                return d;
+            }
+            self.shepherd.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "not {states:?}: {d:#}\n{}",
+                self.shepherd.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}

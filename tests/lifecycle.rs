@@ -24,9 +24,7 @@ const TOKEN: &str = "life-cycle-token-0123456789";
 async fn sql(bmdb: &Bmdb, q: &str, m: Uuid) {
     // The transaction's closure outlives this call's borrows.
     let q: &'static str = Box::leak(q.to_string().into_boxed_str());
-    let r = bmdb
-        .transact(async |tx| tx.execute(q, &[&m]).await)
-        .await;
+    let r = bmdb.transact(async |tx| tx.execute(q, &[&m]).await).await;
     if let Err(e) = r {
         panic!("{q}: {e}");
     }
@@ -145,7 +143,14 @@ async fn machine(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operat
                 _ => {}
             }
         }
-        Unprovided => sql(bmdb, "DELETE FROM machine_provided WHERE machine_id = $1", id).await,
+        Unprovided => {
+            sql(
+                bmdb,
+                "DELETE FROM machine_provided WHERE machine_id = $1",
+                id,
+            )
+            .await
+        }
     }
     let allowed = op.allows(state);
     if allowed {
@@ -289,7 +294,8 @@ async fn every_action_from_every_state_is_allowed_or_refused_as_the_table_says()
 
 #[test]
 fn the_readme_shows_the_table_the_code_enforces() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let table = shepherd::bmdb::lifecycle::markdown_table();
     assert!(
         readme.contains(&table),

@@ -102,7 +102,11 @@ pub(super) fn machine_section(
                  <tr><th>asked by</th><td id=\"install-by\">{} at {}{}</td></tr>\
                  <tr><th>state</th><td id=\"install-state\">{}</td></tr>",
                 i.generation,
-                if i.kind == "erase" { "deprovisioning" } else { "image" },
+                if i.kind == "erase" {
+                    "deprovisioning"
+                } else {
+                    "image"
+                },
                 what,
                 esc(&i.requested_by),
                 rfc3339(i.requested_at),

@@ -73,8 +73,15 @@ const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
 const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
 const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
          (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, $4, now(), $3)";
-/// An installed machine taken over by SSH runs no agent: it is taken over
-/// again (the installed system has host keys of its own).
+/// An installed machine taken over by SSH runs no agent (it rebooted into
+/// the installed system): it is taken over again (the installed system has
+/// host keys of its own). One whose agent still heartbeats well after the
+/// report (an installation without a reboot) keeps it.
+const RETAKE_DUE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_started WHERE machine_id = $1) \
+       AND NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat hb \
+            WHERE hb.machine_id = $1 AND hb.agent_heartbeat_at > now() - interval '1 minute' \
+              AND hb.agent_heartbeat_at > (SELECT max(\"timestamp\") + interval '20 seconds' \
+                    FROM installation_history WHERE machine_id = $1 AND event = 'installed'))";
 const RETAKE_OVER: &str = "WITH h AS (DELETE FROM machine_agent_heartbeat WHERE machine_id = $1), \
           k AS (DELETE FROM machine_ssh_host_key WHERE machine_id = $1) \
      DELETE FROM machine_agent_started WHERE machine_id = $1";
@@ -459,6 +466,10 @@ async fn ask_work(
     let retaken = installed
         && !bmc_boot
         && matches!(work, Work::Erase(_))
+        && tx
+            .query_one(RETAKE_DUE, &[&machine_id])
+            .await?
+            .get::<_, bool>(0)
         && tx.execute(RETAKE_OVER, &[&machine_id]).await? > 0;
     tx.execute(
         PUT_INSTALLATION,

@@ -354,7 +354,7 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
-    pub fn as_mut(&mut self) -> &mut [u8] {
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for len bytes and uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -491,7 +491,7 @@ impl Target {
         while !data.is_empty() {
             let room = WRITE_BLOCK - self.fill;
             let n = room.min(data.len());
-            self.buf.as_mut()[self.fill..self.fill + n].copy_from_slice(&data[..n]);
+            self.buf.bytes_mut()[self.fill..self.fill + n].copy_from_slice(&data[..n]);
             self.fill += n;
             data = &data[n..];
             if self.fill == WRITE_BLOCK {
@@ -545,10 +545,10 @@ impl Target {
             }
             let a = from.max(pos);
             let b = to.min(end);
-            let src = &self.buf.as_mut()[(a - pos) as usize..(b - pos) as usize];
+            let src = &self.buf.bytes_mut()[(a - pos) as usize..(b - pos) as usize];
             g.bytes[(a - from) as usize..(b - from) as usize].copy_from_slice(src);
         }
-        if let Err(e) = self.file.write_all_at(&self.buf.as_mut()[..fill], pos) {
+        if let Err(e) = self.file.write_all_at(&self.buf.bytes_mut()[..fill], pos) {
             return Err(self.io(pos, e));
         }
         self.pos = end;
@@ -626,8 +626,8 @@ pub fn rewrite(path: &Path, guards: &[Guard]) -> Result<(), String> {
     let buffered = open(0)?;
     let mut buf = AlignedBuf::new(GUARD_LEN);
     for g in guards {
-        buf.as_mut()[..g.bytes.len()].copy_from_slice(&g.bytes);
-        let data = &buf.as_mut()[..g.bytes.len()];
+        buf.bytes_mut()[..g.bytes.len()].copy_from_slice(&g.bytes);
+        let data = &buf.bytes_mut()[..g.bytes.len()];
         // Partitions start on sector boundaries; anything else goes
         // through the page cache, flushed below.
         let written = match &direct {

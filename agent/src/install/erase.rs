@@ -526,7 +526,7 @@ fn overwrite(
         .open(&d.path)
         .ok();
     let mut buf = disk::AlignedBuf::new(disk::WRITE_BLOCK);
-    let zero = buf.as_mut();
+    let zero = buf.bytes_mut();
     let mut at = 0u64;
     while at < d.size_bytes {
         over()?;

@@ -108,3 +108,7 @@ ALTER TABLE operator_action DROP CONSTRAINT operator_action_action_check;
 ALTER TABLE operator_action ADD CONSTRAINT operator_action_action_check
     CHECK (action IN ('retry', 'retakeover', 'reboot', 'hold', 'release', 'release-brake', 'install',
                       'inspect', 'accept-hardware', 'deprovision'));
+
+-- A rollout may deprovision instead of install: its erasure's bytes
+-- (`DiskErasure`), asked of each machine in turn.
+ALTER TABLE rollout ADD COLUMN erasure_raw bytea NULL;

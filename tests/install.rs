@@ -677,6 +677,89 @@ async fn the_command_line_asks_installs_and_starts_follows_and_cancels_rollouts(
     );
     let (_, out, _) = run(&["rollouts", "show", &rollout]);
     assert!(out.contains("ended: canceled by cli"), "{out}");
+    // First-boot data from files: the request carries a NoCloud seed whose
+    // meta-data names this machine's generation; only digests are shown.
+    let id1 = ids[1].to_string();
+    let files = tempfile::tempdir().unwrap();
+    let keys = files.path().join("keys.pub");
+    std::fs::write(
+        &keys,
+        "# ops\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey ops@example\n",
+    )
+    .unwrap();
+    let user_data = files.path().join("user-data.yaml");
+    std::fs::write(&user_data, "#cloud-config\npassword: hunter2-do-not-log\n").unwrap();
+    let (code, out, err) = run(&[
+        "machines",
+        "install",
+        &id1,
+        "--url",
+        "https://images.example/a.img",
+        "--digest",
+        &digest,
+        "--hostname",
+        "web-{{provider_id}}",
+        "--ssh-authorized-keys",
+        keys.to_str().unwrap(),
+        "--user-data",
+        user_data.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("hunter2"), "{out}");
+    let raw: Vec<u8> = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT os_installation_request_raw FROM machine_os_installation_request WHERE machine_id = $1",
+                    &[&ids[1]],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    let req = shepherd_agent::api::OsInstallationRequest::decode(raw.as_slice()).unwrap();
+    let Some(shepherd_agent::api::os_installation_request::Type::Image(image)) = req.r#type else {
+        panic!("{req:?}");
+    };
+    let Some(shepherd_agent::api::image_installation::FirstBoot::Nocloud(seed)) = image.first_boot
+    else {
+        panic!("no seed: {image:?}");
+    };
+    let meta = String::from_utf8(seed.files["meta-data"].clone()).unwrap();
+    assert!(
+        meta.starts_with(&format!("instance-id: {id1}-g1\n")),
+        "{meta}"
+    );
+    assert!(meta.contains("local-hostname: \"web-cli-1\""), "{meta}");
+    assert!(
+        meta.contains("  - \"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey ops@example\""),
+        "{meta}"
+    );
+    assert!(String::from_utf8_lossy(&seed.files["user-data"]).contains("hunter2"));
+    let (_, out, _) = run(&["machines", "show", &id1]);
+    assert!(!out.contains("hunter2"), "{out}");
+    // Deprovisioning a machine with no agent yet: refused, naming its state.
+    let (code, _, err) = run(&["machines", "deprovision", &ids[2].to_string()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("is pending: deprovision is not allowed"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["machines", "deprovision", &id, "--mode", "shred"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--mode"), "{err}");
+    // A deprovisioning rollout over a search.
+    let (code, out, err) = run(&[
+        "machines",
+        "deprovision",
+        "--search",
+        "cli-",
+        "--mode",
+        "discard",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("deprovision: erase (discard)"), "{out}");
 }
 
 /// A raw disk image with a GPT (one 8 MiB Linux partition) made by
@@ -838,6 +921,46 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
     assert_eq!(status, 200, "{body}");
     let d = rig.wait_state(id, &["installed", "install-failed"]).await;
     assert_eq!(d["machine"]["state"], "installed", "{d:#}");
+    // A deprovisioning rollout over the other machine (heartbeating,
+    // never installed): erased in place, available.
+    let other = rig.machines().await[1].0;
+    let (status, body) = rig
+        .post(
+            "/api/v1/rollouts",
+            json!({"machines": [other], "deprovision": {"mode": "overwrite",
+                   "disk": {"max_size_bytes": 1}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let rollout = body["rollout"]["rollout_id"].as_str().unwrap().to_string();
+    let d = rig.wait_state(other, &["available", "clean-failed"]).await;
+    // No disk of at most one byte: the erasure fails, naming the disks.
+    assert_eq!(d["machine"]["state"], "clean-failed", "{d:#}");
+    let error = d["installation"]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(error.contains("no disk matches"), "{error}");
+    // Held from installations until an erasure succeeds.
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{other}/install"),
+            json!({"image": {"served": "gpt.img"}}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains("is clean-failed"), "{body}");
+    let (status, body) = rig
+        .post(
+            &format!("/api/v1/machines/{other}/deprovision"),
+            json!({"mode": "metadata"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let d = rig.wait_state(other, &["available"]).await;
+    assert_eq!(d["installation"]["generation"], 2);
+    let r = rig.get(&format!("/api/v1/rollouts/{rollout}")).await;
+    assert_eq!(r["rollout"]["state"], "stopped", "one failure: {r:#}");
     // Deprovisioning a machine that is not there, or twice at once: 404, 409.
     let (status, _) = rig
         .post(

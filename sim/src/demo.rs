@@ -10,7 +10,9 @@
 //! typed while it keeps running) it stops N agents and shows those machines
 //! rebooted, taken over again and heartbeating. With `--provider static`
 //! the machines are owned hardware instead: an inventory whose hosts have
-//! simulated BMCs, rebooted through Redfish.
+//! simulated BMCs, rebooted through Redfish. With `--cycle N` it takes N
+//! machines through their life cycle: installed with first-boot data
+//! (an image shepherd serves), deprovisioned, available again.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -35,6 +37,9 @@ pub struct DemoOptions {
     pub hold: Duration,
     /// Then silence this many agents and wait for them to be recovered.
     pub silence: usize,
+    /// Then install, deprovision and see available again this many
+    /// machines.
+    pub cycle: usize,
     /// Set by `run`: an agent silent this long is stale.
     pub heartbeat_stale_after: Duration,
     /// Rented (the Equinix simulator) or owned (an inventory with BMCs).
@@ -146,6 +151,13 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     cfg.initializer.poll_interval = Duration::from_millis(200);
     cfg.initializer.backoff_initial = Duration::from_secs(5);
     cfg.updater.interval = Duration::from_secs(5);
+    // The images shepherd serves (the life cycle's): one small disk image.
+    let images = root.join("images");
+    std::fs::create_dir_all(&images)?;
+    std::fs::write(images.join(CYCLE_IMAGE), cycle_image())?;
+    cfg.installations.images_dir = Some(images);
+    cfg.installations.images_listen =
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port()?);
     // The agent callback, where the simulated machines' agents call.
     let callback_port = free_port()?;
     cfg.bmaas.listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), callback_port);
@@ -201,7 +213,15 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
         Err(_) => println!("  BMDB (embedded)          {}", data.display()),
     }
     let bmdb: Bmdb = running.admin.bmdb.clone();
-    let result = watch(&bmdb, &machines, &opts, started, admin).await;
+    let result = watch(
+        &bmdb,
+        &machines,
+        &opts,
+        started,
+        admin,
+        running.admin.images.as_ref(),
+    )
+    .await;
     running.shutdown().await;
     match &hardware {
         Hardware::Cloud(sim) => sim.stop().await,
@@ -379,6 +399,7 @@ async fn watch(
     opts: &DemoOptions,
     started: Instant,
     admin: SocketAddr,
+    admin_images: Option<&shepherd::images::ImageCatalog>,
 ) -> anyhow::Result<()> {
     let n = opts.machines as i64;
     let deadline = started + opts.timeout;
@@ -387,6 +408,7 @@ async fn watch(
     let mut hold_checked = opts.hold.is_zero();
     let mut silenced: Option<Silenced> = None;
     let mut silence_pending = opts.silence;
+    let mut cycled = false;
     let mut last: Option<Progress> = None;
     let mut input = None;
     // Set once the operator's input is read from (it may end: stdin closed).
@@ -495,6 +517,11 @@ async fn watch(
             }
             continue;
         }
+        if opts.cycle > 0 && !cycled {
+            cycled = true;
+            life_cycle(bmdb, machines, opts.cycle, admin_images).await?;
+            continue;
+        }
         if !opts.keep_running {
             return Ok(());
         }
@@ -504,6 +531,201 @@ async fn watch(
             listening = true;
         }
     }
+}
+
+/// The image the life cycle installs.
+const CYCLE_IMAGE: &str = "demo-os.img";
+
+/// A 16 MiB disk image: an MBR with one Linux partition, its bytes a
+/// pattern (what an image would hold).
+fn cycle_image() -> Vec<u8> {
+    let mut img = vec![0u8; 16 << 20];
+    for (i, b) in img.iter_mut().enumerate().skip(1 << 20) {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] | 1;
+    }
+    let e = &mut img[446..462];
+    e[4] = 0x83;
+    e[8..12].copy_from_slice(&2048u32.to_le_bytes());
+    e[12..16].copy_from_slice(&(14u32 * 2048).to_le_bytes());
+    img[510] = 0x55;
+    img[511] = 0xAA;
+    img
+}
+
+/// `machine`'s state as the fleet shows it.
+async fn state(bmdb: &Bmdb, machine: uuid::Uuid) -> anyhow::Result<String> {
+    Ok(bmdb
+        .transact(async |tx| shepherd::bmdb::machines::state_of(tx, machine).await)
+        .await?
+        .map(|s| s.to_string())
+        .unwrap_or_default())
+}
+
+/// Waits until every machine of `ids` is in `want` (a `fail` state
+/// fails it), printing each as it arrives.
+async fn wait_states(
+    bmdb: &Bmdb,
+    ids: &[(uuid::Uuid, String)],
+    want: &str,
+    fail: &str,
+    at: Instant,
+) -> anyhow::Result<()> {
+    let mut left: Vec<&(uuid::Uuid, String)> = ids.iter().collect();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for m in left {
+            let s = state(bmdb, m.0).await?;
+            if s == want {
+                println!(
+                    "    {:>5.1}s  {} ({}) {want}",
+                    at.elapsed().as_secs_f64(),
+                    m.1,
+                    m.0
+                );
+            } else if s == fail {
+                let i = bmdb
+                    .transact(async |tx| shepherd::bmdb::installations::installation(tx, m.0).await)
+                    .await?;
+                let why = i
+                    .and_then(|i| i.result.and_then(|r| r.1))
+                    .unwrap_or_default();
+                anyhow::bail!("{} ({}) is {fail}: {why}", m.1, m.0);
+            } else {
+                still.push(m);
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{} machines not {want} within 5 minutes",
+                left.len()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Takes `n` machines through their life cycle and prints it: installed
+/// with first-boot data, deprovisioned (metadata erase), available again.
+async fn life_cycle(
+    bmdb: &Bmdb,
+    machines: &MachineSim,
+    n: usize,
+    images: Option<&shepherd::images::ImageCatalog>,
+) -> anyhow::Result<()> {
+    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd_proto::api::image_installation::FirstBoot;
+    use shepherd_proto::api::{DiskErasure, FirstBootFiles, disk_erasure::Mode};
+    let catalog = images.ok_or_else(|| anyhow::anyhow!("this shepherd serves no images"))?;
+    let served = catalog
+        .resolve(CYCLE_IMAGE)
+        .map_err(|e| anyhow::anyhow!("{CYCLE_IMAGE}: {e}"))?;
+    let ids: Vec<(uuid::Uuid, String)> = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT machine_id, provider_id FROM machine_provided \
+                     ORDER BY provider_id LIMIT $1",
+                    &[&(n as i64)],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect())
+        })
+        .await?;
+    let at = Instant::now();
+    println!(
+        "life cycle of {} machines: installing {CYCLE_IMAGE} with cloud-init data (host name = provider id)",
+        ids.len()
+    );
+    let files = [
+        ("meta-data", "local-hostname: {{provider_id}}\n"),
+        (
+            "user-data",
+            "#cloud-config\nruncmd:\n  - [sh, -c, 'echo first boot > /var/tmp/first-boot']\n",
+        ),
+    ];
+    let image = shepherd_proto::api::ImageInstallation {
+        url: served.url.clone(),
+        digest: served.digest.clone(),
+        size_bytes: Some(served.size_bytes as i64),
+        ca_certificate: served.ca_certificate.clone(),
+        reboot: true,
+        first_boot: Some(FirstBoot::Nocloud(FirstBootFiles {
+            files: files
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            disk: None,
+        })),
+        ..Default::default()
+    };
+    let asker = |reason| Asker {
+        actor: "demo",
+        action_id: uuid::Uuid::new_v4(),
+        rollout_id: None,
+        reason: Some(reason),
+    };
+    for (id, name) in &ids {
+        let a = asker("demo: life cycle");
+        match bmdb
+            .transact(async |tx| installations::ask(tx, *id, &image, &a).await)
+            .await?
+        {
+            Asked::Done { audit, .. } => println!("    {name}: {}", audit.detail),
+            other => anyhow::bail!("{name}: install: {other:?}"),
+        }
+    }
+    wait_states(bmdb, &ids, "installed", "install-failed", at).await?;
+    println!(
+        "  all installed in {:.1}s (rebooted into the installed system: their agents are gone)",
+        at.elapsed().as_secs_f64()
+    );
+    let erase = DiskErasure {
+        mode: Mode::Metadata as i32,
+        ..Default::default()
+    };
+    let at = Instant::now();
+    for (id, name) in &ids {
+        let a = asker("demo: tenant left");
+        match bmdb
+            .transact(async |tx| installations::deprovision(tx, *id, &erase, &a).await)
+            .await?
+        {
+            Asked::Done { audit, .. } => println!("    {name}: {}", audit.detail),
+            other => anyhow::bail!("{name}: deprovision: {other:?}"),
+        }
+    }
+    wait_states(bmdb, &ids, "available", "clean-failed", at).await?;
+    // What is left on the disks: no partition table, no seed.
+    let mut clean = 0;
+    for ip in machines.addresses.iter().take(ids.len()) {
+        let disk = machines.root.join(ip.to_string()).join("disk0");
+        let mut head = vec![0u8; 1 << 20];
+        use std::os::unix::fs::FileExt;
+        if std::fs::File::open(&disk)?
+            .read_exact_at(&mut head, 0)
+            .is_ok()
+            && head.iter().all(|b| *b == 0)
+        {
+            clean += 1;
+        }
+    }
+    println!(
+        "  all deprovisioned and available again in {:.1}s; {clean} of {} disks start with a zeroed MiB (no partition table); agents heartbeating, ready for the next tenant",
+        at.elapsed().as_secs_f64(),
+        ids.len()
+    );
+    anyhow::ensure!(
+        clean == ids.len(),
+        "{} disks still hold a partition table",
+        ids.len() - clean
+    );
+    Ok(())
 }
 
 async fn shutdown_signal() {

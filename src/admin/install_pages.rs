@@ -490,6 +490,7 @@ pub(super) async fn rollout_form(
     };
     let body = RolloutBody {
         image: Some(image),
+        deprovision: None,
         max_parallel,
         max_failures,
         machines: None,

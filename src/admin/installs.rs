@@ -300,6 +300,33 @@ pub struct DeprovisionBody {
     pub request_id: Option<Uuid>,
 }
 
+/// How disks are erased (a rollout's `deprovision`).
+#[derive(Deserialize, Default, Clone, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErasureBody {
+    /// `metadata` (the default), `discard`, `secure` or `overwrite`.
+    #[schema(value_type = Option<EraseModeName>)]
+    pub mode: Option<String>,
+    /// Only the disks matching every hint given (default: every disk).
+    pub disk: Option<DiskBody>,
+    /// The disk the running system boots from may be erased.
+    #[serde(default)]
+    pub allow_boot_disk: bool,
+    /// How long each agent may take, as `90m`, `2h` (default 2 h).
+    pub deadline: Option<String>,
+}
+
+impl DeprovisionBody {
+    fn erasure(&self) -> ErasureBody {
+        ErasureBody {
+            mode: self.mode.clone(),
+            disk: self.disk.clone(),
+            allow_boot_disk: self.allow_boot_disk,
+            deadline: self.deadline.clone(),
+        }
+    }
+}
+
 /// The erase modes, as the API names them.
 #[derive(utoipa::ToSchema)]
 #[schema(as = EraseModeName)]
@@ -316,7 +343,7 @@ pub enum EraseModeName {
 }
 
 /// The erasure a [`DeprovisionBody`] asks for, or a 400's message.
-pub fn erasure_request(b: &DeprovisionBody) -> Result<shepherd_proto::api::DiskErasure, String> {
+pub fn erasure_request(b: &ErasureBody) -> Result<shepherd_proto::api::DiskErasure, String> {
     use shepherd_proto::api::{DiskErasure, disk_erasure::Mode};
     let mode = match b.mode.as_deref().map(str::trim) {
         None | Some("") | Some("metadata") => Mode::Metadata,
@@ -374,7 +401,7 @@ pub async fn deprovision(
     let machine_id: Uuid = machine
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
-    let erasure = erasure_request(&body).map_err(bad)?;
+    let erasure = erasure_request(&body.erasure()).map_err(bad)?;
     let reason = check_reason(body.reason).map_err(bad)?;
     let asker = Asker {
         actor: &operator.0,
@@ -438,8 +465,11 @@ pub async fn api_deprovision(
 #[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutBody {
-    #[schema(value_type = ImageBody, required = true)]
+    /// The image every machine installs (give this or `deprovision`).
+    #[schema(value_type = Option<ImageBody>)]
     pub image: Option<ImageBody>,
+    /// Deprovision every machine instead: erase its disks as this says.
+    pub deprovision: Option<ErasureBody>,
     /// Machines installing at once (default 1).
     #[schema(minimum = 1, maximum = 10000)]
     pub max_parallel: Option<i32>,
@@ -476,12 +506,19 @@ pub async fn create_rollout(
     if max_failures < 0 {
         return Err(bad(format!("max_failures: {max_failures} is negative")));
     }
-    let image = image_request(
-        admin,
-        body.image.ok_or_else(|| bad("image: required".into()))?,
-    )
-    .await
-    .map_err(bad)?;
+    let (image, erasure) = match (body.image, &body.deprovision) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "give image (an installation) or deprovision, not both".into()
+            ));
+        }
+        (None, None) => return Err(bad("image: required (or deprovision)".into())),
+        (Some(i), None) => (image_request(admin, i).await.map_err(bad)?, None),
+        (None, Some(d)) => (
+            ImageInstallation::default(),
+            Some(erasure_request(d).map_err(|e| bad(format!("deprovision.{e}")))?),
+        ),
+    };
     let page = Page {
         state: body.state.clone(),
         provider_status: body.provider_status.clone(),
@@ -546,6 +583,7 @@ pub async fn create_rollout(
                 &NewRollout {
                     id,
                     image: &image,
+                    erasure: erasure.as_ref(),
                     max_parallel,
                     max_failures,
                     selection: &selection,

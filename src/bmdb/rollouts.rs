@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 use prost::Message as _;
-use shepherd_proto::api::ImageInstallation;
+use shepherd_proto::api::{DiskErasure, ImageInstallation};
 use uuid::Uuid;
 
 use super::installations::{self, Asked, Asker};
@@ -99,6 +99,9 @@ fn rollout_from(r: &tokio_postgres::Row) -> Rollout {
 pub struct NewRollout<'a> {
     pub id: Uuid,
     pub image: &'a ImageInstallation,
+    /// Deprovision instead (the image is then not used): erase the
+    /// machines' disks as this says.
+    pub erasure: Option<&'a DiskErasure>,
     pub max_parallel: i32,
     pub max_failures: i32,
     /// How the machines were chosen, for people.
@@ -113,16 +116,23 @@ pub async fn create(tx: &mut Tx<'_>, new: &NewRollout<'_>) -> Result<Rollout, Bm
     let inserted = tx
         .execute(
             "INSERT INTO rollout (rollout_id, image_raw, image_url, max_parallel, max_failures, \
-                 selection, created_at, created_by, state) \
-             VALUES ($1, $2, $3, $4, $5, $6, now(), $7, 'running') ON CONFLICT DO NOTHING",
+                 selection, created_at, created_by, state, erasure_raw) \
+             VALUES ($1, $2, $3, $4, $5, $6, now(), $7, 'running', $8) ON CONFLICT DO NOTHING",
             &[
                 &new.id,
                 &new.image.encode_to_vec(),
-                &new.image.url,
+                &match new.erasure {
+                    Some(e) => format!(
+                        "deprovision: erase ({})",
+                        installations::erase_mode_name(e.mode)
+                    ),
+                    None => new.image.url.clone(),
+                },
                 &new.max_parallel,
                 &new.max_failures,
                 &new.selection,
                 &new.created_by,
+                &new.erasure.map(|e| e.encode_to_vec()),
             ],
         )
         .await?;
@@ -216,7 +226,7 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
     let mut out = Advanced::default();
     let Some(r) = tx
         .query_opt(
-            "SELECT state, max_parallel, max_failures, image_raw, created_by FROM rollout \
+            "SELECT state, max_parallel, max_failures, image_raw, created_by, erasure_raw FROM rollout \
              WHERE rollout_id = $1 FOR UPDATE SKIP LOCKED",
             &[&id],
         )
@@ -232,8 +242,17 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
     let image = ImageInstallation::decode(r.get::<_, Vec<u8>>(3).as_slice())
         .map_err(|e| BmdbError::Invalid(format!("rollout {id}: its image does not decode: {e}")))?;
     let created_by: String = r.get(4);
-    let deadline = if image.deadline_seconds > 0 {
-        Duration::from_secs(image.deadline_seconds as u64)
+    let erasure = match r.get::<_, Option<Vec<u8>>>(5) {
+        Some(raw) => Some(DiskErasure::decode(raw.as_slice()).map_err(|e| {
+            BmdbError::Invalid(format!("rollout {id}: its erasure does not decode: {e}"))
+        })?),
+        None => None,
+    };
+    let asked_deadline = erasure
+        .as_ref()
+        .map_or(image.deadline_seconds, |e| e.deadline_seconds);
+    let deadline = if asked_deadline > 0 {
+        Duration::from_secs(asked_deadline as u64)
     } else {
         DEFAULT_DEADLINE
     };
@@ -339,16 +358,18 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
                 rollout_id: Some(id),
                 reason: None,
             };
-            let (state, generation, error) =
-                match installations::ask(tx, machine, &image, &asker).await? {
-                    Asked::Done { generation, .. } => {
-                        started += 1;
-                        out.started.push(machine);
-                        ("running", Some(generation), None)
-                    }
-                    Asked::Refused(why) => ("skipped", None, Some(why)),
-                    Asked::NotFound => ("skipped", None, Some("the machine is gone".to_string())),
-                };
+            let (state, generation, error) = match match &erasure {
+                Some(e) => installations::deprovision(tx, machine, e, &asker).await?,
+                None => installations::ask(tx, machine, &image, &asker).await?,
+            } {
+                Asked::Done { generation, .. } => {
+                    started += 1;
+                    out.started.push(machine);
+                    ("running", Some(generation), None)
+                }
+                Asked::Refused(why) => ("skipped", None, Some(why)),
+                Asked::NotFound => ("skipped", None, Some("the machine is gone".to_string())),
+            };
             tx.execute(
                 "UPDATE rollout_machine SET state = $3, generation = $4, error = $5, \
                      started_at = CASE WHEN $3 = 'running' THEN now() END, \

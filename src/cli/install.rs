@@ -9,21 +9,8 @@ use shepherd::config::Config;
 
 #[derive(clap::Args)]
 pub struct InstallArgs {
-    /// Machine IDs (one: a single installation; several: a rollout in this
-    /// order).
-    ids: Vec<uuid::Uuid>,
-    /// A rollout over the machines in this state…
-    #[arg(long, value_parser = parse_state)]
-    state: Option<MachineState>,
-    /// …whose provider reports this status…
-    #[arg(long, value_parser = parse_provider_status)]
-    provider_status: Option<shepherd::bmdb::ProviderStatus>,
-    /// …whose agent is heartbeating, silent or no-agent…
-    #[arg(long, value_parser = parse_heartbeat)]
-    heartbeat: Option<machines::Heartbeat>,
-    /// …matching this (ID prefix, part of a provider ID, address prefix).
-    #[arg(long)]
-    search: Option<String>,
+    #[command(flatten)]
+    targets: Targets,
     /// The image's http:// or https:// URL (with --digest)…
     #[arg(long)]
     url: Option<String>,
@@ -85,12 +72,144 @@ pub struct InstallArgs {
     /// instead of a NoCloud seed (cidata).
     #[arg(long)]
     config_drive: bool,
-    #[arg(long, default_value_t = 1)]
-    max_parallel: i32,
-    #[arg(long, default_value_t = 0)]
-    max_failures: i32,
     #[arg(long)]
     reason: Option<String>,
+}
+
+/// Which machines: one ID, several (a rollout in that order), or the
+/// filters of `list` (a rollout).
+#[derive(clap::Args)]
+pub struct Targets {
+    /// Machine IDs (one: that machine alone; several: a rollout in this
+    /// order).
+    ids: Vec<uuid::Uuid>,
+    /// A rollout over the machines in this state…
+    #[arg(long, value_parser = parse_state)]
+    state: Option<MachineState>,
+    /// …whose provider reports this status…
+    #[arg(long, value_parser = parse_provider_status)]
+    provider_status: Option<shepherd::bmdb::ProviderStatus>,
+    /// …whose agent is heartbeating, silent or no-agent…
+    #[arg(long, value_parser = parse_heartbeat)]
+    heartbeat: Option<machines::Heartbeat>,
+    /// …matching this (ID prefix, part of a provider ID, address prefix).
+    #[arg(long)]
+    search: Option<String>,
+    /// A rollout's machines at once.
+    #[arg(long, default_value_t = 1)]
+    max_parallel: i32,
+    /// A rollout's failures tolerated; one more stops it.
+    #[arg(long, default_value_t = 0)]
+    max_failures: i32,
+}
+
+impl Targets {
+    fn by_filter(&self) -> bool {
+        self.state.is_some()
+            || self.provider_status.is_some()
+            || self.heartbeat.is_some()
+            || self.search.is_some()
+    }
+
+    /// The one machine named, if that is what was asked; errors for
+    /// IDs and filters together, or neither.
+    fn single(&self) -> anyhow::Result<Option<uuid::Uuid>> {
+        if self.by_filter() && !self.ids.is_empty() {
+            anyhow::bail!("give machine IDs or filters, not both");
+        }
+        if self.ids.is_empty() && !self.by_filter() {
+            anyhow::bail!(
+                "name the machines: IDs, or filters (--state, --provider-status, --heartbeat, --search)"
+            );
+        }
+        Ok((self.ids.len() == 1).then(|| self.ids[0]))
+    }
+}
+
+/// Starts a rollout of `image` (or of `erasure`) over the machines
+/// `t` names, and says so.
+async fn start_rollout(
+    cfg: &Config,
+    bmdb: &Bmdb,
+    t: &Targets,
+    image: &shepherd_proto::api::ImageInstallation,
+    erasure: Option<&shepherd_proto::api::DiskErasure>,
+) -> anyhow::Result<()> {
+    use shepherd::bmdb::rollouts;
+    if !(1..=10_000).contains(&t.max_parallel) {
+        anyhow::bail!("--max-parallel must be within 1 and 10000");
+    }
+    if t.max_failures < 0 {
+        anyhow::bail!("--max-failures must not be negative");
+    }
+    let filter = machines::FleetFilter {
+        state: t.state,
+        provider_status: t.provider_status,
+        heartbeat: t.heartbeat,
+        stale_after: cfg.recoverer.heartbeat_stale_after,
+        search: t.search.clone(),
+    };
+    let selection = if t.ids.is_empty() {
+        let mut parts = Vec::new();
+        if let Some(s) = t.state {
+            parts.push(format!("state={s}"));
+        }
+        if let Some(s) = t.provider_status {
+            parts.push(format!("provider_status={s}"));
+        }
+        if let Some(h) = t.heartbeat {
+            parts.push(format!("heartbeat={}", h.as_str()));
+        }
+        if let Some(q) = &t.search {
+            parts.push(format!("q={q}"));
+        }
+        parts.join(" ")
+    } else {
+        format!("{} machines by ID", t.ids.len())
+    };
+    let id = uuid::Uuid::new_v4();
+    let r = bmdb
+        .transact(async |tx| {
+            let ids: Vec<uuid::Uuid> = if t.ids.is_empty() {
+                machines::fleet_page(tx, &filter, 100_000, 0)
+                    .await?
+                    .0
+                    .into_iter()
+                    .map(|m| m.machine_id)
+                    .collect()
+            } else {
+                let mut seen = std::collections::HashSet::new();
+                t.ids.iter().copied().filter(|i| seen.insert(*i)).collect()
+            };
+            rollouts::create(
+                tx,
+                &rollouts::NewRollout {
+                    id,
+                    image,
+                    erasure,
+                    max_parallel: t.max_parallel,
+                    max_failures: t.max_failures,
+                    selection: &selection,
+                    machines: &ids,
+                    created_by: "cli",
+                },
+            )
+            .await
+        })
+        .await?;
+    println!(
+        "rollout {}: {} machines ({selection}), {} at once, stops after {} failures: {}",
+        r.id,
+        r.counts.waiting,
+        r.max_parallel,
+        r.max_failures + 1,
+        r.image_url
+    );
+    println!(
+        "running shepherds move it on; `shepherd rollouts show {}` follows it",
+        r.id
+    );
+    Ok(())
 }
 
 /// The image an `install` asks for, checked.
@@ -267,19 +386,10 @@ fn first_boot_of(
 
 pub async fn run(mut cfg: Config, a: InstallArgs) -> anyhow::Result<()> {
     use shepherd::bmdb::installations::{self, Asked, Asker};
-    use shepherd::bmdb::rollouts;
     cfg.bmdb.pool_size = 2;
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
     let image = image_of(&cfg, &bmdb, &a).await?;
-    let by_filter = a.state.is_some()
-        || a.provider_status.is_some()
-        || a.heartbeat.is_some()
-        || a.search.is_some();
-    if by_filter && !a.ids.is_empty() {
-        anyhow::bail!("give machine IDs or filters, not both");
-    }
-    if a.ids.len() == 1 {
-        let id = a.ids[0];
+    if let Some(id) = a.targets.single()? {
         let reason = a.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
         let asker = Asker {
             actor: "cli",
@@ -299,89 +409,13 @@ pub async fn run(mut cfg: Config, a: InstallArgs) -> anyhow::Result<()> {
             Asked::NotFound => anyhow::bail!("machine {id} is not in the BMDB"),
         };
     }
-    if a.ids.is_empty() && !by_filter {
-        anyhow::bail!(
-            "name the machines: IDs, or filters (--state, --provider-status, --heartbeat, --search)"
-        );
-    }
-    if !(1..=10_000).contains(&a.max_parallel) {
-        anyhow::bail!("--max-parallel must be within 1 and 10000");
-    }
-    if a.max_failures < 0 {
-        anyhow::bail!("--max-failures must not be negative");
-    }
-    let filter = machines::FleetFilter {
-        state: a.state,
-        provider_status: a.provider_status,
-        heartbeat: a.heartbeat,
-        stale_after: cfg.recoverer.heartbeat_stale_after,
-        search: a.search.clone(),
-    };
-    let selection = if a.ids.is_empty() {
-        let mut parts = Vec::new();
-        if let Some(s) = a.state {
-            parts.push(format!("state={s}"));
-        }
-        if let Some(s) = a.provider_status {
-            parts.push(format!("provider_status={s}"));
-        }
-        if let Some(h) = a.heartbeat {
-            parts.push(format!("heartbeat={}", h.as_str()));
-        }
-        if let Some(q) = &a.search {
-            parts.push(format!("q={q}"));
-        }
-        parts.join(" ")
-    } else {
-        format!("{} machines by ID", a.ids.len())
-    };
-    let id = uuid::Uuid::new_v4();
-    let r = bmdb
-        .transact(async |tx| {
-            let ids: Vec<uuid::Uuid> = if a.ids.is_empty() {
-                machines::fleet_page(tx, &filter, 100_000, 0)
-                    .await?
-                    .0
-                    .into_iter()
-                    .map(|m| m.machine_id)
-                    .collect()
-            } else {
-                let mut seen = std::collections::HashSet::new();
-                a.ids.iter().copied().filter(|i| seen.insert(*i)).collect()
-            };
-            rollouts::create(
-                tx,
-                &rollouts::NewRollout {
-                    id,
-                    image: &image,
-                    max_parallel: a.max_parallel,
-                    max_failures: a.max_failures,
-                    selection: &selection,
-                    machines: &ids,
-                    created_by: "cli",
-                },
-            )
-            .await
-        })
-        .await?;
-    println!(
-        "rollout {}: {} machines ({selection}), {} at once, stops after {} failures: {}",
-        r.id,
-        r.counts.waiting,
-        r.max_parallel,
-        r.max_failures + 1,
-        r.image_url
-    );
-    println!(
-        "running shepherds move it on; `shepherd rollouts show {}` follows it",
-        r.id
-    );
-    Ok(())
+    start_rollout(&cfg, &bmdb, &a.targets, &image, None).await
 }
 
 #[derive(clap::Args)]
 pub struct DeprovisionArgs {
-    id: uuid::Uuid,
+    #[command(flatten)]
+    targets: Targets,
     /// metadata (partition tables and signatures; the default), discard,
     /// secure (the disk's own erase, where it advertises one) or overwrite.
     #[arg(long, default_value = "metadata")]
@@ -446,7 +480,9 @@ pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<
         rollout_id: None,
         reason,
     };
-    let id = a.id;
+    let Some(id) = a.targets.single()? else {
+        return start_rollout(&cfg, &bmdb, &a.targets, &Default::default(), Some(&erasure)).await;
+    };
     match bmdb
         .transact(async |tx| installations::deprovision(tx, id, &erasure, &asker).await)
         .await?

@@ -49,6 +49,11 @@ struct Args {
     /// machines are recovered and heartbeating again.
     #[arg(long, default_value_t = 0)]
     silence: usize,
+    /// Then take this many machines through their whole life cycle:
+    /// installed (an image shepherd serves, with cloud-init first-boot
+    /// data), deprovisioned (their disks erased) and available again.
+    #[arg(long, default_value_t = 0)]
+    cycle: usize,
     /// `equinix`: rented machines from the Equinix Metal simulator;
     /// `static`: owned hardware, an inventory with simulated BMCs
     /// (Redfish) that reboot them.
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
         timeout: args.timeout,
         hold: args.hold,
         silence: args.silence,
+        cycle: args.cycle,
         heartbeat_stale_after: std::time::Duration::ZERO,
         provider: args.provider,
     };

@@ -215,7 +215,7 @@ async fn machine(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operat
         }
     }
     let got = bmdb
-        .transact(async |tx| machines::state_of(tx, id).await)
+        .transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
         .await
         .unwrap();
     assert_eq!(got, Some(state), "the fixture for {state} / {op}");

@@ -555,7 +555,7 @@ fn cycle_image() -> Vec<u8> {
 /// `machine`'s state as the fleet shows it.
 async fn state(bmdb: &Bmdb, machine: uuid::Uuid) -> anyhow::Result<String> {
     Ok(bmdb
-        .transact(async |tx| shepherd::bmdb::machines::state_of(tx, machine).await)
+        .transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, machine).await)
         .await?
         .map(|s| s.to_string())
         .unwrap_or_default())
@@ -623,20 +623,21 @@ async fn life_cycle(
     let served = catalog
         .resolve(CYCLE_IMAGE)
         .map_err(|e| anyhow::anyhow!("{CYCLE_IMAGE}: {e}"))?;
-    let ids: Vec<(uuid::Uuid, String)> = bmdb
+    let rows: Vec<(uuid::Uuid, String, Option<String>)> = bmdb
         .transact(async |tx| {
             Ok(tx
                 .query(
-                    "SELECT machine_id, provider_id FROM machine_provided \
-                     ORDER BY provider_id LIMIT $1",
+                    "SELECT machine_id, provider_id, provider_ip_address FROM machine_provided \
+                     ORDER BY provider_ip_address LIMIT $1",
                     &[&(n as i64)],
                 )
                 .await?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
                 .collect())
         })
         .await?;
+    let ids: Vec<(uuid::Uuid, String)> = rows.iter().map(|r| (r.0, r.1.clone())).collect();
     let at = Instant::now();
     println!(
         "life cycle of {} machines: installing {CYCLE_IMAGE} with cloud-init data (host name = provider id)",
@@ -703,8 +704,8 @@ async fn life_cycle(
     wait_states(bmdb, &ids, "available", "clean-failed", at).await?;
     // What is left on the disks: no partition table, no seed.
     let mut clean = 0;
-    for ip in machines.addresses.iter().take(ids.len()) {
-        let disk = machines.root.join(ip.to_string()).join("disk0");
+    for ip in rows.iter().filter_map(|r| r.2.as_deref()) {
+        let disk = machines.root.join(ip).join("disk0");
         let mut head = vec![0u8; 1 << 20];
         use std::os::unix::fs::FileExt;
         if std::fs::File::open(&disk)?

@@ -237,9 +237,9 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         .await?
         .map(|r| r.get(0));
     let m = req.machine_id;
-    if let Some(state) = super::machines::state_of(tx, m).await? {
+    if let Some(state) = super::lifecycle::state_of(tx, m).await? {
         if let Some(why) = super::lifecycle::refusal(m, state, req.action.into()) {
-            if state == super::machines::MachineState::Held {
+            if state == super::lifecycle::MachineState::Held {
                 // Who holds it says more than the table.
                 let r = tx
                     .query_one(

@@ -354,7 +354,7 @@ async fn ask_work(
             "machine {machine_id} is held; release it first"
         )));
     }
-    if let Some(state) = super::machines::state_of(tx, machine_id).await? {
+    if let Some(state) = super::lifecycle::state_of(tx, machine_id).await? {
         if let Some(why) = super::lifecycle::refusal(machine_id, state, op) {
             return Ok(Asked::Refused(why));
         }

@@ -462,10 +462,10 @@ async fn ask_work(
             .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor, &cause])
             .await?
             == 1;
-    // One taken over by SSH is taken over again, for an erasure.
+    // One taken over by SSH is taken over again (its installed system
+    // must let shepherd's SSH key in).
     let retaken = installed
         && !bmc_boot
-        && matches!(work, Work::Erase(_))
         && tx
             .query_one(RETAKE_DUE, &[&machine_id])
             .await?

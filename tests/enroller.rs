@@ -448,7 +448,10 @@ async fn a_blank_machine_listed_by_its_bmc_is_booted_into_the_agent_enrolled_and
     let out = rig.cli(&["inspect", &u13.to_string()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("already requested"), "{err}");
+    assert!(
+        err.contains("is inspecting: inspect is not allowed"),
+        "{err}"
+    );
     stop(agent2);
 }
 

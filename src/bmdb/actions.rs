@@ -262,6 +262,13 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
                     )
                 }));
             }
+            if let (super::lifecycle::MachineState::Leased, Some(p)) = (state, working) {
+                return Ok(Outcome::Refused(format!(
+                    "machine {m} is leased for {p}: {} is not allowed while a shepherd works on it; \
+                     ask again once that work ends",
+                    req.action
+                )));
+            }
             return Ok(Outcome::Refused(why));
         }
     }

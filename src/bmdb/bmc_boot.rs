@@ -23,6 +23,8 @@ pub enum BootCause {
     Recovery,
     /// An installation asked of a machine whose agent is gone (installed).
     Install,
+    /// A deprovisioning asked of such a machine.
+    Deprovision,
     /// Restart from the disk through the BMC: an installation is done.
     Disk,
 }
@@ -34,6 +36,7 @@ impl BootCause {
             BootCause::Inspect => "inspect",
             BootCause::Recovery => "recovery",
             BootCause::Install => "install",
+            BootCause::Deprovision => "deprovision",
             BootCause::Disk => "disk",
         }
     }
@@ -44,6 +47,7 @@ impl BootCause {
             BootCause::Inspect,
             BootCause::Recovery,
             BootCause::Install,
+            BootCause::Deprovision,
             BootCause::Disk,
         ]
         .into_iter()

@@ -209,20 +209,41 @@ pub async fn install(
     )
     .await
     .map_err(bad)?;
-    let reason = check_reason(body.reason).map_err(bad)?;
+    ask_one(
+        admin,
+        operator,
+        machine_id,
+        body.reason,
+        body.request_id,
+        installations::Work::Install(&image),
+    )
+    .await
+}
+
+/// Asks one machine for `work` on an operator's behalf: the generation and
+/// audit, or the status and why.
+async fn ask_one(
+    admin: &Admin,
+    operator: &Operator,
+    machine_id: Uuid,
+    reason: Option<String>,
+    request_id: Option<Uuid>,
+    work: installations::Work<'_>,
+) -> Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)> {
+    let reason = check_reason(reason).map_err(|m| (StatusCode::BAD_REQUEST, m))?;
     let asker = Asker {
         actor: &operator.0,
-        action_id: body.request_id.unwrap_or_else(Uuid::new_v4),
+        action_id: request_id.unwrap_or_else(Uuid::new_v4),
         rollout_id: None,
         reason: reason.as_deref(),
     };
     match admin
         .bmdb
-        .transact(async |tx| installations::ask(tx, machine_id, &image, &asker).await)
+        .transact(async |tx| installations::ask_for(tx, machine_id, work, &asker).await)
         .await
     {
         Ok(Asked::Done { generation, audit }) => {
-            tracing::info!(%machine_id, generation, image = %image.url, actor = %operator.0, "installation asked");
+            tracing::info!(%machine_id, generation, action = %audit.action, detail = %audit.detail, actor = %operator.0, "asked");
             Ok((generation, audit))
         }
         Ok(Asked::Refused(why)) => Err((StatusCode::CONFLICT, why)),
@@ -402,29 +423,15 @@ pub async fn deprovision(
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
     let erasure = erasure_request(&body.erasure()).map_err(bad)?;
-    let reason = check_reason(body.reason).map_err(bad)?;
-    let asker = Asker {
-        actor: &operator.0,
-        action_id: body.request_id.unwrap_or_else(Uuid::new_v4),
-        rollout_id: None,
-        reason: reason.as_deref(),
-    };
-    match admin
-        .bmdb
-        .transact(async |tx| installations::deprovision(tx, machine_id, &erasure, &asker).await)
-        .await
-    {
-        Ok(Asked::Done { generation, audit }) => {
-            tracing::info!(%machine_id, generation, mode = installations::erase_mode_name(erasure.mode), actor = %operator.0, "deprovisioning asked");
-            Ok((generation, audit))
-        }
-        Ok(Asked::Refused(why)) => Err((StatusCode::CONFLICT, why)),
-        Ok(Asked::NotFound) => Err((
-            StatusCode::NOT_FOUND,
-            format!("machine {machine_id} is not in the BMDB"),
-        )),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
-    }
+    ask_one(
+        admin,
+        operator,
+        machine_id,
+        body.reason,
+        body.request_id,
+        installations::Work::Erase(&erasure),
+    )
+    .await
 }
 
 /// `POST /api/v1/machines/{id}/deprovision`.

@@ -291,7 +291,7 @@ pub async fn ask(
     image: &ImageInstallation,
     asker: &Asker<'_>,
 ) -> Result<Asked, BmdbError> {
-    ask_work(tx, machine_id, Work::Install(image), asker).await
+    ask_for(tx, machine_id, Work::Install(image), asker).await
 }
 
 /// Asks the machine's agent to erase its disks (deprovisioning), as the
@@ -303,10 +303,11 @@ pub async fn deprovision(
     erasure: &DiskErasure,
     asker: &Asker<'_>,
 ) -> Result<Asked, BmdbError> {
-    ask_work(tx, machine_id, Work::Erase(erasure), asker).await
+    ask_for(tx, machine_id, Work::Erase(erasure), asker).await
 }
 
-async fn ask_work(
+/// Asks the machine's agent for `work`: [`ask`] or [`deprovision`].
+pub async fn ask_for(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
     work: Work<'_>,

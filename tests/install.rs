@@ -72,6 +72,9 @@ impl Rig {
         std::fs::create_dir(&images).unwrap();
         let image = image(12 << 20);
         zstd(&image, &images.join("debian.img.zst"));
+        // An image with a partition table (for first-boot data), hashed
+        // at start as every served image.
+        gpt_image(&images.join("gpt.img"), 16 << 20);
         let callback = format!("127.0.0.1:{}", Sshd::free_port());
         let admin = format!("127.0.0.1:{}", Sshd::free_port());
         let vars: Vec<(&str, String)> = vec![
@@ -791,8 +794,6 @@ fn gpt_image(path: &Path, len: u64) {
 async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_available_again() {
     let mut rig = Rig::new(2, Ipv4Addr::new(127, 0, 63, 1)).await;
     let (id, ip) = rig.machines().await[0].clone();
-    let images = rig.dir.path().join("images");
-    gpt_image(&images.join("gpt.img"), 16 << 20);
     let secret = "password-in-user-data-7f3e";
     let (status, body) = rig
         .post(

@@ -249,6 +249,12 @@ pub fn fill_first_boot(
                 }
             }
             let meta = f.files.entry("meta-data".into()).or_default();
+            // JSON is YAML too: a JSON object gets the key instead of a line.
+            if let Ok(serde_json::Value::Object(mut o)) = serde_json::from_slice(meta) {
+                o.insert("instance-id".into(), instance_id.clone().into());
+                *meta = serde_json::to_vec_pretty(&o).unwrap_or_default();
+                return;
+            }
             let text = String::from_utf8_lossy(meta);
             let mut lines: Vec<&str> = text
                 .lines()
@@ -750,6 +756,96 @@ mod tests {
             "https://h",
         ] {
             assert_eq!(served_name(not), None, "{not}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod first_boot_tests {
+    use super::*;
+    use shepherd_proto::api::FirstBootFiles;
+    use shepherd_proto::api::image_installation::FirstBoot;
+
+    fn with(fb: FirstBoot) -> ImageInstallation {
+        ImageInstallation {
+            first_boot: Some(fb),
+            ..Default::default()
+        }
+    }
+
+    fn files(list: &[(&str, &str)]) -> FirstBootFiles {
+        FirstBootFiles {
+            files: list
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            disk: None,
+        }
+    }
+
+    #[test]
+    fn first_boot_templates_are_filled_per_machine_and_generation() {
+        let m = Uuid::from_u128(7);
+        let mut i = with(FirstBoot::Nocloud(files(&[
+            (
+                "meta-data",
+                "instance-id: mine\nlocal-hostname: web-{{provider_id}}\n",
+            ),
+            ("user-data", "#cloud-config\n# {{provider_id}} stays\n"),
+        ])));
+        fill_first_boot(&mut i, m, Some("rack1-u12"), 3);
+        let Some(FirstBoot::Nocloud(f)) = &i.first_boot else {
+            panic!()
+        };
+        let meta = String::from_utf8(f.files["meta-data"].clone()).unwrap();
+        assert_eq!(
+            meta,
+            format!("instance-id: {m}-g3\nlocal-hostname: web-rack1-u12\n")
+        );
+        assert_eq!(
+            f.files["user-data"],
+            b"#cloud-config\n# {{provider_id}} stays\n"
+        );
+        // JSON meta-data keeps being JSON.
+        let mut i = with(FirstBoot::Nocloud(files(&[(
+            "meta-data",
+            "{\"local-hostname\": \"h\"}",
+        )])));
+        fill_first_boot(&mut i, m, None, 1);
+        let Some(FirstBoot::Nocloud(f)) = &i.first_boot else {
+            panic!()
+        };
+        let v: serde_json::Value = serde_json::from_slice(&f.files["meta-data"]).unwrap();
+        assert_eq!(v["instance-id"], format!("{m}-g1"));
+        assert_eq!(v["local-hostname"], "h");
+        // A config drive's meta_data.json gets its uuid, made if absent.
+        let mut i = with(FirstBoot::ConfigDrive(files(&[(
+            "openstack/latest/user_data",
+            "#cloud-config\n",
+        )])));
+        fill_first_boot(&mut i, m, None, 2);
+        let Some(FirstBoot::ConfigDrive(f)) = &i.first_boot else {
+            panic!()
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&f.files["openstack/latest/meta_data.json"]).unwrap();
+        assert_eq!(v["uuid"], format!("{m}-g2"));
+        // Shown as digests only.
+        let s = first_boot_summary(&i).unwrap();
+        assert!(
+            s.starts_with("config-drive: openstack/latest/meta_data.json "),
+            "{s}"
+        );
+        assert!(!s.contains("cloud-config"), "{s}");
+    }
+
+    #[test]
+    fn first_boot_paths_must_be_plain_relative_names() {
+        for good in ["user-data", "openstack/latest/meta_data.json"] {
+            assert!(check_first_boot_path(good).is_ok(), "{good}");
+        }
+        for bad in ["", "/etc/passwd", "../x", "a//b", "a/./b", "a\\b"] {
+            assert!(check_first_boot_path(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -267,10 +267,17 @@ fn gpt_add(
     };
     let array_sectors = ((count * entry_len) as u64).div_ceil(sector);
     let last = size / sector - 1;
-    let last_usable = last - array_sectors - 1;
+    let Some(last_usable) = last.checked_sub(array_sectors + 1) else {
+        return Err(no_room(path, used_end * sector, size));
+    };
     let len = volume.len() as u64 / sector;
     let align = ALIGN / sector;
-    let start = (last_usable + 1 - len) / align * align;
+    let Some(start) = (last_usable + 1)
+        .checked_sub(len)
+        .map(|s| s / align * align)
+    else {
+        return Err(no_room(path, used_end * sector, size));
+    };
     if start < used_end || start < first_usable {
         return Err(no_room(path, used_end * sector, size));
     }
@@ -351,7 +358,12 @@ fn mbr_add(f: &File, path: &str, size: u64, volume: &[u8]) -> Result<Placed, Str
     };
     let sectors = (size / 512).min(u64::from(u32::MAX));
     let len = volume.len() as u64 / 512;
-    let start = (sectors - len) / (ALIGN / 512) * (ALIGN / 512);
+    let Some(start) = sectors
+        .checked_sub(len)
+        .map(|s| s / (ALIGN / 512) * (ALIGN / 512))
+    else {
+        return Err(no_room(path, used_end * 512, size));
+    };
     if start < used_end {
         return Err(no_room(path, used_end * 512, size));
     }

@@ -25,22 +25,8 @@ pub struct InstallArgs {
     #[arg(long)]
     size: Option<i64>,
     /// Disk hints: the one disk matching all of them is written.
-    #[arg(long)]
-    disk_serial: Option<String>,
-    #[arg(long)]
-    disk_wwn: Option<String>,
-    #[arg(long)]
-    disk_model: Option<String>,
-    #[arg(long)]
-    disk_by_path: Option<String>,
-    /// Disk at least / at most this many bytes.
-    #[arg(long)]
-    disk_min_bytes: Option<i64>,
-    #[arg(long)]
-    disk_max_bytes: Option<i64>,
-    /// Only a rotational (true) or a solid-state (false) disk.
-    #[arg(long)]
-    disk_rotational: Option<bool>,
+    #[command(flatten)]
+    disk: DiskHintArgs,
     /// The disk the running system boots from may be written.
     #[arg(long)]
     allow_boot_disk: bool,
@@ -74,6 +60,43 @@ pub struct InstallArgs {
     config_drive: bool,
     #[arg(long)]
     reason: Option<String>,
+}
+
+/// Disk hints, as `--disk-*` flags.
+#[derive(clap::Args)]
+pub struct DiskHintArgs {
+    #[arg(long)]
+    disk_serial: Option<String>,
+    #[arg(long)]
+    disk_wwn: Option<String>,
+    #[arg(long)]
+    disk_model: Option<String>,
+    #[arg(long)]
+    disk_by_path: Option<String>,
+    /// Disk at least / at most this many bytes.
+    #[arg(long)]
+    disk_min_bytes: Option<i64>,
+    #[arg(long)]
+    disk_max_bytes: Option<i64>,
+    /// Only a rotational (true) or a solid-state (false) disk.
+    #[arg(long)]
+    disk_rotational: Option<bool>,
+}
+
+impl DiskHintArgs {
+    /// The hints given, if any.
+    fn hints(&self) -> Option<shepherd_proto::api::DiskHints> {
+        let h = shepherd_proto::api::DiskHints {
+            serial: self.disk_serial.clone().unwrap_or_default(),
+            wwn: self.disk_wwn.clone().unwrap_or_default(),
+            model: self.disk_model.clone().unwrap_or_default(),
+            by_path: self.disk_by_path.clone().unwrap_or_default(),
+            min_size_bytes: self.disk_min_bytes,
+            max_size_bytes: self.disk_max_bytes,
+            rotational: self.disk_rotational,
+        };
+        (h != Default::default()).then_some(h)
+    }
 }
 
 /// Which machines: one ID, several (a rollout in that order), or the
@@ -218,7 +241,7 @@ pub async fn image_of(
     bmdb: &Bmdb,
     a: &InstallArgs,
 ) -> anyhow::Result<shepherd_proto::api::ImageInstallation> {
-    use shepherd_proto::api::{DiskHints, ImageInstallation};
+    use shepherd_proto::api::ImageInstallation;
     let mut image = ImageInstallation {
         size_bytes: a.size,
         allow_boot_disk: a.allow_boot_disk,
@@ -265,24 +288,7 @@ pub async fn image_of(
             image.ca_certificate = served.ca_certificate;
         }
     }
-    let any_hint = a.disk_serial.is_some()
-        || a.disk_wwn.is_some()
-        || a.disk_model.is_some()
-        || a.disk_by_path.is_some()
-        || a.disk_min_bytes.is_some()
-        || a.disk_max_bytes.is_some()
-        || a.disk_rotational.is_some();
-    if any_hint {
-        image.disk = Some(DiskHints {
-            serial: a.disk_serial.clone().unwrap_or_default(),
-            wwn: a.disk_wwn.clone().unwrap_or_default(),
-            model: a.disk_model.clone().unwrap_or_default(),
-            by_path: a.disk_by_path.clone().unwrap_or_default(),
-            min_size_bytes: a.disk_min_bytes,
-            max_size_bytes: a.disk_max_bytes,
-            rotational: a.disk_rotational,
-        });
-    }
+    image.disk = a.disk.hints();
     image.first_boot = first_boot_of(a)?;
     shepherd::bmdb::installations::check_image(&image).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(image)
@@ -421,20 +427,8 @@ pub struct DeprovisionArgs {
     #[arg(long, default_value = "metadata")]
     mode: String,
     /// Only the disks matching every hint given (default: every disk).
-    #[arg(long)]
-    disk_serial: Option<String>,
-    #[arg(long)]
-    disk_wwn: Option<String>,
-    #[arg(long)]
-    disk_model: Option<String>,
-    #[arg(long)]
-    disk_by_path: Option<String>,
-    #[arg(long)]
-    disk_min_bytes: Option<i64>,
-    #[arg(long)]
-    disk_max_bytes: Option<i64>,
-    #[arg(long)]
-    disk_rotational: Option<bool>,
+    #[command(flatten)]
+    disk: DiskHintArgs,
     /// The disk the running system boots from may be erased.
     #[arg(long)]
     allow_boot_disk: bool,
@@ -448,7 +442,7 @@ pub struct DeprovisionArgs {
 /// `shepherd machines deprovision`.
 pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<()> {
     use shepherd::bmdb::installations::{self, Asked, Asker};
-    use shepherd_proto::api::{DiskErasure, DiskHints, disk_erasure::Mode};
+    use shepherd_proto::api::{DiskErasure, disk_erasure::Mode};
     let mode = match a.mode.trim() {
         "metadata" => Mode::Metadata,
         "discard" => Mode::Discard,
@@ -456,18 +450,9 @@ pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<
         "overwrite" => Mode::Overwrite,
         m => anyhow::bail!("--mode: {m:?} is not metadata, discard, secure or overwrite"),
     };
-    let hints = DiskHints {
-        serial: a.disk_serial.clone().unwrap_or_default(),
-        wwn: a.disk_wwn.clone().unwrap_or_default(),
-        model: a.disk_model.clone().unwrap_or_default(),
-        by_path: a.disk_by_path.clone().unwrap_or_default(),
-        min_size_bytes: a.disk_min_bytes,
-        max_size_bytes: a.disk_max_bytes,
-        rotational: a.disk_rotational,
-    };
     let erasure = DiskErasure {
         mode: mode as i32,
-        disk: (hints != DiskHints::default()).then_some(hints),
+        disk: a.disk.hints(),
         allow_boot_disk: a.allow_boot_disk,
         deadline_seconds: a.deadline.map(|d| d.as_secs() as i64).unwrap_or(0),
     };

@@ -339,6 +339,24 @@ async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api
     assert_eq!(d["installation"]["result"], "Success", "{d:#}");
 }
 
+/// The machine's stored installation request (the contract's bytes).
+async fn stored_request(bmdb: &Bmdb, id: uuid::Uuid) -> shepherd_agent::api::OsInstallationRequest {
+    use prost::Message as _;
+    let raw: Vec<u8> = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT os_installation_request_raw FROM machine_os_installation_request WHERE machine_id = $1",
+                    &[&id],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    shepherd_agent::api::OsInstallationRequest::decode(raw.as_slice()).unwrap()
+}
+
 async fn last_heartbeat(bmdb: &Bmdb, id: uuid::Uuid) -> Option<std::time::SystemTime> {
     bmdb.transact(async |tx| {
         Ok(tx
@@ -620,20 +638,7 @@ async fn the_command_line_asks_installs_and_starts_follows_and_cancels_rollouts(
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("installing generation 1"), "{err}");
     // What was stored is the contract's request, with shepherd's image.
-    let raw: Vec<u8> = bmdb
-        .transact(async |tx| {
-            Ok(tx
-                .query_one(
-                    "SELECT os_installation_request_raw FROM machine_os_installation_request WHERE machine_id = $1",
-                    &[&ids[0]],
-                )
-                .await?
-                .get(0))
-        })
-        .await
-        .unwrap();
-    use prost::Message as _;
-    let req = shepherd_agent::api::OsInstallationRequest::decode(raw.as_slice()).unwrap();
+    let req = stored_request(&bmdb, ids[0]).await;
     assert_eq!(req.generation, 1);
     let Some(shepherd_agent::api::os_installation_request::Type::Image(image)) = req.r#type else {
         panic!("{req:?}");
@@ -713,19 +718,7 @@ async fn the_command_line_asks_installs_and_starts_follows_and_cancels_rollouts(
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(!out.contains("hunter2"), "{out}");
-    let raw: Vec<u8> = bmdb
-        .transact(async |tx| {
-            Ok(tx
-                .query_one(
-                    "SELECT os_installation_request_raw FROM machine_os_installation_request WHERE machine_id = $1",
-                    &[&ids[1]],
-                )
-                .await?
-                .get(0))
-        })
-        .await
-        .unwrap();
-    let req = shepherd_agent::api::OsInstallationRequest::decode(raw.as_slice()).unwrap();
+    let req = stored_request(&bmdb, ids[1]).await;
     let Some(shepherd_agent::api::os_installation_request::Type::Image(image)) = req.r#type else {
         panic!("{req:?}");
     };

@@ -570,17 +570,7 @@ impl Target {
 
     /// The disk's size as the kernel says it (a file's length).
     pub fn size(&self) -> Option<u64> {
-        let meta = self.file.metadata().ok()?;
-        if !meta.file_type().is_block_device() {
-            return Some(meta.len());
-        }
-        // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-        const BLKGETSIZE64: libc::c_ulong = 0x80081272;
-        let mut size: u64 = 0;
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.file);
-        // SAFETY: the ioctl writes one u64 into `size`.
-        let r = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size) };
-        (r == 0).then_some(size)
+        size_of(&self.file)
     }
 
     /// Whether anything reached the disk.
@@ -700,6 +690,21 @@ fn clear_direct(file: &File) {
             libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_DIRECT);
         }
     }
+}
+
+/// A block device's size as the kernel says it; a regular file's length.
+pub fn size_of(f: &File) -> Option<u64> {
+    let meta = f.metadata().ok()?;
+    if !meta.file_type().is_block_device() {
+        return Some(meta.len());
+    }
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x80081272;
+    let mut size: u64 = 0;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+    // SAFETY: the ioctl writes one u64 into `size`.
+    let r = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size) };
+    (r == 0).then_some(size)
 }
 
 /// Asks the kernel to re-read `disk`'s partition table (block devices).

@@ -279,7 +279,7 @@ pub fn erase(
     let mut plan = Vec::new();
     for d in &chosen {
         let file = open(d)?;
-        let size = disk_size(&file).unwrap_or(d.size_bytes);
+        let size = disk::size_of(&file).unwrap_or(d.size_bytes);
         let mut d = d.clone();
         d.size_bytes = size;
         let secure = match mode {
@@ -290,19 +290,22 @@ pub fn erase(
             Mode::Secure => Some(ops.secure_erase(&d, &file)?),
             _ => None,
         };
-        plan.push((d, file, secure));
+        // Read before anything is erased: the partition tables say where.
+        let spans = if mode == Mode::Metadata {
+            regions(&file, &d)
+        } else {
+            vec![(0, d.size_bytes)]
+        };
+        plan.push((d, file, secure, spans));
     }
     let total: u64 = plan
         .iter()
-        .map(|(d, f, _)| match mode {
-            Mode::Metadata => regions(f, d).iter().map(|r| r.1 - r.0).sum(),
-            _ => d.size_bytes,
-        })
+        .flat_map(|p| p.3.iter().map(|r| r.1 - r.0))
         .sum();
     counters.total.store(total, Ordering::Relaxed);
     counters.set_phase(crate::api::installation_progress::Phase::Erasing);
     let mut done = Vec::new();
-    for (d, file, secure) in plan {
+    for (d, file, secure, spans) in plan {
         counters.set_disk(&d.path.display().to_string());
         let over = || {
             if started.elapsed() > deadline {
@@ -321,7 +324,7 @@ pub fn erase(
             mode_name(mode)
         ));
         let e = match mode {
-            Mode::Metadata => metadata(&file, &d, counters)?,
+            Mode::Metadata => metadata(&file, &d, &spans, counters)?,
             Mode::Overwrite => overwrite(&file, &d, counters, &over)?,
             Mode::Discard => {
                 let mut at = 0;
@@ -482,11 +485,15 @@ fn mbr_partitions(file: &File) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn metadata(file: &File, d: &Disk, counters: &Counters) -> Result<ErasedDisk, String> {
-    let regions = regions(file, d);
+fn metadata(
+    file: &File,
+    d: &Disk,
+    regions: &[(u64, u64)],
+    counters: &Counters,
+) -> Result<ErasedDisk, String> {
     let zero = vec![0u8; END_SPAN as usize];
     let name = d.path.display();
-    for &(s, e) in &regions {
+    for &(s, e) in regions {
         let mut at = s;
         while at < e {
             let n = (e - at).min(END_SPAN);
@@ -500,7 +507,7 @@ fn metadata(file: &File, d: &Disk, counters: &Counters) -> Result<ErasedDisk, St
         .map_err(|e| format!("flushing {name}: {e}"))?;
     drop_cache(file);
     let mut checked = 0;
-    for &(s, e) in &regions {
+    for &(s, e) in regions {
         checked += check_zero(file, d, s, e - s, "erased")?;
     }
     Ok(ErasedDisk {
@@ -605,20 +612,6 @@ fn check_zero(file: &File, d: &Disk, at: u64, len: u64, what: &str) -> Result<u6
         pos += n as u64;
     }
     Ok(len)
-}
-
-fn disk_size(f: &File) -> Option<u64> {
-    let meta = f.metadata().ok()?;
-    if !meta.file_type().is_block_device() {
-        return Some(meta.len());
-    }
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x80081272;
-    let mut size: u64 = 0;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(f);
-    // SAFETY: the ioctl writes one u64 into `size`.
-    let r = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size) };
-    (r == 0).then_some(size)
 }
 
 /// NVMe admin commands through the kernel's pass-through.

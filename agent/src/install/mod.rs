@@ -239,7 +239,7 @@ pub async fn install(
     if let Some(size) = req.size_bytes {
         counters.total.store(size as u64, Ordering::Relaxed);
     }
-    *counters.disk.lock().unwrap() = chosen.path.display().to_string();
+    counters.set_disk(&chosen.path.display().to_string());
     let deadline = if req.deadline_seconds > 0 {
         Duration::from_secs(req.deadline_seconds as u64)
     } else {
@@ -425,7 +425,7 @@ pub async fn install(
                     .write(true)
                     .open(&other.path)
                     .map_err(|e| format!("cannot open {}: {e}", other.path.display()))?;
-                let size = block_size(&f).unwrap_or(other.size_bytes);
+                let size = disk::size_of(&f).unwrap_or(other.size_bytes);
                 first_boot::whole_disk(&f, other, size, &bytes)
             }
             None => {
@@ -680,7 +680,7 @@ impl Installer {
                             let size = f.metadata().map(|m| m.len()).unwrap_or(0);
                             let disk = Disk {
                                 path: d.clone(),
-                                size_bytes: block_size(&f).unwrap_or(size),
+                                size_bytes: disk::size_of(&f).unwrap_or(size),
                                 ..Disk::default()
                             };
                             let _ = disk::wipe(&f, &disk);
@@ -940,15 +940,4 @@ impl Installer {
             }
         }
     }
-}
-
-/// A block device's size (a regular file's is its length).
-fn block_size(f: &std::fs::File) -> Option<u64> {
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x80081272;
-    let mut size: u64 = 0;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(f);
-    // SAFETY: the ioctl writes one u64 into `size`.
-    let r = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size) };
-    (r == 0).then_some(size)
 }

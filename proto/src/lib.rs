@@ -10,6 +10,7 @@
 //!   enrollment (CONTRACTS.md §5).
 //! - [`takeover`]: the takeover's init message and the judge of its reply.
 //! - [`digest`]: an image's digest as an installation request names it.
+//! - [`first_boot`]: the first-boot files' names, as both sides check them.
 //! - [`summary`]: a stored hardware report, decoded for operators.
 //! - [`callback`]: the callback's method paths, endpoint form, TLS errors.
 //! - [`files`]: private files (state, keys, shepherd's secrets).
@@ -29,6 +30,7 @@ pub mod boot {
 pub mod callback;
 pub mod digest;
 pub mod files;
+pub mod first_boot;
 pub mod summary;
 pub mod takeover;
 

@@ -200,24 +200,8 @@ pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
 /// (the volume the agent writes is 16 MiB at least).
 pub const MAX_FIRST_BOOT: usize = 1 << 20;
 
-/// A first-boot file's path inside its volume: relative, `/`-separated,
-/// no `.` or `..` parts, at most 255 bytes, printable.
-pub fn check_first_boot_path(p: &str) -> Result<(), String> {
-    if p.is_empty() || p.len() > 255 {
-        return Err(format!(
-            "the file name {p:?} is empty or longer than 255 bytes"
-        ));
-    }
-    if p.starts_with('/')
-        || p.split('/').any(|c| c.is_empty() || c == "." || c == "..")
-        || p.chars().any(|c| c.is_control() || c == '\\')
-    {
-        return Err(format!(
-            "the file name {p:?} is not a relative path of plain names (no leading /, no . or .., no \\)"
-        ));
-    }
-    Ok(())
-}
+/// A first-boot file's path inside its volume (shared with the agent).
+pub use shepherd_proto::first_boot::check_path as check_first_boot_path;
 
 /// The first-boot data as this machine's agent gets it: the placeholders
 /// `{{machine_id}}`, `{{provider_id}}`, `{{generation}}` and

@@ -62,16 +62,8 @@ pub fn check(fb: &FirstBoot) -> Result<(), String> {
     }
     let mut total = 0;
     for (name, bytes) in &v.files.files {
-        if name.is_empty()
-            || name.starts_with('/')
-            || name
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == "..")
-        {
-            return Err(format!(
-                "the first-boot file name {name:?} is not a relative path of plain names"
-            ));
-        }
+        shepherd_proto::first_boot::check_path(name)
+            .map_err(|e| format!("the first-boot volume: {e}"))?;
         total += bytes.len();
     }
     if total > MAX_FILES_BYTES {

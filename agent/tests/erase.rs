@@ -192,20 +192,104 @@ impl DiskOps for Liar {
             ses: 1,
         })
     }
-    fn run_secure_erase(&self, _: &Disk, _: &std::fs::File, _: &SecureErase) -> Result<(), String> {
+    fn run_secure_erase(
+        &self,
+        _: &Disk,
+        _: &std::fs::File,
+        _: &SecureErase,
+        _: std::time::Duration,
+    ) -> Result<(), String> {
         Ok(())
     }
 }
 
 #[test]
 fn a_disk_that_says_it_erased_and_did_not_is_caught_by_the_read_back() {
-    for mode in [Mode::Discard, Mode::Secure] {
-        let d = TestDisk::new(8 * MIB);
-        dirty(&d);
-        let err = run(&request(mode), &[d.disk()], &Liar).unwrap_err();
-        assert!(err.contains("still holds data at byte"), "{mode:?}: {err}");
-        assert!(err.contains("did not"), "{err}");
+    let d = TestDisk::new(8 * MIB);
+    dirty(&d);
+    let err = run(&request(Mode::Discard), &[d.disk()], &Liar).unwrap_err();
+    assert!(err.contains("still holds data at byte"), "{err}");
+    assert!(err.contains("did not"), "{err}");
+    // A secure erase need not leave zeros, so it is compared with what
+    // the samples held before.
+    let err = run(&request(Mode::Secure), &[d.disk()], &Liar).unwrap_err();
+    assert!(err.contains("still holds what it held before"), "{err}");
+    assert!(err.contains("did not"), "{err}");
+}
+
+/// A disk whose own erase leaves what no key decrypts: random bytes
+/// (a cryptographic erase), with `keep` bytes from `keep_at` left as they
+/// were.
+struct Scrambler {
+    keep_at: u64,
+    keep: u64,
+}
+
+impl DiskOps for Scrambler {
+    fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
+        Err("no".into())
     }
+    fn discard(&self, _: &std::fs::File, _: u64, _: u64) -> std::io::Result<()> {
+        unreachable!()
+    }
+    fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
+        Ok(SecureErase::ScsiSanitize(
+            shepherd_agent::install::sg::scsi::Sanitize::CryptoErase,
+        ))
+    }
+    fn run_secure_erase(
+        &self,
+        d: &Disk,
+        f: &std::fs::File,
+        _: &SecureErase,
+        _: std::time::Duration,
+    ) -> Result<(), String> {
+        use rand::RngCore as _;
+        use std::os::unix::fs::FileExt as _;
+        let mut buf = vec![0u8; MIB as usize];
+        // Whole MiB at a time: the kept span is MiB-aligned.
+        for at in (0..d.size_bytes).step_by(MIB as usize) {
+            if (self.keep_at..self.keep_at.saturating_add(self.keep)).contains(&at) {
+                continue;
+            }
+            rand::rng().fill_bytes(&mut buf);
+            f.write_all_at(&buf, at).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())
+    }
+}
+
+#[test]
+fn a_secure_erase_may_leave_noise_but_not_what_was_there() {
+    let d = TestDisk::new(8 * MIB);
+    let before = dirty(&d);
+    let e = run(
+        &request(Mode::Secure),
+        &[d.disk()],
+        &Scrambler {
+            keep_at: u64::MAX,
+            keep: 0,
+        },
+    )
+    .unwrap();
+    assert_eq!(e.disks[0].how, "SCSI SANITIZE (cryptographic erase)");
+    assert!(e.disks[0].checked >= 2 * MIB, "{e}");
+    assert_ne!(whole(&d), before);
+    // The last MiB kept (a disk that skipped its end): caught.
+    dirty(&d);
+    let err = run(
+        &request(Mode::Secure),
+        &[d.disk()],
+        &Scrambler {
+            keep_at: 7 * MIB,
+            keep: MIB,
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("still holds what it held before at bytes 7340032.."),
+        "{err}"
+    );
 }
 
 #[test]

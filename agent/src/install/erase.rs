@@ -9,8 +9,12 @@
 //! - discard: `BLKDISCARD` over the whole disk, where the disk advertises
 //!   discard; then both ends and random samples read back as zeros (a disk
 //!   that keeps discarded data fails here).
-//! - secure: the disk's own erase, NVMe Format with user data (or
-//!   cryptographic) erase where the controller advertises it; then sampled.
+//! - secure: the disk's own erase, where the disk advertises it: NVMe Format
+//!   with user data (or cryptographic) erase, ATA Security Erase (enhanced
+//!   where offered), SCSI SANITIZE (cryptographic erase, block erase or
+//!   overwrite). These need not leave zeros (a cryptographic erase leaves
+//!   what no key decrypts), so the samples are read before and after: each
+//!   must read as zeros or differ from what it held.
 //! - overwrite: zeros over every block; then sampled.
 //!
 //! Every disk chosen is checked for its mode before any is erased. The
@@ -28,6 +32,7 @@ use rand::Rng as _;
 
 use super::Counters;
 use super::disk::{self, Disk};
+use super::sg;
 use crate::api::disk_erasure::Mode;
 use crate::api::{DiskErasure, DiskHints};
 
@@ -49,8 +54,14 @@ pub trait DiskOps: Send + Sync {
     fn discard(&self, file: &File, offset: u64, len: u64) -> io::Result<()>;
     /// How `disk` erases itself, or why it cannot.
     fn secure_erase(&self, disk: &Disk, file: &File) -> Result<SecureErase, String>;
-    /// Carries out `how` on `disk`.
-    fn run_secure_erase(&self, disk: &Disk, file: &File, how: &SecureErase) -> Result<(), String>;
+    /// Carries out `how` on `disk`, waiting at most `timeout`.
+    fn run_secure_erase(
+        &self,
+        disk: &Disk,
+        file: &File,
+        how: &SecureErase,
+        timeout: Duration,
+    ) -> Result<(), String>;
 }
 
 /// A disk's own erase, as it advertises it.
@@ -59,6 +70,14 @@ pub enum SecureErase {
     /// NVMe Format NVM of namespace `nsid` with its current LBA format;
     /// `ses` 1 (user data erase) or 2 (cryptographic erase).
     NvmeFormat { nsid: u32, lbaf: u32, ses: u32 },
+    /// ATA SECURITY ERASE UNIT, enhanced or normal; `minutes` as the disk
+    /// estimates it.
+    AtaSecurityErase {
+        enhanced: bool,
+        minutes: Option<u32>,
+    },
+    /// SCSI SANITIZE with this service action.
+    ScsiSanitize(sg::scsi::Sanitize),
 }
 
 impl std::fmt::Display for SecureErase {
@@ -73,6 +92,18 @@ impl std::fmt::Display for SecureErase {
                     "user data erase"
                 }
             ),
+            SecureErase::AtaSecurityErase { enhanced, minutes } => {
+                write!(
+                    f,
+                    "ATA Security Erase ({})",
+                    if *enhanced { "enhanced" } else { "normal" }
+                )?;
+                match minutes {
+                    Some(m) => write!(f, ", which the disk says takes {m} min"),
+                    None => Ok(()),
+                }
+            }
+            SecureErase::ScsiSanitize(a) => write!(f, "SCSI SANITIZE ({})", a.name()),
         }
     }
 }
@@ -132,11 +163,13 @@ impl DiskOps for Kernel {
             return nvme::advertised(disk, file);
         }
         if name.starts_with("sd") {
-            return Err(format!(
-                "{}: a SCSI or ATA disk; this agent carries out secure erase on NVMe disks only \
-                 (ATA Security Erase and SCSI Sanitize are not implemented yet): erase it with overwrite",
-                disk.path.display()
-            ));
+            let vendor = std::fs::read_to_string(format!("/sys/class/block/{name}/device/vendor"))
+                .unwrap_or_default();
+            return if vendor.trim() == "ATA" {
+                ata_advertised(disk, file)
+            } else {
+                scsi_advertised(disk, file)
+            };
         }
         Err(format!(
             "{} advertises no secure erase: it is not an NVMe, ATA or SCSI disk (a virtio or loop \
@@ -145,11 +178,65 @@ impl DiskOps for Kernel {
         ))
     }
 
-    fn run_secure_erase(&self, disk: &Disk, file: &File, how: &SecureErase) -> Result<(), String> {
+    fn run_secure_erase(
+        &self,
+        disk: &Disk,
+        file: &File,
+        how: &SecureErase,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let name = disk.path.display();
         match how {
-            SecureErase::NvmeFormat { nsid, lbaf, ses } => nvme::format(file, *nsid, *lbaf, *ses)
-                .map_err(|e| format!("{}: the NVMe Format failed: {e}", disk.path.display())),
+            SecureErase::NvmeFormat { nsid, lbaf, ses } => {
+                nvme::format(file, *nsid, *lbaf, *ses, timeout)
+                    .map_err(|e| format!("{name}: the NVMe Format failed: {e}"))
+            }
+            SecureErase::AtaSecurityErase { enhanced, .. } => {
+                sg::ata::security_erase(file, *enhanced, timeout).map_err(|(step, e)| {
+                    format!(
+                        "{name}: the ATA Security Erase failed at {step}: {e} (if the disk stays locked, \
+                         its user password is \"{}\": hdparm --user-master u --security-unlock {0} {name}, \
+                         then --security-disable {0})",
+                        sg::ATA_PASSWORD
+                    )
+                })
+            }
+            SecureErase::ScsiSanitize(a) => sg::scsi::sanitize(file, *a, timeout)
+                .map_err(|e| format!("{name}: the SCSI SANITIZE ({}) failed: {e}", a.name())),
         }
+    }
+}
+
+/// An ATA disk's Security Erase, if it offers one and is not frozen.
+fn ata_advertised(disk: &Disk, file: &File) -> Result<SecureErase, String> {
+    let name = disk.path.display().to_string();
+    let words =
+        sg::ata::identify(file).map_err(|e| format!("{name}: ATA IDENTIFY DEVICE failed: {e}"))?;
+    let s = sg::ata::Security::from_identify(&words);
+    if let Some(why) = s.refusal(&name) {
+        return Err(why);
+    }
+    Ok(SecureErase::AtaSecurityErase {
+        enhanced: s.enhanced_erase,
+        minutes: if s.enhanced_erase {
+            s.enhanced_minutes
+        } else {
+            s.normal_minutes
+        },
+    })
+}
+
+/// A SCSI disk's SANITIZE, strongest first, if it reports one.
+fn scsi_advertised(disk: &Disk, file: &File) -> Result<SecureErase, String> {
+    let name = disk.path.display();
+    match sg::scsi::advertised(file) {
+        Ok(Some(a)) => Ok(SecureErase::ScsiSanitize(a)),
+        Ok(None) => Err(format!(
+            "{name}: the SCSI disk does not advertise SANITIZE (REPORT SUPPORTED OPERATION CODES): erase it with overwrite"
+        )),
+        Err(e) => Err(format!(
+            "{name}: asking the SCSI disk for SANITIZE failed: {e}: erase it with overwrite"
+        )),
     }
 }
 
@@ -159,7 +246,7 @@ pub struct ErasedDisk {
     pub disk: String,
     /// Bytes the erase covered.
     pub bytes: u64,
-    /// Bytes read back as zeros.
+    /// Bytes read back (as zeros, or changed by a secure erase).
     pub checked: u64,
     /// How: "metadata: 6 regions", "NVMe Format …".
     pub how: String,
@@ -179,7 +266,7 @@ impl std::fmt::Display for Erased {
             .iter()
             .map(|d| {
                 format!(
-                    "{} ({}, {} erased, {} read back as zeros)",
+                    "{} ({}, {} erased, {} read back)",
                     d.disk,
                     d.how,
                     disk::bytes(d.bytes),
@@ -290,22 +377,27 @@ pub fn erase(
             Mode::Secure => Some(ops.secure_erase(&d, &file)?),
             _ => None,
         };
-        // Read before anything is erased: the partition tables say where.
+        // Read before anything is erased: the partition tables say where;
+        // what a secure erase's samples held, to tell that it changed.
+        let before = match mode {
+            Mode::Secure => Some(Before::read(&file, &d)?),
+            _ => None,
+        };
         let spans = if mode == Mode::Metadata {
             regions(&file, &d)
         } else {
             vec![(0, d.size_bytes)]
         };
-        plan.push((d, file, secure, spans));
+        plan.push((d, file, secure, before, spans));
     }
     let total: u64 = plan
         .iter()
-        .flat_map(|p| p.3.iter().map(|r| r.1 - r.0))
+        .flat_map(|p| p.4.iter().map(|r| r.1 - r.0))
         .sum();
     counters.total.store(total, Ordering::Relaxed);
     counters.set_phase(crate::api::installation_progress::Phase::Erasing);
     let mut done = Vec::new();
-    for (d, file, secure, spans) in plan {
+    for (d, file, secure, before, spans) in plan {
         counters.set_disk(&d.path.display().to_string());
         let over = || {
             if started.elapsed() > deadline {
@@ -348,9 +440,12 @@ pub fn erase(
             Mode::Secure => {
                 let how = secure.expect("checked above");
                 log(format_args!("{}: {how}", d.path.display()));
-                ops.run_secure_erase(&d, &file, &how)?;
+                over()?;
+                ops.run_secure_erase(&d, &file, &how, deadline.saturating_sub(started.elapsed()))?;
                 counters.written.fetch_add(d.size_bytes, Ordering::Relaxed);
-                let checked = sample(&file, &d, &how.to_string())?;
+                let checked = before
+                    .expect("read above")
+                    .compare(&file, &d, &how.to_string())?;
                 ErasedDisk {
                     disk: d.path.display().to_string(),
                     bytes: d.size_bytes,
@@ -526,10 +621,12 @@ fn overwrite(
 ) -> Result<ErasedDisk, String> {
     let name = d.path.display();
     // O_DIRECT where the disk allows it: a pass over the whole disk would
-    // otherwise go through (and evict) the page cache.
+    // otherwise go through (and evict) the page cache. Not O_EXCL: `file`
+    // holds the disk exclusively already, and a second exclusive open of
+    // it would fail (and fall back to the page cache).
     let direct = std::fs::OpenOptions::new()
         .write(true)
-        .custom_flags(libc::O_DIRECT | if d.boot { 0 } else { libc::O_EXCL })
+        .custom_flags(libc::O_DIRECT)
         .open(&d.path)
         .ok();
     let mut buf = disk::AlignedBuf::new(disk::WRITE_BLOCK);
@@ -612,6 +709,66 @@ fn check_zero(file: &File, d: &Disk, at: u64, len: u64, what: &str) -> Result<u6
         pos += n as u64;
     }
     Ok(len)
+}
+
+/// What a secure erase's samples held before it: both ends of the disk and
+/// [`SAMPLES`] random blocks, by their SHA-256.
+struct Before {
+    places: Vec<(u64, u64)>,
+    digests: Vec<[u8; 32]>,
+}
+
+impl Before {
+    fn read(file: &File, d: &Disk) -> Result<Before, String> {
+        let size = d.size_bytes;
+        let mut places = vec![(0, END_SPAN.min(size))];
+        let tail = size.saturating_sub(END_SPAN);
+        places.push((tail, size - tail));
+        let len = SAMPLE_LEN as u64;
+        if size > len {
+            let mut rng = rand::rng();
+            let blocks = size / len;
+            places.extend((0..SAMPLES).map(|_| (rng.random_range(0..blocks) * len, len)));
+        }
+        let digests = places
+            .iter()
+            .map(|&(at, len)| Ok(digest(&read_span(file, d, at, len)?)))
+            .collect::<Result<_, String>>()?;
+        Ok(Before { places, digests })
+    }
+
+    /// Every place reads as zeros or differs from what it held. Returns
+    /// the bytes read.
+    fn compare(&self, file: &File, d: &Disk, what: &str) -> Result<u64, String> {
+        drop_cache(file);
+        let mut checked = 0;
+        for (&(at, len), was) in self.places.iter().zip(&self.digests) {
+            let now = read_span(file, d, at, len)?;
+            if now.iter().any(|b| *b != 0) && digest(&now) == *was {
+                return Err(format!(
+                    "{} was erased ({what}) but still holds what it held before at bytes {at}..{}: \
+                     the disk said it erased and did not (its blocks are not to be trusted to the next \
+                     tenant; erase it with overwrite)",
+                    d.path.display(),
+                    at + len
+                ));
+            }
+            checked += len;
+        }
+        Ok(checked)
+    }
+}
+
+fn read_span(file: &File, d: &Disk, at: u64, len: u64) -> Result<Vec<u8>, String> {
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, at)
+        .map_err(|e| format!("reading {} at byte {at}: {e}", d.path.display()))?;
+    Ok(buf)
+}
+
+fn digest(b: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(b).into()
 }
 
 /// NVMe admin commands through the kernel's pass-through.
@@ -709,13 +866,19 @@ mod nvme {
         })
     }
 
-    pub fn format(file: &File, nsid: u32, lbaf: u32, ses: u32) -> io::Result<()> {
+    pub fn format(
+        file: &File,
+        nsid: u32,
+        lbaf: u32,
+        ses: u32,
+        timeout: std::time::Duration,
+    ) -> io::Result<()> {
         let mut cmd = Cmd {
             opcode: 0x80,
             nsid,
             cdw10: (ses << 9) | (lbaf & 0x0f) | ((lbaf >> 4) << 12),
             // Large disks take minutes; the kernel's default is 60 s.
-            timeout_ms: 3_600_000,
+            timeout_ms: timeout.as_millis().clamp(60_000, u128::from(u32::MAX)) as u32,
             ..Cmd::default()
         };
         admin(file, &mut cmd).map(|_| ())

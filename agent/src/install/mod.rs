@@ -20,6 +20,7 @@ pub mod fetch;
 pub mod first_boot;
 pub mod pipeline;
 pub mod record;
+pub mod sg;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};

@@ -909,7 +909,8 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
         !String::from_utf8_lossy(&probed.stdout).contains("CIDATA"),
         "the seed is gone"
     );
-    // Available: its agent heartbeats and takes the next installation.
+    // Available: its agent heartbeats and takes the next installation,
+    // without being taken over again (an erasure leaves the agent).
     let (status, body) = rig
         .post(
             &format!("/api/v1/machines/{id}/install"),
@@ -917,6 +918,13 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    assert!(
+        !body["action"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("takes it over again"),
+        "{body}"
+    );
     let d = rig.wait_state(id, &["installed", "install-failed"]).await;
     assert_eq!(d["machine"]["state"], "installed", "{d:#}");
     // A deprovisioning rollout over the other machine (heartbeating,
@@ -955,6 +963,14 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    // A failed erasure left its agent too.
+    assert!(
+        !body["action"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("takes it over again"),
+        "{body}"
+    );
     let d = rig.wait_state(other, &["available"]).await;
     assert_eq!(d["installation"]["generation"], 2);
     let r = rig.get(&format!("/api/v1/rollouts/{rollout}")).await;

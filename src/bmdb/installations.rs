@@ -73,11 +73,18 @@ const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
 const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
 const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
          (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, $4, now(), $3)";
-/// An installed machine taken over by SSH runs no agent (it rebooted into
-/// the installed system): it is taken over again (the installed system has
-/// host keys of its own). One whose agent still heartbeats well after the
-/// report (an installation without a reboot) keeps it.
+/// A machine taken over by SSH whose last answered request installed a
+/// system runs no agent (it rebooted into that system): it is taken over
+/// again (the installed system has host keys of its own). One whose agent
+/// still heartbeats well after the report (an installation without a
+/// reboot) keeps it, as does one whose last request was an erasure or
+/// failed (the agent stays for both).
 const RETAKE_DUE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_started WHERE machine_id = $1) \
+       AND EXISTS (SELECT 1 FROM machine_installation i \
+                     JOIN machine_os_installation_report r \
+                       ON r.machine_id = i.machine_id AND r.generation = i.generation \
+                    WHERE i.machine_id = $1 AND i.kind = 'install' \
+                      AND r.os_installation_result = 'Success') \
        AND NOT EXISTS (SELECT 1 FROM machine_agent_heartbeat hb \
             WHERE hb.machine_id = $1 AND hb.agent_heartbeat_at > now() - interval '1 minute' \
               AND hb.agent_heartbeat_at > (SELECT max(\"timestamp\") + interval '20 seconds' \

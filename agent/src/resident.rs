@@ -96,6 +96,11 @@ pub trait Host: Send + 'static {
 /// While an installation is in hand the agent calls at least this often,
 /// so that its progress is seen.
 pub const INSTALLING_INTERVAL: Duration = Duration::from_secs(5);
+/// ...and for this long after one, so that its report is seen at once and
+/// the request an operator asks next (an installation after a
+/// deprovisioning, a retry after a failure) is taken within seconds, not
+/// at the next ordinary call.
+pub const FOLLOW_UP: Duration = Duration::from_secs(60);
 /// No answer within this long is a lost call: reconnect.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Agents calling at least this often keep their connection between calls.
@@ -197,6 +202,8 @@ pub async fn run(resident: Resident, host: impl Host) {
     let mut installer = crate::install::Installer::new(host.install_record());
     let mut channel = None;
     let mut backoff = BACKOFF_INITIAL;
+    // When the installer last had a job in hand (FOLLOW_UP).
+    let mut last_busy: Option<std::time::Instant> = None;
     let mut refused_since: Option<std::time::Instant> = None;
     let mut addrs = Addresses {
         endpoint: endpoint.to_string(),
@@ -354,6 +361,9 @@ pub async fn run(resident: Resident, host: impl Host) {
             host.interval()
         };
         if installer.busy().is_some() {
+            last_busy = Some(std::time::Instant::now());
+        }
+        if last_busy.is_some_and(|t| t.elapsed() < FOLLOW_UP) {
             every = every.min(INSTALLING_INTERVAL);
         }
         if every >= KEEP_CONNECTION_BELOW {

@@ -421,3 +421,45 @@ fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
         other => panic!("{other:?}"),
     }
 }
+
+/// An ATA disk whose Security Erase takes `minutes` by its own account.
+struct SlowAta {
+    minutes: u32,
+}
+
+impl DiskOps for SlowAta {
+    fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
+        Err("no".into())
+    }
+    fn discard(&self, _: &std::fs::File, _: u64, _: u64) -> std::io::Result<()> {
+        unreachable!()
+    }
+    fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
+        Ok(SecureErase::AtaSecurityErase {
+            enhanced: false,
+            minutes: Some(self.minutes),
+        })
+    }
+    fn run_secure_erase(
+        &self,
+        _: &Disk,
+        _: &std::fs::File,
+        _: &SecureErase,
+        _: std::time::Duration,
+    ) -> Result<(), String> {
+        panic!("a disk whose erase outlasts the deadline is not erased")
+    }
+}
+
+#[test]
+fn an_ata_erase_longer_than_the_deadline_is_refused_before_it_starts() {
+    let d = TestDisk::new(8 * MIB);
+    let before = dirty(&d);
+    // run() gives the erasure two minutes; the disk says six.
+    let err = run(&request(Mode::Secure), &[d.disk()], &SlowAta { minutes: 6 }).unwrap_err();
+    assert!(
+        err.contains("takes 6 min, longer than the erasure's deadline of 2m"),
+        "{err}"
+    );
+    assert_eq!(whole(&d), before);
+}

@@ -374,7 +374,22 @@ pub fn erase(
                 ops.can_discard(&d, &file)?;
                 None
             }
-            Mode::Secure => Some(ops.secure_erase(&d, &file)?),
+            Mode::Secure => {
+                let how = ops.secure_erase(&d, &file)?;
+                if let SecureErase::AtaSecurityErase {
+                    minutes: Some(m), ..
+                } = how
+                    && Duration::from_secs(u64::from(m) * 60) > deadline
+                {
+                    return Err(format!(
+                        "{}: the disk says its ATA Security Erase takes {m} min, longer than the erasure's deadline of {}: \
+                         ask again with a longer deadline",
+                        d.path.display(),
+                        humantime::format_duration(deadline)
+                    ));
+                }
+                Some(how)
+            }
             _ => None,
         };
         // Read before anything is erased: the partition tables say where;

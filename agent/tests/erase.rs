@@ -217,15 +217,16 @@ fn a_disk_that_says_it_erased_and_did_not_is_caught_by_the_read_back() {
     assert!(err.contains("did not"), "{err}");
 }
 
-/// A disk whose own erase leaves what no key decrypts: random bytes
-/// (a cryptographic erase), with `keep` bytes from `keep_at` left as they
-/// were.
-struct Scrambler {
+/// A disk with an erase of its own (`how`) that leaves what no key
+/// decrypts: random bytes (a cryptographic erase), with `keep` bytes from
+/// `keep_at` left as they were.
+struct OwnErase {
+    how: SecureErase,
     keep_at: u64,
     keep: u64,
 }
 
-impl DiskOps for Scrambler {
+impl DiskOps for OwnErase {
     fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
         Err("no".into())
     }
@@ -233,9 +234,7 @@ impl DiskOps for Scrambler {
         unreachable!()
     }
     fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
-        Ok(SecureErase::ScsiSanitize(
-            shepherd_agent::install::sg::scsi::Sanitize::CryptoErase,
-        ))
+        Ok(self.how.clone())
     }
     fn run_secure_erase(
         &self,
@@ -259,6 +258,10 @@ impl DiskOps for Scrambler {
     }
 }
 
+fn crypto() -> SecureErase {
+    SecureErase::ScsiSanitize(shepherd_agent::install::sg::scsi::Sanitize::CryptoErase)
+}
+
 #[test]
 fn a_secure_erase_may_leave_noise_but_not_what_was_there() {
     let d = TestDisk::new(8 * MIB);
@@ -266,7 +269,8 @@ fn a_secure_erase_may_leave_noise_but_not_what_was_there() {
     let e = run(
         &request(Mode::Secure),
         &[d.disk()],
-        &Scrambler {
+        &OwnErase {
+            how: crypto(),
             keep_at: u64::MAX,
             keep: 0,
         },
@@ -280,7 +284,8 @@ fn a_secure_erase_may_leave_noise_but_not_what_was_there() {
     let err = run(
         &request(Mode::Secure),
         &[d.disk()],
-        &Scrambler {
+        &OwnErase {
+            how: crypto(),
             keep_at: 7 * MIB,
             keep: MIB,
         },
@@ -422,41 +427,20 @@ fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
     }
 }
 
-/// An ATA disk whose Security Erase takes `minutes` by its own account.
-struct SlowAta {
-    minutes: u32,
-}
-
-impl DiskOps for SlowAta {
-    fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
-        Err("no".into())
-    }
-    fn discard(&self, _: &std::fs::File, _: u64, _: u64) -> std::io::Result<()> {
-        unreachable!()
-    }
-    fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
-        Ok(SecureErase::AtaSecurityErase {
-            enhanced: false,
-            minutes: Some(self.minutes),
-        })
-    }
-    fn run_secure_erase(
-        &self,
-        _: &Disk,
-        _: &std::fs::File,
-        _: &SecureErase,
-        _: std::time::Duration,
-    ) -> Result<(), String> {
-        panic!("a disk whose erase outlasts the deadline is not erased")
-    }
-}
-
 #[test]
 fn an_ata_erase_longer_than_the_deadline_is_refused_before_it_starts() {
     let d = TestDisk::new(8 * MIB);
     let before = dirty(&d);
     // run() gives the erasure two minutes; the disk says six.
-    let err = run(&request(Mode::Secure), &[d.disk()], &SlowAta { minutes: 6 }).unwrap_err();
+    let slow = OwnErase {
+        how: SecureErase::AtaSecurityErase {
+            enhanced: false,
+            minutes: Some(6),
+        },
+        keep_at: 0,
+        keep: u64::MAX,
+    };
+    let err = run(&request(Mode::Secure), &[d.disk()], &slow).unwrap_err();
     assert!(
         err.contains("takes 6 min, longer than the erasure's deadline of 2m"),
         "{err}"

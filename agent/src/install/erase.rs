@@ -80,12 +80,32 @@ pub enum SecureErase {
     ScsiSanitize(sg::scsi::Sanitize),
 }
 
+impl SecureErase {
+    /// The command, as operators know it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SecureErase::NvmeFormat { .. } => "NVMe Format",
+            SecureErase::AtaSecurityErase { .. } => "ATA Security Erase",
+            SecureErase::ScsiSanitize(_) => "SCSI SANITIZE",
+        }
+    }
+
+    /// How long the disk says it takes, where it says so.
+    pub fn minutes(&self) -> Option<u32> {
+        match self {
+            SecureErase::AtaSecurityErase { minutes, .. } => *minutes,
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for SecureErase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.name();
         match self {
             SecureErase::NvmeFormat { nsid, ses, .. } => write!(
                 f,
-                "NVMe Format of namespace {nsid} with {}",
+                "{name} of namespace {nsid} with {}",
                 if *ses == 2 {
                     "cryptographic erase"
                 } else {
@@ -93,17 +113,14 @@ impl std::fmt::Display for SecureErase {
                 }
             ),
             SecureErase::AtaSecurityErase { enhanced, minutes } => {
-                write!(
-                    f,
-                    "ATA Security Erase ({})",
-                    if *enhanced { "enhanced" } else { "normal" }
-                )?;
+                let kind = if *enhanced { "enhanced" } else { "normal" };
+                write!(f, "{name} ({kind})")?;
                 match minutes {
                     Some(m) => write!(f, ", which the disk says takes {m} min"),
                     None => Ok(()),
                 }
             }
-            SecureErase::ScsiSanitize(a) => write!(f, "SCSI SANITIZE ({})", a.name()),
+            SecureErase::ScsiSanitize(a) => write!(f, "{name} ({})", a.name()),
         }
     }
 }
@@ -369,6 +386,8 @@ pub fn erase(
         let size = disk::size_of(&file).unwrap_or(d.size_bytes);
         let mut d = d.clone();
         d.size_bytes = size;
+        // A secure erase: how, and what its samples held before (read
+        // before anything is erased, to tell that it changed).
         let secure = match mode {
             Mode::Discard => {
                 ops.can_discard(&d, &file)?;
@@ -376,43 +395,37 @@ pub fn erase(
             }
             Mode::Secure => {
                 let how = ops.secure_erase(&d, &file)?;
-                if let SecureErase::AtaSecurityErase {
-                    minutes: Some(m), ..
-                } = how
+                if let Some(m) = how.minutes()
                     && Duration::from_secs(u64::from(m) * 60) > deadline
                 {
                     return Err(format!(
-                        "{}: the disk says its ATA Security Erase takes {m} min, longer than the erasure's deadline of {}: \
+                        "{}: the disk says its {} takes {m} min, longer than the erasure's deadline of {}: \
                          ask again with a longer deadline",
                         d.path.display(),
+                        how.name(),
                         humantime::format_duration(deadline)
                     ));
                 }
-                Some(how)
+                Some((how, Before::read(&file, &d)?))
             }
             _ => None,
         };
-        // Read before anything is erased: the partition tables say where;
-        // what a secure erase's samples held, to tell that it changed.
-        let before = match mode {
-            Mode::Secure => Some(Before::read(&file, &d)?),
-            _ => None,
-        };
+        // Read before anything is erased: the partition tables say where.
         let spans = if mode == Mode::Metadata {
             regions(&file, &d)
         } else {
             vec![(0, d.size_bytes)]
         };
-        plan.push((d, file, secure, before, spans));
+        plan.push((d, file, secure, spans));
     }
     let total: u64 = plan
         .iter()
-        .flat_map(|p| p.4.iter().map(|r| r.1 - r.0))
+        .flat_map(|p| p.3.iter().map(|r| r.1 - r.0))
         .sum();
     counters.total.store(total, Ordering::Relaxed);
     counters.set_phase(crate::api::installation_progress::Phase::Erasing);
     let mut done = Vec::new();
-    for (d, file, secure, before, spans) in plan {
+    for (d, file, secure, spans) in plan {
         counters.set_disk(&d.path.display().to_string());
         let over = || {
             if started.elapsed() > deadline {
@@ -453,14 +466,12 @@ pub fn erase(
                 }
             }
             Mode::Secure => {
-                let how = secure.expect("checked above");
+                let (how, before) = secure.expect("checked above");
                 log(format_args!("{}: {how}", d.path.display()));
                 over()?;
                 ops.run_secure_erase(&d, &file, &how, deadline.saturating_sub(started.elapsed()))?;
                 counters.written.fetch_add(d.size_bytes, Ordering::Relaxed);
-                let checked = before
-                    .expect("read above")
-                    .compare(&file, &d, &how.to_string())?;
+                let checked = before.compare(&file, &d, &how.to_string())?;
                 ErasedDisk {
                     disk: d.path.display().to_string(),
                     bytes: d.size_bytes,
@@ -688,21 +699,25 @@ fn drop_cache(file: &File) {
 /// Returns the bytes checked.
 fn sample(file: &File, d: &Disk, what: &str) -> Result<u64, String> {
     drop_cache(file);
-    let size = d.size_bytes;
     let mut checked = 0;
-    checked += check_zero(file, d, 0, END_SPAN.min(size), what)?;
+    for (at, len) in places(d.size_bytes) {
+        checked += check_zero(file, d, at, len, what)?;
+    }
+    Ok(checked)
+}
+
+/// Where a whole-disk erase is read back, as `(offset, length)`: both ends
+/// ([`END_SPAN`] each) and [`SAMPLES`] random blocks of [`SAMPLE_LEN`].
+fn places(size: u64) -> Vec<(u64, u64)> {
     let tail = size.saturating_sub(END_SPAN);
-    checked += check_zero(file, d, tail, size - tail, what)?;
+    let mut places = vec![(0, END_SPAN.min(size)), (tail, size - tail)];
     let len = SAMPLE_LEN as u64;
     if size > len {
         let mut rng = rand::rng();
         let blocks = size / len;
-        for _ in 0..SAMPLES {
-            let at = rng.random_range(0..blocks) * len;
-            checked += check_zero(file, d, at, len, what)?;
-        }
+        places.extend((0..SAMPLES).map(|_| (rng.random_range(0..blocks) * len, len)));
     }
-    Ok(checked)
+    places
 }
 
 /// Reads `[at, at + len)` and fails naming the first byte that is not zero.
@@ -735,16 +750,7 @@ struct Before {
 
 impl Before {
     fn read(file: &File, d: &Disk) -> Result<Before, String> {
-        let size = d.size_bytes;
-        let mut places = vec![(0, END_SPAN.min(size))];
-        let tail = size.saturating_sub(END_SPAN);
-        places.push((tail, size - tail));
-        let len = SAMPLE_LEN as u64;
-        if size > len {
-            let mut rng = rand::rng();
-            let blocks = size / len;
-            places.extend((0..SAMPLES).map(|_| (rng.random_range(0..blocks) * len, len)));
-        }
+        let places = places(d.size_bytes);
         let digests = places
             .iter()
             .map(|&(at, len)| Ok(digest(&read_span(file, d, at, len)?)))

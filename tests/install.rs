@@ -985,10 +985,7 @@ impl Rig {
         loop {
             let d = self.get(&format!("/api/v1/machines/{id}")).await;
             if states.contains(&d["machine"]["state"].as_str().unwrap_or("")) {
-                // Read again: the detail reads the installation before the
-                // state, so the report that made the state may be newer
-                // than the installation just shown.
-                return self.get(&format!("/api/v1/machines/{id}")).await;
+                return d;
             }
             self.shepherd.assert_running();
             assert!(

@@ -127,7 +127,7 @@ pub async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
     };
     let r = admin
         .bmdb
-        .transact(async |tx| {
+        .snapshot(async |tx| {
             Ok((
                 crate::bmdb::brake::state(tx, &judge).await?,
                 crate::bmdb::callback::endpoints(tx).await?,
@@ -299,7 +299,7 @@ pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> Htt
     };
     let r = admin
         .bmdb
-        .transact(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
+        .snapshot(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
         .await;
     match r {
         Ok(l) => HttpResponse::Ok().json(api::MachineList {
@@ -323,7 +323,7 @@ pub async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpR
         .map_err(|_| bad_request("the path's machine ID is not a UUID".into()))?;
     match admin
         .bmdb
-        .transact(async |tx| machines::detail(tx, id).await)
+        .snapshot(async |tx| machines::detail(tx, id).await)
         .await
     {
         Ok(Some(d)) => Ok(d),

@@ -666,7 +666,7 @@ pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Membe
     let id = rollout_id(id)?;
     match admin
         .bmdb
-        .transact(async |tx| {
+        .snapshot(async |tx| {
             Ok(match rollouts::get(tx, id).await? {
                 Some(r) => Some((r, rollouts::members(tx, id).await?)),
                 None => None,

@@ -146,7 +146,7 @@ pub(super) async fn fleet_page(
     };
     let r = admin
         .bmdb
-        .transact(async |tx| {
+        .snapshot(async |tx| {
             Ok((
                 Listing::read(tx, &admin, &filter, (limit, offset)).await?,
                 overview::activity(tx, CHART_BUCKET, CHART_BUCKETS).await?,

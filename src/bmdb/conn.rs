@@ -69,14 +69,20 @@ impl PgConn {
 
     /// Starts a transaction and, in the same round trip, runs `first` (the
     /// session check) if given. Returns the transaction and `first`'s rows.
+    /// `snapshot`: a transaction whose statements all see one moment
+    /// (REPEATABLE READ; SERIALIZABLE already is one). Not READ ONLY: a
+    /// write refused as read-only reads as a standby's refusal (25006), a
+    /// lost connection, and would be retried for the failover window.
     pub(crate) async fn begin(
         &mut self,
         isolation: Isolation,
+        snapshot: bool,
         first: Option<(&'static str, &[&(dyn ToSql + Sync)])>,
     ) -> Result<(Tx<'_>, Vec<Row>), BmdbError> {
-        let begin = match isolation {
-            Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
-            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        let begin = match (isolation, snapshot) {
+            (Isolation::ReadCommitted, false) => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            (Isolation::ReadCommitted, true) => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            (Isolation::Serializable, _) => "BEGIN ISOLATION LEVEL SERIALIZABLE",
         };
         let rows = match first {
             Some((sql, params)) => {

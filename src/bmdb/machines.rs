@@ -419,7 +419,8 @@ const BACKOFFS: &str = "SELECT process, until, cause, last_interval_seconds FROM
      WHERE machine_id = $1 ORDER BY process";
 const SUMMARY_ONE: &str = fleet_query!("WHERE machine_id = $3");
 
-/// A machine's tags, leases, backoffs and history; None if unknown.
+/// A machine's tags, leases, backoffs and history; None if unknown. Read
+/// it in a [`crate::bmdb::Bmdb::snapshot`], so that its parts agree.
 pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineDetail>, BmdbError> {
     let Some(r) = tx.query_opt(DETAIL, &[&machine_id]).await? else {
         return Ok(None);
@@ -444,9 +445,8 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         })
         .collect();
     let installation = super::installations::installation(tx, machine_id).await?;
-    // Read last: under READ COMMITTED each statement sees its own moment,
-    // and the summary's state follows the tags read above (an installation
-    // seen ended is never shown beside a summary still installing).
+    // Read in a snapshot ([`crate::bmdb::Bmdb::snapshot`]), the state
+    // agrees with the tags and the installation read above.
     let summary = tx
         .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
         .await?;

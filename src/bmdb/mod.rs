@@ -346,6 +346,18 @@ impl Bmdb {
         self.run_tx(None, f).await
     }
 
+    /// Runs `f`, a read of several statements, in a transaction whose
+    /// statements all see the same moment: what one page or API answer
+    /// shows is never half of one change and half of the next.
+    pub async fn snapshot<T>(
+        &self,
+        mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
+    ) -> Result<T, BmdbError> {
+        let isolation = self.inner.options.isolation;
+        self.retrying(async |conn| attempt_tx(conn, isolation, true, None, &mut f).await)
+            .await
+    }
+
     /// The one transaction loop: begin (with the session check pipelined),
     /// run `f`, commit, under [`Bmdb::retrying`].
     pub(crate) async fn run_tx<T>(
@@ -354,7 +366,7 @@ impl Bmdb {
         mut f: impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
     ) -> Result<T, BmdbError> {
         let isolation = self.inner.options.isolation;
-        self.retrying(async |conn| attempt_tx(conn, isolation, session, &mut f).await)
+        self.retrying(async |conn| attempt_tx(conn, isolation, false, session, &mut f).await)
             .await
     }
 
@@ -437,6 +449,7 @@ const SESSION_CHECK: &str =
 async fn attempt_tx<T>(
     conn: &mut PgConn,
     isolation: Isolation,
+    snapshot: bool,
     session: Option<Uuid>,
     f: &mut impl AsyncFnMut(&mut Tx<'_>) -> Result<T, BmdbError>,
 ) -> Result<T, BmdbError> {
@@ -449,7 +462,7 @@ async fn attempt_tx<T>(
             }
             None => None,
         };
-    let (mut tx, rows) = conn.begin(isolation, first).await?;
+    let (mut tx, rows) = conn.begin(isolation, snapshot, first).await?;
     if let Some(id) = session {
         if rows.is_empty() {
             let _ = tx.rollback().await;

@@ -201,7 +201,7 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
         }
         MachinesCommand::Show { id } => {
             let Some(d) = bmdb
-                .transact(async |tx| machines::detail(tx, id).await)
+                .snapshot(async |tx| machines::detail(tx, id).await)
                 .await?
             else {
                 anyhow::bail!("machine {id} is not in the BMDB");

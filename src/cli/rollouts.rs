@@ -46,7 +46,7 @@ pub async fn run(mut cfg: Config, cmd: RolloutsCommand) -> anyhow::Result<()> {
         }
         RolloutsCommand::Show { id } => {
             let Some((r, members)) = bmdb
-                .transact(async |tx| {
+                .snapshot(async |tx| {
                     Ok(match rollouts::get(tx, id).await? {
                         Some(r) => Some((r, rollouts::members(tx, id).await?)),
                         None => None,

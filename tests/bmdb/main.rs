@@ -11,6 +11,7 @@ mod leases;
 mod migrations;
 mod selectors;
 mod sessions;
+mod snapshot;
 
 use std::time::Duration;
 

@@ -225,7 +225,7 @@ pub const ACTIVE_BACKOFFS: &str =
 pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     let db = admin
         .bmdb
-        .transact(async |tx| {
+        .snapshot(async |tx| {
             let sessions: i64 = tx.query_one(SESSIONS_ALIVE, &[]).await?.get(0);
             let backoffs: Vec<(String, i64)> = tx
                 .query(ACTIVE_BACKOFFS, &[])

@@ -152,9 +152,11 @@ fn discard_erases_a_disk_that_advertises_it_and_is_refused_elsewhere() {
     let before = dirty(&d);
     match &d.device {
         Some(_) => {
-            // A loop device discards by punching holes into its file.
-            run(&request(Mode::Discard), &[d.disk()], &Kernel).unwrap();
+            // A loop device discards by punching holes into its file; it
+            // refuses a secure discard, and that refusal touches nothing.
+            let e = run(&request(Mode::Discard), &[d.disk()], &Kernel).unwrap();
             assert_eq!(nonzero(&whole(&d)), (None, 0));
+            assert_eq!(e.disks[0].how, "discarded (BLKDISCARD)");
         }
         None => {
             let err = run(&request(Mode::Discard), &[d.disk()], &Kernel).unwrap_err();
@@ -182,7 +184,7 @@ impl DiskOps for Liar {
     fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
         Ok(())
     }
-    fn discard(&self, _: &std::fs::File, _: u64, _: u64) -> std::io::Result<()> {
+    fn discard(&self, _: &std::fs::File, _: u64, _: u64, _: bool) -> std::io::Result<()> {
         Ok(())
     }
     fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
@@ -217,6 +219,58 @@ fn a_disk_that_says_it_erased_and_did_not_is_caught_by_the_read_back() {
     assert!(err.contains("did not"), "{err}");
 }
 
+/// A disk that discards (by writing zeros), securely where it `takes_secure`,
+/// and keeps which kind each discard asked for.
+struct Discarder {
+    takes_secure: bool,
+    asked: std::sync::Mutex<Vec<bool>>,
+}
+
+impl DiskOps for Discarder {
+    fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
+        Ok(())
+    }
+    fn discard(&self, f: &std::fs::File, at: u64, len: u64, secure: bool) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        self.asked.lock().unwrap().push(secure);
+        if secure && !self.takes_secure {
+            return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        f.write_all_at(&vec![0u8; len as usize], at)
+    }
+    fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
+        Err("no".into())
+    }
+    fn run_secure_erase(
+        &self,
+        _: &Disk,
+        _: &std::fs::File,
+        _: &SecureErase,
+        _: std::time::Duration,
+    ) -> Result<(), String> {
+        unreachable!()
+    }
+}
+
+#[test]
+fn discard_is_secure_where_the_disk_takes_it_and_plain_where_it_refuses() {
+    for (takes_secure, how, asked) in [
+        (true, "discarded (BLKSECDISCARD)", vec![true]),
+        (false, "discarded (BLKDISCARD)", vec![true, false]),
+    ] {
+        let d = TestDisk::new(8 * MIB);
+        dirty(&d);
+        let ops = Discarder {
+            takes_secure,
+            asked: Default::default(),
+        };
+        let e = run(&request(Mode::Discard), &[d.disk()], &ops).unwrap();
+        assert_eq!(e.disks[0].how, how);
+        assert_eq!(nonzero(&whole(&d)), (None, 0));
+        assert_eq!(*ops.asked.lock().unwrap(), asked, "{how}");
+    }
+}
+
 /// A disk with an erase of its own (`how`) that leaves what no key
 /// decrypts: random bytes (a cryptographic erase), with `keep` bytes from
 /// `keep_at` left as they were.
@@ -230,7 +284,7 @@ impl DiskOps for OwnErase {
     fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
         Err("no".into())
     }
-    fn discard(&self, _: &std::fs::File, _: u64, _: u64) -> std::io::Result<()> {
+    fn discard(&self, _: &std::fs::File, _: u64, _: u64, _: bool) -> std::io::Result<()> {
         unreachable!()
     }
     fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {

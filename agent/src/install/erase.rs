@@ -6,9 +6,10 @@
 //! - metadata: zeros over the partition tables at both ends of the disk and
 //!   over both ends of every partition found in them (filesystem, RAID,
 //!   LVM and ZFS signatures live there), every byte written read back.
-//! - discard: `BLKDISCARD` over the whole disk, where the disk advertises
-//!   discard; then both ends and random samples read back as zeros (a disk
-//!   that keeps discarded data fails here).
+//! - discard: `BLKSECDISCARD` over the whole disk where the disk takes it
+//!   (eMMC, mostly), else `BLKDISCARD`, where the disk advertises discard;
+//!   then both ends and random samples read back as zeros (a disk that
+//!   keeps discarded data fails here).
 //! - secure: the disk's own erase, where the disk advertises it: NVMe Format
 //!   with user data (or cryptographic) erase, ATA Security Erase (enhanced
 //!   where offered), SCSI SANITIZE (cryptographic erase, block erase or
@@ -50,8 +51,10 @@ const DISCARD_STEP: u64 = 1 << 30;
 pub trait DiskOps: Send + Sync {
     /// Whether `disk` can be discarded; the error says why not.
     fn can_discard(&self, disk: &Disk, file: &File) -> Result<(), String>;
-    /// Discards `len` bytes from `offset`.
-    fn discard(&self, file: &File, offset: u64, len: u64) -> io::Result<()>;
+    /// Discards `len` bytes from `offset`; `secure`: so that no copy of
+    /// them stays anywhere on the disk (`BLKSECDISCARD`), which most disks
+    /// refuse (EOPNOTSUPP).
+    fn discard(&self, file: &File, offset: u64, len: u64, secure: bool) -> io::Result<()>;
     /// How `disk` erases itself, or why it cannot.
     fn secure_erase(&self, disk: &Disk, file: &File) -> Result<SecureErase, String>;
     /// Carries out `how` on `disk`, waiting at most `timeout`.
@@ -62,6 +65,15 @@ pub trait DiskOps: Send + Sync {
         how: &SecureErase,
         timeout: Duration,
     ) -> Result<(), String>;
+}
+
+/// Whether `e` is a disk's (or the kernel's) no to a secure discard:
+/// EOPNOTSUPP from a disk without it, EINVAL or ENOTTY from older kernels.
+fn refuses_secure_discard(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY)
+    )
 }
 
 /// A disk's own erase, as it advertises it.
@@ -157,13 +169,15 @@ impl DiskOps for Kernel {
         Ok(())
     }
 
-    fn discard(&self, file: &File, offset: u64, len: u64) -> io::Result<()> {
-        // BLKDISCARD = _IO(0x12, 119)
+    fn discard(&self, file: &File, offset: u64, len: u64, secure: bool) -> io::Result<()> {
+        // BLKDISCARD = _IO(0x12, 119), BLKSECDISCARD = _IO(0x12, 125)
         const BLKDISCARD: libc::c_ulong = 0x1277;
+        const BLKSECDISCARD: libc::c_ulong = 0x127d;
+        let request = if secure { BLKSECDISCARD } else { BLKDISCARD };
         let range: [u64; 2] = [offset, len];
         let fd = std::os::fd::AsRawFd::as_raw_fd(file);
         // SAFETY: the ioctl reads two u64 from `range`.
-        let r = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
+        let r = unsafe { libc::ioctl(fd, request as _, range.as_ptr()) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -448,12 +462,18 @@ pub fn erase(
             Mode::Overwrite => overwrite(&file, &d, counters, &over)?,
             Mode::Discard => {
                 let mut at = 0;
+                // Secure where the disk takes it: it says so by refusing
+                // the first piece, before anything is discarded.
+                let mut secure = true;
                 while at < d.size_bytes {
                     over()?;
                     let len = DISCARD_STEP.min(d.size_bytes - at);
-                    ops.discard(&file, at, len).map_err(|e| {
-                        format!("discarding {} at byte {at}: {e}", d.path.display())
-                    })?;
+                    let mut r = ops.discard(&file, at, len, secure);
+                    if secure && at == 0 && r.as_ref().is_err_and(refuses_secure_discard) {
+                        secure = false;
+                        r = ops.discard(&file, at, len, false);
+                    }
+                    r.map_err(|e| format!("discarding {} at byte {at}: {e}", d.path.display()))?;
                     at += len;
                     counters.written.fetch_add(len, Ordering::Relaxed);
                 }
@@ -462,7 +482,12 @@ pub fn erase(
                     disk: d.path.display().to_string(),
                     bytes: d.size_bytes,
                     checked,
-                    how: "discarded (BLKDISCARD)".into(),
+                    how: if secure {
+                        "discarded (BLKSECDISCARD)"
+                    } else {
+                        "discarded (BLKDISCARD)"
+                    }
+                    .into(),
                 }
             }
             Mode::Secure => {

@@ -200,6 +200,7 @@ impl DiskOps for Liar {
         _: &std::fs::File,
         _: &SecureErase,
         _: std::time::Duration,
+        _: &dyn Fn(u64),
     ) -> Result<(), String> {
         Ok(())
     }
@@ -247,6 +248,7 @@ impl DiskOps for Discarder {
         _: &std::fs::File,
         _: &SecureErase,
         _: std::time::Duration,
+        _: &dyn Fn(u64),
     ) -> Result<(), String> {
         unreachable!()
     }
@@ -296,6 +298,7 @@ impl DiskOps for OwnErase {
         f: &std::fs::File,
         _: &SecureErase,
         _: std::time::Duration,
+        _: &dyn Fn(u64),
     ) -> Result<(), String> {
         use rand::RngCore as _;
         use std::os::unix::fs::FileExt as _;
@@ -500,4 +503,75 @@ fn an_ata_erase_longer_than_the_deadline_is_refused_before_it_starts() {
         "{err}"
     );
     assert_eq!(whole(&d), before);
+}
+
+/// A disk whose own erase says how far it has come, halfway and at its end,
+/// as SCSI SANITIZE does; it keeps what the erasure's progress read then.
+struct Reporting<'a> {
+    counters: &'a Counters,
+    seen: std::sync::Mutex<Vec<u64>>,
+}
+
+impl DiskOps for Reporting<'_> {
+    fn can_discard(&self, _: &Disk, _: &std::fs::File) -> Result<(), String> {
+        Err("no".into())
+    }
+    fn discard(&self, _: &std::fs::File, _: u64, _: u64, _: bool) -> std::io::Result<()> {
+        unreachable!()
+    }
+    fn secure_erase(&self, _: &Disk, _: &std::fs::File) -> Result<SecureErase, String> {
+        Ok(crypto())
+    }
+    fn run_secure_erase(
+        &self,
+        d: &Disk,
+        f: &std::fs::File,
+        _: &SecureErase,
+        _: std::time::Duration,
+        progress: &dyn Fn(u64),
+    ) -> Result<(), String> {
+        let half = d.size_bytes / 2;
+        for (at, len) in [(0, half), (half, d.size_bytes - half)] {
+            f.write_all_at(&vec![0u8; len as usize], at)
+                .map_err(|e| e.to_string())?;
+            progress(at + len);
+            let written = self
+                .counters
+                .written
+                .load(std::sync::atomic::Ordering::Relaxed);
+            self.seen.lock().unwrap().push(written);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_secure_erase_that_reports_its_progress_shows_it_across_disks() {
+    let (a, b) = (TestDisk::new(8 * MIB), TestDisk::new(8 * MIB));
+    dirty(&a);
+    dirty(&b);
+    let counters = Counters::default();
+    let ops = Reporting {
+        counters: &counters,
+        seen: Default::default(),
+    };
+    erase::erase(
+        &request(Mode::Secure),
+        &[a.disk(), b.disk()],
+        &ops,
+        &counters,
+        Duration::from_secs(120),
+        &|l| eprintln!("agent: {l}"),
+    )
+    .unwrap();
+    // The second disk's progress counts on from the first's whole size.
+    assert_eq!(
+        *ops.seen.lock().unwrap(),
+        [4 * MIB, 8 * MIB, 12 * MIB, 16 * MIB]
+    );
+    let p = counters.progress(3);
+    assert_eq!(
+        (p.bytes_written, p.bytes_total),
+        ((16 * MIB) as i64, (16 * MIB) as i64)
+    );
 }

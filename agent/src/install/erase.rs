@@ -57,13 +57,16 @@ pub trait DiskOps: Send + Sync {
     fn discard(&self, file: &File, offset: u64, len: u64, secure: bool) -> io::Result<()>;
     /// How `disk` erases itself, or why it cannot.
     fn secure_erase(&self, disk: &Disk, file: &File) -> Result<SecureErase, String>;
-    /// Carries out `how` on `disk`, waiting at most `timeout`.
+    /// Carries out `how` on `disk`, waiting at most `timeout`, telling
+    /// `progress` how many bytes are erased where the disk says (SCSI
+    /// SANITIZE does; NVMe Format and ATA Security Erase do not).
     fn run_secure_erase(
         &self,
         disk: &Disk,
         file: &File,
         how: &SecureErase,
         timeout: Duration,
+        progress: &dyn Fn(u64),
     ) -> Result<(), String>;
 }
 
@@ -215,6 +218,7 @@ impl DiskOps for Kernel {
         file: &File,
         how: &SecureErase,
         timeout: Duration,
+        progress: &dyn Fn(u64),
     ) -> Result<(), String> {
         let name = disk.path.display();
         match how {
@@ -232,8 +236,12 @@ impl DiskOps for Kernel {
                     )
                 })
             }
-            SecureErase::ScsiSanitize(a) => sg::scsi::sanitize(file, *a, timeout)
-                .map_err(|e| format!("{name}: the SCSI SANITIZE ({}) failed: {e}", a.name())),
+            SecureErase::ScsiSanitize(a) => {
+                let size = u128::from(disk.size_bytes);
+                let of_65536 = |p: u16| progress((size * u128::from(p) / 65536) as u64);
+                sg::scsi::sanitize(file, *a, timeout, &of_65536)
+                    .map_err(|e| format!("{name}: the SCSI SANITIZE ({}) failed: {e}", a.name()))
+            }
         }
     }
 }
@@ -494,8 +502,18 @@ pub fn erase(
                 let (how, before) = secure.expect("checked above");
                 log(format_args!("{}: {how}", d.path.display()));
                 over()?;
-                ops.run_secure_erase(&d, &file, &how, deadline.saturating_sub(started.elapsed()))?;
-                counters.written.fetch_add(d.size_bytes, Ordering::Relaxed);
+                // What the disks before this one erased, plus what this
+                // one says it has.
+                let base = counters.written.load(Ordering::Relaxed);
+                let progress = |done: u64| {
+                    let done = done.min(d.size_bytes);
+                    counters.written.store(base + done, Ordering::Relaxed);
+                };
+                let left = deadline.saturating_sub(started.elapsed());
+                ops.run_secure_erase(&d, &file, &how, left, &progress)?;
+                counters
+                    .written
+                    .store(base + d.size_bytes, Ordering::Relaxed);
                 let checked = before.compare(&file, &d, &how.to_string())?;
                 ErasedDisk {
                     disk: d.path.display().to_string(),

@@ -60,23 +60,50 @@ pub struct Sense {
     pub key: u8,
     pub asc: u8,
     pub ascq: u8,
+    /// The progress indication of an operation under way (of 65536), where
+    /// the sense-key specific field holds one (SKSV set, key NOT READY or
+    /// NO SENSE).
+    pub progress: Option<u16>,
 }
 
 impl Sense {
     pub fn parse(b: &[u8]) -> Option<Sense> {
-        match b.first()? & 0x7f {
-            0x70 | 0x71 if b.len() >= 14 => Some(Sense {
-                key: b[2] & 0x0f,
-                asc: b[12],
-                ascq: b[13],
-            }),
-            0x72 | 0x73 if b.len() >= 4 => Some(Sense {
-                key: b[1] & 0x0f,
-                asc: b[2],
-                ascq: b[3],
-            }),
+        let (key, asc, ascq, specific) = match b.first()? & 0x7f {
+            // Fixed: the sense-key specific field at bytes 15..18.
+            0x70 | 0x71 if b.len() >= 14 => (b[2] & 0x0f, b[12], b[13], b.get(15..18)),
+            // Descriptor: a sense-key specific descriptor (type 02h) among
+            // those from byte 8 holds it at its bytes 4..7.
+            0x72 | 0x73 if b.len() >= 4 => {
+                let mut specific = None;
+                let mut at = 8;
+                while let (Some(&kind), Some(&len)) = (b.get(at), b.get(at + 1)) {
+                    if kind == 0x02 {
+                        specific = b.get(at + 4..at + 7);
+                        break;
+                    }
+                    at += 2 + usize::from(len);
+                }
+                (b[1] & 0x0f, b[2], b[3], specific)
+            }
+            _ => return None,
+        };
+        let progress = match specific {
+            Some(s) if s[0] & 0x80 != 0 && matches!(key, 0x0 | 0x2) => {
+                Some(u16::from_be_bytes([s[1], s[2]]))
+            }
             _ => None,
-        }
+        };
+        Some(Sense {
+            key,
+            asc,
+            ascq,
+            progress,
+        })
+    }
+
+    /// LOGICAL UNIT NOT READY, SANITIZE IN PROGRESS.
+    pub fn sanitizing(&self) -> bool {
+        (self.key, self.asc, self.ascq) == (0x2, 0x04, 0x1b)
     }
 
     /// The disk does not know the command or a field of it (ILLEGAL
@@ -115,6 +142,9 @@ pub enum SgError {
     Io(io::Error),
     /// The disk answered CHECK CONDITION.
     Check(Sense),
+    /// The disk was still at work when the time allowed ran out: of 65536,
+    /// how far it said it had come.
+    StillRunning { progress: Option<u16> },
     /// Another SCSI status, or the host adapter or driver failed it.
     Status { status: u8, host: u16, driver: u16 },
 }
@@ -124,6 +154,16 @@ impl std::fmt::Display for SgError {
         match self {
             SgError::Io(e) => write!(f, "SG_IO: {e}"),
             SgError::Check(s) => write!(f, "the disk answered {s}"),
+            SgError::StillRunning { progress } => {
+                write!(f, "the disk was still at it when its time ran out")?;
+                if let Some(p) = progress {
+                    write!(f, " ({}% done)", u32::from(*p) * 100 / 65536)?;
+                }
+                write!(
+                    f,
+                    "; it goes on by itself, and answers NOT READY until it has ended"
+                )
+            }
             SgError::Status {
                 status,
                 host,
@@ -419,13 +459,13 @@ pub mod scsi {
         matches!(answer.get(1).map(|b| b & 0x07), Some(0b011) | Some(0b101))
     }
 
-    /// SANITIZE with `action`, not IMMED (the command returns when the
-    /// sanitize is done). Overwrite takes a parameter list: one pass of
-    /// zeros, not inverted.
+    /// SANITIZE with `action`, IMMED (the command returns once the
+    /// sanitize has started; REQUEST SENSE says how far it has come).
+    /// Overwrite takes a parameter list: one pass of zeros, not inverted.
     pub fn sanitize_cdb(action: Sanitize) -> [u8; 10] {
         let mut c = [0u8; 10];
         c[0] = SANITIZE;
-        c[1] = action as u8;
+        c[1] = 0x80 | action as u8;
         if action == Sanitize::Overwrite {
             c[7..9].copy_from_slice(&(OVERWRITE_PARAMETERS.len() as u16).to_be_bytes());
         }
@@ -461,14 +501,69 @@ pub mod scsi {
         Ok(None)
     }
 
-    pub fn sanitize(file: &File, action: Sanitize, timeout: Duration) -> Result<(), SgError> {
-        let cdb = sanitize_cdb(action);
+    /// REQUEST SENSE, fixed format, 252 bytes at most.
+    pub const REQUEST_SENSE: [u8; 6] = [0x03, 0, 0, 0, 252, 0];
+
+    /// How often a sanitize under way is asked how far it has come.
+    const POLL: Duration = Duration::from_secs(5);
+
+    /// Starts SANITIZE with `action` and waits, for `timeout` at most, for
+    /// it to end, telling `progress` how far it has come (of 65536) each
+    /// time the disk says.
+    pub fn sanitize(
+        file: &File,
+        action: Sanitize,
+        timeout: Duration,
+        progress: &dyn Fn(u16),
+    ) -> Result<(), SgError> {
+        let started = std::time::Instant::now();
         let data = if action == Sanitize::Overwrite {
             Data::Out(&OVERWRITE_PARAMETERS)
         } else {
             Data::None
         };
-        sg_io(file, &cdb, data, timeout)
+        sg_io(file, &sanitize_cdb(action), data, Duration::from_secs(60))?;
+        let mut last = None;
+        loop {
+            let mut answer = [0u8; 252];
+            sg_io(
+                file,
+                &REQUEST_SENSE,
+                Data::In(&mut answer),
+                Duration::from_secs(30),
+            )?;
+            match sanitize_state(&answer) {
+                Ok(Some(p)) => {
+                    if let Some(p) = p {
+                        progress(p);
+                    }
+                    last = p.or(last);
+                }
+                Ok(None) => return Ok(()),
+                Err(s) => return Err(SgError::Check(s)),
+            }
+            if started.elapsed() + POLL > timeout {
+                return Err(SgError::StillRunning { progress: last });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// What REQUEST SENSE's `answer` says of a sanitize: still under way
+    /// (with its progress if given), ended (None), or failed (the sense).
+    pub fn sanitize_state(answer: &[u8]) -> Result<Option<Option<u16>>, Sense> {
+        match Sense::parse(answer) {
+            Some(s) if s.sanitizing() => Ok(Some(s.progress)),
+            // UNIT ATTENTION (a reset, a changed mode page) is reported
+            // once, ahead of the rest: the next answer says.
+            Some(s) if s.key == 0x6 => Ok(Some(None)),
+            // NO SENSE: nothing under way, nothing wrong; a sanitize that
+            // failed says so (MEDIUM ERROR, SANITIZE COMMAND FAILED).
+            Some(s) if s.key == 0x0 => Ok(None),
+            Some(s) => Err(s),
+            // No sense data at all: nothing to report.
+            None => Ok(None),
+        }
     }
 }
 
@@ -551,11 +646,11 @@ mod tests {
         );
         assert_eq!(
             scsi::sanitize_cdb(scsi::Sanitize::CryptoErase),
-            [0x48, 0x03, 0, 0, 0, 0, 0, 0, 0, 0]
+            [0x48, 0x83, 0, 0, 0, 0, 0, 0, 0, 0]
         );
         assert_eq!(
             scsi::sanitize_cdb(scsi::Sanitize::Overwrite),
-            [0x48, 0x01, 0, 0, 0, 0, 0, 0, 8, 0]
+            [0x48, 0x81, 0, 0, 0, 0, 0, 0, 8, 0]
         );
         assert!(scsi::supported(&[0, 0b011, 0, 10]));
         assert!(scsi::supported(&[0, 0b101]));
@@ -580,5 +675,53 @@ mod tests {
             "aborted command (sense key 0xb, ASC/ASCQ 00/00)"
         );
         assert_eq!(Sense::parse(&[]), None);
+    }
+
+    #[test]
+    fn a_sanitize_under_way_says_how_far_it_has_come_in_both_formats() {
+        // Fixed: NOT READY, 04/1B, SKSV and a quarter done.
+        let mut fixed = [0u8; 18];
+        fixed[0] = 0x70;
+        fixed[2] = 0x02;
+        (fixed[12], fixed[13]) = (0x04, 0x1b);
+        fixed[15..18].copy_from_slice(&[0x80, 0x40, 0x00]);
+        assert_eq!(scsi::sanitize_state(&fixed), Ok(Some(Some(0x4000))));
+        // Without SKSV, no progress is given.
+        fixed[15] = 0;
+        assert_eq!(scsi::sanitize_state(&fixed), Ok(Some(None)));
+        // Descriptor: an information descriptor (type 0) first, then the
+        // sense-key specific one (type 2) with half done.
+        let desc = [
+            0x72, 0x02, 0x04, 0x1b, 0, 0, 0, 22, // header
+            0x00, 0x0a, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, // information
+            0x02, 0x06, 0, 0, 0x80, 0x80, 0x00, 0, // sense-key specific
+        ];
+        assert_eq!(scsi::sanitize_state(&desc), Ok(Some(Some(0x8000))));
+        // Ended: NO SENSE.
+        let mut done = [0u8; 18];
+        done[0] = 0x70;
+        assert_eq!(scsi::sanitize_state(&done), Ok(None));
+        // A unit attention first: ask again.
+        let mut attention = done;
+        attention[2] = 0x06;
+        (attention[12], attention[13]) = (0x29, 0x00);
+        assert_eq!(scsi::sanitize_state(&attention), Ok(Some(None)));
+        // Failed: MEDIUM ERROR, SANITIZE COMMAND FAILED (31/03).
+        let mut failed = done;
+        failed[2] = 0x03;
+        (failed[12], failed[13]) = (0x31, 0x03);
+        let s = scsi::sanitize_state(&failed).unwrap_err();
+        assert_eq!(
+            s.to_string(),
+            "medium error (sense key 0x3, ASC/ASCQ 31/03)"
+        );
+        assert_eq!(
+            SgError::StillRunning {
+                progress: Some(0x4000)
+            }
+            .to_string(),
+            "the disk was still at it when its time ran out (25% done); it goes on by itself, \
+             and answers NOT READY until it has ended"
+        );
     }
 }

@@ -472,13 +472,13 @@ pub fn erase(
                 let mut at = 0;
                 // Secure where the disk takes it: it says so by refusing
                 // the first piece, before anything is discarded.
-                let mut secure = true;
+                let mut secure_discard = true;
                 while at < d.size_bytes {
                     over()?;
                     let len = DISCARD_STEP.min(d.size_bytes - at);
-                    let mut r = ops.discard(&file, at, len, secure);
-                    if secure && at == 0 && r.as_ref().is_err_and(refuses_secure_discard) {
-                        secure = false;
+                    let mut r = ops.discard(&file, at, len, secure_discard);
+                    if secure_discard && at == 0 && r.as_ref().is_err_and(refuses_secure_discard) {
+                        secure_discard = false;
                         r = ops.discard(&file, at, len, false);
                     }
                     r.map_err(|e| format!("discarding {} at byte {at}: {e}", d.path.display()))?;
@@ -490,7 +490,7 @@ pub fn erase(
                     disk: d.path.display().to_string(),
                     bytes: d.size_bytes,
                     checked,
-                    how: if secure {
+                    how: if secure_discard {
                         "discarded (BLKSECDISCARD)"
                     } else {
                         "discarded (BLKDISCARD)"

@@ -526,13 +526,19 @@ pub mod scsi {
         let mut last = None;
         loop {
             let mut answer = [0u8; 252];
-            sg_io(
+            let state = match sg_io(
                 file,
                 &REQUEST_SENSE,
                 Data::In(&mut answer),
                 Duration::from_secs(30),
-            )?;
-            match sanitize_state(&answer) {
+            ) {
+                Ok(()) => sanitize_state(&answer),
+                // A disk that answers REQUEST SENSE itself with the
+                // condition, rather than as its data.
+                Err(SgError::Check(s)) if s.sanitizing() => Ok(Some(s.progress)),
+                Err(e) => return Err(e),
+            };
+            match state {
                 Ok(Some(p)) => {
                     if let Some(p) = p {
                         progress(p);

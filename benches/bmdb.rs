@@ -73,20 +73,50 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
-/// p50 and p99 in ms of one selector poll (a transaction running it).
-async fn measure(bmdb: &Bmdb, f: impl AsyncFn(&mut Tx<'_>) -> usize) -> (f64, f64, usize) {
+/// How a measured read runs: in a plain transaction, or in a snapshot
+/// (`Bmdb::snapshot`, REPEATABLE READ).
+#[derive(Clone, Copy, PartialEq)]
+enum Read {
+    Transaction,
+    Snapshot,
+}
+
+/// p50 and p99 in ms of one read (a transaction running it).
+async fn measure(
+    bmdb: &Bmdb,
+    read: Read,
+    f: impl AsyncFn(&mut Tx<'_>) -> usize,
+) -> (f64, f64, usize) {
+    let once = async || match read {
+        Read::Transaction => bmdb.transact(async |tx| Ok(f(tx).await)).await.unwrap(),
+        Read::Snapshot => bmdb.snapshot(async |tx| Ok(f(tx).await)).await.unwrap(),
+    };
     let mut found = 0;
     for _ in 0..200 {
-        bmdb.transact(async |tx| Ok(f(tx).await)).await.unwrap();
+        once().await;
     }
     let mut samples = Vec::with_capacity(SELECTOR_SAMPLES);
     for _ in 0..SELECTOR_SAMPLES {
         let t = Instant::now();
-        found = bmdb.transact(async |tx| Ok(f(tx).await)).await.unwrap();
+        found = once().await;
         samples.push(t.elapsed());
     }
     samples.sort();
     (percentile(&samples, 0.5), percentile(&samples, 0.99), found)
+}
+
+/// One machine's detail, as the API and the page read it.
+async fn detail(tx: &mut Tx<'_>) -> usize {
+    let id = uuid::Uuid::from_u128(1);
+    usize::from(machines::detail(tx, id).await.unwrap().is_some())
+}
+
+/// The fleet listing's first page of 100, with the counts beside it.
+async fn fleet_page(tx: &mut Tx<'_>) -> usize {
+    let filter = machines::FleetFilter::default();
+    let (page, _) = machines::fleet_page(tx, &filter, 100, 0).await.unwrap();
+    machines::fleet_counts(tx).await.unwrap();
+    page.len()
 }
 
 async fn agent_start(tx: &mut Tx<'_>) -> usize {
@@ -218,6 +248,7 @@ fn main() {
     actix_rt::System::new().block_on(async move {
         let mut selector_rows = Vec::new();
         let mut cycle_rows = Vec::new();
+        let mut read_rows = Vec::new();
         let mut server = String::new();
         for &n in &scales {
             let db = TestDb::new().await;
@@ -246,9 +277,9 @@ fn main() {
 
             for (selector, f) in [("needs agent start", 0), ("needs recovery", 1)] {
                 let (p50, p99, found) = if f == 0 {
-                    measure(&bmdb, agent_start).await
+                    measure(&bmdb, Read::Transaction, agent_start).await
                 } else {
-                    measure(&bmdb, recovery).await
+                    measure(&bmdb, Read::Transaction, recovery).await
                 };
                 selector_rows.push(SelectorRow { machines: n, selector, state: "nothing due", p50, p99, found });
             }
@@ -262,11 +293,20 @@ fn main() {
                 .await;
             for (selector, f) in [("needs agent start", 0), ("needs recovery", 1)] {
                 let (p50, p99, found) = if f == 0 {
-                    measure(&bmdb, agent_start).await
+                    measure(&bmdb, Read::Transaction, agent_start).await
                 } else {
-                    measure(&bmdb, recovery).await
+                    measure(&bmdb, Read::Transaction, recovery).await
                 };
                 selector_rows.push(SelectorRow { machines: n, selector, state: "1% due", p50, p99, found });
+            }
+
+            // What an operator's page reads, in a plain transaction and in
+            // the snapshot it runs in.
+            for read in [Read::Transaction, Read::Snapshot] {
+                let (p50, p99, _) = measure(&bmdb, read, detail).await;
+                read_rows.push((n, "machine detail", read, p50, p99));
+                let (p50, p99, _) = measure(&bmdb, read, fleet_page).await;
+                read_rows.push((n, "fleet page of 100", read, p50, p99));
             }
 
             // Throughput: every machine needs its agent started.
@@ -290,6 +330,16 @@ fn main() {
                 "{:>9}  {:<18} {:<12} {:>8.3} {:>8.3} {:>6}",
                 r.machines, r.selector, r.state, r.p50, r.p99, r.found
             );
+        }
+        println!();
+        println!("An operator's reads ({SELECTOR_SAMPLES} samples): READ COMMITTED, and the snapshot (REPEATABLE READ) they run in");
+        println!("{:>9}  {:<18} {:<12} {:>8} {:>8}", "machines", "read", "as", "p50 ms", "p99 ms");
+        for (n, what, read, p50, p99) in &read_rows {
+            let read = match read {
+                Read::Transaction => "transaction",
+                Read::Snapshot => "snapshot",
+            };
+            println!("{n:>9}  {what:<18} {read:<12} {p50:>8.3} {p99:>8.3}");
         }
         println!();
         println!("lease (selector + work) + finish (AgentStarted) cycles per second, {seconds}s each");

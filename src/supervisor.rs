@@ -773,17 +773,12 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
         );
         // Each served image's digest, computed now on a thread of its own:
         // the first installation of a large image then does not wait for
-        // its hash (within admin.database_timeout).
+        // its hash. (One added later is hashed when first asked for; the
+        // API answers 503 until it is.)
         let warm = c.clone();
         std::thread::Builder::new()
             .name("image-digests".into())
-            .spawn(move || {
-                for (name, _) in warm.list().unwrap_or_default() {
-                    if let Err(e) = warm.resolve(&name) {
-                        tracing::debug!(image = %name, error = %e, "not served");
-                    }
-                }
-            })
+            .spawn(move || warm.hash_all())
             .map_err(|e| anyhow::anyhow!("starting the image digest thread: {e}"))?;
         catalog = Some(c);
     }

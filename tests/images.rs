@@ -313,3 +313,72 @@ async fn downloads_need_the_key_of_an_agent_whose_machine_was_asked_for_the_imag
     assert_eq!(back.as_deref(), Some(&b"another image\n"[..]));
     server.stop().await;
 }
+
+/// `sha256:<hex>` of `data`.
+fn sha256(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
+}
+
+/// Asks for `name` without waiting until its digest is known.
+fn resolved_soon(catalog: &ImageCatalog, name: &str) -> shepherd::images::ServedImage {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match catalog.resolve_soon(name, Duration::ZERO).unwrap() {
+            Ok(served) => return served,
+            Err(hashing) => assert_eq!(hashing.name, name),
+        }
+        assert!(Instant::now() < deadline, "{name} never hashed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_image_added_or_changed_while_serving_is_hashed_on_a_thread_while_the_api_answers() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("images");
+    std::fs::create_dir_all(&dir).unwrap();
+    let catalog = ImageCatalog::new(dir.clone(), "127.0.0.1:7830", b"ca".to_vec());
+    // Served since start: hashed by hash_all, known at once afterwards.
+    std::fs::write(dir.join("old.raw"), b"an image from before\n").unwrap();
+    catalog.hash_all();
+    let old = catalog
+        .resolve_soon("old.raw", Duration::ZERO)
+        .unwrap()
+        .expect("hashed at start");
+    assert_eq!(old.digest, sha256(b"an image from before\n"));
+    // Added later: the first ask starts the hash and does not wait for it.
+    let data = vec![7u8; 4 << 20];
+    std::fs::write(dir.join("new.raw"), &data).unwrap();
+    let hashing = catalog
+        .resolve_soon("new.raw", Duration::ZERO)
+        .unwrap()
+        .expect_err("a new image is not hashed yet");
+    assert_eq!(hashing.size_bytes, data.len() as u64);
+    let message = hashing.to_string();
+    assert!(
+        message.contains("\"new.raw\"") && message.contains("ask again"),
+        "{message}"
+    );
+    let served = resolved_soon(&catalog, "new.raw");
+    assert_eq!(served.digest, sha256(&data));
+    assert_eq!(served.size_bytes, data.len() as u64);
+    assert_eq!(served.url, "https://127.0.0.1:7830/images/new.raw");
+    // Changed in place (another length): hashed again, the old digest
+    // never answered for it.
+    let changed = vec![9u8; 5 << 20];
+    std::fs::write(dir.join("new.raw"), &changed).unwrap();
+    assert_eq!(resolved_soon(&catalog, "new.raw").digest, sha256(&changed));
+    // Waiting long enough answers with the digest in one ask.
+    std::fs::write(dir.join("small.raw"), b"small").unwrap();
+    let small = catalog
+        .resolve_soon("small.raw", Duration::from_secs(10))
+        .unwrap()
+        .expect("hashed within the wait");
+    assert_eq!(small.digest, sha256(b"small"));
+    // What is not served is an error, not a hash.
+    let err = catalog
+        .resolve_soon("missing.raw", Duration::ZERO)
+        .unwrap_err();
+    assert!(err.contains("missing.raw"), "{err}");
+}

@@ -207,6 +207,27 @@ async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api
         assert_eq!(status, 400, "{body}");
         assert!(body.to_string().contains(named), "{body}");
     }
+    // An image put in the directory while shepherd runs is hashed when
+    // first asked for: the API answers 503 meanwhile rather than wait
+    // (512 MiB, sparse: longer than the quarter of a second it waits),
+    // asks nothing, and starts one hash however often it is asked.
+    let late = rig.dir.path().join("images/late.img");
+    std::fs::File::create(&late)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
+    for _ in 0..2 {
+        let (status, body) = rig
+            .post(&install, json!({"image": {"served": "late.img"}}))
+            .await;
+        assert_eq!(status, 503, "{body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(
+            error.contains("\"late.img\"") && error.contains("being computed"),
+            "{error}"
+        );
+    }
+    std::fs::remove_file(&late).unwrap();
     let (status, body) = rig
         .post(
             &format!("/api/v1/machines/{id}/install"),

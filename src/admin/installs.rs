@@ -111,8 +111,42 @@ fn disk_hints(h: DiskBody) -> DiskHints {
     }
 }
 
-/// What an [`ImageBody`] becomes, or a 400's message naming the field.
-pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallation, String> {
+/// Why an [`ImageBody`] is not taken.
+#[derive(Debug)]
+pub enum ImageError {
+    /// A field is wrong: a 400's message naming it.
+    Field(String),
+    /// The served image is new or changed and still being hashed: a 503.
+    Hashing(crate::images::Hashing),
+}
+
+impl From<String> for ImageError {
+    fn from(m: String) -> Self {
+        ImageError::Field(m)
+    }
+}
+
+impl From<&str> for ImageError {
+    fn from(m: &str) -> Self {
+        ImageError::Field(m.to_string())
+    }
+}
+
+impl ImageError {
+    /// The status and message to answer with.
+    pub fn answer(self) -> (StatusCode, String) {
+        match self {
+            ImageError::Field(m) => (StatusCode::BAD_REQUEST, m),
+            ImageError::Hashing(h) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("image.served: {h}"),
+            ),
+        }
+    }
+}
+
+/// What an [`ImageBody`] becomes, or why not.
+pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallation, ImageError> {
     for (field, v) in [
         ("image.url", &b.url),
         ("image.served", &b.served),
@@ -146,16 +180,21 @@ pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallat
                 );
             };
             let name = name.trim().to_string();
-            let served = web::block(move || catalog.resolve(&name))
+            // A new image's hash is waited for a quarter of the bound the
+            // whole answer has (admin.database_timeout), then computed on.
+            let wait = admin.database_timeout / 4;
+            let served = web::block(move || catalog.resolve_soon(&name, wait))
                 .await
                 .map_err(|e| format!("image.served: {e}"))?
-                .map_err(|e| format!("image.served: {e}"))?;
+                .map_err(|e| format!("image.served: {e}"))?
+                .map_err(ImageError::Hashing)?;
             if let Some(d) = b.digest.as_deref().filter(|d| !d.trim().is_empty()) {
                 if !d.trim().eq_ignore_ascii_case(&served.digest) {
                     return Err(format!(
                         "image.digest: {d} is not the served image's ({})",
                         served.digest
-                    ));
+                    )
+                    .into());
                 }
             }
             image.url = served.url;
@@ -208,7 +247,7 @@ pub async fn install(
         body.image.ok_or_else(|| bad("image: required".into()))?,
     )
     .await
-    .map_err(bad)?;
+    .map_err(ImageError::answer)?;
     ask_one(
         admin,
         operator,
@@ -282,7 +321,7 @@ fn api_post<T: serde::de::DeserializeOwned + Default>(
         (status = 404, description = "no such machine", body = super::api::ErrorBody),
         (status = 409, description = "the previous installation is unanswered, the machine is held, or its BMC and its agent's report disagree (not accepted)", body = super::api::ErrorBody),
         (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 503, description = "the BMDB failed or did not answer within admin.database_timeout, or the served image is new and still being hashed (ask again)", body = super::api::ErrorBody)))]
 pub async fn api_install(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -520,7 +559,10 @@ pub async fn create_rollout(
             ));
         }
         (None, None) => return Err(bad("image: required (or deprovision)".into())),
-        (Some(i), None) => (image_request(admin, i).await.map_err(bad)?, None),
+        (Some(i), None) => (
+            image_request(admin, i).await.map_err(ImageError::answer)?,
+            None,
+        ),
         (None, Some(d)) => (
             ImageInstallation::default(),
             Some(erasure_request(d).map_err(|e| bad(format!("deprovision.{e}")))?),
@@ -618,7 +660,7 @@ pub async fn create_rollout(
         (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
         (status = 403, description = "sent from another site", body = super::api::ErrorBody),
         (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 503, description = "the BMDB failed or did not answer within admin.database_timeout, or the served image is new and still being hashed (ask again)", body = super::api::ErrorBody)))]
 pub async fn api_rollout_create(
     admin: web::Data<Admin>,
     req: HttpRequest,

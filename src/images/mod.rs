@@ -66,6 +66,8 @@ pub struct ImageCatalog {
     ca_der: Vec<u8>,
     /// Digests by file, valid while its length and modification time hold.
     digests: Arc<Mutex<HashMap<PathBuf, KnownDigest>>>,
+    /// Files whose digest a thread is computing.
+    hashing: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
     /// The boot image, served per boot at `/boot/<boot>.iso`.
     boot: Option<BootServing>,
     /// `https://host:port/` BMCs fetch boots from, when not `base_url`'s.
@@ -114,6 +116,7 @@ impl ImageCatalog {
             base_url: format!("https://{host}:{port}/images/"),
             ca_der,
             digests: Default::default(),
+            hashing: Default::default(),
             boot: None,
             boot_root: None,
         }
@@ -162,39 +165,131 @@ impl ImageCatalog {
     /// The served image `name`: its URL, size and digest. Blocks while the
     /// digest of a new or changed file is computed.
     pub fn resolve(&self, name: &str) -> Result<ServedImage, String> {
-        if !valid_name(name) {
-            return Err(format!(
-                "{name:?} is not an image name (letters, digits, . _ - +; no directories)"
-            ));
-        }
-        let path = self.dir.join(name);
-        let (file, meta) = open_image(&self.dir, name)
-            .map_err(|e| format!("image {name:?} in {}: {e}", self.dir.display()))?;
-        let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        let cached = self
-            .digests
-            .lock()
-            .unwrap()
-            .get(&path)
-            .filter(|(len, t, _)| *len == meta.len() && *t == mtime)
-            .map(|(_, _, d)| d.clone());
-        let digest = match cached {
+        let (path, file, meta) = self.open(name)?;
+        let digest = match self.known_digest(&path, &meta) {
             Some(d) => d,
             None => {
                 let d = file_digest(file).map_err(|e| format!("reading image {name:?}: {e}"))?;
                 self.digests
                     .lock()
                     .unwrap()
-                    .insert(path, (meta.len(), mtime, d.clone()));
+                    .insert(path, (meta.len(), modified(&meta), d.clone()));
                 d
             }
         };
-        Ok(ServedImage {
-            url: format!("{}{name}", self.base_url),
+        Ok(self.served(name, meta.len(), digest))
+    }
+
+    /// [`Self::resolve`] for a caller that must answer soon (the API): a
+    /// new or changed file's digest is computed on a thread of its own
+    /// (one per file, however often asked), waited for `wait` at most;
+    /// `Ok(Err(Hashing))` while it is still being computed.
+    pub fn resolve_soon(
+        &self,
+        name: &str,
+        wait: std::time::Duration,
+    ) -> Result<Result<ServedImage, Hashing>, String> {
+        let (path, _, meta) = self.open(name)?;
+        if let Some(d) = self.known_digest(&path, &meta) {
+            return Ok(Ok(self.served(name, meta.len(), d)));
+        }
+        if self.hashing.lock().unwrap().insert(path.clone()) {
+            let (catalog, image, file) = (self.clone(), name.to_string(), path.clone());
+            let spawned = std::thread::Builder::new()
+                .name("image-digest".into())
+                .spawn(move || {
+                    if let Err(e) = catalog.resolve(&image) {
+                        tracing::warn!(%image, error = %e, "image not hashed");
+                    }
+                    catalog.hashing.lock().unwrap().remove(&file);
+                });
+            if let Err(e) = spawned {
+                self.hashing.lock().unwrap().remove(&path);
+                return Err(format!("hashing image {name:?}: {e}"));
+            }
+        }
+        let until = std::time::Instant::now() + wait;
+        while std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10).min(wait));
+            if let Some(d) = self.known_digest(&path, &meta) {
+                return Ok(Ok(self.served(name, meta.len(), d)));
+            }
+        }
+        Ok(Err(Hashing {
+            name: name.to_string(),
             size_bytes: meta.len(),
+        }))
+    }
+
+    /// Computes the digest of every served image not known yet, one after
+    /// the other (at start, so that the first installation of a large
+    /// image need not wait for it); an image being hashed is not hashed
+    /// again by [`Self::resolve_soon`] meanwhile.
+    pub fn hash_all(&self) {
+        for (name, _) in self.list().unwrap_or_default() {
+            let path = self.dir.join(&name);
+            if !self.hashing.lock().unwrap().insert(path.clone()) {
+                continue;
+            }
+            if let Err(e) = self.resolve(&name) {
+                tracing::debug!(image = %name, error = %e, "not served");
+            }
+            self.hashing.lock().unwrap().remove(&path);
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<(PathBuf, std::fs::File, std::fs::Metadata), String> {
+        if !valid_name(name) {
+            return Err(format!(
+                "{name:?} is not an image name (letters, digits, . _ - +; no directories)"
+            ));
+        }
+        let (file, meta) = open_image(&self.dir, name)
+            .map_err(|e| format!("image {name:?} in {}: {e}", self.dir.display()))?;
+        Ok((self.dir.join(name), file, meta))
+    }
+
+    /// The digest computed for `path` while its length and modification
+    /// time were those of `meta`.
+    fn known_digest(&self, path: &Path, meta: &std::fs::Metadata) -> Option<String> {
+        let mtime = modified(meta);
+        self.digests
+            .lock()
+            .unwrap()
+            .get(path)
+            .filter(|(len, t, _)| *len == meta.len() && *t == mtime)
+            .map(|(_, _, d)| d.clone())
+    }
+
+    fn served(&self, name: &str, size_bytes: u64, digest: String) -> ServedImage {
+        ServedImage {
+            url: format!("{}{name}", self.base_url),
+            size_bytes,
             digest,
             ca_certificate: self.ca_der.clone(),
-        })
+        }
+    }
+}
+
+fn modified(meta: &std::fs::Metadata) -> SystemTime {
+    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// A served image whose digest is still being computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashing {
+    pub name: String,
+    pub size_bytes: u64,
+}
+
+impl std::fmt::Display for Hashing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "image {:?} ({} bytes) is new or changed, and its SHA-256 is being computed \
+             (once per version of the file): ask again in a moment",
+            self.name, self.size_bytes
+        )
     }
 }
 

@@ -210,7 +210,7 @@ async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api
     // An image put in the directory while shepherd runs is hashed when
     // first asked for: the API answers 503 meanwhile rather than wait
     // (512 MiB, sparse: longer than the quarter of a second it waits),
-    // asks nothing, and starts one hash however often it is asked.
+    // and asks nothing.
     let late = rig.dir.path().join("images/late.img");
     std::fs::File::create(&late)
         .unwrap()

@@ -193,20 +193,12 @@ impl ImageCatalog {
         if let Some(d) = self.known_digest(&path, &meta) {
             return Ok(Ok(self.served(name, meta.len(), d)));
         }
-        if self.hashing.lock().unwrap().insert(path.clone()) {
-            let (catalog, image, file) = (self.clone(), name.to_string(), path.clone());
-            let spawned = std::thread::Builder::new()
+        if !self.hashing.lock().unwrap().contains(&path) {
+            let (catalog, image) = (self.clone(), name.to_string());
+            std::thread::Builder::new()
                 .name("image-digest".into())
-                .spawn(move || {
-                    if let Err(e) = catalog.resolve(&image) {
-                        tracing::warn!(%image, error = %e, "image not hashed");
-                    }
-                    catalog.hashing.lock().unwrap().remove(&file);
-                });
-            if let Err(e) = spawned {
-                self.hashing.lock().unwrap().remove(&path);
-                return Err(format!("hashing image {name:?}: {e}"));
-            }
+                .spawn(move || catalog.hash_once(&image))
+                .map_err(|e| format!("hashing image {name:?}: {e}"))?;
         }
         let until = std::time::Instant::now() + wait;
         while std::time::Instant::now() < until {
@@ -227,15 +219,20 @@ impl ImageCatalog {
     /// again by [`Self::resolve_soon`] meanwhile.
     pub fn hash_all(&self) {
         for (name, _) in self.list().unwrap_or_default() {
-            let path = self.dir.join(&name);
-            if !self.hashing.lock().unwrap().insert(path.clone()) {
-                continue;
-            }
-            if let Err(e) = self.resolve(&name) {
-                tracing::debug!(image = %name, error = %e, "not served");
-            }
-            self.hashing.lock().unwrap().remove(&path);
+            self.hash_once(&name);
         }
+    }
+
+    /// Computes `name`'s digest unless a thread already is.
+    fn hash_once(&self, name: &str) {
+        let path = self.dir.join(name);
+        if !self.hashing.lock().unwrap().insert(path.clone()) {
+            return;
+        }
+        if let Err(e) = self.resolve(name) {
+            tracing::warn!(image = %name, error = %e, "image not hashed");
+        }
+        self.hashing.lock().unwrap().remove(&path);
     }
 
     fn open(&self, name: &str) -> Result<(PathBuf, std::fs::File, std::fs::Metadata), String> {

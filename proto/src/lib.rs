@@ -11,6 +11,8 @@
 //! - [`takeover`]: the takeover's init message and the judge of its reply.
 //! - [`digest`]: an image's digest as an installation request names it.
 //! - [`first_boot`]: the first-boot files' names, as both sides check them.
+//! - [`names`]: erase modes and phases as people name them, and the
+//!   checks of an erasure both ends make.
 //! - [`summary`]: a stored hardware report, decoded for operators.
 //! - [`callback`]: the callback's method paths, endpoint form, TLS errors.
 //! - [`files`]: private files (state, keys, shepherd's secrets).
@@ -31,6 +33,7 @@ pub mod callback;
 pub mod digest;
 pub mod files;
 pub mod first_boot;
+pub mod names;
 pub mod summary;
 pub mod takeover;
 

@@ -100,17 +100,7 @@ pub enum Work<'a> {
     Erase(&'a DiskErasure),
 }
 
-/// Erase modes as operators name them.
-pub fn erase_mode_name(m: i32) -> &'static str {
-    use shepherd_proto::api::disk_erasure::Mode;
-    match Mode::try_from(m) {
-        Ok(Mode::Metadata) => "metadata",
-        Ok(Mode::Discard) => "discard",
-        Ok(Mode::Secure) => "secure",
-        Ok(Mode::Overwrite) => "overwrite",
-        Err(_) => "unknown",
-    }
-}
+pub use shepherd_proto::names::{check_erasure, erase_mode_name_of as erase_mode_name};
 
 /// The first-boot data of `image` as shown: the volume and each file's
 /// name, size and SHA-256 (never its bytes: user-data holds secrets).
@@ -184,21 +174,7 @@ pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
         }
     }
     if let Some(h) = &image.disk {
-        for (field, v) in [
-            ("image.disk.min_size_bytes", h.min_size_bytes),
-            ("image.disk.max_size_bytes", h.max_size_bytes),
-        ] {
-            if v.is_some_and(|v| v < 0) {
-                return Err(format!("{field}: negative"));
-            }
-        }
-        if let (Some(min), Some(max)) = (h.min_size_bytes, h.max_size_bytes) {
-            if min > max {
-                return Err(format!(
-                    "image.disk: min_size_bytes {min} is more than max_size_bytes {max}"
-                ));
-            }
-        }
+        shepherd_proto::names::check_disk_hints("image.disk", h)?;
     }
     Ok(())
 }

@@ -99,6 +99,23 @@ impl DiskHintArgs {
     }
 }
 
+/// A request check's message with its fields named as the flags that
+/// set them (`disk.min_size_bytes` is `--disk-min-bytes`).
+fn as_flags(message: &str) -> String {
+    [
+        ("disk.min_size_bytes", "--disk-min-bytes"),
+        ("disk.max_size_bytes", "--disk-max-bytes"),
+        ("disk: min_size_bytes", "--disk-min-bytes"),
+        ("max_size_bytes", "--disk-max-bytes"),
+        ("deadline:", "--deadline:"),
+        ("mode:", "--mode:"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (field, flag)| {
+        m.replacen(field, flag, 1)
+    })
+}
+
 /// Which machines: one ID, several (a rollout in that order), or the
 /// filters of `list` (a rollout).
 #[derive(clap::Args)]
@@ -271,8 +288,7 @@ pub async fn image_of(
                     .await
                 })
                 .await?;
-            let endpoint = shepherd::supervisor::images_endpoint(
-                cfg,
+            let endpoint = cfg.installations.images_endpoint(
                 cfg.bmaas
                     .endpoint
                     .as_deref()
@@ -442,20 +458,19 @@ pub struct DeprovisionArgs {
 /// `shepherd machines deprovision`.
 pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<()> {
     use shepherd::bmdb::installations::{self, Asked, Asker};
-    use shepherd_proto::api::{DiskErasure, disk_erasure::Mode};
-    let mode = match a.mode.trim() {
-        "metadata" => Mode::Metadata,
-        "discard" => Mode::Discard,
-        "secure" => Mode::Secure,
-        "overwrite" => Mode::Overwrite,
-        m => anyhow::bail!("--mode: {m:?} is not metadata, discard, secure or overwrite"),
-    };
+    use shepherd_proto::api::DiskErasure;
+    use shepherd_proto::names::{check_erasure, parse_erase_mode};
+    let mode = parse_erase_mode(&a.mode).map_err(|e| anyhow::anyhow!("--mode: {e}"))?;
     let erasure = DiskErasure {
         mode: mode as i32,
         disk: a.disk.hints(),
         allow_boot_disk: a.allow_boot_disk,
         deadline_seconds: a.deadline.map(|d| d.as_secs() as i64).unwrap_or(0),
     };
+    if a.deadline.is_some_and(|d| d.is_zero()) {
+        anyhow::bail!("--deadline: must be from 1s to 7d");
+    }
+    check_erasure(&erasure).map_err(|e| anyhow::anyhow!("{}", as_flags(&e)))?;
     cfg.bmdb.pool_size = 2;
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
     let reason = a.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());

@@ -284,7 +284,7 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                 if let Some((p, at)) = &i.progress {
                     println!(
                         "  progress         {} {} of {} fetched, {} written, {}/s, disk {} (at {})",
-                        shepherd::admin::api::phase_name(p.phase),
+                        shepherd_proto::names::phase_name(p.phase),
                         shepherd_proto::summary::bytes(p.bytes_fetched),
                         shepherd_proto::summary::bytes(p.bytes_total),
                         shepherd_proto::summary::bytes(p.bytes_written),

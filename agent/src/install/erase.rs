@@ -317,15 +317,7 @@ impl std::fmt::Display for Erased {
     }
 }
 
-/// Mode names as operators write them.
-pub fn mode_name(m: Mode) -> &'static str {
-    match m {
-        Mode::Metadata => "metadata",
-        Mode::Discard => "discard",
-        Mode::Secure => "secure",
-        Mode::Overwrite => "overwrite",
-    }
-}
+pub use shepherd_proto::names::erase_mode_name as mode_name;
 
 /// The disks `req` chooses: every disk matching all its hints, the boot
 /// disk only when allowed. The error names what matched.

@@ -8,8 +8,11 @@
 //! test reaches an agent started over SSH), or `takeover-agent.mode` in the
 //! executable's directory (for every agent there): `ok`, `error`, `garbage`,
 //! `wrong-echo`, `short-key`, `nothing`, `huge`, `hang`, `crash` (non-zero
-//! exit), `slow:SECONDS` (then ok). Every run appends the machine ID to
-//! `<executable>.runs`.
+//! exit), `slow:SECONDS` (then ok), and every run appends the machine ID
+//! to `<executable>.runs` (what the tests count). What ships keeps no
+//! tally: beside its executable, only its state (`.state`), and when it
+//! detaches rather than running as a systemd unit, its PID (`.pid`, how
+//! the next takeover stops it) and its log (`.log`, its only output).
 //!
 //! After a successful takeover it stays as the resident agent (unless
 //! `TAKEOVER_AGENT_RESIDENT=0`, or the init names no endpoint or CA): it
@@ -340,6 +343,9 @@ pub fn main() {
             std::process::exit(1);
         }
     };
+    // The tests count what each machine ran: only their builds keep a
+    // tally beside the executable.
+    #[cfg(feature = "faults")]
     if let Some(exe) = &exe {
         let mut runs = exe.clone().into_os_string();
         runs.push(".runs");

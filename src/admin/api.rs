@@ -36,6 +36,67 @@ pub struct Readiness {
     pub recovery_brake: Option<ReadyBrake>,
 }
 
+/// `/api/v1/loops`: this process's session and its control loops.
+#[derive(Serialize, ToSchema)]
+pub struct Loops {
+    /// This process's BMDB session, if it holds one.
+    pub session: Option<Uuid>,
+    pub loops: Vec<LoopBody>,
+}
+
+/// A control loop, as every loop tells it.
+#[derive(Serialize, ToSchema)]
+pub struct LoopBody {
+    /// Its registration's name: `initializer`, `provisioner`, ….
+    pub name: String,
+    /// `lease` (work on one leased machine at a time) or `round` (work
+    /// over the fleet on a timer).
+    pub kind: String,
+    /// A lease loop's BMDB process (`ShepherdAgentStart`).
+    pub process: Option<String>,
+    /// Whether it takes work now (a session, not draining).
+    pub active: bool,
+    /// Work running now, and allowed at once.
+    pub running: u64,
+    pub parallelism: u64,
+    /// Work (a machine's, or a round) that ended well, failed, or was
+    /// given back (cancelled, or cut short by a lost session).
+    pub ok: u64,
+    pub failed: u64,
+    pub given_back: u64,
+    /// A lease loop's leases taken.
+    pub leased: u64,
+    /// A round loop's fleet duty: `us`, or the session holding it.
+    pub duty: Option<String>,
+    /// The last failure's cause, and when.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<String>,
+}
+
+impl From<&crate::control::LoopStatus> for LoopBody {
+    fn from(l: &crate::control::LoopStatus) -> Self {
+        use crate::bmdb::duty::Holder;
+        LoopBody {
+            name: l.name.to_string(),
+            kind: l.kind.as_str().to_string(),
+            process: l.process.map(str::to_string),
+            active: l.active,
+            running: l.running as u64,
+            parallelism: l.parallelism as u64,
+            ok: l.done,
+            failed: l.failed,
+            given_back: l.given_back,
+            leased: l.leased,
+            duty: l.duty.map(|d| match d {
+                Holder::Us => "us".to_string(),
+                Holder::Other(id) => id.to_string(),
+            }),
+            last_error: l.last_error.as_ref().map(|(_, e)| e.clone()),
+            last_error_at: l.last_error.as_ref().map(|(at, _)| rfc3339(*at)),
+        }
+    }
+}
+
 /// The brake as `/readyz` shows it, or why it could not be read.
 #[derive(Serialize, ToSchema)]
 #[serde(untagged)]
@@ -490,7 +551,13 @@ pub struct InstallAsked {
 #[schema(as = Rollout)]
 pub struct RolloutView {
     pub rollout_id: Uuid,
-    pub image_url: String,
+    /// The image every machine installs; null for a deprovisioning.
+    pub image_url: Option<String>,
+    /// `install`, or `erase` (a deprovisioning: no image).
+    pub kind: String,
+    /// A deprovisioning's erase mode: `metadata`, `discard`, `secure`,
+    /// `overwrite`.
+    pub erase_mode: Option<String>,
     pub max_parallel: i32,
     pub max_failures: i32,
     /// How the machines were chosen.
@@ -517,7 +584,17 @@ impl From<&Rollout> for RolloutView {
     fn from(r: &Rollout) -> Self {
         RolloutView {
             rollout_id: r.id,
-            image_url: r.image_url.clone(),
+            image_url: r.erasure.is_none().then(|| r.image_url.clone()),
+            kind: if r.erasure.is_some() {
+                "erase"
+            } else {
+                "install"
+            }
+            .to_string(),
+            erase_mode: r
+                .erasure
+                .as_ref()
+                .map(|e| shepherd_proto::names::erase_mode_name_of(e.mode).to_string()),
             max_parallel: r.max_parallel,
             max_failures: r.max_failures,
             selection: r.selection.clone(),
@@ -646,21 +723,7 @@ pub struct CallbackEndpoint {
     pub agents: i64,
 }
 
-/// A progress phase's name, for people and JSON.
-pub fn phase_name(p: i32) -> &'static str {
-    use shepherd_proto::api::installation_progress::Phase;
-    match Phase::try_from(p).unwrap_or(Phase::Unknown) {
-        Phase::Unknown => "unknown",
-        Phase::Preparing => "preparing",
-        Phase::Writing => "writing",
-        Phase::Verifying => "verifying",
-        Phase::Done => "done",
-        Phase::Failed => "failed",
-        Phase::Rebooting => "rebooting",
-        Phase::Erasing => "erasing",
-        Phase::FirstBoot => "first-boot",
-    }
-}
+pub use shepherd_proto::names::phase_name;
 
 // ---- values the API takes, for the OpenAPI description ----
 
@@ -721,7 +784,7 @@ name_schema!(
 );
 name_schema!(
     ActionName,
-    crate::bmdb::actions::Action::ALL
+    crate::bmdb::actions::Action::ACTIONS
         .iter()
         .map(|a| a.as_str().to_string()),
     false,

@@ -404,19 +404,10 @@ pub enum EraseModeName {
 
 /// The erasure a [`DeprovisionBody`] asks for, or a 400's message.
 pub fn erasure_request(b: &ErasureBody) -> Result<shepherd_proto::api::DiskErasure, String> {
-    use shepherd_proto::api::{DiskErasure, disk_erasure::Mode};
-    let mode = match b.mode.as_deref().map(str::trim) {
-        None | Some("") | Some("metadata") => Mode::Metadata,
-        Some("discard") => Mode::Discard,
-        Some("secure") => Mode::Secure,
-        Some("overwrite") => Mode::Overwrite,
-        Some(m) => {
-            return Err(format!(
-                "mode: {m:?} is not metadata, discard, secure or overwrite"
-            ));
-        }
-    };
-    let mut e = DiskErasure {
+    use shepherd_proto::names::{MAX_DEADLINE_SECONDS, check_erasure, parse_erase_mode};
+    let mode =
+        parse_erase_mode(b.mode.as_deref().unwrap_or("")).map_err(|e| format!("mode: {e}"))?;
+    let mut e = shepherd_proto::api::DiskErasure {
         mode: mode as i32,
         disk: b.disk.clone().map(disk_hints),
         allow_boot_disk: b.allow_boot_disk,
@@ -425,27 +416,11 @@ pub fn erasure_request(b: &ErasureBody) -> Result<shepherd_proto::api::DiskErasu
     if let Some(d) = b.deadline.as_deref().filter(|d| !d.trim().is_empty()) {
         let d = humantime::parse_duration(d.trim())
             .ok()
-            .filter(|d| !d.is_zero() && d.as_secs() <= 7 * 86400)
+            .filter(|d| !d.is_zero() && d.as_secs() as i64 <= MAX_DEADLINE_SECONDS)
             .ok_or_else(|| format!("deadline: {d:?} is not a duration from 1s to 7d"))?;
         e.deadline_seconds = d.as_secs() as i64;
     }
-    if let Some(h) = &e.disk {
-        for (field, v) in [
-            ("disk.min_size_bytes", h.min_size_bytes),
-            ("disk.max_size_bytes", h.max_size_bytes),
-        ] {
-            if v.is_some_and(|v| v < 0) {
-                return Err(format!("{field}: negative"));
-            }
-        }
-        if let (Some(min), Some(max)) = (h.min_size_bytes, h.max_size_bytes) {
-            if min > max {
-                return Err(format!(
-                    "disk: min_size_bytes {min} is more than max_size_bytes {max}"
-                ));
-            }
-        }
-    }
+    check_erasure(&e)?;
     Ok(e)
 }
 
@@ -476,7 +451,8 @@ pub async fn deprovision(
 /// `POST /api/v1/machines/{id}/deprovision`.
 #[utoipa::path(post, path = "/api/v1/machines/{id}/deprovision", tag = "installations",
     params(("id" = Uuid, Path, description = "the machine's ID")),
-    request_body(content = DeprovisionBody, content_type = "application/json"),
+    request_body(content = Option<DeprovisionBody>, content_type = "application/json",
+        description = "optional: without a body, every disk but the boot disk has its metadata erased"),
     responses(
         (status = 200, description = "asked: the generation and the audit row", body = super::api::InstallAsked),
         (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
@@ -645,8 +621,8 @@ pub async fn create_rollout(
         .await
         .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}")))?;
     tracing::info!(rollout = %r.id, machines = r.counts.waiting, image = %r.image_url, actor = %operator.0, %selection, "rollout created");
-    if let Some(d) = &admin.rollouts {
-        d.do_send(crate::control::RunRound);
+    if let Some(loops) = &admin.loops {
+        loops.do_send(crate::control::NudgeLoop("rollouts"));
     }
     Ok(r)
 }

@@ -50,13 +50,31 @@ pub fn error_response(status: actix_web::http::StatusCode, msg: &str) -> HttpRes
         .body(body)
 }
 
+/// `body` without JSON's white space around it (space, tab, line feed,
+/// carriage return: not the form feed or vertical tab ASCII also counts,
+/// which no JSON parser takes).
+fn json_trim(body: &[u8]) -> &[u8] {
+    let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let start = body.iter().position(|b| !ws(b)).unwrap_or(body.len());
+    let end = body.iter().rposition(|b| !ws(b)).map_or(start, |e| e + 1);
+    &body[start..end]
+}
+
 /// An API POST's JSON body (empty: the defaults), or a 400 naming the
 /// field that is wrong.
 pub fn json_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, HttpResponse> {
-    // Nothing, or JSON's null: every field takes its default.
-    let text = body.trim_ascii();
-    if text.is_empty() || text == b"null" {
+    // Nothing: every field takes its default.
+    let text = json_trim(body);
+    if text.is_empty() {
         return Ok(T::default());
+    }
+    // Every body the API takes is an object: serde would also take a
+    // struct from an array, which no schema of the description allows.
+    if !text.starts_with(b"{") {
+        return Err(error_response(
+            actix_web::http::StatusCode::BAD_REQUEST,
+            "body: a JSON object is required (or no body at all)",
+        ));
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -78,7 +96,7 @@ pub fn json_post(req: &HttpRequest, body: &[u8]) -> Result<(), HttpResponse> {
         .map(|v| v.to_str().unwrap_or("").trim_start().to_ascii_lowercase());
     let acceptable = match content_type {
         Some(t) => t.starts_with("application/json"),
-        None => body.trim_ascii().is_empty(),
+        None => json_trim(body).is_empty(),
     };
     if !acceptable {
         return Err(error_response(

@@ -32,7 +32,10 @@ pub struct Counts {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rollout {
     pub id: Uuid,
+    /// For people: the image's URL, or what a deprovisioning erases.
     pub image_url: String,
+    /// A deprovisioning's erasure (None: an installation of the image).
+    pub erasure: Option<DiskErasure>,
     pub max_parallel: i32,
     pub max_failures: i32,
     pub selection: String,
@@ -63,7 +66,7 @@ macro_rules! rollout_query {
      r.created_at, r.created_by, r.state, r.ended_at, r.end_reason, \
      count(*) FILTER (WHERE m.state = 'waiting'), count(*) FILTER (WHERE m.state = 'running'), \
      count(*) FILTER (WHERE m.state = 'done'), count(*) FILTER (WHERE m.state = 'failed'), \
-     count(*) FILTER (WHERE m.state = 'skipped') \
+     count(*) FILTER (WHERE m.state = 'skipped'), r.erasure_raw \
              FROM rollout r LEFT JOIN rollout_machine m ON m.rollout_id = r.rollout_id ",
             $tail
         )
@@ -76,6 +79,9 @@ fn rollout_from(r: &tokio_postgres::Row) -> Rollout {
     Rollout {
         id: r.get(0),
         image_url: r.get(1),
+        erasure: r
+            .get::<_, Option<Vec<u8>>>(15)
+            .and_then(|b| DiskErasure::decode(b.as_slice()).ok()),
         max_parallel: r.get(2),
         max_failures: r.get(3),
         selection: r.get(4),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use prost::Message as _;
 use serde_json::json;
 use shepherd::admin::{self, Admin};
-use shepherd::bmdb::lifecycle::Operation;
+use shepherd::bmdb::lifecycle::{Event, Operation};
 use shepherd::bmdb::machines::{self, MachineState, NewProvidedMachine};
 use shepherd::bmdb::{Bmdb, Process, Provider, Session};
 use shepherd::secret::Secret;
@@ -33,12 +33,25 @@ async fn sql(bmdb: &Bmdb, q: &str, m: Uuid) {
 /// A machine in `state`, with what `op` needs to go ahead where the table
 /// allows it.
 async fn machine(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operation) -> Uuid {
+    let bmc = op == Operation::Inspect && op.allows(state);
+    let id = machine_in(bmdb, session, state, bmc).await;
+    needs_of(bmdb, session, state, op, id).await;
+    let got = bmdb
+        .transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
+        .await
+        .unwrap();
+    assert_eq!(got, Some(state), "the fixture for {state} / {op}");
+    id
+}
+
+/// A machine in `state`, made from the BMDB's own rows (known to its BMC
+/// too when `bmc`, as it is in the states of a boot through the BMC).
+async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bool) -> Uuid {
     use MachineState::*;
-    let bmc = matches!(state, Enrolling | Inspecting | EnrollFailed | Available)
-        || (op == Operation::Inspect && op.allows(state));
+    let bmc = bmc || matches!(state, Enrolling | Inspecting | EnrollFailed | Available);
     let m = NewProvidedMachine {
         provider: Provider::Equinix,
-        provider_id: format!("{state}-{op}"),
+        provider_id: format!("{state}-{}", Uuid::new_v4()),
         reservation_id: None,
         // A blank machine booted through its BMC has no address.
         ip_address: (!matches!(state, Enrolling | Inspecting | EnrollFailed | Available))
@@ -152,6 +165,19 @@ async fn machine(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operat
             .await
         }
     }
+    id
+}
+
+/// What `op` needs to go ahead on machine `id` in `state`, where the
+/// table allows it (a backoff to retry, a hold to release, …).
+async fn needs_of(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operation, id: Uuid) {
+    use MachineState::*;
+    let backoff = |p: &str| {
+        format!(
+            "INSERT INTO work_backoff (machine_id, process, until, cause) \
+             VALUES ($1, '{p}', now() + interval '1 hour', 'test')"
+        )
+    };
     let allowed = op.allows(state);
     if allowed {
         match op {
@@ -214,12 +240,6 @@ async fn machine(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operat
             _ => {}
         }
     }
-    let got = bmdb
-        .transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
-        .await
-        .unwrap();
-    assert_eq!(got, Some(state), "the fixture for {state} / {op}");
-    id
 }
 
 /// The POST an operator sends for `op`.
@@ -293,12 +313,225 @@ async fn every_action_from_every_state_is_allowed_or_refused_as_the_table_says()
 }
 
 #[test]
-fn the_readme_shows_the_table_the_code_enforces() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+fn the_guide_shows_the_table_the_code_enforces() {
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/lifecycle.md"
+    ))
+    .unwrap();
     let table = shepherd::bmdb::lifecycle::markdown_table();
     assert!(
-        readme.contains(&table),
-        "README.md's life-cycle table differs from the code's; it should read:\n{table}"
+        guide.contains(&table),
+        "docs/src/lifecycle.md's life-cycle table differs from the code's; it should read:\n{table}"
+    );
+}
+
+/// The state `id` shows.
+async fn state(bmdb: &Bmdb, id: Uuid) -> Option<MachineState> {
+    bmdb.transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
+        .await
+        .unwrap()
+}
+
+/// The agent's report of the machine's current generation, as the
+/// callback's writer stores it.
+async fn report(bmdb: &Bmdb, id: Uuid, result: &str) {
+    let q = format!(
+        "INSERT INTO machine_os_installation_report \
+         (machine_id, generation, os_installation_result, os_installation_report_raw) \
+         SELECT machine_id, generation, '{result}', '\\x0801' FROM machine_os_installation_request \
+         WHERE machine_id = $1 \
+         ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
+             os_installation_result = EXCLUDED.os_installation_result"
+    );
+    sql(bmdb, &q, id).await;
+}
+
+/// `event` on machine `id`, written as shepherd, its operators and its
+/// agents write it: through the library's own functions where there is
+/// one (leases, actions, installations, enrollment), else the rows an
+/// agent's report or the provider's listing writes.
+async fn apply(
+    bmdb: &Bmdb,
+    session: &Session,
+    event: Event,
+    id: Uuid,
+    lease: Option<shepherd::bmdb::Work<()>>,
+) -> Result<(), String> {
+    use shepherd::bmdb::actions::{self, Action, Request};
+    use shepherd::bmdb::installations::{self, Asked, Asker};
+    let backoff = shepherd::bmdb::Backoff {
+        initial: Duration::from_secs(3600),
+        maximum: None,
+        exponent: 1.0,
+        jitter: 0.0,
+    };
+    let leased = async |process: Process| -> shepherd::bmdb::Work<()> {
+        session
+            .lease(process, async move |_tx: &mut shepherd::bmdb::Tx<'_>| {
+                Ok(Some((id, ())))
+            })
+            .await
+            .unwrap()
+            .expect("leased")
+    };
+    let act = async |action: Action| -> Result<(), String> {
+        let req = Request::new(id, action, "transition-test");
+        match bmdb.transact(async |tx| actions::act(tx, &req).await).await {
+            Ok(actions::Outcome::Done(_)) => Ok(()),
+            Ok(other) => Err(format!("{action}: {other:?}")),
+            Err(e) => Err(format!("{action}: {e}")),
+        }
+    };
+    let asker = Asker {
+        actor: "transition-test",
+        action_id: Uuid::new_v4(),
+        rollout_id: None,
+        reason: None,
+    };
+    let asked = |r: Result<Asked, shepherd::bmdb::BmdbError>| match r {
+        Ok(Asked::Done { .. }) => Ok(()),
+        Ok(Asked::Refused(why)) => Err(format!("refused: {why}")),
+        Ok(Asked::NotFound) => Err("not found".into()),
+        Err(e) => Err(e.to_string()),
+    };
+    match event {
+        Event::TakeoverLeased => std::mem::forget(leased(Process::ShepherdAgentStart).await),
+        Event::TakeoverFailed => {
+            let mut w = lease.expect("the takeover's lease");
+            w.fail_with(&backoff, "transition test", async |_| Ok(()))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Event::TakeoverDone => {
+            let mut w = lease.expect("the takeover's lease");
+            w.finish(async |tx| {
+                tx.execute(
+                    "INSERT INTO machine_agent_started VALUES ($1, now(), '\\x0202')",
+                    &[&id],
+                )
+                .await
+                .map(|_| ())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        Event::RecoveryFailed => {
+            let mut w = leased(Process::ShepherdRecovery).await;
+            w.fail_with(&backoff, "transition test", async |_| Ok(()))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Event::BootFailed => {
+            let mut w = leased(Process::ShepherdAgentStart).await;
+            w.fail_with(&backoff, "transition test", async |_| Ok(()))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Event::LiveAgentEnrolled => {
+            bmdb.transact(async |tx| {
+                let boot = shepherd::bmdb::boot::issue(tx, id, Duration::from_secs(600)).await?;
+                shepherd::bmdb::boot::enroll(tx, id, &boot.credential, &[7; 32], "127.0.0.1:1")
+                    .await?;
+                shepherd::bmdb::bmc_boot::request_done(tx, id).await
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        Event::BackoffCleared => act(Action::Retry).await?,
+        Event::InspectAsked => act(Action::Inspect).await?,
+        Event::Held => act(Action::Hold).await?,
+        Event::Released => act(Action::Release).await?,
+        Event::InstallAsked => {
+            let image = shepherd_proto::api::ImageInstallation {
+                url: "https://images.example/os.img".into(),
+                digest: format!("sha256:{}", "ab".repeat(32)),
+                ..Default::default()
+            };
+            asked(
+                bmdb.transact(async |tx| installations::ask(tx, id, &image, &asker).await)
+                    .await,
+            )?
+        }
+        Event::DeprovisionAsked => {
+            let erasure = shepherd_proto::api::DiskErasure::default();
+            asked(
+                bmdb.transact(async |tx| {
+                    installations::deprovision(tx, id, &erasure, &asker).await
+                })
+                .await,
+            )?
+        }
+        Event::Installed | Event::Erased => report(bmdb, id, "Success").await,
+        Event::InstallFailed | Event::EraseFailed => report(bmdb, id, "Error").await,
+        Event::ProviderForgot => {
+            sql(bmdb, "DELETE FROM machine_provided WHERE machine_id = $1", id).await
+        }
+        Event::ProviderListed => {
+            sql(
+                bmdb,
+                "INSERT INTO machine_provided (machine_id, provider, provider_id, provider_ip_address, provider_status) \
+                 VALUES ($1::uuid, 'Equinix', 'listed-again-' || $1::uuid::text, '127.0.0.1', 'Running')",
+                id,
+            )
+            .await
+        }
+    }
+    Ok(())
+}
+
+#[actix_rt::test]
+async fn every_declared_transition_is_what_the_bmdb_derives() {
+    use shepherd::bmdb::lifecycle::TRANSITIONS;
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let session = bmdb
+        .start_session("transition-test", Some(Duration::from_secs(300)))
+        .await
+        .unwrap();
+    // Every state is in the table, as a place to come from or go to.
+    for s in MachineState::ALL {
+        assert!(
+            TRANSITIONS
+                .iter()
+                .any(|(from, _, to)| *from == s || *to == s),
+            "{s} is in no declared transition"
+        );
+    }
+    let mut wrong = Vec::new();
+    for (from, event, to) in TRANSITIONS.iter().copied() {
+        let (id, lease) = if from == MachineState::Leased {
+            let id = machine_in(&bmdb, &session, MachineState::Pending, false).await;
+            let w = session
+                .lease(
+                    Process::ShepherdAgentStart,
+                    async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ()))),
+                )
+                .await
+                .unwrap()
+                .unwrap();
+            (id, Some(w))
+        } else {
+            (machine_in(&bmdb, &session, from, false).await, None)
+        };
+        assert_eq!(state(&bmdb, id).await, Some(from), "the fixture for {from}");
+        if let Err(e) = apply(&bmdb, &session, event, id, lease).await {
+            wrong.push(format!(
+                "{from} --{event}--> {to}: the event was refused: {e}"
+            ));
+            continue;
+        }
+        let got = state(&bmdb, id).await;
+        if got != Some(to) {
+            wrong.push(format!(
+                "{from} --{event}--> {to}: the BMDB derives {}",
+                got.map(|s| s.to_string()).unwrap_or("nothing".into())
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    println!(
+        "{} transitions, each as the BMDB derives it",
+        TRANSITIONS.len()
     );
 }

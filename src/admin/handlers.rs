@@ -109,6 +109,20 @@ pub async fn brake_state(
     )
 }
 
+/// `GET /api/v1/loops`: this process's control loops, each as every loop
+/// tells it (what the fleet page's loop table shows).
+#[utoipa::path(get, path = "/api/v1/loops", tag = "health",
+    responses(
+        (status = 200, description = "this process's session and control loops", body = api::Loops),
+        (status = 401, description = "a bearer token is required", body = api::ErrorBody)))]
+pub async fn api_loops(admin: web::Data<Admin>) -> HttpResponse {
+    let st = status(&admin).await;
+    HttpResponse::Ok().json(api::Loops {
+        session: st.session,
+        loops: st.loops.iter().map(api::LoopBody::from).collect(),
+    })
+}
+
 /// `GET /api/v1/brake`: the recovery brake, the callback endpoints served
 /// (silence is judged only on those), the last fleet-wide actions.
 #[utoipa::path(get, path = "/api/v1/brake", tag = "recovery",
@@ -382,8 +396,11 @@ pub async fn run_action(
     let machine_id: uuid::Uuid = id
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
-    let Some(action) = actions::Action::parse(action) else {
-        let all: Vec<&str> = actions::Action::ALL.iter().map(|a| a.as_str()).collect();
+    let Some(action) = actions::Action::parse_action(action) else {
+        let all: Vec<&str> = actions::Action::ACTIONS
+            .iter()
+            .map(|a| a.as_str())
+            .collect();
         return Err((
             StatusCode::NOT_FOUND,
             format!(

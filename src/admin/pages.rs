@@ -30,6 +30,46 @@ const CHART_BUCKET: Duration = Duration::from_secs(600);
 /// …this many (six hours).
 const CHART_BUCKETS: u32 = 36;
 
+/// This process's control loops, each the same way: whether it works,
+/// what runs, what ended, the last failure and its cause.
+fn loops_section(loops: &[crate::control::LoopStatus]) -> String {
+    let mut b = String::from(
+        "<section id=\"loops\"><h2>Control loops (this process)</h2><table id=\"loop-list\">\
+         <tr><th>loop</th><th>kind</th><th>state</th><th>running</th><th>ok</th><th>failed</th>\
+         <th>given back</th><th>last failure</th></tr>",
+    );
+    for l in loops {
+        let state = match (l.active, l.duty) {
+            (false, _) if l.session.is_none() => "waiting for a session".to_string(),
+            (false, _) => "draining".to_string(),
+            (true, Some(Holder::Other(id))) => format!("standing by (session {id} holds its duty)"),
+            (true, _) => "working".to_string(),
+        };
+        let _ = write!(
+            b,
+            "<tr data-loop=\"{name}\"><td>{name}</td><td>{kind}</td><td>{state}</td><td>{run} of {par}</td>\
+             <td class=\"count\">{ok}</td><td class=\"count\">{failed}</td><td class=\"count\">{back}</td><td>{last}</td></tr>",
+            name = esc(l.name),
+            kind = l.kind.as_str(),
+            state = esc(&state),
+            run = l.running,
+            par = l.parallelism,
+            ok = l.done,
+            failed = l.failed,
+            back = l.given_back,
+            last = match &l.last_error {
+                Some((at, e)) => format!("{}: {}", ago(*at), esc(e)),
+                None => "none".into(),
+            },
+        );
+    }
+    if loops.is_empty() {
+        b.push_str("<tr><td colspan=\"8\">no loop runs in this process</td></tr>");
+    }
+    b.push_str("</table></section>");
+    b
+}
+
 fn ago(t: SystemTime) -> String {
     match SystemTime::now().duration_since(t) {
         Ok(d) => format!(
@@ -208,7 +248,7 @@ pub(super) async fn fleet_page(
     let _ = write!(
         b,
         "<nav><a href=\"#machines\">machines</a><a href=\"#activity\">activity</a>\
-         <a href=\"#sessions\">sessions</a><a href=\"#provisioner\">provisioner</a>\
+         <a href=\"#sessions\">sessions</a><a href=\"#loops\">loops</a><a href=\"#provisioner\">provisioner</a>\
          <a href=\"#budget\">Equinix requests</a><a href=\"rollouts\">rollouts</a>\
          <a href=\"metrics\">metrics</a></nav>\
          <div class=\"row\"><div><p id=\"total\">{total} machines</p>\
@@ -284,6 +324,7 @@ pub(super) async fn fleet_page(
         b.push_str("<tr><td colspan=\"6\">no session alive</td></tr>");
     }
     b.push_str("</table></section>");
+    b.push_str(&loops_section(&st.loops));
 
     // Agents nobody hears: told an endpoint no shepherd serves.
     b.push_str(
@@ -326,34 +367,37 @@ pub(super) async fn fleet_page(
     b.push_str("</section>");
 
     b.push_str("<div class=\"row\"><section id=\"provisioner\"><h2>Provisioner</h2>");
-    match &st.provisioner {
+    match st.loop_named("provisioner") {
         None => b.push_str("<p>This process does not run the Provisioner.</p>"),
-        Some(p) => match p.duty {
-            Some(Holder::Other(id)) => {
+        Some(p) => match (
+            p.duty,
+            p.counters::<crate::provisioner::ProvisionerCounters>(),
+        ) {
+            (Some(Holder::Other(id)), _) => {
                 let _ = write!(
                     b,
                     "<p>Session {id} holds the provisioning duty: its admin page shows its discrepancies.</p>"
                 );
             }
-            None => b.push_str("<p>No round yet.</p>"),
-            Some(Holder::Us) => {
+            (None, _) | (_, None) => b.push_str("<p>No round yet.</p>"),
+            (Some(Holder::Us), Some(c)) => {
                 let _ = write!(
                     b,
                     "<p>{} rounds ({} failed); {} machines created, {} adopted, {} managed.</p>",
-                    p.rounds,
-                    p.failed_rounds,
-                    p.counters.created,
-                    p.counters.adopted,
-                    p.counters.managed
+                    p.done + p.failed,
+                    p.failed,
+                    c.created,
+                    c.adopted,
+                    c.managed
                 );
-                if p.counters.missing_in_provider.is_empty() {
+                if c.missing_in_provider.is_empty() {
                     b.push_str("<p id=\"discrepancies\">No discrepancies: every machine in the BMDB is listed by the provider.</p>");
                 } else {
                     let _ = write!(
                         b,
                         "<p>In the BMDB, no longer listed by the provider (kept, not deleted):</p><ul id=\"discrepancies\">"
                     );
-                    for id in &p.counters.missing_in_provider {
+                    for id in &c.missing_in_provider {
                         let _ = write!(b, "<li>{}</li>", esc(id));
                     }
                     b.push_str("</ul>");
@@ -684,8 +728,9 @@ pub(super) async fn machine_page(
                 allowed.join(", ")
             }
         );
-        for action in Action::ALL {
+        for action in Action::ACTIONS {
             let available = match action {
+                Action::Install | Action::Deprovision => false,
                 Action::Retry => !d.backoffs.is_empty(),
                 Action::Hold => d.hold.is_none(),
                 Action::Release => d.hold.is_some(),
@@ -700,7 +745,7 @@ pub(super) async fn machine_page(
                             .is_none_or(|r| r.cause != crate::bmdb::bmc_boot::BootCause::Inspect)
                 }
             };
-            let allowed = crate::bmdb::lifecycle::Operation::from(action).allows(d.summary.state);
+            let allowed = action.allows(d.summary.state);
             if !available || !allowed {
                 continue;
             }

@@ -13,90 +13,13 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
-use super::lifecycle::Operation;
 use super::{BmdbError, Process, Tx};
 
-/// The actions, by the names the API, CLI and audit use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// Clear a machine's backoff (for one process, or all).
-    Retry,
-    /// Drop its AgentStarted and heartbeat so the Initializer takes it
-    /// over again; optionally forget its recorded SSH host key.
-    Retakeover,
-    /// Ask the Recoverer to reboot it now, on its own lease.
-    Reboot,
-    /// Keep every control loop away from it until released.
-    Hold,
-    Release,
-    /// Boot it into the live agent through its BMC (its hardware reported
-    /// again), whatever is installed.
-    Inspect,
-    /// Accept the differences between what its BMC says and what its agent
-    /// reported (installations wait until then).
-    AcceptHardware,
-}
-
-impl Action {
-    pub const ALL: [Action; 7] = [
-        Action::Retry,
-        Action::Retakeover,
-        Action::Reboot,
-        Action::Hold,
-        Action::Release,
-        Action::Inspect,
-        Action::AcceptHardware,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Retry => "retry",
-            Action::Retakeover => "retakeover",
-            Action::Reboot => "reboot",
-            Action::Hold => "hold",
-            Action::Release => "release",
-            Action::Inspect => "inspect",
-            Action::AcceptHardware => "accept-hardware",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Action> {
-        Self::ALL.into_iter().find(|a| a.as_str() == s)
-    }
-
-    /// A button's label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Action::Retry => "Retry now",
-            Action::Retakeover => "Take over again",
-            Action::Reboot => "Reboot",
-            Action::Hold => "Hold",
-            Action::Release => "Release",
-            Action::Inspect => "Inspect",
-            Action::AcceptHardware => "Accept the hardware differences",
-        }
-    }
-}
-
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl From<Action> for Operation {
-    fn from(a: Action) -> Operation {
-        match a {
-            Action::Retry => Operation::Retry,
-            Action::Retakeover => Operation::Retakeover,
-            Action::Reboot => Operation::Reboot,
-            Action::Hold => Operation::Hold,
-            Action::Release => Operation::Release,
-            Action::Inspect => Operation::Inspect,
-            Action::AcceptHardware => Operation::AcceptHardware,
-        }
-    }
-}
+/// The actions `act` carries out: the life cycle's operations
+/// ([`Operation`], one enum for every name the API, the CLI, the pages and
+/// the audit use) but installations and deprovisionings, which
+/// `installations` asks for.
+pub use super::lifecycle::Operation as Action;
 
 /// One operator's request.
 #[derive(Debug, Clone)]
@@ -238,7 +161,7 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         .map(|r| r.get(0));
     let m = req.machine_id;
     if let Some(state) = super::lifecycle::state_of(tx, m).await? {
-        if let Some(why) = super::lifecycle::refusal(m, state, req.action.into()) {
+        if let Some(why) = super::lifecycle::refusal(m, state, req.action) {
             if state == super::lifecycle::MachineState::Held {
                 // Who holds it says more than the table.
                 let r = tx
@@ -273,6 +196,12 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         }
     }
     let detail = match req.action {
+        Action::Install | Action::Deprovision => {
+            return Ok(Outcome::Refused(format!(
+                "{} is asked through an installation request, not an action",
+                req.action
+            )));
+        }
         Action::Retry => {
             let rows = tx
                 .query(

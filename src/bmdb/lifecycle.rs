@@ -1,7 +1,7 @@
 //! The machine's life cycle: which operator action each state allows, in
 //! one table. The API, the CLI and the machine page ask it (a refusal is a
-//! 409 naming the state); README.md shows the same table (a test compares
-//! them).
+//! 409 naming the state); the guide's docs/src/lifecycle.md shows the same
+//! table (a test compares them).
 //!
 //! The states are the BMDB's (`MachineState`, computed from the summary):
 //! `enrolling` → `inspecting` → `available` → `installing` → `installed`
@@ -162,6 +162,146 @@ pub async fn state_of(
         .map(|r| MachineState::parse(r.get(0)).unwrap_or(MachineState::Unprovided)))
 }
 
+/// What happens to a machine: an operator's request, a control loop's
+/// work ending, an agent's report, the provider's listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A takeover's lease is taken (the Initializer).
+    TakeoverLeased,
+    /// The takeover failed: its backoff runs.
+    TakeoverFailed,
+    /// The takeover finished: the agent runs.
+    TakeoverDone,
+    /// The agent went quiet and its recovery failed: the Recoverer's
+    /// backoff runs.
+    RecoveryFailed,
+    /// A boot through the BMC failed: its backoff runs.
+    BootFailed,
+    /// The live agent of a boot through the BMC enrolled.
+    LiveAgentEnrolled,
+    /// An operator cleared the backoff (`retry`).
+    BackoffCleared,
+    /// An operator asked for an inspection.
+    InspectAsked,
+    /// An operator asked for an installation.
+    InstallAsked,
+    /// The agent reported the installation done.
+    Installed,
+    /// The agent reported the installation failed.
+    InstallFailed,
+    /// An operator asked for a deprovisioning.
+    DeprovisionAsked,
+    /// The agent reported its disks erased.
+    Erased,
+    /// The agent reported the erasure failed.
+    EraseFailed,
+    /// An operator held the machine.
+    Held,
+    /// An operator released it.
+    Released,
+    /// The provider no longer lists it.
+    ProviderForgot,
+    /// The provider lists it (again).
+    ProviderListed,
+}
+
+impl Event {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::TakeoverLeased => "takeover leased",
+            Event::TakeoverFailed => "takeover failed",
+            Event::TakeoverDone => "takeover done",
+            Event::RecoveryFailed => "recovery failed",
+            Event::BootFailed => "boot failed",
+            Event::LiveAgentEnrolled => "live agent enrolled",
+            Event::BackoffCleared => "backoff cleared (retry)",
+            Event::InspectAsked => "inspect asked",
+            Event::InstallAsked => "install asked",
+            Event::Installed => "installation reported done",
+            Event::InstallFailed => "installation reported failed",
+            Event::DeprovisionAsked => "deprovision asked",
+            Event::Erased => "erasure reported done",
+            Event::EraseFailed => "erasure reported failed",
+            Event::Held => "hold",
+            Event::Released => "release",
+            Event::ProviderForgot => "provider forgot it",
+            Event::ProviderListed => "provider lists it",
+        }
+    }
+}
+
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The life cycle's transitions, declared: from a state, on an event, to
+/// a state. The BMDB derives a machine's state from its rows (the SQL of
+/// `state_column!`, over the summary its triggers keep); a test makes
+/// every `from` from rows, writes the event as shepherd and its agents
+/// write it, and reads `to` back, so the derivation, the triggers and
+/// this table cannot drift apart. Every state is in it.
+pub const TRANSITIONS: &[(MachineState, Event, MachineState)] = &[
+    // SSH takeover.
+    (Pending, Event::TakeoverLeased, Leased),
+    (Leased, Event::TakeoverFailed, Backoff),
+    (Leased, Event::TakeoverDone, AgentStarted),
+    (Backoff, Event::BackoffCleared, Pending),
+    (AgentStarted, Event::RecoveryFailed, RecoveryBackoff),
+    (RecoveryBackoff, Event::BackoffCleared, AgentStarted),
+    // Through the BMC.
+    (Enrolling, Event::BootFailed, EnrollFailed),
+    (EnrollFailed, Event::BackoffCleared, Enrolling),
+    (Enrolling, Event::LiveAgentEnrolled, Available),
+    (Available, Event::InspectAsked, Inspecting),
+    (Inspecting, Event::LiveAgentEnrolled, Available),
+    // Installations.
+    (AgentStarted, Event::InstallAsked, Installing),
+    (Available, Event::InstallAsked, Installing),
+    (InstallFailed, Event::InstallAsked, Installing),
+    (Installing, Event::Installed, Installed),
+    (Installing, Event::InstallFailed, InstallFailed),
+    // Deprovisioning.
+    (AgentStarted, Event::DeprovisionAsked, Cleaning),
+    (Available, Event::DeprovisionAsked, Cleaning),
+    (InstallFailed, Event::DeprovisionAsked, Cleaning),
+    (CleanFailed, Event::DeprovisionAsked, Cleaning),
+    (Cleaning, Event::Erased, Available),
+    (Cleaning, Event::EraseFailed, CleanFailed),
+    // Operators' holds.
+    (Pending, Event::Held, Held),
+    (Available, Event::Held, Held),
+    (Installed, Event::Held, Held),
+    (Held, Event::Released, Pending),
+    // The provider.
+    (Pending, Event::ProviderForgot, Unprovided),
+    (Unprovided, Event::ProviderListed, Pending),
+];
+
+/// The transitions as the guide shows them, a table.
+pub fn transitions_table() -> String {
+    let mut t = String::from("| from | event | to |\n|---|---|---|\n");
+    for (from, event, to) in TRANSITIONS {
+        t += &format!("| `{from}` | {event} | `{to}` |\n");
+    }
+    t
+}
+
+/// The transitions as the guide shows them: a Mermaid state diagram.
+pub fn state_diagram() -> String {
+    let id = |s: MachineState| s.as_str().replace('-', "_");
+    let mut d = String::from("```mermaid\nstateDiagram-v2\n");
+    for state in MachineState::ALL {
+        d += &format!("    state \"{state}\" as {}\n", id(state));
+    }
+    for (from, event, to) in TRANSITIONS {
+        d += &format!("    {} --> {}: {event}\n", id(*from), id(*to));
+    }
+    d += "```\n";
+    d
+}
+
 /// What an operator can ask of one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
@@ -203,8 +343,40 @@ impl Operation {
         }
     }
 
+    /// The operations `actions::act` carries out (installations and
+    /// deprovisionings are asked through `installations`).
+    pub const ACTIONS: [Operation; 7] = [
+        Operation::Retry,
+        Operation::Retakeover,
+        Operation::Reboot,
+        Operation::Hold,
+        Operation::Release,
+        Operation::Inspect,
+        Operation::AcceptHardware,
+    ];
+
     pub fn parse(s: &str) -> Option<Operation> {
         Self::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// One of [`Operation::ACTIONS`], by name.
+    pub fn parse_action(s: &str) -> Option<Operation> {
+        Self::ACTIONS.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// A button's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Operation::Retry => "Retry now",
+            Operation::Retakeover => "Take over again",
+            Operation::Reboot => "Reboot",
+            Operation::Hold => "Hold",
+            Operation::Release => "Release",
+            Operation::Inspect => "Inspect",
+            Operation::AcceptHardware => "Accept the hardware differences",
+            Operation::Install => "Install",
+            Operation::Deprovision => "Deprovision",
+        }
     }
 
     /// The states this operation is allowed in.
@@ -354,8 +526,8 @@ pub fn refusal(machine: Uuid, state: MachineState, op: Operation) -> Option<Stri
     ))
 }
 
-/// The table as README.md shows it: one row per state, a column per
-/// operation, `yes` where allowed.
+/// The table as docs/src/lifecycle.md shows it: one row per state, a
+/// column per operation, `yes` where allowed.
 pub fn markdown_table() -> String {
     let mut s = String::from("| state |");
     for op in Operation::ALL {

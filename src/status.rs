@@ -5,12 +5,14 @@
 
 use actix::Message;
 
+use crate::control::LoopStatus;
+
 /// Asks the Supervisor for its parts' status.
 #[derive(Message)]
 #[rtype(result = "SupervisorStatus")]
 pub struct GetSupervisorStatus;
 
-/// The Supervisor's session and its parts, each None while not running.
+/// The Supervisor's session and its loops.
 #[derive(Debug, Clone, Default)]
 pub struct SupervisorStatus {
     pub session: Option<uuid::Uuid>,
@@ -18,10 +20,13 @@ pub struct SupervisorStatus {
     /// own shutdown), since it started.
     pub sessions_opened: u64,
     pub sessions_lost: u64,
-    pub initializer: Option<crate::control::MailboxStatus>,
-    /// The Enroller (boots through BMCs), on the same process's leases.
-    pub enroller: Option<crate::control::MailboxStatus>,
-    pub recoverer: Option<crate::control::MailboxStatus>,
-    pub provisioner: Option<crate::provisioner::ProvisionerStatus>,
-    pub updater: Option<crate::updater::UpdaterStatus>,
+    /// Every running loop, in the order they were registered.
+    pub loops: Vec<LoopStatus>,
+}
+
+impl SupervisorStatus {
+    /// The loop registered as `name`, if it runs here.
+    pub fn loop_named(&self, name: &str) -> Option<&LoopStatus> {
+        self.loops.iter().find(|l| l.name == name)
+    }
 }

@@ -463,6 +463,112 @@ fn file_graphs() -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
     graphs
 }
 
+/// The layer table of ARCHITECTURE.md ("The house"): each row's modules.
+fn documented_layers() -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let mut layers = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.trim().split('|').map(str::trim).collect();
+        // `| N | modules | must not import |`
+        if cells.len() < 4 || cells[1].parse::<usize>().is_err() {
+            continue;
+        }
+        let names: Vec<String> = cells[2]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        layers.push(names);
+    }
+    layers
+}
+
+#[test]
+fn the_layers_here_are_the_layers_architecture_md_shows() {
+    let here: Vec<Vec<String>> = LAYERS
+        .iter()
+        .map(|l| l.iter().map(|m| m.to_string()).collect())
+        .collect();
+    assert_eq!(
+        documented_layers(),
+        here,
+        "ARCHITECTURE.md's layer table and LAYERS in tests/house.rs differ"
+    );
+}
+
+/// Every path ARCHITECTURE.md names in backquotes (`src/control/`,
+/// `src/bmdb/boot.rs`, `scripts/vm-bmc`) exists; a bare file name
+/// (`registry.rs`) names a file somewhere in the tree.
+#[test]
+fn every_path_architecture_md_names_exists() {
+    let root = root();
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let tops = [
+        "src/",
+        "proto/",
+        "agent/",
+        "sim/",
+        "tests/",
+        "benches/",
+        "scripts/",
+        "config/",
+        "migrations/",
+        "examples/",
+        "docs/",
+        ".ci/",
+    ];
+    let mut files: BTreeSet<String> = BTreeSet::new();
+    let mut all = Vec::new();
+    for dir in [
+        "src", "proto", "agent", "sim", "tests", "benches", "examples",
+    ] {
+        rust_files(&root.join(dir), &mut all);
+    }
+    for f in &all {
+        files.insert(f.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    for dir in [
+        "migrations",
+        "scripts",
+        "config",
+        "proto",
+        "tests/sdk",
+        "tests/browser",
+    ] {
+        if let Ok(rd) = std::fs::read_dir(root.join(dir)) {
+            for e in rd.flatten() {
+                files.insert(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for quoted in text.split('`').skip(1).step_by(2) {
+        let q = quoted.trim();
+        if q.contains(' ') || q.contains('*') || q.contains('{') || q.contains('<') {
+            continue;
+        }
+        if tops.iter().any(|t| q.starts_with(t)) {
+            named += 1;
+            if !root.join(q).exists() {
+                missing.push(q.to_string());
+            }
+        } else if q.ends_with(".rs") && !q.contains("::") {
+            named += 1;
+            let name = q.rsplit('/').next().unwrap();
+            if !files.contains(name) {
+                missing.push(q.to_string());
+            }
+        }
+    }
+    assert!(named > 50, "only {named} paths found in ARCHITECTURE.md");
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
+}
+
 #[test]
 fn the_files_of_a_module_form_no_circle() {
     let mut circles = Vec::new();

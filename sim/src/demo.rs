@@ -147,9 +147,9 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     cfg.ssh.key_file = key_file;
     cfg.ssh.host_keys = HostKeyPolicy::AcceptNew;
     cfg.initializer.agent_path = "/root/agent".into();
-    cfg.initializer.parallelism = 32;
-    cfg.initializer.poll_interval = Duration::from_millis(200);
-    cfg.initializer.backoff_initial = Duration::from_secs(5);
+    cfg.initializer.lease.parallelism = 32;
+    cfg.initializer.lease.poll_interval = Duration::from_millis(200);
+    cfg.initializer.lease.backoff_initial = Duration::from_secs(5);
     cfg.updater.interval = Duration::from_secs(5);
     // The images shepherd serves (the life cycle's): one small disk image.
     let images = root.join("images");
@@ -168,11 +168,11 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     machines.agents.set_interval(every);
     cfg.recoverer.heartbeat_stale_after = every * 5;
     cfg.recoverer.silent_after_start = every * 5;
-    cfg.recoverer.poll_interval = Duration::from_secs(1);
+    cfg.recoverer.lease.poll_interval = Duration::from_secs(1);
     cfg.recoverer.reboot_poll = Duration::from_millis(500);
     cfg.recoverer.reboot_settle = Duration::from_secs(3);
-    cfg.recoverer.backoff_initial = Duration::from_secs(5);
-    cfg.recoverer.parallelism = 16;
+    cfg.recoverer.lease.backoff_initial = Duration::from_secs(5);
+    cfg.recoverer.lease.parallelism = 16;
     cfg.recoverer.callback_grace = every * 2;
     cfg.recoverer.agent_restart_wait = every * 5;
     cfg.recoverer.agent_return_wait = every * 3;

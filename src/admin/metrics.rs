@@ -13,7 +13,7 @@ use super::handlers::status;
 use super::request::internal;
 use super::state::Admin;
 use crate::bmdb::machines::{self, MachineState};
-use crate::control::MailboxStatus;
+use crate::control::{LoopKind, LoopStatus};
 
 pub type Labels = Vec<(&'static str, String)>;
 
@@ -128,68 +128,127 @@ pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
-/// A mailbox's labels: `process`, and `loop` when a second loop works
-/// under the same process (`"ShepherdAgentStart/enroller"`: the Enroller
-/// beside the Initializer's takeovers).
-fn loop_labels(name: &str) -> Labels {
-    match name.split_once('/') {
-        Some((process, lp)) => labels(&[("process", process), ("loop", lp)]),
-        None => labels(&[("process", name)]),
+/// A lease loop's labels on the lease series: `process`, and `loop` when
+/// it works under another loop's process (the Enroller beside the
+/// Initializer's takeovers).
+fn lease_labels(l: &LoopStatus) -> Labels {
+    let process = l.process.unwrap_or("");
+    if l.shares_process {
+        labels(&[("process", process), ("loop", l.name)])
+    } else {
+        labels(&[("process", process)])
     }
 }
 
-/// A counter family over the mailboxes: one series per process and per
-/// (label value, count) that `values` gives for its status.
-pub fn mailbox_counters(
+/// A counter family over `loops`: one series per loop (labelled by
+/// `labels_of`) and per (label value, count) that `values` gives.
+fn loop_counters<'a>(
     p: &mut Scrape,
-    mailboxes: &[(&str, &Option<MailboxStatus>)],
+    loops: impl Iterator<Item = &'a LoopStatus>,
+    labels_of: fn(&LoopStatus) -> Labels,
     (name, help, label): (&str, &str, &'static str),
-    values: impl Fn(&MailboxStatus) -> Vec<(&'static str, u64)>,
+    values: impl Fn(&LoopStatus) -> Vec<(&'static str, u64)>,
 ) {
     let mut series = Vec::new();
-    for (process, m) in mailboxes {
-        if let Some(m) = m {
-            for (value, n) in values(m) {
-                let mut l = loop_labels(process);
-                l.push((label, value.to_string()));
-                series.push((l, n));
-            }
+    for l in loops {
+        for (value, n) in values(l) {
+            let mut labels = labels_of(l);
+            labels.push((label, value.to_string()));
+            series.push((labels, n));
         }
     }
     p.counters(name, help, series);
 }
 
-pub fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus>)]) {
-    mailbox_counters(
+fn loop_label(l: &LoopStatus) -> Labels {
+    labels(&[("loop", l.name), ("kind", l.kind.as_str())])
+}
+
+/// Every registered loop's series, the same for each (as
+/// controller-runtime exports its reconcile counts for every
+/// controller), then the lease loops' lease series.
+pub fn loop_samples(p: &mut Scrape, loops: &[LoopStatus]) {
+    loop_counters(
         p,
-        mailboxes,
+        loops.iter(),
+        loop_label,
+        (
+            "shepherd_loop_runs",
+            "Work (a lease loop: one machine's; a round loop: a round) ended by each control loop, by result: ok, failed, or given back (cancelled, or cut short by a lost session) (this process)",
+            "result",
+        ),
+        |l| {
+            vec![
+                ("ok", l.done),
+                ("failed", l.failed),
+                ("given-back", l.given_back),
+            ]
+        },
+    );
+    for (name, help, value) in [
+        (
+            "shepherd_loop_active_workers",
+            "Work running now, per control loop (a round under way is 1)",
+            (|l: &LoopStatus| l.running as i64) as fn(&LoopStatus) -> i64,
+        ),
+        (
+            "shepherd_loop_max_workers",
+            "Work allowed at once, per control loop",
+            |l: &LoopStatus| l.parallelism as i64,
+        ),
+        (
+            "shepherd_loop_up",
+            "Whether a control loop takes work now (it has a session and is not draining)",
+            |l: &LoopStatus| l.active as i64,
+        ),
+        (
+            "shepherd_loop_last_failure_timestamp_seconds",
+            "When a control loop last failed (Unix time; 0: not since this process started); its cause is on the fleet page and in /api/v1/loops",
+            |l: &LoopStatus| {
+                l.last_error
+                    .as_ref()
+                    .and_then(|(at, _)| at.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs() as i64)
+                    .unwrap_or(0)
+            },
+        ),
+    ] {
+        p.gauges(name, help, loops.iter().map(|l| (loop_label(l), value(l))));
+    }
+
+    let leases = || loops.iter().filter(|l| l.kind == LoopKind::Lease);
+    loop_counters(
+        p,
+        leases(),
+        lease_labels,
         (
             "shepherd_leases",
             "Work leases by process and how they ended (this process)",
             "event",
         ),
-        |m| {
+        |l| {
             vec![
-                ("started", m.leased),
-                ("finished", m.finished),
-                ("failed", m.failed),
-                ("canceled", m.aborted),
+                ("started", l.leased),
+                ("finished", l.done),
+                ("failed", l.failed),
+                ("canceled", l.given_back),
             ]
         },
     );
-    mailbox_counters(
+    loop_counters(
         p,
-        mailboxes,
+        leases(),
+        lease_labels,
         (
             "shepherd_lease_selections",
             "Lease attempts of a control loop by outcome: a machine leased, nothing to lease, or a pick lost to another leaser (this process)",
             "result",
         ),
-        |m| {
+        |l| {
             vec![
-                ("leased", m.leased),
-                ("nothing", m.idle_polls),
-                ("lost", m.conflicts),
+                ("leased", l.leased),
+                ("nothing", l.idle_polls),
+                ("lost", l.conflicts),
             ]
         },
     );
@@ -197,18 +256,19 @@ pub fn mailbox_samples(p: &mut Scrape, mailboxes: &[(&str, &Option<MailboxStatus
         (
             "shepherd_mailbox_running",
             "Workers running now, per control loop",
-            (|m: &MailboxStatus| m.running) as fn(&MailboxStatus) -> usize,
+            (|l: &LoopStatus| l.running) as fn(&LoopStatus) -> usize,
         ),
         (
             "shepherd_mailbox_parallelism",
             "Workers allowed at once, per control loop",
-            |m: &MailboxStatus| m.parallelism,
+            |l: &LoopStatus| l.parallelism,
         ),
     ] {
-        let values = mailboxes
-            .iter()
-            .filter_map(|(process, m)| m.as_ref().map(|m| (loop_labels(process), value(m) as i64)));
-        p.gauges(name, help, values);
+        p.gauges(
+            name,
+            help,
+            leases().map(|l| (lease_labels(l), value(l) as i64)),
+        );
     }
 }
 
@@ -286,14 +346,7 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
         ]
         .map(|(o, n)| (labels(&[("outcome", o)]), n)),
     );
-    mailbox_samples(
-        &mut p,
-        &[
-            ("ShepherdAgentStart", &st.initializer),
-            ("ShepherdAgentStart/enroller", &st.enroller),
-            ("ShepherdRecovery", &st.recoverer),
-        ],
-    );
+    loop_samples(&mut p, &st.loops);
     match db {
         Ok((
             sessions,
@@ -353,18 +406,21 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             budget.per_hour() as i64,
         );
     }
-    if let Some(prov) = &st.provisioner {
+    if let Some(prov) = st
+        .loop_named("provisioner")
+        .and_then(|l| l.counters::<crate::provisioner::ProvisionerCounters>())
+    {
         p.gauge(
             "shepherd_provisioner_discrepancies",
             "Machines in the BMDB the provider no longer lists",
-            prov.counters.missing_in_provider.len() as i64,
+            prov.missing_in_provider.len() as i64,
         );
         p.counters(
             "shepherd_provisioner_machines",
             "Machines created or adopted by the provisioner",
             [
-                (labels(&[("how", "created")]), prov.counters.created),
-                (labels(&[("how", "adopted")]), prov.counters.adopted),
+                (labels(&[("how", "created")]), prov.created),
+                (labels(&[("how", "adopted")]), prov.adopted),
             ],
         );
     }

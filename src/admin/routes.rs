@@ -9,7 +9,8 @@ use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpResponse, web};
 
 use super::handlers::{
-    api_action, api_brake, api_brake_release, api_machine, api_machines, healthz, no_answer, readyz,
+    api_action, api_brake, api_brake_release, api_loops, api_machine, api_machines, healthz,
+    no_answer, readyz,
 };
 use super::html::error_page;
 use super::metrics::metrics;
@@ -84,6 +85,7 @@ fn bounded_by_the_database() -> actix_web::Scope<
         .service(read_only("/api/v1/images", installs::api_images))
         .service(read_only("/api/v1/openapi.json", openapi::openapi_json))
         .service(read_only("/api/v1/brake", api_brake))
+        .service(read_only("/api/v1/loops", api_loops))
         .service(post_only("/api/v1/brake/release", api_brake_release))
         .service(post_only("/brake/release", pages::brake_form))
         .service(read_only("/", pages::fleet_page))

@@ -32,8 +32,9 @@ pub struct Admin {
     pub judge: Option<crate::bmdb::brake::Judge>,
     /// How long an operator's release of the brake lasts by default.
     pub brake_release: std::time::Duration,
-    /// Told when a rollout was created or canceled (moves it at once).
-    pub rollouts: Option<Recipient<crate::control::RunRound>>,
+    /// Runs a loop now: the `rollouts` loop when a rollout was created or
+    /// canceled (moves it at once).
+    pub loops: Option<Recipient<crate::control::NudgeLoop>>,
     /// The images this process serves, when it does.
     pub images: Option<crate::images::ImageCatalog>,
     /// How long a route waits for the BMDB before it answers 503
@@ -55,7 +56,7 @@ impl Admin {
             equinix: None,
             judge: None,
             brake_release: std::time::Duration::from_secs(3600),
-            rollouts: None,
+            loops: None,
             images: None,
             database_timeout: std::time::Duration::from_secs(1),
         }

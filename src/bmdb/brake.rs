@@ -108,6 +108,24 @@ pub struct Judge {
     pub brake: BrakeSettings,
 }
 
+impl Judge {
+    /// How a shepherd with this Recoverer configuration judges silence,
+    /// with `endpoint` (its own callback's) for agents whose endpoint was
+    /// not recorded.
+    pub fn new(
+        cfg: &crate::config::RecovererConfig,
+        provider: Provider,
+        endpoint: Option<String>,
+    ) -> Judge {
+        Judge {
+            provider,
+            thresholds: cfg.into(),
+            own_endpoint: endpoint,
+            brake: cfg.into(),
+        }
+    }
+}
+
 async fn evaluate(tx: &mut Tx<'_>, judge: &Judge, lock: bool) -> Result<BrakeState, BmdbError> {
     let row = tx
         .query_one(if lock { READ_LOCKED } else { READ }, &[])

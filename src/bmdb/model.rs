@@ -78,6 +78,17 @@ impl Process {
     ];
 
     /// The schema's spelling (`ShepherdAgentStart`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Process::UnitTest1 => "UnitTest1",
+            Process::UnitTest2 => "UnitTest2",
+            Process::ShepherdAccess => "ShepherdAccess",
+            Process::ShepherdAgentStart => "ShepherdAgentStart",
+            Process::ShepherdRecovery => "ShepherdRecovery",
+        }
+    }
+
+    /// A process from the schema's spelling.
     pub fn parse(s: &str) -> Option<Process> {
         Self::ALL.into_iter().find(|p| p.to_string() == s)
     }

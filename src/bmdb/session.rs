@@ -314,6 +314,8 @@ pub struct BmdbSession {
     failures: u32,
     retry: Option<SpawnHandle>,
     ended: Option<SessionEndReason>,
+    /// A close is under way: no more heartbeats, and no end but its own.
+    closing: bool,
 }
 
 impl BmdbSession {
@@ -341,6 +343,7 @@ impl BmdbSession {
             failures: 0,
             retry: None,
             ended: None,
+            closing: false,
         }
     }
 
@@ -364,7 +367,7 @@ impl BmdbSession {
     }
 
     fn heartbeat(&mut self, ctx: &mut Context<Self>) {
-        if self.poking || self.ended.is_some() {
+        if self.poking || self.ended.is_some() || self.closing {
             return;
         }
         if let Some(h) = self.retry.take() {
@@ -436,7 +439,10 @@ impl Actor for BmdbSession {
         // interval) is never later than the database's: once it passes, the
         // session is dead to us, whatever a heartbeat in flight may say.
         ctx.run_interval(Duration::from_millis(250).min(period), |act, ctx| {
-            if act.ended.is_none() && act.session.is_expired() {
+            // A closing session is expired by its own close: its end is
+            // the close's, once the DELETE committed (ending it now would
+            // drop the close with the actor).
+            if act.ended.is_none() && !act.closing && act.session.is_expired() {
                 act.end(
                     SessionEndReason::Unreachable(
                         "no successful heartbeat before the deadline".into(),
@@ -482,6 +488,7 @@ impl Handler<CloseSession> for BmdbSession {
     type Result = ResponseActFuture<Self, Result<(), BmdbError>>;
 
     fn handle(&mut self, _: CloseSession, _ctx: &mut Context<Self>) -> Self::Result {
+        self.closing = true;
         let session = self.session.clone();
         Box::pin(
             async move { session.close().await }

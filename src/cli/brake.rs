@@ -32,7 +32,7 @@ pub async fn run(mut cfg: Config, cmd: BrakeCommand) -> anyhow::Result<()> {
         shepherd::config::ProviderKind::Static => shepherd::bmdb::Provider::None,
         shepherd::config::ProviderKind::Equinix => shepherd::bmdb::Provider::Equinix,
     };
-    let judge = shepherd::supervisor::judge(&cfg, provider, endpoint);
+    let judge = shepherd::bmdb::brake::Judge::new(&cfg.recoverer, provider, endpoint);
     let t = |s: std::time::SystemTime| humantime::format_rfc3339_seconds(s).to_string();
     match cmd {
         BrakeCommand::Release { reason, for_ } => {

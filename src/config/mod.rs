@@ -13,39 +13,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::secret::{Secret, redact_database_url};
 
+mod error;
 pub mod inventory;
+pub mod loops;
 
+pub use error::ConfigError;
 pub use inventory::{BmcConfig, BmcTls, BootMethod, InventoryMachine};
+pub use loops::{EnrollerLease, InitializerLease, LeaseDefaults, LeaseSettings, RecovererLease};
 
 /// Environment variables with this prefix override file keys:
 /// `SHEPHERD__BMDB__URL` is `bmdb.url`.
 pub const ENV_PREFIX: &str = "SHEPHERD";
 pub const ENV_SEPARATOR: &str = "__";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config file {path}: {message}")]
-    File { path: PathBuf, message: String },
-    #[error("{key}: {message}")]
-    Key { key: String, message: String },
-}
-
-impl ConfigError {
-    pub(crate) fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError::Key {
-            key: key.into(),
-            message: message.into(),
-        }
-    }
-
-    /// The configuration key the error is about, if any.
-    pub fn key_name(&self) -> Option<&str> {
-        match self {
-            ConfigError::Key { key, .. } => Some(key),
-            ConfigError::File { .. } => None,
-        }
-    }
-}
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -366,11 +345,9 @@ impl SshConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InitializerConfig {
-    /// Takeovers at once.
-    pub parallelism: u32,
-    /// How often to look for work when there was none.
-    #[serde(with = "humantime_serde")]
-    pub poll_interval: Duration,
+    /// Takeovers at once, how often to look when idle, the backoff.
+    #[serde(flatten)]
+    pub lease: LeaseSettings<InitializerLease>,
     /// The agent executable to upload. Unset: `takeover-agent` next to the
     /// shepherd executable.
     pub agent_binary: Option<PathBuf>,
@@ -380,46 +357,23 @@ pub struct InitializerConfig {
     pub agent_endpoint: Option<String>,
     /// DER CA certificate for that endpoint, sent to agents.
     pub agent_ca_certificate: Option<PathBuf>,
-    #[serde(with = "humantime_serde")]
-    pub backoff_initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub backoff_max: Duration,
-    pub backoff_exponent: f64,
-    /// Waits are lengthened by up to this fraction, at random.
-    pub backoff_jitter: f64,
 }
 
 impl Default for InitializerConfig {
     fn default() -> Self {
         InitializerConfig {
-            parallelism: 8,
-            poll_interval: Duration::from_secs(1),
+            lease: LeaseSettings::default(),
             agent_binary: None,
             agent_path: "/root/agent".into(),
             agent_endpoint: None,
             agent_ca_certificate: None,
-            backoff_initial: Duration::from_secs(5 * 60),
-            backoff_max: Duration::from_secs(4 * 3600),
-            backoff_exponent: 1.2,
-            backoff_jitter: 0.1,
         }
     }
 }
 
 impl InitializerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=1024).contains(&self.parallelism) {
-            return Err(ConfigError::key(
-                "initializer.parallelism",
-                "must be within 1 and 1024",
-            ));
-        }
-        if self.poll_interval.is_zero() {
-            return Err(ConfigError::key(
-                "initializer.poll_interval",
-                "must be positive",
-            ));
-        }
+        self.lease.validate()?;
         if !self.agent_path.starts_with('/') || self.agent_path.contains(['\'', '\n', '\0']) {
             return Err(ConfigError::key(
                 "initializer.agent_path",
@@ -434,19 +388,7 @@ impl InitializerConfig {
                 ));
             }
         }
-        self.backoff()
-            .validate()
-            .map_err(|m| ConfigError::key("initializer.backoff", m))?;
         Ok(())
-    }
-
-    pub fn backoff(&self) -> crate::backoff::Backoff {
-        crate::backoff::Backoff {
-            initial: self.backoff_initial,
-            maximum: Some(self.backoff_max),
-            exponent: self.backoff_exponent,
-            jitter: self.backoff_jitter,
-        }
     }
 }
 
@@ -456,11 +398,10 @@ impl InitializerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct EnrollerConfig {
     pub enabled: bool,
-    /// Boots under way at once (each BMC takes one request at a time).
-    pub parallelism: u32,
-    /// How often to look for work when there was none.
-    #[serde(with = "humantime_serde")]
-    pub poll_interval: Duration,
+    /// Boots under way at once (each BMC takes one request at a time),
+    /// how often to look when idle, the backoff.
+    #[serde(flatten)]
+    pub lease: LeaseSettings<EnrollerLease>,
     /// How long a boot's credential, and its copy of the boot image, stay
     /// good after the boot is issued.
     #[serde(with = "humantime_serde")]
@@ -469,46 +410,27 @@ pub struct EnrollerConfig {
     /// slowest machine's firmware, boot and DHCP.
     #[serde(with = "humantime_serde")]
     pub callback_timeout: Duration,
-    #[serde(with = "humantime_serde")]
-    pub backoff_initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub backoff_max: Duration,
-    pub backoff_exponent: f64,
-    /// Waits are lengthened by up to this fraction, at random.
-    pub backoff_jitter: f64,
 }
 
 impl Default for EnrollerConfig {
     fn default() -> Self {
         EnrollerConfig {
             enabled: true,
-            parallelism: 8,
-            poll_interval: Duration::from_secs(1),
+            lease: LeaseSettings::default(),
             credential_ttl: Duration::from_secs(30 * 60),
             callback_timeout: Duration::from_secs(15 * 60),
-            backoff_initial: Duration::from_secs(60),
-            backoff_max: Duration::from_secs(2 * 3600),
-            backoff_exponent: 2.0,
-            backoff_jitter: 0.1,
         }
     }
 }
 
 impl EnrollerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=1024).contains(&self.parallelism) {
+        self.lease.validate()?;
+        if self.callback_timeout.is_zero() {
             return Err(ConfigError::key(
-                "enroller.parallelism",
-                "must be within 1 and 1024",
+                "enroller.callback_timeout",
+                "must be positive",
             ));
-        }
-        for (key, d) in [
-            ("enroller.poll_interval", self.poll_interval),
-            ("enroller.callback_timeout", self.callback_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(ConfigError::key(key, "must be positive"));
-            }
         }
         if self.credential_ttl <= self.callback_timeout {
             return Err(ConfigError::key(
@@ -519,19 +441,7 @@ impl EnrollerConfig {
                 ),
             ));
         }
-        self.backoff()
-            .validate()
-            .map_err(|m| ConfigError::key("enroller.backoff", m))?;
         Ok(())
-    }
-
-    pub fn backoff(&self) -> crate::backoff::Backoff {
-        crate::backoff::Backoff {
-            initial: self.backoff_initial,
-            maximum: Some(self.backoff_max),
-            exponent: self.backoff_exponent,
-            jitter: self.backoff_jitter,
-        }
     }
 }
 
@@ -688,10 +598,10 @@ impl Default for ProvisionerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RecovererConfig {
     pub enabled: bool,
-    /// Recoveries at once.
-    pub parallelism: u32,
-    #[serde(with = "humantime_serde")]
-    pub poll_interval: Duration,
+    /// Recoveries at once, how often to look when idle (and to watch the
+    /// brake), the backoff.
+    #[serde(flatten)]
+    pub lease: LeaseSettings<RecovererLease>,
     /// An agent with no heartbeat this long after it started is quiet.
     #[serde(with = "humantime_serde")]
     pub silent_after_start: Duration,
@@ -736,20 +646,13 @@ pub struct RecovererConfig {
     /// A machine never seen going down counts as back after this long.
     #[serde(with = "humantime_serde")]
     pub reboot_settle: Duration,
-    #[serde(with = "humantime_serde")]
-    pub backoff_initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub backoff_max: Duration,
-    pub backoff_exponent: f64,
-    pub backoff_jitter: f64,
 }
 
 impl Default for RecovererConfig {
     fn default() -> Self {
         RecovererConfig {
             enabled: true,
-            parallelism: 4,
-            poll_interval: Duration::from_secs(5),
+            lease: LeaseSettings::default(),
             silent_after_start: Duration::from_secs(30 * 60),
             heartbeat_stale_after: Duration::from_secs(10 * 60),
             callback_grace: Duration::from_secs(60),
@@ -763,33 +666,14 @@ impl Default for RecovererConfig {
             reboot_timeout: Duration::from_secs(10 * 60),
             reboot_poll: Duration::from_secs(5),
             reboot_settle: Duration::from_secs(60),
-            backoff_initial: Duration::from_secs(60),
-            backoff_max: Duration::from_secs(3600),
-            backoff_exponent: 1.2,
-            backoff_jitter: 0.1,
         }
     }
 }
 
 impl RecovererConfig {
-    pub fn backoff(&self) -> crate::backoff::Backoff {
-        crate::backoff::Backoff {
-            initial: self.backoff_initial,
-            maximum: Some(self.backoff_max),
-            exponent: self.backoff_exponent,
-            jitter: self.backoff_jitter,
-        }
-    }
-
     fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=1024).contains(&self.parallelism) {
-            return Err(ConfigError::key(
-                "recoverer.parallelism",
-                "must be within 1 and 1024",
-            ));
-        }
+        self.lease.validate()?;
         for (k, d) in [
-            ("recoverer.poll_interval", self.poll_interval),
             ("recoverer.silent_after_start", self.silent_after_start),
             (
                 "recoverer.heartbeat_stale_after",
@@ -812,9 +696,7 @@ impl RecovererConfig {
                 "must be within 0 and 1",
             ));
         }
-        self.backoff()
-            .validate()
-            .map_err(|m| ConfigError::key("recoverer.backoff", m))
+        Ok(())
     }
 }
 
@@ -1051,6 +933,21 @@ impl Default for InstallationsConfig {
 }
 
 impl InstallationsConfig {
+    /// Where agents fetch served images: `images_endpoint`, else the
+    /// agents' callback host (`callback`, an endpoint) with the image
+    /// server's port, else the image server's own address.
+    pub fn images_endpoint(&self, callback: Option<&str>) -> String {
+        if let Some(e) = &self.images_endpoint {
+            return e.clone();
+        }
+        let port = self.images_listen.port();
+        match callback.and_then(endpoint_host) {
+            Some(h) if h.contains(':') => format!("[{h}]:{port}"),
+            Some(h) => format!("{h}:{port}"),
+            None => self.images_listen.to_string(),
+        }
+    }
+
     fn validate(&mut self) -> Result<(), ConfigError> {
         if self.rollout_interval.is_zero() {
             return Err(ConfigError::key(
@@ -1257,8 +1154,8 @@ impl Config {
             .build()
             .map_err(|e| ConfigError::key("(config)", e.to_string()))?;
         let mut cfg: Config = serde_path_to_error::deserialize(raw).map_err(|e| {
-            let key = e.path().to_string();
-            let message = clean_serde_message(&e.inner().to_string());
+            let (key, message) = loops::keyed_error(e.path().to_string(), &e.inner().to_string());
+            let message = clean_serde_message(&message);
             ConfigError::key(
                 if key == "." {
                     "(top level)".into()

@@ -20,7 +20,9 @@ use actix::prelude::*;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::SetSession;
+use super::messages::{
+    Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
+};
 use crate::bmdb::{Backoff, BmdbError, Process, Session, Tx, Work};
 
 /// A control loop that works on one leased machine at a time.
@@ -31,6 +33,9 @@ pub trait LeaseLoop: 'static {
     type Record: Record + 'static;
     /// The work's name in logs and causes: `takeover`, `recovery`.
     const WORK: &'static str;
+    /// Whether it works under the process of another loop (the Enroller
+    /// beside the Initializer): its metric series then name the loop too.
+    const SHARES_PROCESS: bool = false;
 
     fn process(&self) -> Process;
 
@@ -210,11 +215,6 @@ pub struct WorkerDone {
     pub outcome: WorkOutcome,
 }
 
-/// Stop taking new work (a drain); running workers go on.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopLeasing;
-
 #[derive(Message)]
 #[rtype(result = "MailboxStatus")]
 pub struct GetStatus;
@@ -234,6 +234,8 @@ pub struct MailboxStatus {
     pub conflicts: u64,
     pub session: Option<Uuid>,
     pub leasing: bool,
+    /// The last failure (a work's, naming its machine, or leasing's).
+    pub last_error: Option<(std::time::SystemTime, String)>,
 }
 
 pub struct WorkMailbox<L: LeaseLoop> {
@@ -246,6 +248,8 @@ pub struct WorkMailbox<L: LeaseLoop> {
     in_lease: bool,
     poll_timer: Option<SpawnHandle>,
     draining: bool,
+    /// Told when this mailbox stops by itself, under this name.
+    supervisor: Option<(&'static str, Recipient<LoopStopped>)>,
 }
 
 impl<L: LeaseLoop> WorkMailbox<L> {
@@ -264,7 +268,18 @@ impl<L: LeaseLoop> WorkMailbox<L> {
             in_lease: false,
             poll_timer: None,
             draining: false,
+            supervisor: None,
         }
+    }
+
+    /// Tells `supervisor` when this mailbox stops by itself, as `name`.
+    pub fn supervised_by(mut self, name: &'static str, supervisor: Recipient<LoopStopped>) -> Self {
+        self.supervisor = Some((name, supervisor));
+        self
+    }
+
+    fn note_error(&mut self, error: String) {
+        self.status.last_error = Some((std::time::SystemTime::now(), error));
     }
 
     /// Leases as long as there are free slots and machines to lease.
@@ -314,6 +329,7 @@ impl<L: LeaseLoop> WorkMailbox<L> {
                 Err(BmdbError::WorkConflict { .. }) => act.poll_later(ctx, Duration::from_millis(10)),
                 Err(e) => {
                     tracing::warn!(mailbox = act.status.name, error = %e, "leasing failed");
+                    act.note_error(format!("leasing: {e}"));
                     act.poll_later(ctx, act.poll_interval);
                 }
             }
@@ -332,6 +348,13 @@ impl<L: LeaseLoop> WorkMailbox<L> {
 
 impl<L: LeaseLoop> Actor for WorkMailbox<L> {
     type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // A drained loop's stop is its supervisor's doing.
+        if let Some((name, s)) = self.supervisor.as_ref().filter(|_| !self.draining) {
+            s.do_send(LoopStopped { name });
+        }
+    }
 }
 
 impl<L: LeaseLoop> Handler<SetSession> for WorkMailbox<L> {
@@ -365,21 +388,62 @@ impl<L: LeaseLoop> Handler<WorkerDone> for WorkMailbox<L> {
         self.status.running = self.status.running.saturating_sub(1);
         match &msg.outcome {
             WorkOutcome::Finished => self.status.finished += 1,
-            WorkOutcome::Failed(_) => self.status.failed += 1,
+            WorkOutcome::Failed(cause) => {
+                self.status.failed += 1;
+                self.note_error(format!("machine {}: {cause}", msg.machine_id));
+            }
             WorkOutcome::Aborted | WorkOutcome::Canceled(_) => self.status.aborted += 1,
         }
         self.fill(ctx);
     }
 }
 
-impl<L: LeaseLoop> Handler<StopLeasing> for WorkMailbox<L> {
+impl<L: LeaseLoop> Handler<Drain> for WorkMailbox<L> {
     type Result = ();
 
-    fn handle(&mut self, _: StopLeasing, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: Drain, ctx: &mut Context<Self>) {
         self.draining = true;
         if let Some(t) = self.poll_timer.take() {
             ctx.cancel_future(t);
         }
+    }
+}
+
+impl<L: LeaseLoop> Handler<RunRound> for WorkMailbox<L> {
+    type Result = ();
+
+    /// Looks for work now.
+    fn handle(&mut self, _: RunRound, ctx: &mut Context<Self>) {
+        self.fill(ctx);
+    }
+}
+
+impl<L: LeaseLoop> Handler<GetLoopStatus> for WorkMailbox<L> {
+    type Result = MessageResult<GetLoopStatus>;
+
+    fn handle(&mut self, _: GetLoopStatus, _: &mut Context<Self>) -> Self::Result {
+        let s = &self.status;
+        MessageResult(LoopStatus {
+            name: self.supervisor.as_ref().map(|(n, _)| *n).unwrap_or(s.name),
+            kind: LoopKind::Lease,
+            process: Some(self.control.process().as_str()),
+            shares_process: L::SHARES_PROCESS,
+            session: s.session,
+            active: self.session.is_some() && !self.draining,
+            parallelism: s.parallelism,
+            // A lease under way while draining is work the drain waits
+            // for: it may commit, and its worker then runs.
+            running: s.running + (self.draining && self.in_lease) as usize,
+            done: s.finished,
+            failed: s.failed,
+            given_back: s.aborted,
+            leased: s.leased,
+            idle_polls: s.idle_polls,
+            conflicts: s.conflicts,
+            duty: None,
+            last_error: s.last_error.clone(),
+            own: None,
+        })
     }
 }
 

@@ -32,15 +32,26 @@
 //! with the next round's time, a round on demand (`RunRound`), a stop
 //! that its supervisor hears of.
 
+//!
+//! **The registry** ([`registry`]): each loop is declared once, by a
+//! [`Registration`] (its name, its kind, how to build it with its
+//! settings). The [`Registry`] starts every loop and starts it again
+//! when it stops by itself, hands it the session, drains it, and asks it
+//! for its [`LoopStatus`] (the same for every loop: what the pages, the
+//! API and `/metrics` show); nothing about a loop is written anywhere
+//! else.
+
 pub mod leases;
+pub mod messages;
+pub mod registry;
 pub mod rounds;
-pub mod session;
 
 pub use leases::{
-    GetStatus, LeaseLoop, MailboxStatus, Outcome, Record, StopLeasing, WorkMailbox, WorkOutcome,
-    Worker, WorkerDone,
+    GetStatus, LeaseLoop, MailboxStatus, Outcome, Record, WorkMailbox, WorkOutcome, Worker,
+    WorkerDone,
 };
-pub use rounds::{
-    GetRoundStatus, Round, RoundRunner, RoundStatus, RoundStopped, RunRound, StopRounds,
+pub use messages::{
+    Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, NudgeLoop, RunRound, SetSession,
 };
-pub use session::SetSession;
+pub use registry::{Registration, Registry};
+pub use rounds::{GetRoundStatus, Round, RoundRunner, RoundStatus};

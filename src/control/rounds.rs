@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::SetSession;
+use super::messages::{
+    Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
+};
 use crate::bmdb::Session;
 use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
 
@@ -25,7 +27,7 @@ pub trait Round: 'static {
     /// What one round returns.
     type Outcome: 'static;
     /// What the rounds add up to, for status pages and `/metrics`.
-    type Counters: Clone + Default + std::fmt::Debug + Unpin + 'static;
+    type Counters: Clone + Default + std::fmt::Debug + Unpin + Send + Sync + 'static;
 
     /// The round's noun in logs: "provisioning round failed".
     const NAME: &'static str;
@@ -62,25 +64,9 @@ pub struct RoundStatus<C> {
     /// Who holds the loop's fleet duty as of the last round (None before
     /// the first, or for a loop without one).
     pub duty: Option<Holder>,
+    /// The last failed round: when, and its cause.
+    pub last_error: Option<(std::time::SystemTime, String)>,
     pub counters: C,
-}
-
-/// Runs a round now (right after a session starts; an operator just asked
-/// for something the round does).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct RunRound;
-
-/// Stops the runner (a drain); its supervisor is not told.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopRounds;
-
-/// Sent to a runner's supervisor when it stops by itself.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct RoundStopped {
-    pub name: &'static str,
 }
 
 /// Asks a runner of `R` for its status.
@@ -100,8 +86,10 @@ pub struct RoundRunner<R: Round> {
     round: Rc<R>,
     session: Option<Session>,
     in_round: bool,
+    draining: bool,
     status: RoundStatus<R::Counters>,
-    supervisor: Option<Recipient<RoundStopped>>,
+    /// Told when this runner stops by itself, under this name.
+    supervisor: Option<(&'static str, Recipient<LoopStopped>)>,
 }
 
 impl<R: Round> RoundRunner<R> {
@@ -110,6 +98,7 @@ impl<R: Round> RoundRunner<R> {
             round: Rc::new(round),
             session: None,
             in_round: false,
+            draining: false,
             status: RoundStatus {
                 name: R::NAME,
                 ..RoundStatus::default()
@@ -118,9 +107,9 @@ impl<R: Round> RoundRunner<R> {
         }
     }
 
-    /// Tells `supervisor` when this runner stops by itself.
-    pub fn supervised_by(mut self, supervisor: Recipient<RoundStopped>) -> Self {
-        self.supervisor = Some(supervisor);
+    /// Tells `supervisor` when this runner stops by itself, as `name`.
+    pub fn supervised_by(mut self, name: &'static str, supervisor: Recipient<LoopStopped>) -> Self {
+        self.supervisor = Some((name, supervisor));
         self
     }
 
@@ -153,6 +142,7 @@ impl<R: Round> RoundRunner<R> {
                 Err(e) => {
                     act.status.rounds += 1;
                     act.status.failed_rounds += 1;
+                    act.status.last_error = Some((std::time::SystemTime::now(), e.clone()));
                     // A round cut short by a shutdown or a lost session is
                     // not worth a warning.
                     if act.session.is_none() || !R::WARN_ON_FAILURE {
@@ -181,8 +171,9 @@ impl<R: Round> Actor for RoundRunner<R> {
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        if let Some(s) = &self.supervisor {
-            s.do_send(RoundStopped { name: R::NAME });
+        // A drained loop's stop is its supervisor's doing.
+        if let Some((name, s)) = self.supervisor.as_ref().filter(|_| !self.draining) {
+            s.do_send(LoopStopped { name });
         }
     }
 }
@@ -191,6 +182,9 @@ impl<R: Round> Handler<SetSession> for RoundRunner<R> {
     type Result = ();
 
     fn handle(&mut self, msg: SetSession, ctx: &mut Context<Self>) {
+        if self.draining {
+            return;
+        }
         self.session = msg.0;
         if R::AT_SESSION {
             self.run_round(ctx);
@@ -206,12 +200,41 @@ impl<R: Round> Handler<RunRound> for RoundRunner<R> {
     }
 }
 
-impl<R: Round> Handler<StopRounds> for RoundRunner<R> {
+impl<R: Round> Handler<Drain> for RoundRunner<R> {
     type Result = ();
 
-    fn handle(&mut self, _: StopRounds, ctx: &mut Context<Self>) {
-        self.supervisor = None;
-        ctx.stop();
+    /// No more rounds: a round under way ends by itself (its session is
+    /// closed after the drain).
+    fn handle(&mut self, _: Drain, _: &mut Context<Self>) {
+        self.draining = true;
+        self.session = None;
+    }
+}
+
+impl<R: Round> Handler<GetLoopStatus> for RoundRunner<R> {
+    type Result = MessageResult<GetLoopStatus>;
+
+    fn handle(&mut self, _: GetLoopStatus, _: &mut Context<Self>) -> Self::Result {
+        let s = &self.status;
+        MessageResult(LoopStatus {
+            name: self.supervisor.as_ref().map(|(n, _)| *n).unwrap_or(R::NAME),
+            kind: LoopKind::Round,
+            process: None,
+            shares_process: false,
+            session: self.session.as_ref().map(Session::id),
+            active: self.session.is_some() && !self.draining,
+            parallelism: 1,
+            running: self.in_round as usize,
+            done: s.rounds - s.failed_rounds,
+            failed: s.failed_rounds,
+            given_back: 0,
+            leased: 0,
+            idle_polls: 0,
+            conflicts: 0,
+            duty: s.duty,
+            last_error: s.last_error.clone(),
+            own: Some(std::sync::Arc::new(s.counters.clone())),
+        })
     }
 }
 

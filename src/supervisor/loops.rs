@@ -1,0 +1,134 @@
+//! The control loops a shepherd runs: one registration each, built from
+//! the configuration and the parts. Everything else a loop gets (start,
+//! restart, the session, the drain, status, `/metrics`) is the registry's.
+
+use std::rc::Rc;
+
+use crate::bmdb::brake::Judge;
+use crate::config::Config;
+use crate::control::Registration;
+use crate::enroller::{BootMetrics, BootUrl, BootWaits, Enroller};
+use crate::initializer::{Initializer, TakeoverSettings};
+use crate::provider::SharedProvider;
+use crate::provisioner::Provisioner;
+use crate::recoverer::{AgentWaits, BrakeWatch, RebootWait, Recoverer, RecoveryMetrics};
+use crate::rollouts::RolloutDriver;
+use crate::updater::Updater;
+
+/// What the loops are built from, besides the configuration.
+pub struct LoopInputs {
+    pub provider: SharedProvider,
+    /// None when no endpoint for agents is set: no takeovers.
+    pub takeover: Option<Rc<TakeoverSettings>>,
+    pub recovery_metrics: RecoveryMetrics,
+    /// Where BMCs fetch a boot's image: set when the image server serves
+    /// the boot image (no Enroller without it).
+    pub boot_url: Option<BootUrl>,
+    pub boot_metrics: BootMetrics,
+}
+
+/// The loops this configuration runs, in the order they start.
+pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
+    let provider = x.provider;
+    let kind = provider.kind();
+    let mut loops = Vec::new();
+
+    let (p, c) = (provider.clone(), cfg.provisioner.clone());
+    loops.push(Registration::round("provisioner", move || {
+        Provisioner::new(p.clone(), c.clone())
+    }));
+
+    match (&x.boot_url, cfg.enroller.enabled) {
+        (Some(boot_url), true) => {
+            let e = &cfg.enroller;
+            let (p, url, metrics) = (provider.clone(), boot_url.clone(), x.boot_metrics);
+            let (backoff, waits) = (
+                e.lease.backoff(),
+                BootWaits {
+                    credential_ttl: e.credential_ttl,
+                    callback_timeout: e.callback_timeout,
+                    poll: std::time::Duration::from_millis(500),
+                },
+            );
+            loops.push(Registration::lease(&e.lease, move || {
+                Enroller::new(
+                    p.clone(),
+                    url.clone(),
+                    backoff.clone(),
+                    waits,
+                    metrics.clone(),
+                )
+            }));
+        }
+        (None, true) if kind == crate::bmdb::Provider::None => tracing::info!(
+            "no boot image is served (installations.images_dir, installations.boot_image): machines listed with boot = \"virtual-media\" are not booted"
+        ),
+        _ => {}
+    }
+
+    if let Some(takeover) = x.takeover.clone() {
+        let (p, backoff) = (provider.clone(), cfg.initializer.lease.backoff());
+        loops.push(Registration::lease(&cfg.initializer.lease, move || {
+            Initializer::new(
+                kind,
+                takeover.clone(),
+                backoff.clone(),
+                Some(crate::provisioner::address_lookup(p.clone())),
+            )
+        }));
+    }
+
+    let r = &cfg.recoverer;
+    if r.enabled {
+        let endpoint = x.takeover.as_ref().map(|t| t.endpoint.clone());
+        let judge = Judge::new(r, kind, endpoint);
+        let (p, j, takeover, metrics) = (
+            provider.clone(),
+            judge.clone(),
+            x.takeover.clone(),
+            x.recovery_metrics,
+        );
+        let (backoff, reboot, agent, rehome) = (
+            r.lease.backoff(),
+            RebootWait {
+                timeout: r.reboot_timeout,
+                poll: r.reboot_poll,
+                settle: r.reboot_settle,
+            },
+            AgentWaits {
+                restart: r.agent_restart_wait,
+                after_reboot: r.agent_return_wait,
+            },
+            r.rehome_after,
+        );
+        loops.push(Registration::lease(&r.lease, move || {
+            Recoverer::new(
+                p.clone(),
+                j.clone(),
+                backoff.clone(),
+                reboot.clone(),
+                agent,
+                takeover.clone(),
+                metrics.clone(),
+            )
+            .rehoming_after(rehome)
+        }));
+        let every = r.lease.poll_interval;
+        loops.push(Registration::round("brake-watch", move || {
+            BrakeWatch::new(judge.clone(), every)
+        }));
+    }
+
+    if cfg.updater.enabled {
+        let (p, every) = (provider.clone(), cfg.updater.interval);
+        loops.push(Registration::round("updater", move || {
+            Updater::new(p.clone(), every)
+        }));
+    }
+
+    let every = cfg.installations.rollout_interval;
+    loops.push(Registration::round("rollouts", move || {
+        RolloutDriver::new(every)
+    }));
+    loops
+}

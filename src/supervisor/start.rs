@@ -1,0 +1,203 @@
+//! Starting a shepherd: the parts, the servers (image server, agent
+//! callback, admin), the metrics registry and the Supervisor with its
+//! loops; `shepherd run` waits for SIGINT or SIGTERM, then drains.
+
+use std::rc::Rc;
+
+use actix::prelude::*;
+
+use super::Supervisor;
+use super::loops::{LoopInputs, registrations};
+use super::parts::{Parts, boot_image};
+use crate::bmdb::brake::Judge;
+use crate::config::Config;
+use crate::control::{Registration, Registry};
+use crate::enroller::BootMetrics;
+
+/// A running shepherd: the Supervisor and what the admin routes need.
+pub struct Running {
+    pub supervisor: Addr<Supervisor>,
+    pub admin: crate::admin::Admin,
+    /// The agent callback server, when enabled.
+    pub callback: Option<crate::callback::Callback>,
+    /// The image server, when `installations.images_dir` is set.
+    pub images: Option<crate::images::ImageServer>,
+}
+
+impl Running {
+    /// Drains (as on SIGTERM) and closes the session.
+    pub async fn shutdown(self) {
+        if let Err(e) = self.supervisor.send(super::Shutdown).await {
+            tracing::warn!(error = %e, "supervisor gone before shutdown");
+        }
+    }
+}
+
+/// Starts shepherd in the current actix system: the BMDB (migrated), the
+/// provider, and the Supervisor with its parts. For embedding: mount
+/// `admin::routes` with `Running::admin` as app data, and call
+/// `Running::shutdown` when the application stops.
+pub async fn start(cfg: Config) -> anyhow::Result<Running> {
+    start_with(cfg, Vec::new()).await
+}
+
+/// [`start`], with loops of the embedding application's own beside
+/// shepherd's: each runs under the Supervisor like any other (started,
+/// handed the session, drained, in the status, the pages and `/metrics`).
+pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result<Running> {
+    let mut parts = Parts::build(&cfg).await?;
+    let mut images = None;
+    let mut catalog = None;
+    if let Some(dir) = &cfg.installations.images_dir {
+        let Some(identity) = parts.callback.as_ref() else {
+            return Err(crate::ConfigError::key(
+                "installations.images_dir",
+                "the image server needs the agent callback's CA: set bmaas.enabled",
+            )
+            .into());
+        };
+        if !dir.is_dir() {
+            return Err(crate::ConfigError::key(
+                "installations.images_dir",
+                format!("{} is not a directory", dir.display()),
+            )
+            .into());
+        }
+        let c = crate::images::ImageCatalog::new(
+            dir.clone(),
+            &cfg.installations.images_endpoint(parts.serves.as_deref()),
+            identity.ca_der.clone(),
+        );
+        let c = match boot_image(&cfg, parts.serves.as_deref())? {
+            Some(b) => c.with_boot_image(b, cfg.installations.boot_endpoint.as_deref()),
+            None => c,
+        };
+        let tls = identity.web_server_config()?;
+        images = Some(
+            crate::images::ImageServer::start(
+                &c,
+                crate::images::DownloadGate {
+                    bmdb: parts.bmdb.clone(),
+                    timeout: cfg.admin.database_timeout,
+                },
+                cfg.installations.images_listen,
+                tls,
+                2,
+            )
+            .map_err(|e| anyhow::anyhow!("installations.images_listen {e}"))?,
+        );
+        // Each served image's digest, computed now on a thread of its own:
+        // the first installation of a large image then does not wait for
+        // its hash. (One added later is hashed when first asked for; the
+        // API answers 503 until it is.)
+        let warm = c.clone();
+        std::thread::Builder::new()
+            .name("image-digests".into())
+            .spawn(move || warm.hash_all())
+            .map_err(|e| anyhow::anyhow!("starting the image digest thread: {e}"))?;
+        catalog = Some(c);
+    }
+    let callback = match parts.callback.take() {
+        Some(identity) => Some(
+            crate::callback::Callback::start(
+                parts.bmdb.clone(),
+                &identity,
+                cfg.bmaas.listen,
+                cfg.bmaas.max_batch as usize,
+                cfg.bmaas.max_writes_in_flight as usize,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("bmaas.listen {e}"))?,
+        ),
+        None => None,
+    };
+    // The process's metric series; the admin server adds the fleet's at
+    // each scrape.
+    let mut registry = prometheus_client::registry::Registry::default();
+    if let Some(api) = &parts.api {
+        api.metrics().register(&mut registry);
+    }
+    if let Some(c) = &callback {
+        c.metrics.register(&mut registry);
+    }
+    let recovery_metrics = crate::recoverer::RecoveryMetrics::default();
+    recovery_metrics.register(&mut registry);
+    let boot_metrics = BootMetrics::default();
+    let boot_url: Option<crate::enroller::BootUrl> =
+        catalog.as_ref().filter(|c| c.serves_boot_image()).map(|c| {
+            boot_metrics.register(&mut registry);
+            let c = c.clone();
+            Rc::new(move |boot_id| c.boot_url(boot_id)) as crate::enroller::BootUrl
+        });
+    let admin = crate::admin::Admin {
+        registry: std::sync::Arc::new(registry),
+        heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
+        tokens: cfg.admin.named_tokens(),
+        database_timeout: cfg.admin.database_timeout,
+        equinix: parts.api.as_ref().map(|api| crate::admin::RequestBudget {
+            metrics: api.metrics().clone(),
+            interval: cfg.equinix.api_interval,
+            parallelism: cfg.equinix.parallelism,
+        }),
+        ..crate::admin::Admin::new(parts.bmdb.clone())
+    };
+    let endpoint = parts.takeover.as_ref().map(|t| t.endpoint.clone());
+    let judge = Judge::new(&cfg.recoverer, parts.provider.kind(), endpoint);
+    let admin = crate::admin::Admin {
+        judge: cfg.recoverer.enabled.then_some(judge),
+        brake_release: cfg.recoverer.brake_release,
+        ..admin
+    };
+    let mut loops = registrations(
+        &cfg,
+        LoopInputs {
+            provider: parts.provider.clone(),
+            takeover: parts.takeover.clone(),
+            recovery_metrics,
+            boot_url,
+            boot_metrics,
+        },
+    );
+    loops.extend(extra);
+    let supervisor = Supervisor::new(cfg, parts, Registry::new(loops)).start();
+    Ok(Running {
+        admin: crate::admin::Admin {
+            supervisor: Some(supervisor.clone().recipient()),
+            loops: Some(supervisor.clone().recipient()),
+            images: catalog,
+            ..admin
+        },
+        supervisor,
+        callback,
+        images,
+    })
+}
+
+/// `shepherd run`: starts, serves the admin routes on `admin.listen`, runs
+/// until SIGINT or SIGTERM, drains.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let admin_cfg = cfg.admin.clone();
+    // Each agent keeps a connection to the callback: a fleet needs a file
+    // descriptor per machine (an embedding application sets its own).
+    let files = crate::telemetry::raise_open_files_limit();
+    if files < 4096 {
+        tracing::warn!(
+            limit = files,
+            "the open-files limit caps the agents that can call back at once; raise it (LimitNOFILE=, ulimit -n)"
+        );
+    }
+    let running = start(cfg).await?;
+    if admin_cfg.enabled {
+        let addr = crate::admin::serve(running.admin.clone(), admin_cfg.listen)
+            .map_err(|e| anyhow::anyhow!("admin.listen {}: {e}", admin_cfg.listen))?;
+        tracing::info!("admin server: http://{addr}/");
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+    }
+    running.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -8,8 +8,9 @@
 //! - [`machine`]: machines that answer SSH and run the uploaded agent.
 //! - [`bmc`]: Redfish BMCs for the simulated machines.
 //! - [`fleet`]: a whole simulated fleet as a process (`fleet-sim`).
-//! - [`demo`]: `shepherd-demo` (the README's quick start, `scripts/demo`),
-//!   the service run against the above.
+//! - [`demo`]: `shepherd-demo` (the quick start of README.md and
+//!   docs/src/install.md, `scripts/demo`), the service run against the
+//!   above.
 //! - [`testing`]: test support (databases, sshd, PostgreSQL and BMC
 //!   emulators as processes) for `tests/` and `benches/`.
 

@@ -1,9 +1,9 @@
 //! `shepherd-demo`: the whole system locally, with no configuration (the
-//! README's quick start, `scripts/demo`): an embedded PostgreSQL, the
-//! Equinix Metal simulator (or an inventory with simulated BMCs),
-//! simulated machines on 127.0.1.x, and shepherd taking them all over.
-//! A binary of the simulated floor's crate, so that `shepherd` itself
-//! ships without any of it.
+//! quick start of README.md and docs/src/install.md, `scripts/demo`): an
+//! embedded PostgreSQL, the Equinix Metal simulator (or an inventory with
+//! simulated BMCs), simulated machines on 127.0.1.x, and shepherd taking
+//! them all over. A binary of the simulated floor's crate, so that
+//! `shepherd` itself ships without any of it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

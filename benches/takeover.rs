@@ -16,8 +16,9 @@ use actix::prelude::*;
 use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, BmdbSession, GetSession, Provider};
 use shepherd::control::{SetSession, WorkMailbox};
-use shepherd::initializer::{Initializer, TakeoverSettings};
+use shepherd::initializer::Initializer;
 use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
+use shepherd::takeover::TakeoverSettings;
 use shepherd_sim::testing::{Sshd, TestDb};
 
 /// One shepherd run (in a child process): prints "rate rss".

@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod backoff;
 pub mod bmdb;
+pub mod brake_watch;
 pub mod callback;
 pub mod config;
 pub mod control;
@@ -34,6 +35,7 @@ pub mod secret;
 pub mod ssh;
 pub mod status;
 pub mod supervisor;
+pub mod takeover;
 pub mod telemetry;
 pub mod updater;
 

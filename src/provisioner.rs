@@ -14,7 +14,6 @@
 //! doing what is safe and reports the rest.
 
 use std::collections::{BTreeSet, HashSet};
-use std::rc::Rc;
 
 use rand::seq::SliceRandom;
 
@@ -284,18 +283,3 @@ async fn reconcile(
 
 /// Creations failing one after another that end a round.
 const CREATE_FAILURES_PER_ROUND: u32 = 3;
-
-/// For the Initializer: the provider's address of a machine the BMDB has
-/// none for.
-pub fn address_lookup(provider: SharedProvider) -> crate::initializer::AddressLookup {
-    Rc::new(move |m| {
-        let provider = provider.clone();
-        Box::pin(async move {
-            provider
-                .get_machine(&m.provider_id)
-                .await
-                .map(|found| found.and_then(|f| f.address))
-                .map_err(|e| e.to_string())
-        })
-    })
-}

@@ -32,10 +32,10 @@ use uuid::Uuid;
 use crate::bmdb::brake::{self, Judge};
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
-use crate::control::{LeaseLoop, Outcome, Record, Round, WorkOutcome, Worker};
-use crate::initializer::TakeoverSettings;
+use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker};
 use crate::provider::SharedProvider;
 use crate::ssh::HostKeyPolicy;
+use crate::takeover::TakeoverSettings;
 
 const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1), \
      r AS (DELETE FROM machine_reboot_request WHERE machine_id = $1) \
@@ -427,14 +427,14 @@ async fn restart_agent(
     } else {
         None
     };
-    let known_key = crate::initializer::parse_host_key(known.as_deref())?;
-    let taken = crate::initializer::take_over(t, mid, address, known_key)
+    let known_key = crate::takeover::parse_host_key(known.as_deref())?;
+    let taken = crate::takeover::take_over(t, mid, address, known_key)
         .await
         .map_err(|f| f.cause)?;
     let record_host_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
     let started_at: SystemTime = session
         .transact(async |tx| {
-            crate::initializer::record_agent(tx, mid, &taken, &t.endpoint, record_host_key).await?;
+            crate::takeover::record_agent(tx, mid, &taken, &t.endpoint, record_host_key).await?;
             Ok(tx.query_one(DB_NOW, &[]).await?.get(0))
         })
         .await
@@ -521,66 +521,5 @@ async fn power_cycle(shared: &Recoverer, machine: &ProvidedMachine) -> Result<()
                 shared.wait.timeout
             ));
         }
-    }
-}
-
-/// Watches the brake under the current session every interval and says
-/// loudly when it engages or lets go (the pages, the API and `/metrics`
-/// read it from the BMDB themselves). A round on the round runner.
-pub struct BrakeWatch {
-    judge: Judge,
-    every: Duration,
-}
-
-impl BrakeWatch {
-    pub fn new(judge: Judge, every: Duration) -> Self {
-        BrakeWatch { judge, every }
-    }
-}
-
-/// What the watch saw last.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BrakeSeen {
-    /// Whether it held at the last look (to say when that changes).
-    pub engaged: bool,
-}
-
-impl Round for BrakeWatch {
-    type Outcome = brake::BrakeState;
-    type Counters = BrakeSeen;
-    const NAME: &'static str = "brake watch";
-    const WARN_ON_FAILURE: bool = false;
-
-    fn interval(&self) -> Duration {
-        self.every
-    }
-
-    async fn round(&self, session: &Session, _: &BrakeSeen) -> Result<brake::BrakeState, String> {
-        session
-            .transact(async |tx| brake::watch(tx, &self.judge).await)
-            .await
-            .map(|(st, _)| st)
-            .map_err(|e| format!("evaluating the recovery brake: {e}"))
-    }
-
-    fn tally(&self, seen: &mut BrakeSeen, st: brake::BrakeState) {
-        if st.engaged && !seen.engaged {
-            tracing::error!(
-                silent = st.silent,
-                fleet = st.fleet,
-                limit = st.limit,
-                power_actions = st.power_actions_in_window,
-                "RECOVERY BRAKE ENGAGED: no power action for silence until it lets go: {}; \
-                     `shepherd brake release` to override",
-                st.reason.as_deref().unwrap_or("")
-            );
-        } else if !st.engaged && seen.engaged {
-            tracing::warn!(
-                silent = st.silent,
-                limit = st.limit,
-                "recovery brake let go: power actions for silence resume"
-            );
-        }
-        seen.engaged = st.engaged;
     }
 }

@@ -448,7 +448,7 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
     );
     std::fs::write(sshd.dir().join("takeover-agent.interval"), "200ms").unwrap();
     std::fs::write(sshd.dir().join("takeover-agent.refused-limit"), "2s").unwrap();
-    let settings = shepherd::initializer::TakeoverSettings {
+    let settings = shepherd::takeover::TakeoverSettings {
         ssh: SshSettings {
             user: "root".into(),
             connect_timeout: Duration::from_secs(5),
@@ -472,7 +472,7 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
     let pid_file = sshd.dir().join(format!("agent-{mid}.pid"));
     let log_file = sshd.dir().join(format!("agent-{mid}.log"));
     let take_over = async || {
-        shepherd::initializer::take_over(&settings, mid, [127, 0, 0, 1].into(), None)
+        shepherd::takeover::take_over(&settings, mid, [127, 0, 0, 1].into(), None)
             .await
             .unwrap_or_else(|f| panic!("takeover: {}", f.cause))
     };

@@ -23,9 +23,10 @@ const LAYERS: &[&[&str]] = &[
     &["secret", "backoff"],
     &["config"],
     &["bmdb", "equinix", "ssh", "telemetry"],
-    &["redfish", "callback", "control"],
+    &["redfish", "callback", "control", "takeover"],
     &["provider", "initializer", "images"],
     &[
+        "brake_watch",
         "enroller",
         "provisioner",
         "recoverer",

@@ -10,8 +10,9 @@ use actix::prelude::*;
 use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::bmdb::{Backoff, Bmdb, BmdbSession, GetSession, HistoryEvent, Process, Provider};
 use shepherd::control::{GetStatus, SetSession, WorkMailbox};
-use shepherd::initializer::{Initializer, TakeoverSettings};
+use shepherd::initializer::Initializer;
 use shepherd::ssh::{HostKeyPolicy, SshIdentity, SshSettings};
+use shepherd::takeover::TakeoverSettings;
 use shepherd_sim::testing::{Sshd, TestDb};
 use uuid::Uuid;
 

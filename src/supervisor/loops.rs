@@ -5,14 +5,16 @@
 use std::rc::Rc;
 
 use crate::bmdb::brake::Judge;
+use crate::brake_watch::BrakeWatch;
 use crate::config::Config;
 use crate::control::Registration;
 use crate::enroller::{BootMetrics, BootUrl, BootWaits, Enroller};
-use crate::initializer::{Initializer, TakeoverSettings};
+use crate::initializer::{AddressLookup, Initializer};
 use crate::provider::SharedProvider;
 use crate::provisioner::Provisioner;
-use crate::recoverer::{AgentWaits, BrakeWatch, RebootWait, Recoverer, RecoveryMetrics};
+use crate::recoverer::{AgentWaits, RebootWait, Recoverer, RecoveryMetrics};
 use crate::rollouts::RolloutDriver;
+use crate::takeover::TakeoverSettings;
 use crate::updater::Updater;
 
 /// What the loops are built from, besides the configuration.
@@ -73,7 +75,7 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
                 kind,
                 takeover.clone(),
                 backoff.clone(),
-                Some(crate::provisioner::address_lookup(p.clone())),
+                Some(address_lookup(p.clone())),
             )
         }));
     }
@@ -131,4 +133,19 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
         RolloutDriver::new(every)
     }));
     loops
+}
+
+/// For the Initializer: the provider's address of a machine the BMDB has
+/// none for.
+fn address_lookup(provider: SharedProvider) -> AddressLookup {
+    Rc::new(move |m| {
+        let provider = provider.clone();
+        Box::pin(async move {
+            provider
+                .get_machine(&m.provider_id)
+                .await
+                .map(|found| found.and_then(|f| f.address))
+                .map_err(|e| e.to_string())
+        })
+    })
 }

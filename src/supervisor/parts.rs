@@ -8,10 +8,10 @@ use std::rc::Rc;
 use crate::bmdb::Bmdb;
 use crate::config::{Config, ProviderKind};
 use crate::equinix::{ApiMetrics, ClientSettings, EquinixApi};
-use crate::initializer::TakeoverSettings;
 use crate::provider::SharedProvider;
 use crate::provider::equinix::Equinix;
 use crate::provider::inventory::Inventory;
+use crate::takeover::TakeoverSettings;
 
 /// Everything built from the configuration before the actors start.
 pub struct Parts {

@@ -27,7 +27,7 @@ use crate::bmdb::bmc_boot::{self, BootCause};
 use crate::bmdb::boot::{self, LatestBoot};
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, Tx, Work};
-use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome};
+use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, wait_until};
 use crate::provider::SharedProvider;
 
 /// Where the BMC fetches a boot's copy of the boot image.
@@ -176,6 +176,7 @@ impl Record for Enrollment {
 }
 
 /// Where the work stands on a machine when it begins.
+#[derive(Clone)]
 enum Resume {
     /// Installed: restart it from its disk through the BMC (`reason`).
     Disk { reason: Option<String> },
@@ -226,36 +227,20 @@ impl Enroller {
     /// Waits for boot `boot_id`'s agent to call back, until `deadline`.
     async fn wait_for_agent(
         &self,
-        work: &Work<ProvidedMachine>,
+        work: &Work<Boot>,
         boot_id: Uuid,
         deadline: Instant,
     ) -> Result<Option<SystemTime>, BmdbError> {
-        loop {
-            match work
-                .session()
-                .transact(async |tx| boot::used_at(tx, boot_id).await)
-                .await
-            {
-                Ok(Some(t)) => return Ok(Some(t)),
-                Ok(None) => {}
-                // An outage while waiting is not the machine's fault: wait
-                // on (the session's death stops the worker).
-                Err(e) if e.is_transient() => {
-                    tracing::debug!(error = %e, "the BMDB did not answer while waiting for the agent")
-                }
-                Err(e) => return Err(e),
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(self.waits.poll).await;
-        }
+        wait_until(work.session(), self.waits.poll, deadline, async |tx| {
+            boot::used_at(tx, boot_id).await
+        })
+        .await
     }
 
     /// Ejects boot `boot_id`'s media and records it (voiding the
     /// credential if it was not used).
-    async fn end_boot(&self, work: &Work<ProvidedMachine>, boot_id: Uuid) -> Result<bool, String> {
-        let m = work.item();
+    async fn end_boot(&self, work: &Work<Boot>, boot_id: Uuid) -> Result<bool, String> {
+        let m = &work.item().machine;
         let inserted = self
             .provider
             .end_media_boot(&m.provider_id)
@@ -269,9 +254,18 @@ impl Enroller {
     }
 }
 
+/// A machine to boot, with where its boot stands (read, and a boot
+/// issued if none is under way, with its lease).
+pub struct Boot {
+    machine: ProvidedMachine,
+    resume: Resume,
+}
+
 impl LeaseLoop for Enroller {
-    type Item = ProvidedMachine;
+    type Pick = ProvidedMachine;
+    type Item = Boot;
     type Record = Enrollment;
+    const SHARES_PROCESS: bool = true;
     const WORK: &'static str = "boot";
 
     fn process(&self) -> Process {
@@ -291,30 +285,26 @@ impl LeaseLoop for Enroller {
         Ok(m.pop().map(|m| (m.machine_id, m)))
     }
 
-    fn span(&self, machine_id: Uuid, m: &ProvidedMachine) -> tracing::Span {
-        tracing::info_span!("bmc_boot", %machine_id, provider_id = %m.provider_id)
+    /// The boot request (asked for a blank machine) and where its boot
+    /// stands, a boot issued if none is under way: with the lease.
+    async fn prepare(
+        &self,
+        tx: &mut Tx<'_>,
+        machine_id: Uuid,
+        machine: ProvidedMachine,
+    ) -> Result<Boot, BmdbError> {
+        let resume = self.begin(tx, machine_id).await?;
+        Ok(Boot { machine, resume })
     }
 
-    async fn work(&self, work: &Work<ProvidedMachine>) -> Outcome<Enrollment> {
-        let m = work.item();
-        let mid = m.machine_id;
+    fn span(&self, machine_id: Uuid, b: &Boot) -> tracing::Span {
+        tracing::info_span!("bmc_boot", %machine_id, provider_id = %b.machine.provider_id)
+    }
+
+    async fn work(&self, work: &Work<Boot>) -> Outcome<Enrollment> {
+        let m = &work.item().machine;
         let started = Instant::now();
-        let resume = match work
-            .session()
-            .transact(async |tx| self.begin(tx, mid).await)
-            .await
-        {
-            Ok(r) => r,
-            Err(e) if e.is_transient() || matches!(e, BmdbError::SessionExpired(_)) => {
-                return Outcome::GiveBack(format!("issuing the boot: {e}"));
-            }
-            Err(e) => {
-                return Outcome::Failed {
-                    cause: format!("issuing the boot: {e}"),
-                    record: Enrollment::NotYet { outcome: None },
-                };
-            }
-        };
+        let resume = work.item().resume.clone();
         let failed = |outcome: BootOutcome, cause: String| Outcome::Failed {
             cause,
             record: Enrollment::NotYet {

@@ -86,8 +86,16 @@ impl Record for Takeover {
     }
 }
 
+/// A machine to take over, with the SSH host key recorded for it (read
+/// with its lease).
+pub struct Candidate {
+    pub machine: ProvidedMachine,
+    pub host_key: Option<String>,
+}
+
 impl LeaseLoop for Initializer {
-    type Item = ProvidedMachine;
+    type Pick = ProvidedMachine;
+    type Item = Candidate;
     type Record = Takeover;
     const WORK: &'static str = "takeover";
 
@@ -108,37 +116,34 @@ impl LeaseLoop for Initializer {
         Ok(m.pop().map(|m| (m.machine_id, m)))
     }
 
-    fn span(&self, machine_id: Uuid, m: &ProvidedMachine) -> tracing::Span {
-        tracing::info_span!("takeover", %machine_id, provider_id = %m.provider_id)
+    /// The recorded host key, read with the lease (under the policy that
+    /// records one).
+    async fn prepare(
+        &self,
+        tx: &mut Tx<'_>,
+        machine_id: Uuid,
+        machine: ProvidedMachine,
+    ) -> Result<Candidate, BmdbError> {
+        let host_key = match self.takeover.ssh.host_keys {
+            HostKeyPolicy::AcceptNew => machines::host_key(tx, machine_id).await?,
+            _ => None,
+        };
+        Ok(Candidate { machine, host_key })
     }
 
-    async fn work(&self, work: &Work<ProvidedMachine>) -> Outcome<Takeover> {
+    fn span(&self, machine_id: Uuid, c: &Candidate) -> tracing::Span {
+        tracing::info_span!("takeover", %machine_id, provider_id = %c.machine.provider_id)
+    }
+
+    async fn work(&self, work: &Work<Candidate>) -> Outcome<Takeover> {
         let failed = |cause: String| Outcome::Failed {
             cause,
             record: Takeover::Failed { host_key: None },
         };
-        let machine = work.item();
+        let machine = &work.item().machine;
         let mid = machine.machine_id;
         let policy = self.takeover.ssh.host_keys;
-
-        let known = if policy == HostKeyPolicy::AcceptNew {
-            match work
-                .session()
-                .transact(async |tx| machines::host_key(tx, mid).await)
-                .await
-            {
-                Ok(k) => k,
-                // The BMDB is away before anything was done to the machine:
-                // not the machine's fault, so no backoff; give it back.
-                Err(e) if e.is_transient() || matches!(e, BmdbError::SessionExpired(_)) => {
-                    tracing::warn!(error = %e, "the BMDB did not answer before the takeover began; giving the machine back");
-                    return Outcome::GiveBack(format!("reading the recorded host key: {e}"));
-                }
-                Err(e) => return failed(format!("reading the recorded host key: {e}")),
-            }
-        } else {
-            None
-        };
+        let known = work.item().host_key.clone();
         let known_key = match parse_host_key(known.as_deref()) {
             Ok(k) => k,
             Err(cause) => return failed(cause),

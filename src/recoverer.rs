@@ -29,10 +29,11 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use uuid::Uuid;
 
+use crate::bmdb::bmc_boot;
 use crate::bmdb::brake::{self, Judge};
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
-use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker};
+use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker, wait_until};
 use crate::provider::SharedProvider;
 use crate::ssh::HostKeyPolicy;
 use crate::takeover::TakeoverSettings;
@@ -40,13 +41,6 @@ use crate::takeover::TakeoverSettings;
 const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1), \
      r AS (DELETE FROM machine_reboot_request WHERE machine_id = $1) \
      DELETE FROM machine_agent_heartbeat WHERE machine_id = $1";
-/// A machine booted through its BMC is taken back that way: a boot into
-/// the live agent is asked (the Enroller's, `machine_boot_request`).
-const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
-         (machine_id, requested_at, requested_by, cause, reason) \
-     SELECT $1, now(), 'shepherd', 'recovery', 'the agent did not come back after a reboot' \
-      WHERE EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1) \
-     ON CONFLICT (machine_id) DO NOTHING";
 const DROP_REBOOT_REQUEST: &str = "DELETE FROM machine_reboot_request WHERE machine_id = $1";
 /// Whether the agent called after `$2` (its restart, or the power action).
 const CALLED_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_heartbeat \
@@ -208,19 +202,33 @@ impl Record for Step {
     }
 
     async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
-        let sql = match self {
+        match self {
             Step::taken_over_again => {
                 tx.execute(DROP_AGENT_TAGS, &[&mid]).await?;
-                ASK_BMC_BOOT
+                // A machine booted through its BMC is taken back that way:
+                // a boot into the live agent is asked (the Enroller's).
+                bmc_boot::request_if(
+                    tx,
+                    mid,
+                    bmc_boot::Only::BootedByBmc,
+                    bmc_boot::BootCause::Recovery,
+                    "shepherd",
+                    Some("the agent did not come back after a reboot"),
+                    false,
+                )
+                .await
+                .map(|_| ())
             }
-            Step::agent_restarted | Step::rebooted | Step::rehomed => DROP_REBOOT_REQUEST,
-            Step::braked | Step::failed => return Ok(()),
-        };
-        tx.execute(sql, &[&mid]).await.map(|_| ())
+            Step::agent_restarted | Step::rebooted | Step::rehomed => {
+                tx.execute(DROP_REBOOT_REQUEST, &[&mid]).await.map(|_| ())
+            }
+            Step::braked | Step::failed => Ok(()),
+        }
     }
 }
 
 impl LeaseLoop for Recoverer {
+    type Pick = Recovery;
     type Item = Recovery;
     type Record = Step;
     const WORK: &'static str = "recovery";
@@ -279,6 +287,10 @@ impl LeaseLoop for Recoverer {
                 },
             )
         }))
+    }
+
+    async fn prepare(&self, _: &mut Tx<'_>, _: Uuid, r: Recovery) -> Result<Recovery, BmdbError> {
+        Ok(r)
     }
 
     fn span(&self, machine_id: Uuid, r: &Recovery) -> tracing::Span {
@@ -460,28 +472,12 @@ async fn called_since(
 ) -> Result<bool, BmdbError> {
     let deadline = Instant::now() + within;
     let poll = (within / 20).clamp(Duration::from_millis(100), Duration::from_secs(2));
-    loop {
-        let called = session
-            .transact(async |tx| {
-                Ok(tx
-                    .query_one(CALLED_SINCE, &[&mid, &since])
-                    .await?
-                    .get::<_, bool>(0))
-            })
-            .await;
-        match called {
-            Ok(true) => return Ok(true),
-            Ok(false) => {}
-            Err(e @ BmdbError::SessionExpired(_)) => return Err(e),
-            Err(e) => {
-                tracing::debug!(error = %e, "looking for the agent's call failed; will look again")
-            }
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        tokio::time::sleep(poll).await;
-    }
+    let called = wait_until(session, poll, deadline, async |tx| {
+        let called: bool = tx.query_one(CALLED_SINCE, &[&mid, &since]).await?.get(0);
+        Ok(called.then_some(()))
+    })
+    .await?;
+    Ok(called.is_some())
 }
 
 /// Reboots the machine through the provider and waits until it reports it

@@ -372,21 +372,43 @@ impl Session {
     pub async fn lease_counted<T>(
         &self,
         process: Process,
-        mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
+        selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, T)>, BmdbError>,
     ) -> (Result<Option<Work<T>>, BmdbError>, u32) {
+        let (leased, lost, _) = self
+            .lease_prepared(process, selector, async |_, _, pick| Ok(pick))
+            .await;
+        (leased, lost)
+    }
+
+    /// As [`Session::lease_counted`], and once the machine is leased,
+    /// `prepare` runs in the same transaction (what the work needs read or
+    /// written with its lease: one commit, and nothing to give back when
+    /// the database fails before it). When the lease fails, the machine
+    /// whose preparation failed, if it was one's.
+    pub async fn lease_prepared<P, T>(
+        &self,
+        process: Process,
+        mut selector: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<(Uuid, P)>, BmdbError>,
+        mut prepare: impl AsyncFnMut(&mut Tx<'_>, Uuid, P) -> Result<T, BmdbError>,
+    ) -> (Result<Option<Work<T>>, BmdbError>, u32, Option<Uuid>) {
         let sid = self.id();
         let mut picked = None;
+        let mut preparing = None;
         let mut lost = 0u32;
         let leased = self
             .transact(async |tx| {
                 let mut selections = 0;
                 lost = 0;
+                preparing = None;
                 loop {
-                    let Some((machine_id, item)) = selector(tx).await? else {
+                    let Some((machine_id, pick)) = selector(tx).await? else {
                         return Ok(None);
                     };
                     if start(tx, machine_id, sid, process).await? {
                         picked = Some(machine_id);
+                        preparing = Some(machine_id);
+                        let item = prepare(tx, machine_id, pick).await?;
+                        preparing = None;
                         return Ok(Some((machine_id, item)));
                     }
                     selections += 1;
@@ -410,13 +432,14 @@ impl Session {
                     tracing::warn!(%machine_id, %process, error = %m, "lease outcome unknown; releasing it");
                     let _ = release_unknown(self, machine_id, process).await;
                 }
-                return (Err(BmdbError::CommitUnknown(m)), lost);
+                return (Err(BmdbError::CommitUnknown(m)), lost, None);
             }
-            Err(e) => return (Err(e), lost),
+            Err(e) => return (Err(e), lost, preparing),
         };
         (
             Ok(leased.map(|(machine_id, item)| Work::new(self.clone(), machine_id, process, item))),
             lost,
+            None,
         )
     }
 }

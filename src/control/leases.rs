@@ -27,7 +27,9 @@ use crate::bmdb::{Backoff, BmdbError, Process, Session, Tx, Work};
 
 /// A control loop that works on one leased machine at a time.
 pub trait LeaseLoop: 'static {
-    /// What the selector hands the work with each machine.
+    /// What the selector picks with each machine.
+    type Pick: 'static;
+    /// What the work is handed with each machine: the pick, prepared.
     type Item: 'static;
     /// What the work learned, written when its outcome is recorded.
     type Record: Record + 'static;
@@ -49,7 +51,19 @@ pub trait LeaseLoop: 'static {
     fn select(
         &self,
         tx: &mut Tx<'_>,
-    ) -> impl Future<Output = Result<Option<(Uuid, Self::Item)>, BmdbError>>;
+    ) -> impl Future<Output = Result<Option<(Uuid, Self::Pick)>, BmdbError>>;
+
+    /// Once the machine is leased, in the same transaction: what the work
+    /// needs from the BMDB, read or written with its lease (one commit;
+    /// a database that fails here leases nothing, so nothing is given
+    /// back). An error the database made fails the machine with the
+    /// loop's backoff, in a lease of its own.
+    fn prepare(
+        &self,
+        tx: &mut Tx<'_>,
+        machine_id: Uuid,
+        pick: Self::Pick,
+    ) -> impl Future<Output = Result<Self::Item, BmdbError>>;
 
     /// The span a worker's logs carry.
     fn span(&self, machine_id: Uuid, item: &Self::Item) -> tracing::Span;
@@ -197,6 +211,65 @@ async fn fail<L: LeaseLoop>(
     }
 }
 
+/// Fails `machine_id` with `cause` and the loop's backoff, in a lease of
+/// its own (its preparation was refused inside the lease that picked it,
+/// which then rolled back).
+async fn fail_preparation<L: LeaseLoop>(
+    control: &L,
+    session: &Session,
+    machine_id: Uuid,
+    cause: &str,
+) {
+    let leased = session
+        .lease(control.process(), async move |_: &mut Tx<'_>| {
+            Ok(Some((machine_id, ())))
+        })
+        .await;
+    match leased {
+        Ok(Some(mut w)) => match w
+            .fail_with(control.backoff(), cause, async |_| Ok(()))
+            .await
+        {
+            Ok(wait) => {
+                tracing::warn!(%machine_id, %cause, retry_in_s = wait.as_secs(), "{} failed", L::WORK)
+            }
+            Err(e) => {
+                tracing::warn!(%machine_id, %cause, error = %e, "could not record a failed preparation")
+            }
+        },
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(%machine_id, %cause, error = %e, "could not lease the machine to record a failed preparation")
+        }
+    }
+}
+
+/// Looks at a condition every `every` until it holds, until `deadline`
+/// (then `None`). A look the BMDB could not answer (a restart, a
+/// failover) is not the machine's fault: it is looked at again; a dead
+/// session or another error ends the wait with it.
+pub async fn wait_until<T>(
+    session: &Session,
+    every: Duration,
+    deadline: std::time::Instant,
+    mut look: impl AsyncFnMut(&mut Tx<'_>) -> Result<Option<T>, BmdbError>,
+) -> Result<Option<T>, BmdbError> {
+    loop {
+        match session.transact(async |tx| look(tx).await).await {
+            Ok(Some(t)) => return Ok(Some(t)),
+            Ok(None) => {}
+            Err(e) if e.is_transient() => {
+                tracing::debug!(error = %e, "the BMDB did not answer a look; looking again")
+            }
+            Err(e) => return Err(e),
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// How a worker's work ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkOutcome {
@@ -298,10 +371,14 @@ impl<L: LeaseLoop> WorkMailbox<L> {
         let process = control.process();
         let lease = async move {
             session
-                .lease_counted(process, async |tx| control.select(tx).await)
+                .lease_prepared(
+                    process,
+                    async |tx| control.select(tx).await,
+                    async |tx, id, pick| control.prepare(tx, id, pick).await,
+                )
                 .await
         };
-        ctx.spawn(lease.into_actor(self).map(|(result, lost), act, ctx| {
+        ctx.spawn(lease.into_actor(self).map(|(result, lost, preparing), act, ctx| {
             act.in_lease = false;
             act.status.conflicts += lost as u64;
             match result {
@@ -327,11 +404,31 @@ impl<L: LeaseLoop> WorkMailbox<L> {
                     act.status.session = None;
                 }
                 Err(BmdbError::WorkConflict { .. }) => act.poll_later(ctx, Duration::from_millis(10)),
-                Err(e) => {
-                    tracing::warn!(mailbox = act.status.name, error = %e, "leasing failed");
-                    act.note_error(format!("leasing: {e}"));
-                    act.poll_later(ctx, act.poll_interval);
-                }
+                Err(e) => match preparing.filter(|_| !e.is_transient()) {
+                    // The machine's preparation was refused: its failure,
+                    // with the backoff, so that the next poll picks
+                    // another.
+                    Some(machine_id) => {
+                        let cause = format!("preparing the {}: {e}", L::WORK);
+                        act.note_error(format!("machine {machine_id}: {cause}"));
+                        act.status.failed += 1;
+                        let (control, session) = (act.control.clone(), act.session.clone());
+                        ctx.spawn(
+                            async move {
+                                if let Some(s) = session {
+                                    fail_preparation(&*control, &s, machine_id, &cause).await;
+                                }
+                            }
+                            .into_actor(act)
+                            .map(|_, act, ctx| act.poll_later(ctx, Duration::from_millis(10))),
+                        );
+                    }
+                    None => {
+                        tracing::warn!(mailbox = act.status.name, error = %e, "leasing failed");
+                        act.note_error(format!("leasing: {e}"));
+                        act.poll_later(ctx, act.poll_interval);
+                    }
+                },
             }
         }));
     }

@@ -48,7 +48,7 @@ pub mod rounds;
 
 pub use leases::{
     GetStatus, LeaseLoop, MailboxStatus, Outcome, Record, WorkMailbox, WorkOutcome, Worker,
-    WorkerDone,
+    WorkerDone, wait_until,
 };
 pub use messages::{
     Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, NudgeLoop, RunRound, SetSession,

@@ -89,13 +89,41 @@ pub async fn set_bmc_boot_of(
     tx.execute(TAG_BMC_BOOT, &[&provider, &ids]).await
 }
 
-const REQUEST: &str = "INSERT INTO machine_boot_request \
-         (machine_id, requested_at, requested_by, cause, reason) \
-     VALUES ($1, now(), $2, $3, $4) ON CONFLICT (machine_id) DO NOTHING";
-const REQUEST_REPLACE: &str = "INSERT INTO machine_boot_request \
-         (machine_id, requested_at, requested_by, cause, reason) \
-     VALUES ($1, now(), $2, $3, $4) ON CONFLICT (machine_id) DO UPDATE \
-     SET requested_at = now(), requested_by = $2, cause = $3, reason = $4";
+/// The one statement that asks for a boot (the V13 trigger asking a
+/// machine installed through its BMC to restart from its disk is the
+/// only other writer): `$5` only a machine booted through its BMC, `$6`
+/// only an installed one whose live agent left with the reboot.
+macro_rules! request_sql {
+    ($on_conflict:literal) => {
+        concat!(
+            "INSERT INTO machine_boot_request (machine_id, requested_at, requested_by, cause, reason) \
+             SELECT $1, now(), $2, $3, $4 \
+              WHERE (NOT $5 OR EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1)) \
+                AND (NOT $6 OR (EXISTS (SELECT 1 FROM machine_os_installation_report \
+                                        WHERE machine_id = $1 AND os_installation_result = 'Success') \
+                                AND NOT EXISTS (SELECT 1 FROM machine_summary \
+                                                WHERE machine_id = $1 AND live_agent))) \
+             ON CONFLICT (machine_id) ",
+            $on_conflict
+        )
+    };
+}
+const REQUEST: &str = request_sql!("DO NOTHING");
+const REQUEST_REPLACE: &str =
+    request_sql!("DO UPDATE SET requested_at = now(), requested_by = $2, cause = $3, reason = $4");
+
+/// Which machines a boot request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Only {
+    /// Any machine.
+    Any,
+    /// A machine booted through its BMC (`machine_bmc_boot`): the
+    /// Recoverer's taking one back.
+    BootedByBmc,
+    /// One booted through its BMC, installed, its live agent gone with
+    /// the reboot: an installation or a deprovisioning reaches it first.
+    InstalledByBmc,
+}
 
 /// Asks for a boot of `machine_id` into the agent; a boot already asked
 /// for stands (false), unless `replace`.
@@ -107,9 +135,28 @@ pub async fn request(
     reason: Option<&str>,
     replace: bool,
 ) -> Result<bool, BmdbError> {
+    request_if(tx, machine_id, Only::Any, cause, by, reason, replace).await
+}
+
+/// As [`request`], for the machines `only` names (false for another, or
+/// when a boot is already asked for and not `replace`d).
+pub async fn request_if(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    only: Only,
+    cause: BootCause,
+    by: &str,
+    reason: Option<&str>,
+    replace: bool,
+) -> Result<bool, BmdbError> {
     let q = if replace { REQUEST_REPLACE } else { REQUEST };
+    let bmc = only != Only::Any;
+    let installed = only == Only::InstalledByBmc;
     Ok(tx
-        .execute(q, &[&machine_id, &by, &cause.as_str(), &reason])
+        .execute(
+            q,
+            &[&machine_id, &by, &cause.as_str(), &reason, &bmc, &installed],
+        )
         .await?
         == 1)
 }

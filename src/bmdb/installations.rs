@@ -62,14 +62,6 @@ const PUT_INSTALLATION: &str = "INSERT INTO machine_installation \
          requested_at = EXCLUDED.requested_at, requested_by = EXCLUDED.requested_by, \
          rollout_id = EXCLUDED.rollout_id, reboot_by_bmc = EXCLUDED.reboot_by_bmc, \
          kind = EXCLUDED.kind, erase_mode = EXCLUDED.erase_mode, first_boot = EXCLUDED.first_boot";
-const ASK_BMC_BOOT: &str = "INSERT INTO machine_boot_request \
-         (machine_id, requested_at, requested_by, cause, reason) \
-     SELECT $1, now(), $2, $3, NULL \
-      WHERE EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1) \
-        AND EXISTS (SELECT 1 FROM machine_os_installation_report \
-                     WHERE machine_id = $1 AND os_installation_result = 'Success') \
-        AND NOT EXISTS (SELECT 1 FROM machine_summary WHERE machine_id = $1 AND live_agent) \
-     ON CONFLICT (machine_id) DO NOTHING";
 const CLEAR_PROGRESS: &str = "DELETE FROM machine_installation_progress WHERE machine_id = $1";
 const HISTORY_REQUESTED: &str = "INSERT INTO installation_history \
          (machine_id, generation, event, \"timestamp\", detail) VALUES ($1, $2, $4, now(), $3)";
@@ -279,42 +271,134 @@ pub async fn deprovision(
     ask_for(tx, machine_id, Work::Erase(erasure), asker).await
 }
 
-/// Asks the machine's agent for `work`: [`ask`] or [`deprovision`].
+/// Asks the machine's agent for `work`: [`ask`] or [`deprovision`]. In
+/// steps: a request asked before under its ID answers as then; the
+/// machine is locked and refused where it must be; the request is built;
+/// an installed machine is reached (booted into the agent through its
+/// BMC, or taken over again); then the request, the installation, the
+/// history and the audit are written.
 pub async fn ask_for(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
     work: Work<'_>,
     asker: &Asker<'_>,
 ) -> Result<Asked, BmdbError> {
-    let op = match work {
-        Work::Install(_) => super::lifecycle::Operation::Install,
-        Work::Erase(_) => super::lifecycle::Operation::Deprovision,
-    };
-    if let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&asker.action_id]).await? {
-        // Asked before under this ID: that answer again.
-        let audit = audit_from(&r);
-        if audit.machine_id != Some(machine_id) || audit.action != op.as_str() {
-            return Ok(Asked::Refused(format!(
-                "request {} was another action's ({} {})",
-                asker.action_id,
-                audit.action,
-                audit
-                    .machine_id
-                    .map(|m| m.to_string())
-                    .unwrap_or_else(|| "fleet".into())
-            )));
-        }
-        // The detail says "generation N: URL".
-        let generation = audit
-            .detail
-            .strip_prefix("generation ")
-            .and_then(|d| d.split(':').next())
-            .and_then(|g| g.parse().ok())
-            .unwrap_or(0);
-        return Ok(Asked::Done { generation, audit });
+    let op = work.operation();
+    if let Some(before) = asked_before(tx, machine_id, op, asker).await? {
+        return Ok(before);
     }
+    let current = match standing(tx, machine_id, op).await? {
+        Standing::Askable(c) => c,
+        Standing::Refused(why) => return Ok(Asked::Refused(why)),
+        Standing::NotFound => return Ok(Asked::NotFound),
+    };
+    let generation = current
+        .requested
+        .max(current.reported)
+        .unwrap_or(0)
+        .saturating_add(1);
+    // A machine booted through its BMC is restarted from its disk by its
+    // BMC once installed, not by its agent: BMCs that apply the media's
+    // ejection only at a power cycle would boot the agent again.
+    let bmc_boot: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1)",
+            &[&machine_id],
+        )
+        .await?
+        .get(0);
+    let request = build(tx, machine_id, work, generation, bmc_boot).await?;
+    let installed = current.reported.is_some() && current.requested == current.reported;
+    let reached = if installed {
+        reach_installed(tx, machine_id, work, asker, bmc_boot).await?
+    } else {
+        Reached::default()
+    };
+    record(tx, machine_id, work, asker, generation, &request, reached).await
+}
+
+impl Work<'_> {
+    /// The life cycle's operation this work is.
+    fn operation(self) -> super::lifecycle::Operation {
+        match self {
+            Work::Install(_) => super::lifecycle::Operation::Install,
+            Work::Erase(_) => super::lifecycle::Operation::Deprovision,
+        }
+    }
+
+    /// What it is, for the history and the audit: the image's URL, or the
+    /// erasure.
+    fn describe(self) -> String {
+        match self {
+            Work::Install(image) => image.url.clone(),
+            Work::Erase(e) => format!(
+                "erase ({}, {})",
+                erase_mode_name(e.mode),
+                match &e.disk {
+                    Some(h) if *h != Default::default() => "the disks its hints choose",
+                    _ => "every disk",
+                }
+            ),
+        }
+    }
+}
+
+/// The answer given before to a request of this ID, if it was asked
+/// (refused when the ID was another action's or machine's).
+async fn asked_before(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    op: super::lifecycle::Operation,
+    asker: &Asker<'_>,
+) -> Result<Option<Asked>, BmdbError> {
+    let Some(r) = tx.query_opt(AUDIT_BY_ID, &[&asker.action_id]).await? else {
+        return Ok(None);
+    };
+    let audit = audit_from(&r);
+    if audit.machine_id != Some(machine_id) || audit.action != op.as_str() {
+        return Ok(Some(Asked::Refused(format!(
+            "request {} was another action's ({} {})",
+            asker.action_id,
+            audit.action,
+            audit
+                .machine_id
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "fleet".into())
+        ))));
+    }
+    // The detail says "generation N: URL".
+    let generation = audit
+        .detail
+        .strip_prefix("generation ")
+        .and_then(|d| d.split(':').next())
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0);
+    Ok(Some(Asked::Done { generation, audit }))
+}
+
+/// The generations asked and answered so far.
+struct Current {
+    requested: Option<i32>,
+    reported: Option<i32>,
+}
+
+/// Whether the machine may be asked.
+enum Standing {
+    Askable(Current),
+    Refused(String),
+    NotFound,
+}
+
+/// Locks the machine and says whether `op` may be asked of it: not held,
+/// allowed by the life cycle's table, its previous request answered, its
+/// BMC read and agreeing with its agent's hardware report.
+async fn standing(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    op: super::lifecycle::Operation,
+) -> Result<Standing, BmdbError> {
     if tx.query_opt(LOCK_MACHINE, &[&machine_id]).await?.is_none() {
-        return Ok(Asked::NotFound);
+        return Ok(Standing::NotFound);
     }
     let r = tx.query_one(CURRENT, &[&machine_id]).await?;
     let (requested, reported): (Option<i32>, Option<i32>) = (r.get(0), r.get(1));
@@ -324,17 +408,17 @@ pub async fn ask_for(
         _ => "installing",
     };
     if r.get::<_, bool>(4) {
-        return Ok(Asked::Refused(format!(
+        return Ok(Standing::Refused(format!(
             "machine {machine_id} is held; release it first"
         )));
     }
     if let Some(state) = super::lifecycle::state_of(tx, machine_id).await? {
         if let Some(why) = super::lifecycle::refusal(machine_id, state, op) {
-            return Ok(Asked::Refused(why));
+            return Ok(Standing::Refused(why));
         }
     }
     if let Some(g) = requested.filter(|g| Some(*g) != reported) {
-        return Ok(Asked::Refused(format!(
+        return Ok(Standing::Refused(format!(
             "machine {machine_id} is {pending} generation {g}{}; its agent has not reported yet",
             match (by, at) {
                 (Some(by), Some(at)) => format!(
@@ -346,7 +430,7 @@ pub async fn ask_for(
         )));
     }
     if super::hardware::bmc_unread(tx, machine_id).await? {
-        return Ok(Asked::Refused(format!(
+        return Ok(Standing::Refused(format!(
             "machine {machine_id}: its BMC has not been read yet, so it cannot be checked against \
              its agent's report (the Updater reads BMCs every updater.interval): ask again once \
              its BMC's facts show on its page"
@@ -354,7 +438,7 @@ pub async fn ask_for(
     }
     if let Some(c) = super::hardware::check(tx, machine_id).await? {
         if c.blocks() {
-            return Ok(Asked::Refused(format!(
+            return Ok(Standing::Refused(format!(
                 "machine {machine_id}: its BMC and its agent's hardware report disagree ({}): \
                  is the right machine behind that BMC? Accept the difference first \
                  (accept-hardware) if it is",
@@ -362,19 +446,33 @@ pub async fn ask_for(
             )));
         }
     }
-    let generation = requested.max(reported).unwrap_or(0).saturating_add(1);
-    // A machine booted through its BMC is restarted from its disk by its
-    // BMC once installed, not by its agent: BMCs that apply the media's
-    // ejection only at a power cycle would boot the agent again.
-    let bmc_boot: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1)",
-            &[&machine_id],
-        )
-        .await?
-        .get(0);
-    let installed = reported.is_some() && requested == reported;
-    let (raw, reboot_by_bmc, url, digest, erase_mode, first_boot) = match work {
+    Ok(Standing::Askable(Current {
+        requested,
+        reported,
+    }))
+}
+
+/// The request as the agent gets it, and what the installation row says.
+struct Built {
+    raw: Vec<u8>,
+    reboot_by_bmc: bool,
+    url: String,
+    digest: String,
+    erase_mode: Option<&'static str>,
+    first_boot: Option<String>,
+}
+
+/// Builds generation `generation` of the request for `work`: an image's
+/// first-boot data filled for this machine, its reboot left to the BMC
+/// for a machine booted through it.
+async fn build(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    work: Work<'_>,
+    generation: i32,
+    bmc_boot: bool,
+) -> Result<Built, BmdbError> {
+    Ok(match work {
         Work::Install(image) => {
             let reboot_by_bmc = bmc_boot && image.reboot;
             let mut asked = image.clone();
@@ -391,104 +489,131 @@ pub async fn ask_for(
             if reboot_by_bmc {
                 asked.reboot = false;
             }
-            let summary = first_boot_summary(&asked);
-            let raw = OsInstallationRequest {
-                generation: generation.into(),
-                r#type: Some(os_installation_request::Type::Image(asked)),
-            }
-            .encode_to_vec();
-            (
-                raw,
+            let first_boot = first_boot_summary(&asked);
+            Built {
+                raw: OsInstallationRequest {
+                    generation: generation.into(),
+                    r#type: Some(os_installation_request::Type::Image(asked)),
+                }
+                .encode_to_vec(),
                 reboot_by_bmc,
-                image.url.clone(),
-                image.digest.clone(),
-                None,
-                summary,
-            )
+                url: image.url.clone(),
+                digest: image.digest.clone(),
+                erase_mode: None,
+                first_boot,
+            }
         }
-        Work::Erase(e) => {
-            let raw = OsInstallationRequest {
+        Work::Erase(e) => Built {
+            raw: OsInstallationRequest {
                 generation: generation.into(),
                 r#type: Some(os_installation_request::Type::Erasure(e.clone())),
             }
-            .encode_to_vec();
-            (
-                raw,
-                false,
-                String::new(),
-                String::new(),
-                Some(erase_mode_name(e.mode)),
-                None,
-            )
-        }
+            .encode_to_vec(),
+            reboot_by_bmc: false,
+            url: String::new(),
+            digest: String::new(),
+            erase_mode: Some(erase_mode_name(e.mode)),
+            first_boot: None,
+        },
+    })
+}
+
+/// How an installed machine (which runs no agent) is reached.
+#[derive(Default, Clone, Copy)]
+struct Reached {
+    /// Its BMC boots it into the live agent first.
+    boot_first: bool,
+    /// It is taken over again over SSH.
+    retaken: bool,
+}
+
+/// Reaches an installed machine, unless a boot since brought the live
+/// agent back: one booted through its BMC is booted into the live agent
+/// first, which then takes the request (asked before the request is
+/// written, which makes any agent enrolled so far older than it); one
+/// taken over by SSH is taken over again (its installed system must let
+/// shepherd's SSH key in).
+async fn reach_installed(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    work: Work<'_>,
+    asker: &Asker<'_>,
+    bmc_boot: bool,
+) -> Result<Reached, BmdbError> {
+    let cause = match work {
+        Work::Install(_) => super::bmc_boot::BootCause::Install,
+        Work::Erase(_) => super::bmc_boot::BootCause::Deprovision,
     };
-    let (kind, cause, event) = match work {
-        Work::Install(_) => ("install", "install", "requested"),
-        Work::Erase(_) => ("erase", "deprovision", "erase-requested"),
-    };
-    // An installed machine runs no agent (unless a boot since brought the
-    // live agent back): one booted through its BMC is booted into the
-    // live agent first, which then takes this request. Asked before the
-    // request is written, which makes any agent enrolled so far older
-    // than the installation.
-    let boot_first = installed
-        && tx
-            .execute(ASK_BMC_BOOT, &[&machine_id, &asker.actor, &cause])
-            .await?
-            == 1;
-    // One taken over by SSH is taken over again (its installed system
-    // must let shepherd's SSH key in).
-    let retaken = installed
-        && !bmc_boot
+    let boot_first = super::bmc_boot::request_if(
+        tx,
+        machine_id,
+        super::bmc_boot::Only::InstalledByBmc,
+        cause,
+        asker.actor,
+        None,
+        false,
+    )
+    .await?;
+    let retaken = !bmc_boot
         && tx
             .query_one(RETAKE_DUE, &[&machine_id])
             .await?
             .get::<_, bool>(0)
         && tx.execute(RETAKE_OVER, &[&machine_id]).await? > 0;
+    Ok(Reached {
+        boot_first,
+        retaken,
+    })
+}
+
+/// Writes the request, the installation, the history and the audit.
+async fn record(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    work: Work<'_>,
+    asker: &Asker<'_>,
+    generation: i32,
+    b: &Built,
+    reached: Reached,
+) -> Result<Asked, BmdbError> {
+    let (kind, event) = match work {
+        Work::Install(_) => ("install", "requested"),
+        Work::Erase(_) => ("erase", "erase-requested"),
+    };
     tx.execute(
         PUT_INSTALLATION,
         &[
             &machine_id,
             &generation,
-            &url,
-            &digest,
+            &b.url,
+            &b.digest,
             &asker.actor,
             &asker.rollout_id,
-            &reboot_by_bmc,
+            &b.reboot_by_bmc,
             &kind,
-            &erase_mode,
-            &first_boot,
+            &b.erase_mode,
+            &b.first_boot,
         ],
     )
     .await?;
-    tx.execute(PUT_REQUEST, &[&machine_id, &generation, &raw])
+    tx.execute(PUT_REQUEST, &[&machine_id, &generation, &b.raw])
         .await?;
     tx.execute(CLEAR_PROGRESS, &[&machine_id]).await?;
-    let what = match work {
-        Work::Install(image) => image.url.clone(),
-        Work::Erase(e) => format!(
-            "erase ({}, {})",
-            erase_mode_name(e.mode),
-            match &e.disk {
-                Some(h) if *h != Default::default() => "the disks its hints choose",
-                _ => "every disk",
-            }
-        ),
-    };
+    let what = work.describe();
     let mut detail = format!("generation {generation}: {what}");
-    if let Some(f) = &first_boot {
+    if let Some(f) = &b.first_boot {
         detail.push_str(&format!("; first boot: {f}"));
     }
-    if boot_first {
+    if reached.boot_first {
         detail.push_str("; its BMC boots it into the agent first");
     }
-    if retaken {
+    if reached.retaken {
         detail.push_str(
             "; its agent left with the installed system: the Initializer takes it over again over SSH \
              (its recorded SSH host key forgotten: the installed system has its own)",
         );
     }
-    if reboot_by_bmc {
+    if b.reboot_by_bmc {
         detail.push_str("; its BMC restarts it from its disk once installed");
     }
     tx.execute(
@@ -507,7 +632,7 @@ pub async fn ask_for(
             &[
                 &asker.action_id,
                 &machine_id,
-                &op.as_str(),
+                &work.operation().as_str(),
                 &asker.actor,
                 &asker.reason,
                 &detail,

@@ -37,6 +37,7 @@ pub mod status;
 pub mod supervisor;
 pub mod takeover;
 pub mod telemetry;
+pub mod tls;
 pub mod updater;
 
 pub use bmdb::{Bmdb, BmdbError};

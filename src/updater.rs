@@ -78,15 +78,7 @@ fn facts(read: &BmcRead) -> BmcFacts {
         Ok(s) => BmcFacts {
             bmc_url: read.bmc_url.clone(),
             system_path: Some(s.path.clone()).filter(|p| !p.is_empty()),
-            power_state: Some(s.power_state.clone()).filter(|p| !p.is_empty()),
-            manufacturer: s.manufacturer.clone(),
-            model: s.model.clone(),
-            serial_number: s.serial_number.clone(),
-            bios_version: s.bios_version.clone(),
-            processor_count: s.processor_count.and_then(|n| i32::try_from(n).ok()),
-            processor_model: s.processor_model.clone(),
-            memory_gib: s.memory_gib,
-            health: s.health.clone(),
+            system: s.facts.clone(),
             read_error: None,
             changed_at: None,
         },
@@ -131,7 +123,7 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             let read = read_by_id[id];
             match &read.system {
                 Ok(s) => tracing::info!(machine_id = %id, provider_id = %read.provider_id,
-                    power = %s.power_state, health = s.health.as_deref().unwrap_or("unknown"), "BMC facts changed"),
+                    power = %s.power(), health = s.facts.health.as_deref().unwrap_or("unknown"), "BMC facts changed"),
                 Err(e) => {
                     tracing::warn!(machine_id = %id, provider_id = %read.provider_id, error = %e, "reading the BMC failed")
                 }

@@ -20,7 +20,7 @@ use std::process::Command;
 /// a strictly lower layer. (`main.rs` and `cli/`, the binary, may import
 /// any.)
 const LAYERS: &[&[&str]] = &[
-    &["secret", "backoff"],
+    &["secret", "backoff", "tls"],
     &["config"],
     &["bmdb", "equinix", "ssh", "telemetry"],
     &["redfish", "callback", "control", "takeover"],

@@ -86,9 +86,15 @@ async fn the_facts_read_are_the_emulators() {
     let want = sushy.system(0).await;
     assert_eq!(got.id, want["Id"]);
     assert_eq!(got.path, want["@odata.id"]);
-    assert_eq!(got.power_state, want["PowerState"]);
-    assert_eq!(got.manufacturer.as_deref(), want["Manufacturer"].as_str());
-    assert_eq!(got.health.as_deref(), want["Status"]["Health"].as_str());
+    assert_eq!(got.power(), want["PowerState"]);
+    assert_eq!(
+        got.facts.manufacturer.as_deref(),
+        want["Manufacturer"].as_str()
+    );
+    assert_eq!(
+        got.facts.health.as_deref(),
+        want["Status"]["Health"].as_str()
+    );
     assert_eq!(
         got.reset_types,
         want["Actions"]["#ComputerSystem.Reset"]["ResetType@Redfish.AllowableValues"]

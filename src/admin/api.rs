@@ -289,6 +289,28 @@ pub struct Bmc {
     pub changed_at: Option<String>,
 }
 
+/// The BMDB's facts as the API shows them (flat, as since V6).
+impl From<&crate::bmdb::hardware::BmcFacts> for Bmc {
+    fn from(f: &crate::bmdb::hardware::BmcFacts) -> Self {
+        let s = f.system.clone();
+        Bmc {
+            bmc_url: f.bmc_url.clone(),
+            system: f.system_path.clone(),
+            power_state: s.power_state,
+            manufacturer: s.manufacturer,
+            model: s.model,
+            serial_number: s.serial_number,
+            bios_version: s.bios_version,
+            processor_count: s.processor_count.map(i64::from),
+            processor_model: s.processor_model,
+            memory_gib: s.memory_gib,
+            health: s.health,
+            read_error: f.read_error.clone(),
+            changed_at: f.changed_at.map(rfc3339),
+        }
+    }
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct Lease {
     pub process: String,
@@ -378,21 +400,7 @@ impl From<&MachineDetail> for MachineDetailBody {
                     result: r.to_string(),
                 }),
                 ssh_host_key: d.ssh_host_key.clone(),
-                bmc: d.bmc.as_ref().map(|f| Bmc {
-                    bmc_url: f.bmc_url.clone(),
-                    system: f.system_path.clone(),
-                    power_state: f.power_state.clone(),
-                    manufacturer: f.manufacturer.clone(),
-                    model: f.model.clone(),
-                    serial_number: f.serial_number.clone(),
-                    bios_version: f.bios_version.clone(),
-                    processor_count: f.processor_count.map(i64::from),
-                    processor_model: f.processor_model.clone(),
-                    memory_gib: f.memory_gib,
-                    health: f.health.clone(),
-                    read_error: f.read_error.clone(),
-                    changed_at: f.changed_at.map(rfc3339),
-                }),
+                bmc: d.bmc.as_ref().map(Bmc::from),
                 bmc_boot: d.bmc_boot,
             },
             leases: d

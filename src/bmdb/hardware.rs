@@ -12,12 +12,12 @@ use uuid::Uuid;
 
 use super::{BmdbError, Tx};
 
-/// A machine's out-of-band facts, from its BMC's Redfish ComputerSystem
-/// (`machine_bmc_facts`).
+/// What a BMC says of its system: the one shape of these facts, from the
+/// Redfish read (`redfish::SystemInfo::facts`) to the BMDB's row
+/// ([`BmcFacts`]) and the API's answer.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct BmcFacts {
-    pub bmc_url: String,
-    pub system_path: Option<String>,
+pub struct SystemFacts {
+    /// `On`, `Off`, `PoweringOn`, `PoweringOff`, `Paused`.
     pub power_state: Option<String>,
     pub manufacturer: Option<String>,
     pub model: Option<String>,
@@ -26,7 +26,17 @@ pub struct BmcFacts {
     pub processor_count: Option<i32>,
     pub processor_model: Option<String>,
     pub memory_gib: Option<f64>,
+    /// `Status.Health`: `OK`, `Warning`, `Critical`.
     pub health: Option<String>,
+}
+
+/// A machine's out-of-band facts, from its BMC's Redfish ComputerSystem
+/// (`machine_bmc_facts`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BmcFacts {
+    pub bmc_url: String,
+    pub system_path: Option<String>,
+    pub system: SystemFacts,
     /// Why the last read failed; the facts are from the read before.
     pub read_error: Option<String>,
     /// When they last changed (set by the BMDB; ignored when writing).
@@ -44,24 +54,25 @@ impl BmcFacts {
             }
         };
         add("system", self.system_path.clone());
-        add("power", self.power_state.clone());
-        add("health", self.health.clone());
-        let product = [&self.manufacturer, &self.model]
+        let s = &self.system;
+        add("power", s.power_state.clone());
+        add("health", s.health.clone());
+        let product = [&s.manufacturer, &s.model]
             .iter()
             .filter_map(|v| v.as_deref())
             .collect::<Vec<_>>()
             .join(" ");
         add("product", Some(product).filter(|p| !p.is_empty()));
-        add("serial", self.serial_number.clone());
-        add("BIOS", self.bios_version.clone());
-        let cpus = match (self.processor_count, &self.processor_model) {
+        add("serial", s.serial_number.clone());
+        add("BIOS", s.bios_version.clone());
+        let cpus = match (s.processor_count, &s.processor_model) {
             (Some(n), Some(m)) => Some(format!("{n} × {m}")),
             (Some(n), None) => Some(n.to_string()),
             (None, Some(m)) => Some(m.clone()),
             (None, None) => None,
         };
         add("processors", cpus);
-        add("memory", self.memory_gib.map(|g| format!("{g} GiB")));
+        add("memory", s.memory_gib.map(|g| format!("{g} GiB")));
         add("read error", self.read_error.clone());
         out
     }
@@ -78,15 +89,17 @@ pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFa
         .map(|r| BmcFacts {
             bmc_url: r.get(0),
             system_path: r.get(1),
-            power_state: r.get(2),
-            manufacturer: r.get(3),
-            model: r.get(4),
-            serial_number: r.get(5),
-            bios_version: r.get(6),
-            processor_count: r.get(7),
-            processor_model: r.get(8),
-            memory_gib: r.get(9),
-            health: r.get(10),
+            system: SystemFacts {
+                power_state: r.get(2),
+                manufacturer: r.get(3),
+                model: r.get(4),
+                serial_number: r.get(5),
+                bios_version: r.get(6),
+                processor_count: r.get(7),
+                processor_model: r.get(8),
+                memory_gib: r.get(9),
+                health: r.get(10),
+            },
             read_error: r.get(11),
             changed_at: r.get(12),
         }))
@@ -113,7 +126,7 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Each fact both sides know and tell differently, in words.
 pub fn differences(bmc: &BmcFacts, report: &HardwareSummary) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(b) = bmc.serial_number.as_deref() {
+    if let Some(b) = bmc.system.serial_number.as_deref() {
         let a = report.serial_number.as_str();
         if !no_serial(b) && !no_serial(a) && !b.trim().eq_ignore_ascii_case(a.trim()) {
             out.push(format!(
@@ -123,7 +136,7 @@ pub fn differences(bmc: &BmcFacts, report: &HardwareSummary) -> Vec<String> {
             ));
         }
     }
-    if let Some(b) = bmc.memory_gib.filter(|g| *g > 0.0) {
+    if let Some(b) = bmc.system.memory_gib.filter(|g| *g > 0.0) {
         let a = report.memory_bytes as f64 / GIB;
         // The BMC counts what is installed, some in whole GiB rounded
         // down; the agent what it sees, a little less (firmware's
@@ -249,15 +262,11 @@ mod tests {
         BmcFacts {
             bmc_url: "https://10.0.0.5".into(),
             system_path: None,
-            power_state: None,
-            manufacturer: None,
-            model: None,
-            serial_number: serial.map(String::from),
-            bios_version: None,
-            processor_count: None,
-            processor_model: None,
-            memory_gib: memory,
-            health: None,
+            system: SystemFacts {
+                serial_number: serial.map(String::from),
+                memory_gib: memory,
+                ..SystemFacts::default()
+            },
             read_error: None,
             changed_at: None,
         }

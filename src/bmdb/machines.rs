@@ -560,8 +560,8 @@ pub async fn write_bmc_facts(
     };
     let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
     let urls: Vec<String> = rows.iter().map(|(_, f)| f.bmc_url.clone()).collect();
-    let counts: Vec<Option<i32>> = rows.iter().map(|(_, f)| f.processor_count).collect();
-    let memory: Vec<Option<f64>> = rows.iter().map(|(_, f)| f.memory_gib).collect();
+    let counts: Vec<Option<i32>> = rows.iter().map(|(_, f)| f.system.processor_count).collect();
+    let memory: Vec<Option<f64>> = rows.iter().map(|(_, f)| f.system.memory_gib).collect();
     let written = tx
         .query(
             BMC_FACTS_WRITE,
@@ -569,15 +569,15 @@ pub async fn write_bmc_facts(
                 &ids,
                 &urls,
                 &col(|f| f.system_path.clone()),
-                &col(|f| f.power_state.clone()),
-                &col(|f| f.manufacturer.clone()),
-                &col(|f| f.model.clone()),
-                &col(|f| f.serial_number.clone()),
-                &col(|f| f.bios_version.clone()),
+                &col(|f| f.system.power_state.clone()),
+                &col(|f| f.system.manufacturer.clone()),
+                &col(|f| f.system.model.clone()),
+                &col(|f| f.system.serial_number.clone()),
+                &col(|f| f.system.bios_version.clone()),
                 &counts,
-                &col(|f| f.processor_model.clone()),
+                &col(|f| f.system.processor_model.clone()),
                 &memory,
-                &col(|f| f.health.clone()),
+                &col(|f| f.system.health.clone()),
                 &col(|f| f.read_error.clone()),
             ],
         )

@@ -156,7 +156,7 @@ impl Provider for Inventory {
                 let system = crate::redfish::system(&self.bmcs, &host.id, bmc)
                     .await
                     .map_err(|e| ProviderError::Bmc(e.to_string()))?;
-                m.status = crate::redfish::provider_status(&system.power_state);
+                m.status = crate::redfish::provider_status(system.power());
                 self.power.borrow_mut().insert(host.id.clone(), m.status);
             }
             Ok(Some(m))
@@ -195,7 +195,7 @@ impl Provider for Inventory {
                 match &r.system {
                     Ok(s) => power.insert(
                         r.provider_id.clone(),
-                        crate::redfish::provider_status(&s.power_state),
+                        crate::redfish::provider_status(s.power()),
                     ),
                     // Not known now: not a reason to say otherwise.
                     Err(_) => power.remove(&r.provider_id),

@@ -20,6 +20,8 @@ use actix::prelude::*;
 use awc::http::{Method, StatusCode};
 use serde_json::Value;
 
+use crate::bmdb::hardware::SystemFacts;
+
 use crate::config::{BmcConfig, BmcTls};
 
 /// A BMC's answers are small; anything bigger is refused.
@@ -103,17 +105,9 @@ pub struct SystemInfo {
     /// `@odata.id`.
     pub path: String,
     pub id: String,
-    /// `On`, `Off`, `PoweringOn`, `PoweringOff`, `Paused`, or empty.
-    pub power_state: String,
-    pub manufacturer: Option<String>,
-    pub model: Option<String>,
-    pub serial_number: Option<String>,
-    pub bios_version: Option<String>,
-    pub processor_count: Option<i64>,
-    pub processor_model: Option<String>,
-    pub memory_gib: Option<f64>,
-    /// `Status.Health`: `OK`, `Warning`, `Critical`.
-    pub health: Option<String>,
+    /// What it says of itself: power, product, serial, BIOS, processors,
+    /// memory, health.
+    pub facts: SystemFacts,
     /// The reset action's target, and the reset types it advertises (empty:
     /// it does not say).
     pub reset_target: Option<String>,
@@ -128,21 +122,30 @@ pub struct SystemInfo {
 }
 
 impl SystemInfo {
+    /// Its power state (`On`, `Off`, …; empty when it does not say).
+    pub fn power(&self) -> &str {
+        self.facts.power_state.as_deref().unwrap_or("")
+    }
+
     fn from_json(v: &Value) -> SystemInfo {
         let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
         let reset = &v["Actions"]["#ComputerSystem.Reset"];
         SystemInfo {
             path: s(&v["@odata.id"]).unwrap_or_default(),
             id: s(&v["Id"]).unwrap_or_default(),
-            power_state: s(&v["PowerState"]).unwrap_or_default(),
-            manufacturer: s(&v["Manufacturer"]),
-            model: s(&v["Model"]),
-            serial_number: s(&v["SerialNumber"]),
-            bios_version: s(&v["BiosVersion"]),
-            processor_count: v["ProcessorSummary"]["Count"].as_i64(),
-            processor_model: s(&v["ProcessorSummary"]["Model"]),
-            memory_gib: v["MemorySummary"]["TotalSystemMemoryGiB"].as_f64(),
-            health: s(&v["Status"]["Health"]),
+            facts: SystemFacts {
+                power_state: s(&v["PowerState"]),
+                manufacturer: s(&v["Manufacturer"]),
+                model: s(&v["Model"]),
+                serial_number: s(&v["SerialNumber"]),
+                bios_version: s(&v["BiosVersion"]),
+                processor_count: v["ProcessorSummary"]["Count"]
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok()),
+                processor_model: s(&v["ProcessorSummary"]["Model"]),
+                memory_gib: v["MemorySummary"]["TotalSystemMemoryGiB"].as_f64(),
+                health: s(&v["Status"]["Health"]),
+            },
             reset_target: s(&reset["target"]),
             reset_types: reset["ResetType@Redfish.AllowableValues"]
                 .as_array()

@@ -300,7 +300,7 @@ async fn power_boot(
     let offers = |t: &str| info.reset_types.is_empty() || info.reset_types.iter().any(|x| x == t);
     let on = if offers("On") { "On" } else { "ForceOn" };
     let started = Instant::now();
-    let used = if info.power_state == "Off" {
+    let used = if info.power() == "Off" {
         c.reset(system, Some(target.clone()), on).await?;
         on.to_string()
     } else {
@@ -338,8 +338,8 @@ async fn wait_for_power(
 ) -> Result<(), BmcError> {
     loop {
         let last = match c.get_system(system).await {
-            Ok(s) if s.power_state == want => return Ok(()),
-            Ok(s) => s.power_state,
+            Ok(s) if s.power() == want => return Ok(()),
+            Ok(s) => s.power().to_string(),
             // A BMC busy with the reset may not answer for a moment.
             Err(e) if e.kind.is_transient() => e.to_string(),
             Err(e) => return Err(e),

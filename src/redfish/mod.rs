@@ -139,7 +139,7 @@ pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, 
         })
     };
     let offers = |t: &str| info.reset_types.is_empty() || info.reset_types.iter().any(|x| x == t);
-    if info.power_state == "Off" {
+    if info.power() == "Off" {
         let on = if offers("On") { "On" } else { "ForceOn" };
         reset(on).await.map_err(|e| mailbox(host, bmc, e))??;
         return Ok(on.to_string());
@@ -172,7 +172,7 @@ pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, 
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = system(bmcs, host, bmc).await;
-        if matches!(&now, Ok(s) if s.power_state == "Off") {
+        if matches!(&now, Ok(s) if s.power() == "Off") {
             break;
         }
         if started.elapsed() > OFF_TIMEOUT {

@@ -332,7 +332,15 @@ pub async fn api_install(
         Ok(v) => v,
         Err(r) => return r,
     };
-    match install(&admin, &op, &id, parsed).await {
+    answer_asked(install(&admin, &op, &id, parsed).await)
+}
+
+/// An asking route's answer: the generation asked and the audit row, or
+/// the error with its status.
+fn answer_asked(
+    asked: Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)>,
+) -> HttpResponse {
+    match asked {
         Ok((generation, a)) => HttpResponse::Ok().json(super::api::InstallAsked {
             generation,
             action: (&a).into(),
@@ -472,13 +480,7 @@ pub async fn api_deprovision(
         Ok(v) => v,
         Err(r) => return r,
     };
-    match deprovision(&admin, &op, &id, parsed).await {
-        Ok((generation, a)) => HttpResponse::Ok().json(super::api::InstallAsked {
-            generation,
-            action: (&a).into(),
-        }),
-        Err((status, msg)) => error_response(status, &msg),
-    }
+    answer_asked(deprovision(&admin, &op, &id, parsed).await)
 }
 
 // ---- rollouts ----

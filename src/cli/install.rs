@@ -2,9 +2,8 @@
 //! machine, or rolled out over a selection.
 
 use shepherd::bmdb::Bmdb;
-use shepherd::bmdb::machines::{self, MachineState};
+use shepherd::bmdb::machines;
 
-use super::parse::{parse_heartbeat, parse_provider_status, parse_state};
 use shepherd::config::Config;
 
 #[derive(clap::Args)]
@@ -99,6 +98,17 @@ impl DiskHintArgs {
     }
 }
 
+/// Who asks from the command line: `cli`, a request ID of its own, the
+/// reason given (if not blank).
+fn cli_asker(reason: Option<&str>) -> shepherd::bmdb::installations::Asker<'_> {
+    shepherd::bmdb::installations::Asker {
+        actor: "cli",
+        action_id: uuid::Uuid::new_v4(),
+        rollout_id: None,
+        reason: reason.map(str::trim).filter(|r| !r.is_empty()),
+    }
+}
+
 /// A request check's message with its fields named as the flags that
 /// set them (`disk.min_size_bytes` is `--disk-min-bytes`).
 fn as_flags(message: &str) -> String {
@@ -123,18 +133,9 @@ pub struct Targets {
     /// Machine IDs (one: that machine alone; several: a rollout in this
     /// order).
     ids: Vec<uuid::Uuid>,
-    /// A rollout over the machines in this state…
-    #[arg(long, value_parser = parse_state)]
-    state: Option<MachineState>,
-    /// …whose provider reports this status…
-    #[arg(long, value_parser = parse_provider_status)]
-    provider_status: Option<shepherd::bmdb::ProviderStatus>,
-    /// …whose agent is heartbeating, silent or no-agent…
-    #[arg(long, value_parser = parse_heartbeat)]
-    heartbeat: Option<machines::Heartbeat>,
-    /// …matching this (ID prefix, part of a provider ID, address prefix).
-    #[arg(long)]
-    search: Option<String>,
+    /// Or a rollout over the machines these filters choose.
+    #[command(flatten)]
+    filter: super::parse::FilterArgs,
     /// A rollout's machines at once.
     #[arg(long, default_value_t = 1)]
     max_parallel: i32,
@@ -145,10 +146,7 @@ pub struct Targets {
 
 impl Targets {
     fn by_filter(&self) -> bool {
-        self.state.is_some()
-            || self.provider_status.is_some()
-            || self.heartbeat.is_some()
-            || self.search.is_some()
+        self.filter.any()
     }
 
     /// The one machine named, if that is what was asked; errors for
@@ -182,25 +180,19 @@ async fn start_rollout(
     if t.max_failures < 0 {
         anyhow::bail!("--max-failures must not be negative");
     }
-    let filter = machines::FleetFilter {
-        state: t.state,
-        provider_status: t.provider_status,
-        heartbeat: t.heartbeat,
-        stale_after: cfg.recoverer.heartbeat_stale_after,
-        search: t.search.clone(),
-    };
+    let filter = t.filter.fleet(cfg.recoverer.heartbeat_stale_after);
     let selection = if t.ids.is_empty() {
         let mut parts = Vec::new();
-        if let Some(s) = t.state {
+        if let Some(s) = t.filter.state {
             parts.push(format!("state={s}"));
         }
-        if let Some(s) = t.provider_status {
+        if let Some(s) = t.filter.provider_status {
             parts.push(format!("provider_status={s}"));
         }
-        if let Some(h) = t.heartbeat {
+        if let Some(h) = t.filter.heartbeat {
             parts.push(format!("heartbeat={}", h.as_str()));
         }
-        if let Some(q) = &t.search {
+        if let Some(q) = &t.filter.search {
             parts.push(format!("q={q}"));
         }
         parts.join(" ")
@@ -407,18 +399,12 @@ fn first_boot_of(
 }
 
 pub async fn run(mut cfg: Config, a: InstallArgs) -> anyhow::Result<()> {
-    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd::bmdb::installations::{self, Asked};
     cfg.bmdb.pool_size = 2;
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
     let image = image_of(&cfg, &bmdb, &a).await?;
     if let Some(id) = a.targets.single()? {
-        let reason = a.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
-        let asker = Asker {
-            actor: "cli",
-            action_id: uuid::Uuid::new_v4(),
-            rollout_id: None,
-            reason,
-        };
+        let asker = cli_asker(a.reason.as_deref());
         return match bmdb
             .transact(async |tx| installations::ask(tx, id, &image, &asker).await)
             .await?
@@ -457,7 +443,7 @@ pub struct DeprovisionArgs {
 
 /// `shepherd machines deprovision`.
 pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<()> {
-    use shepherd::bmdb::installations::{self, Asked, Asker};
+    use shepherd::bmdb::installations::{self, Asked};
     use shepherd_proto::api::DiskErasure;
     use shepherd_proto::names::{check_erasure, parse_erase_mode};
     let mode = parse_erase_mode(&a.mode).map_err(|e| anyhow::anyhow!("--mode: {e}"))?;
@@ -473,13 +459,7 @@ pub async fn deprovision(mut cfg: Config, a: DeprovisionArgs) -> anyhow::Result<
     check_erasure(&erasure).map_err(|e| anyhow::anyhow!("{}", as_flags(&e)))?;
     cfg.bmdb.pool_size = 2;
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
-    let reason = a.reason.as_deref().map(str::trim).filter(|r| !r.is_empty());
-    let asker = Asker {
-        actor: "cli",
-        action_id: uuid::Uuid::new_v4(),
-        rollout_id: None,
-        reason,
-    };
+    let asker = cli_asker(a.reason.as_deref());
     let Some(id) = a.targets.single()? else {
         return start_rollout(&cfg, &bmdb, &a.targets, &Default::default(), Some(&erasure)).await;
     };

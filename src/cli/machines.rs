@@ -2,32 +2,19 @@
 //! (retry, take over again, reboot, hold, release…).
 
 use clap::Subcommand;
-use shepherd::bmdb::machines::{self, MachineState};
+use shepherd::bmdb::machines;
 use shepherd::bmdb::{Bmdb, actions};
 use shepherd::config::Config;
 
 use super::install::{DeprovisionArgs, InstallArgs};
-use super::parse::{parse_heartbeat, parse_process, parse_provider_status, parse_state};
+use super::parse::{FilterArgs, parse_process};
 
 #[derive(Subcommand)]
 pub enum MachinesCommand {
     /// One line per machine: ID, provider, provider ID, address, state.
     List {
-        /// Only machines in this state.
-        #[arg(long, value_parser = parse_state)]
-        state: Option<MachineState>,
-        /// Only machines whose provider reports this status (Running,
-        /// Provisioning, Stopped…).
-        #[arg(long, value_parser = parse_provider_status)]
-        provider_status: Option<shepherd::bmdb::ProviderStatus>,
-        /// Only machines whose agent is heartbeating, silent (started, no
-        /// heartbeat within recoverer.heartbeat_stale_after) or no-agent.
-        #[arg(long, value_parser = parse_heartbeat)]
-        heartbeat: Option<machines::Heartbeat>,
-        /// A machine ID's prefix, part of a provider ID, or an address's
-        /// prefix.
-        #[arg(long)]
-        search: Option<String>,
+        #[command(flatten)]
+        filter: FilterArgs,
         /// At most this many.
         #[arg(long, default_value_t = 1000)]
         limit: i64,
@@ -154,20 +141,8 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
         };
     }
     match cmd {
-        MachinesCommand::List {
-            state,
-            provider_status,
-            heartbeat,
-            search,
-            limit,
-        } => {
-            let filter = machines::FleetFilter {
-                state,
-                provider_status,
-                heartbeat,
-                stale_after: cfg.recoverer.heartbeat_stale_after,
-                search,
-            };
+        MachinesCommand::List { filter, limit } => {
+            let filter = filter.fleet(cfg.recoverer.heartbeat_stale_after);
             let (list, matching) = bmdb
                 .transact(async |tx| machines::fleet_page(tx, &filter, limit, 0).await)
                 .await?;

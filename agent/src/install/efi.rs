@@ -7,8 +7,9 @@
 //! made to boot on any machine carry.
 
 use std::io::Read as _;
-use std::os::unix::fs::FileExt as _;
 use std::path::Path;
+
+use super::partitions;
 
 /// The EFI global variable vendor GUID, as efivarfs names files.
 const GLOBAL: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
@@ -18,24 +19,6 @@ const ATTRIBUTES: u32 = 0x7;
 pub const DESCRIPTION: &str = "shepherd: installed system";
 /// The boot program the entry starts.
 pub const LOADER: &str = r"\EFI\BOOT\BOOTX64.EFI";
-
-const ESP_TYPE: &str = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B";
-
-/// The GPT's byte order for a GUID written as text.
-fn guid_bytes(s: &str) -> [u8; 16] {
-    let h: Vec<u8> = s
-        .chars()
-        .filter(|c| *c != '-')
-        .collect::<String>()
-        .as_bytes()
-        .chunks(2)
-        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
-        .collect();
-    [
-        h[3], h[2], h[1], h[0], h[5], h[4], h[7], h[6], h[8], h[9], h[10], h[11], h[12], h[13],
-        h[14], h[15],
-    ]
-}
 
 /// An EFI system partition as the GPT describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,36 +34,31 @@ pub struct EspPartition {
 /// `sector`-byte sectors).
 pub fn find_esp(disk: &Path, sector: u64) -> Result<EspPartition, String> {
     let f = std::fs::File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
-    let mut header = vec![0u8; sector as usize];
-    f.read_exact_at(&mut header, sector)
+    let header = partitions::read_at(&f, sector as usize, sector)
         .map_err(|e| format!("reading the GPT header of {}: {e}", disk.display()))?;
-    if &header[..8] != b"EFI PART" {
+    if !partitions::is_gpt_header(&header) {
         return Err(format!(
             "{} has no GPT: an EFI boot entry needs the image's EFI system partition",
             disk.display()
         ));
     }
-    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-    let entries_lba = u64_at(&header, 72);
-    let count = u32_at(&header, 80).min(1024) as usize;
-    let size = u32_at(&header, 84) as usize;
-    if size < 128 {
+    let h = partitions::GptHeader::read(&header);
+    // At most 1024 entries are looked at; no upper bound on their size.
+    let count = h.entries.min(1024) as usize;
+    let size = h.entry_len as usize;
+    if size < partitions::MIN_ENTRY_LEN as usize {
         return Err(format!("{}: GPT entries of {size} bytes", disk.display()));
     }
-    let mut entries = vec![0u8; count * size];
-    f.read_exact_at(&mut entries, entries_lba * sector)
+    let entries = partitions::read_at(&f, count * size, h.entries_lba * sector)
         .map_err(|e| format!("reading the GPT entries of {}: {e}", disk.display()))?;
-    let esp = guid_bytes(ESP_TYPE);
-    for (i, e) in entries.chunks(size).enumerate() {
-        if e[..16] == esp {
-            let first = u64_at(e, 32);
-            let last = u64_at(e, 40);
+    let esp = partitions::guid_bytes(partitions::ESP_TYPE);
+    for (i, e) in partitions::gpt_entries(&entries, size).enumerate() {
+        if e.type_guid == esp {
             return Ok(EspPartition {
                 number: i as u32 + 1,
-                first_lba: first,
-                sectors: last.saturating_sub(first) + 1,
-                unique_guid: e[16..32].try_into().unwrap(),
+                first_lba: e.first_lba,
+                sectors: e.last_lba.saturating_sub(e.first_lba) + 1,
+                unique_guid: e.unique_guid,
             });
         }
     }

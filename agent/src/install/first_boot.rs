@@ -15,6 +15,11 @@ use std::io::{Cursor, Write as _};
 use std::os::unix::fs::FileExt;
 
 use super::disk::{self, Disk};
+use super::partitions::{
+    BASIC_DATA, GPT_HEADER_LEN, GptHeader, MBR_LEN, MBR_PROTECTIVE, crc32, entry_at, gpt_entries,
+    has_mbr_signature, header_at, is_gpt_header, mbr_entries, mbr_entry_at, mbr_slot, put_u32,
+    put_u64, read_at, seal_gpt_header,
+};
 use crate::api::FirstBootFiles;
 use crate::api::image_installation::FirstBoot;
 
@@ -140,10 +145,9 @@ pub fn add_partition(
     name: &str,
 ) -> Result<Placed, String> {
     let path = d.path.display().to_string();
-    let mut lba1 = vec![0u8; sector as usize];
-    f.read_exact_at(&mut lba1, sector)
+    let lba1 = read_at(f, sector as usize, sector)
         .map_err(|e| format!("reading {path}'s partition table: {e}"))?;
-    let placed = if &lba1[..8] == b"EFI PART" {
+    let placed = if is_gpt_header(&lba1) {
         gpt_add(f, &path, size, sector, lba1, volume, name)?
     } else {
         mbr_add(f, &path, size, volume)?
@@ -179,33 +183,6 @@ pub fn whole_disk(f: &File, d: &Disk, size: u64, volume: &[u8]) -> Result<Placed
     })
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-fn put_u32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn crc32(b: &[u8]) -> u32 {
-    let mut c = flate2::Crc::new();
-    c.update(b);
-    c.sum()
-}
-
-/// Microsoft basic data, as GPT stores it (mixed-endian).
-const BASIC_DATA: [u8; 16] = [
-    0xA2, 0xA0, 0xD0, 0xEB, 0xE5, 0xB9, 0x33, 0x44, 0x87, 0xC0, 0x68, 0xB6, 0xB7, 0x26, 0x99, 0xC7,
-];
-
 fn no_room(path: &str, used_end: u64, size: u64) -> String {
     format!(
         "{path} has no room for the first-boot volume: the image's partitions end at {}, the disk is {}; \
@@ -225,31 +202,29 @@ fn gpt_add(
     volume: &[u8],
     name: &str,
 ) -> Result<Placed, String> {
-    let header_len = u32_at(&header, 12) as usize;
-    if !(92..=sector as usize).contains(&header_len) {
+    let h = GptHeader::read(&header);
+    let header_len = h.header_len as usize;
+    if !(GPT_HEADER_LEN..=sector as usize).contains(&header_len) {
         return Err(format!(
             "{path}: the GPT header's size {header_len} is not valid"
         ));
     }
-    let (old_backup, first_usable) = (u64_at(&header, 32), u64_at(&header, 40));
-    let (entries_lba, count, entry_len) = (
-        u64_at(&header, 72),
-        u32_at(&header, 80) as usize,
-        u32_at(&header, 84) as usize,
-    );
-    if !(128..=4096).contains(&entry_len) || count == 0 || count > 16384 {
+    let (old_backup, first_usable) = (h.alternate_lba, h.first_usable);
+    let (entries_lba, count, entry_len) = (h.entries_lba, h.entries as usize, h.entry_len as usize);
+    // Unlike an erasure's reader, an empty array is refused: the volume
+    // needs an entry.
+    if !h.array_in_bounds() || count == 0 {
         return Err(format!("{path}: the GPT's partition array is not valid"));
     }
-    let mut entries = vec![0u8; count * entry_len];
-    f.read_exact_at(&mut entries, entries_lba * sector)
+    let mut entries = read_at(f, h.array_len(), entries_lba * sector)
         .map_err(|e| format!("reading {path}'s partition array: {e}"))?;
     let mut used_end = first_usable;
     let mut free = None;
-    for (i, e) in entries.chunks(entry_len).enumerate() {
-        if e[..16].iter().all(|b| *b == 0) {
+    for (i, e) in gpt_entries(&entries, entry_len).enumerate() {
+        if !e.is_used() {
             free.get_or_insert(i);
         } else {
-            used_end = used_end.max(u64_at(e, 40) + 1);
+            used_end = used_end.max(e.last_lba + 1);
         }
     }
     let Some(slot) = free else {
@@ -276,29 +251,26 @@ fn gpt_add(
     // The new entry.
     let e = &mut entries[slot * entry_len..(slot + 1) * entry_len];
     e.fill(0);
-    e[..16].copy_from_slice(&BASIC_DATA);
-    e[16..32].copy_from_slice(uuid::Uuid::new_v4().to_bytes_le().as_slice());
-    put_u64(e, 32, start);
-    put_u64(e, 40, start + len - 1);
+    e[entry_at::TYPE].copy_from_slice(&BASIC_DATA);
+    e[entry_at::UNIQUE].copy_from_slice(uuid::Uuid::new_v4().to_bytes_le().as_slice());
+    put_u64(e, entry_at::FIRST_LBA, start);
+    put_u64(e, entry_at::LAST_LBA, start + len - 1);
     for (i, u) in name.encode_utf16().take(36).enumerate() {
-        e[56 + 2 * i..58 + 2 * i].copy_from_slice(&u.to_le_bytes());
+        let at = entry_at::NAME + 2 * i;
+        e[at..at + 2].copy_from_slice(&u.to_le_bytes());
     }
     let entries_crc = crc32(&entries);
     // The primary header: the disk's real end.
-    put_u64(&mut header, 32, last);
-    put_u64(&mut header, 48, last_usable);
-    put_u32(&mut header, 88, entries_crc);
-    put_u32(&mut header, 16, 0);
-    let crc = crc32(&header[..header_len]);
-    put_u32(&mut header, 16, crc);
+    put_u64(&mut header, header_at::ALTERNATE_LBA, last);
+    put_u64(&mut header, header_at::LAST_USABLE, last_usable);
+    put_u32(&mut header, header_at::ENTRIES_CRC, entries_crc);
+    seal_gpt_header(&mut header, header_len);
     // The backup: the same, at the end, pointing at its own array.
     let mut backup = header.clone();
-    put_u64(&mut backup, 24, last);
-    put_u64(&mut backup, 32, 1);
-    put_u64(&mut backup, 72, last - array_sectors);
-    put_u32(&mut backup, 16, 0);
-    let crc = crc32(&backup[..header_len]);
-    put_u32(&mut backup, 16, crc);
+    put_u64(&mut backup, header_at::MY_LBA, last);
+    put_u64(&mut backup, header_at::ALTERNATE_LBA, 1);
+    put_u64(&mut backup, header_at::ENTRIES_LBA, last - array_sectors);
+    seal_gpt_header(&mut backup, header_len);
     let io = |e: std::io::Error| format!("writing {path}'s partition table: {e}");
     // The image's old backup header (now inside free space) goes.
     if old_backup != last && old_backup > used_end && old_backup < start {
@@ -311,10 +283,13 @@ fn gpt_add(
     f.write_all_at(&backup, last * sector).map_err(io)?;
     f.write_all_at(&header, sector).map_err(io)?;
     // The protective MBR covers the whole disk.
-    let mut mbr = vec![0u8; 512];
-    f.read_exact_at(&mut mbr, 0).map_err(io)?;
-    if mbr[446 + 4] == 0xEE {
-        put_u32(&mut mbr, 446 + 12, last.min(u64::from(u32::MAX)) as u32);
+    let mut mbr = read_at(f, MBR_LEN, 0).map_err(io)?;
+    if mbr[mbr_slot(0)][mbr_entry_at::TYPE] == MBR_PROTECTIVE {
+        put_u32(
+            &mut mbr[mbr_slot(0)],
+            mbr_entry_at::SECTORS,
+            last.min(u64::from(u32::MAX)) as u32,
+        );
         f.write_all_at(&mbr, 0).map_err(io)?;
     }
     Ok(Placed {
@@ -325,22 +300,21 @@ fn gpt_add(
 }
 
 fn mbr_add(f: &File, path: &str, size: u64, volume: &[u8]) -> Result<Placed, String> {
-    let mut mbr = vec![0u8; 512];
-    f.read_exact_at(&mut mbr, 0)
-        .map_err(|e| format!("reading {path}'s partition table: {e}"))?;
-    if mbr[510..512] != [0x55, 0xAA] {
+    let mut mbr =
+        read_at(f, MBR_LEN, 0).map_err(|e| format!("reading {path}'s partition table: {e}"))?;
+    if !has_mbr_signature(&mbr) {
         return Err(format!(
             "{path}: the image has neither a GPT nor an MBR partition table: no first-boot volume can be added"
         ));
     }
     let mut used_end = MIB / 512;
     let mut free = None;
-    for i in 0..4 {
-        let e = &mbr[446 + i * 16..446 + (i + 1) * 16];
-        if e[4] == 0 {
+    // Every entry in use counts, a protective one too.
+    for (i, e) in mbr_entries(&mbr).enumerate() {
+        if e.kind == 0 {
             free.get_or_insert(i);
         } else {
-            used_end = used_end.max(u64::from(u32_at(e, 8)) + u64::from(u32_at(e, 12)));
+            used_end = used_end.max(u64::from(e.start) + u64::from(e.sectors));
         }
     }
     let Some(slot) = free else {
@@ -359,12 +333,12 @@ fn mbr_add(f: &File, path: &str, size: u64, volume: &[u8]) -> Result<Placed, Str
     if start < used_end {
         return Err(no_room(path, used_end * 512, size));
     }
-    let e = &mut mbr[446 + slot * 16..446 + (slot + 1) * 16];
+    let e = &mut mbr[mbr_slot(slot)];
     e.copy_from_slice(&[
         0, 0xFE, 0xFF, 0xFF, 0x0C, 0xFE, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0,
     ]);
-    put_u32(e, 8, start as u32);
-    put_u32(e, 12, len as u32);
+    put_u32(e, mbr_entry_at::START, start as u32);
+    put_u32(e, mbr_entry_at::SECTORS, len as u32);
     f.write_all_at(&mbr, 0)
         .map_err(|e| format!("writing {path}'s partition table: {e}"))?;
     Ok(Placed {

@@ -21,11 +21,21 @@
 //! Every disk chosen is checked for its mode before any is erased. The
 //! kernel and disk operations go through [`DiskOps`], so that a disk which
 //! says it erased and did not can be stood for in tests.
+//!
+//! Here: choosing the disks, the modes, reading back, progress. Beside it:
+//! `kernel.rs` ([`Kernel`], the machine's own [`DiskOps`]), `secure.rs`
+//! (what a disk's own erase is and how it is run: ATA Security Erase and
+//! SCSI SANITIZE through `install::sg`), `nvme.rs` (NVMe Format through the
+//! admin pass-through). The partition tables a metadata erase follows are
+//! read by `install::partitions`.
+
+mod kernel;
+mod nvme;
+mod secure;
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -33,9 +43,13 @@ use rand::Rng as _;
 
 use super::Counters;
 use super::disk::{self, Disk};
-use super::sg;
 use crate::api::disk_erasure::Mode;
 use crate::api::{DiskErasure, DiskHints};
+
+/// The partitions (byte ranges) of a disk: its GPT's, its MBR's, the kernel's.
+pub use super::partitions::byte_ranges as partitions;
+pub use kernel::Kernel;
+pub use secure::SecureErase;
 
 const MIB: u64 = 1 << 20;
 /// What is zeroed at each end of a disk and of each partition.
@@ -77,206 +91,6 @@ fn refuses_secure_discard(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY)
     )
-}
-
-/// A disk's own erase, as it advertises it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecureErase {
-    /// NVMe Format NVM of namespace `nsid` with its current LBA format;
-    /// `ses` 1 (user data erase) or 2 (cryptographic erase).
-    NvmeFormat { nsid: u32, lbaf: u32, ses: u32 },
-    /// ATA SECURITY ERASE UNIT, enhanced or normal; `minutes` as the disk
-    /// estimates it.
-    AtaSecurityErase {
-        enhanced: bool,
-        minutes: Option<u32>,
-    },
-    /// SCSI SANITIZE with this service action.
-    ScsiSanitize(sg::scsi::Sanitize),
-}
-
-impl SecureErase {
-    /// The command, as operators know it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            SecureErase::NvmeFormat { .. } => "NVMe Format",
-            SecureErase::AtaSecurityErase { .. } => "ATA Security Erase",
-            SecureErase::ScsiSanitize(_) => "SCSI SANITIZE",
-        }
-    }
-
-    /// How long the disk says it takes, where it says so.
-    pub fn minutes(&self) -> Option<u32> {
-        match self {
-            SecureErase::AtaSecurityErase { minutes, .. } => *minutes,
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for SecureErase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = self.name();
-        match self {
-            SecureErase::NvmeFormat { nsid, ses, .. } => write!(
-                f,
-                "{name} of namespace {nsid} with {}",
-                if *ses == 2 {
-                    "cryptographic erase"
-                } else {
-                    "user data erase"
-                }
-            ),
-            SecureErase::AtaSecurityErase { enhanced, minutes } => {
-                let kind = if *enhanced { "enhanced" } else { "normal" };
-                write!(f, "{name} ({kind})")?;
-                match minutes {
-                    Some(m) => write!(f, ", which the disk says takes {m} min"),
-                    None => Ok(()),
-                }
-            }
-            SecureErase::ScsiSanitize(a) => write!(f, "{name} ({})", a.name()),
-        }
-    }
-}
-
-/// The machine's own kernel and disks.
-pub struct Kernel;
-
-impl DiskOps for Kernel {
-    fn can_discard(&self, disk: &Disk, file: &File) -> Result<(), String> {
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", disk.path.display()))?;
-        if !meta.file_type().is_block_device() {
-            return Err(format!(
-                "{} is not a block device: it cannot be discarded",
-                disk.path.display()
-            ));
-        }
-        let sys = format!(
-            "/sys/dev/block/{}:{}/queue/discard_max_bytes",
-            libc::major(meta.rdev()),
-            libc::minor(meta.rdev())
-        );
-        let max: u64 = std::fs::read_to_string(&sys)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
-        if max == 0 {
-            return Err(format!(
-                "{} does not advertise discard (its queue/discard_max_bytes is 0): erase it with overwrite",
-                disk.path.display()
-            ));
-        }
-        Ok(())
-    }
-
-    fn discard(&self, file: &File, offset: u64, len: u64, secure: bool) -> io::Result<()> {
-        // BLKDISCARD = _IO(0x12, 119), BLKSECDISCARD = _IO(0x12, 125)
-        const BLKDISCARD: libc::c_ulong = 0x1277;
-        const BLKSECDISCARD: libc::c_ulong = 0x127d;
-        let request = if secure { BLKSECDISCARD } else { BLKDISCARD };
-        let range: [u64; 2] = [offset, len];
-        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
-        // SAFETY: the ioctl reads two u64 from `range`.
-        let r = unsafe { libc::ioctl(fd, request as _, range.as_ptr()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    fn secure_erase(&self, disk: &Disk, file: &File) -> Result<SecureErase, String> {
-        let name = disk
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if name.starts_with("nvme") {
-            return nvme::advertised(disk, file);
-        }
-        if name.starts_with("sd") {
-            let vendor = std::fs::read_to_string(format!("/sys/class/block/{name}/device/vendor"))
-                .unwrap_or_default();
-            return if vendor.trim() == "ATA" {
-                ata_advertised(disk, file)
-            } else {
-                scsi_advertised(disk, file)
-            };
-        }
-        Err(format!(
-            "{} advertises no secure erase: it is not an NVMe, ATA or SCSI disk (a virtio or loop \
-             device, or a file): erase it with overwrite or discard",
-            disk.path.display()
-        ))
-    }
-
-    fn run_secure_erase(
-        &self,
-        disk: &Disk,
-        file: &File,
-        how: &SecureErase,
-        timeout: Duration,
-        progress: &dyn Fn(u64),
-    ) -> Result<(), String> {
-        let name = disk.path.display();
-        match how {
-            SecureErase::NvmeFormat { nsid, lbaf, ses } => {
-                nvme::format(file, *nsid, *lbaf, *ses, timeout)
-                    .map_err(|e| format!("{name}: the NVMe Format failed: {e}"))
-            }
-            SecureErase::AtaSecurityErase { enhanced, .. } => {
-                sg::ata::security_erase(file, *enhanced, timeout).map_err(|(step, e)| {
-                    format!(
-                        "{name}: the ATA Security Erase failed at {step}: {e} (if the disk stays locked, \
-                         its user password is \"{}\": hdparm --user-master u --security-unlock {0} {name}, \
-                         then --security-disable {0})",
-                        sg::ATA_PASSWORD
-                    )
-                })
-            }
-            SecureErase::ScsiSanitize(a) => {
-                let size = u128::from(disk.size_bytes);
-                let of_65536 = |p: u16| progress((size * u128::from(p) / 65536) as u64);
-                sg::scsi::sanitize(file, *a, timeout, &of_65536)
-                    .map_err(|e| format!("{name}: the SCSI SANITIZE ({}) failed: {e}", a.name()))
-            }
-        }
-    }
-}
-
-/// An ATA disk's Security Erase, if it offers one and is not frozen.
-fn ata_advertised(disk: &Disk, file: &File) -> Result<SecureErase, String> {
-    let name = disk.path.display().to_string();
-    let words =
-        sg::ata::identify(file).map_err(|e| format!("{name}: ATA IDENTIFY DEVICE failed: {e}"))?;
-    let s = sg::ata::Security::from_identify(&words);
-    if let Some(why) = s.refusal(&name) {
-        return Err(why);
-    }
-    Ok(SecureErase::AtaSecurityErase {
-        enhanced: s.enhanced_erase,
-        minutes: if s.enhanced_erase {
-            s.enhanced_minutes
-        } else {
-            s.normal_minutes
-        },
-    })
-}
-
-/// A SCSI disk's SANITIZE, strongest first, if it reports one.
-fn scsi_advertised(disk: &Disk, file: &File) -> Result<SecureErase, String> {
-    let name = disk.path.display();
-    match sg::scsi::advertised(file) {
-        Ok(Some(a)) => Ok(SecureErase::ScsiSanitize(a)),
-        Ok(None) => Err(format!(
-            "{name}: the SCSI disk does not advertise SANITIZE (REPORT SUPPORTED OPERATION CODES): erase it with overwrite"
-        )),
-        Err(e) => Err(format!(
-            "{name}: asking the SCSI disk for SANITIZE failed: {e}: erase it with overwrite"
-        )),
-    }
 }
 
 /// One disk erased.
@@ -553,94 +367,6 @@ pub fn regions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
     merged
 }
 
-/// The partitions (byte ranges) the disk's GPT (primary, else backup), its
-/// MBR, and for a block device the kernel list.
-pub fn partitions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for sector in [512u64, 4096] {
-        out.extend(gpt_partitions(file, d.size_bytes, sector));
-    }
-    out.extend(mbr_partitions(file));
-    if let Some(name) = d.path.file_name().map(|n| n.to_string_lossy().into_owned()) {
-        if let Ok(dir) = std::fs::read_dir(Path::new("/sys/class/block").join(&name)) {
-            for e in dir.flatten() {
-                let p = e.path();
-                let read = |f: &str| -> Option<u64> {
-                    std::fs::read_to_string(p.join(f)).ok()?.trim().parse().ok()
-                };
-                if let (Some(start), Some(len)) = (read("start"), read("size")) {
-                    out.push((start * 512, (start + len) * 512));
-                }
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
-fn read_at(file: &File, len: usize, at: u64) -> Option<Vec<u8>> {
-    let mut b = vec![0u8; len];
-    file.read_exact_at(&mut b, at).ok()?;
-    Some(b)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-fn gpt_partitions(file: &File, size: u64, sector: u64) -> Vec<(u64, u64)> {
-    let last = (size / sector).saturating_sub(1);
-    for header_lba in [1, last] {
-        let Some(h) = read_at(file, 92, header_lba * sector) else {
-            continue;
-        };
-        if &h[..8] != b"EFI PART" {
-            continue;
-        }
-        let (entries_lba, count, entry_len) = (u64_at(&h, 72), u32_at(&h, 80), u32_at(&h, 84));
-        if !(128..=4096).contains(&entry_len) || count > 16384 {
-            continue;
-        }
-        let Some(t) = read_at(
-            file,
-            count as usize * entry_len as usize,
-            entries_lba * sector,
-        ) else {
-            continue;
-        };
-        return t
-            .chunks(entry_len as usize)
-            .filter(|e| e[..16].iter().any(|b| *b != 0))
-            .map(|e| (u64_at(e, 32) * sector, (u64_at(e, 40) + 1) * sector))
-            .filter(|(s, e)| s < e)
-            .collect();
-    }
-    Vec::new()
-}
-
-fn mbr_partitions(file: &File) -> Vec<(u64, u64)> {
-    let Some(b) = read_at(file, 512, 0) else {
-        return Vec::new();
-    };
-    if b[510..512] != [0x55, 0xAA] {
-        return Vec::new();
-    }
-    (0..4)
-        .map(|i| &b[446 + i * 16..446 + (i + 1) * 16])
-        .filter(|e| e[4] != 0 && e[4] != 0xEE)
-        .map(|e| {
-            let (s, n) = (u32_at(e, 8) as u64, u32_at(e, 12) as u64);
-            (s * 512, (s + n) * 512)
-        })
-        .filter(|(s, e)| s < e)
-        .collect()
-}
-
 fn metadata(
     file: &File,
     d: &Disk,
@@ -825,118 +551,4 @@ fn read_span(file: &File, d: &Disk, at: u64, len: u64) -> Result<Vec<u8>, String
 fn digest(b: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
     sha2::Sha256::digest(b).into()
-}
-
-/// NVMe admin commands through the kernel's pass-through.
-mod nvme {
-    use std::fs::File;
-    use std::io;
-
-    use super::{Disk, SecureErase};
-
-    /// `struct nvme_passthru_cmd` (linux/nvme_ioctl.h).
-    #[repr(C)]
-    #[derive(Default)]
-    struct Cmd {
-        opcode: u8,
-        flags: u8,
-        rsvd1: u16,
-        nsid: u32,
-        cdw2: u32,
-        cdw3: u32,
-        metadata: u64,
-        addr: u64,
-        metadata_len: u32,
-        data_len: u32,
-        cdw10: u32,
-        cdw11: u32,
-        cdw12: u32,
-        cdw13: u32,
-        cdw14: u32,
-        cdw15: u32,
-        timeout_ms: u32,
-        result: u32,
-    }
-    // NVME_IOCTL_ID = _IO('N', 0x40); NVME_IOCTL_ADMIN_CMD = _IOWR('N', 0x41, 72 bytes)
-    const NVME_IOCTL_ID: libc::c_ulong = 0x4e40;
-    const NVME_IOCTL_ADMIN_CMD: libc::c_ulong = 0xc048_4e41;
-
-    fn admin(file: &File, cmd: &mut Cmd) -> io::Result<u32> {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
-        // SAFETY: the ioctl reads and writes one `Cmd`, and the buffer its
-        // `addr` names is `data_len` bytes the caller owns.
-        let r = unsafe { libc::ioctl(fd, NVME_IOCTL_ADMIN_CMD as _, cmd as *mut Cmd) };
-        match r {
-            0 => Ok(cmd.result),
-            r if r > 0 => Err(io::Error::other(format!(
-                "the controller answered status {r:#x}"
-            ))),
-            _ => Err(io::Error::last_os_error()),
-        }
-    }
-
-    fn identify(file: &File, nsid: u32, cns: u32) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; 4096];
-        let mut cmd = Cmd {
-            opcode: 0x06,
-            nsid,
-            addr: buf.as_mut_ptr() as u64,
-            data_len: 4096,
-            cdw10: cns,
-            ..Cmd::default()
-        };
-        admin(file, &mut cmd)?;
-        Ok(buf)
-    }
-
-    pub fn advertised(disk: &Disk, file: &File) -> Result<SecureErase, String> {
-        let name = disk.path.display();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
-        // SAFETY: an ioctl without argument on a descriptor we own.
-        let nsid = unsafe { libc::ioctl(fd, NVME_IOCTL_ID as _) };
-        if nsid <= 0 {
-            return Err(format!(
-                "{name} is an NVMe controller, not a namespace: name the namespace (nvmeXnY)"
-            ));
-        }
-        let ctrl = identify(file, 0, 1)
-            .map_err(|e| format!("{name}: the NVMe Identify Controller failed: {e}"))?;
-        let oacs = u16::from_le_bytes([ctrl[256], ctrl[257]]);
-        let fna = ctrl[524];
-        if oacs & 0b10 == 0 {
-            return Err(format!(
-                "{name}: the NVMe controller does not advertise Format NVM (OACS bit 1): erase it with overwrite"
-            ));
-        }
-        let ns = identify(file, nsid as u32, 0)
-            .map_err(|e| format!("{name}: the NVMe Identify Namespace failed: {e}"))?;
-        let flbas = ns[26];
-        let lbaf = u32::from(flbas & 0x0f) | (u32::from((flbas >> 5) & 0x3) << 4);
-        // Cryptographic erase where advertised (FNA bit 2): the keys are
-        // gone in an instant; else user data erase.
-        let ses = if fna & 0b100 != 0 { 2 } else { 1 };
-        Ok(SecureErase::NvmeFormat {
-            nsid: nsid as u32,
-            lbaf,
-            ses,
-        })
-    }
-
-    pub fn format(
-        file: &File,
-        nsid: u32,
-        lbaf: u32,
-        ses: u32,
-        timeout: std::time::Duration,
-    ) -> io::Result<()> {
-        let mut cmd = Cmd {
-            opcode: 0x80,
-            nsid,
-            cdw10: (ses << 9) | (lbaf & 0x0f) | ((lbaf >> 4) << 12),
-            // Large disks take minutes; the kernel's default is 60 s.
-            timeout_ms: timeout.as_millis().clamp(60_000, u128::from(u32::MAX)) as u32,
-            ..Cmd::default()
-        };
-        admin(file, &mut cmd).map(|_| ())
-    }
 }

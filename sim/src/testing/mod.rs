@@ -1,0 +1,38 @@
+//! Test support: every test gets its own freshly migrated database.
+//!
+//! The server is `SHEPHERD_TEST_DATABASE_URL` if set, else PostgreSQL on
+//! 127.0.0.1:5432 if it answers (unless `SHEPHERD_TEST_EMBEDDED` is set),
+//! else an embedded server (the same code the
+//! service uses without `bmdb.url`), started once per test binary in the
+//! temporary directory and stopped when the binary exits. Databases are dropped when
+//! their [`TestDb`] is.
+//!
+//! The support is split by job:
+//!
+//! - `db`: test databases ([`TestDb`]), a PostgreSQL of the test's own
+//!   ([`OwnPostgres`]) and helpers that read and seed the BMDB.
+//! - `sshd`: a private OpenSSH sshd ([`Sshd`]).
+//! - `sushy`: the Redfish emulator sushy-tools as a process ([`Sushy`]).
+//! - `processes`: the workspace's binaries as processes ([`bin`],
+//!   [`FleetSimProcess`], [`ShepherdProcess`]), pgbench and memory use.
+//! - `boot`: a stand-in boot image, its boot data, the live agent and
+//!   fetching as a BMC does.
+//! - `browser`: the admin pages in a headless browser ([`browse`]).
+
+mod boot;
+mod browser;
+mod db;
+mod processes;
+mod sshd;
+mod sushy;
+
+pub use boot::{
+    BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc, live_agent,
+};
+pub use browser::browse;
+pub use db::{
+    OwnPostgres, TEST_ENDPOINT, TestDb, count, machine, pairs, serve_test_endpoint, served_since,
+};
+pub use processes::{FleetSimProcess, ShepherdProcess, bin, peak_rss_mb, pgbench, stripped_copy};
+pub use sshd::Sshd;
+pub use sushy::Sushy;

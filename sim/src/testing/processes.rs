@@ -1,0 +1,325 @@
+//! The workspace's binaries as processes (`bin`, fleet-sim, `shepherd run`,
+//! stripped copies), pgbench, and this process's memory use.
+
+use std::time::Duration;
+
+use super::Sshd;
+
+/// Runs pgbench (the server's own, found like the embedded server's
+/// binaries) with `script` and `clients` clients for `seconds` against
+/// `cfg`'s database, `-D` variables `vars`: its transactions per second, or
+/// None (with the reason on stderr) if it could not run.
+pub fn pgbench(
+    cfg: &tokio_postgres::Config,
+    script: &str,
+    clients: usize,
+    seconds: u64,
+    vars: &[(&str, String)],
+) -> Option<f64> {
+    use tokio_postgres::config::Host;
+    let bin = shepherd::bmdb::embedded::find_bin_dir(None)
+        .ok()?
+        .join("pgbench");
+    let file = std::env::temp_dir().join(format!(
+        "shepherd-bench-{}-{}.sql",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, script).ok()?;
+    let host = match &cfg.get_hosts()[0] {
+        Host::Tcp(h) => h.clone(),
+        Host::Unix(p) => p.display().to_string(),
+    };
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(["-n", "-M", "prepared", "-j", "2", "-c"])
+        .arg(clients.to_string())
+        .arg("-T")
+        .arg(seconds.to_string())
+        .arg("-f")
+        .arg(&file);
+    for (k, v) in vars {
+        cmd.arg("-D").arg(format!("{k}={v}"));
+    }
+    let out = cmd
+        .args([
+            "-h",
+            &host,
+            "-p",
+            &cfg.get_ports().first().copied().unwrap_or(5432).to_string(),
+        ])
+        .args([
+            "-U",
+            cfg.get_user().unwrap_or("postgres"),
+            cfg.get_dbname().unwrap(),
+        ])
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_file(&file);
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || text.contains("actually processed: 0") {
+        eprintln!(
+            "pgbench did not run: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| {
+            l.trim_start_matches("tps = ")
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
+/// This process's peak resident set size, MB.
+pub fn peak_rss_mb() -> f64 {
+    shepherd::telemetry::peak_rss_mb()
+}
+
+/// `fleet-sim` as a process, for the fleet tests and the fleet bench: it
+/// writes the shepherd configuration for its fleet to `config`.
+pub struct FleetSimProcess {
+    pub config: std::path::PathBuf,
+    pub api: std::net::SocketAddr,
+    pub control: std::net::SocketAddr,
+    child: std::process::Child,
+}
+
+impl FleetSimProcess {
+    /// Starts `exe` (the fleet-sim binary) with `machines` from `first`,
+    /// its state under `dir`, and `extra` arguments; returns once the
+    /// fleet is up.
+    pub fn start(
+        exe: &std::path::Path,
+        dir: &std::path::Path,
+        machines: usize,
+        first: std::net::Ipv4Addr,
+        extra: &[&str],
+    ) -> FleetSimProcess {
+        let api = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
+        let control = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
+        let config = dir.join("fleet.toml");
+        let mut child = std::process::Command::new(exe)
+            .args(["--machines", &machines.to_string()])
+            .args(["--first-address", &first.to_string()])
+            .args(["--api-listen", &api.to_string()])
+            .args(["--control-listen", &control.to_string()])
+            .arg("--dir")
+            .arg(dir.join("fleet"))
+            .arg("--config-out")
+            .arg(&config)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("fleet-sim.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while !config.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "fleet-sim exited ({status}): {}",
+                    std::fs::read_to_string(dir.join("fleet-sim.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "fleet-sim did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        FleetSimProcess {
+            config,
+            api,
+            control,
+            child,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    async fn get(url: String) -> serde_json::Value {
+        let mut r = awc::Client::default().get(&url).send().await.unwrap();
+        assert!(r.status().is_success(), "{url}: {}", r.status());
+        let body = r.body().limit(64 << 20).await.unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// `GET /fleet`: what each machine ran.
+    pub async fn report(&self) -> serde_json::Value {
+        Self::get(format!("http://{}/fleet", self.control)).await
+    }
+
+    /// The Equinix simulator's request counts.
+    pub async fn api_stats(&self) -> serde_json::Value {
+        Self::get(format!("http://{}/_sim/stats", self.api)).await
+    }
+}
+
+impl Drop for FleetSimProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `shepherd run` as a process on a configuration file, with environment
+/// overrides; its log (stderr) in a file.
+pub struct ShepherdProcess {
+    pub child: std::process::Child,
+    pub log: std::path::PathBuf,
+}
+
+impl ShepherdProcess {
+    pub fn start(
+        exe: &std::path::Path,
+        config: &std::path::Path,
+        log: std::path::PathBuf,
+        env: &[(&str, String)],
+    ) -> ShepherdProcess {
+        let child = std::process::Command::new(exe)
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env_remove("RUST_LOG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        ShepherdProcess { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lines of the log that contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// The log's last 40 lines.
+    pub fn log_tail(&self) -> String {
+        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Panics with the log if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("shepherd exited ({status}):\n{}", self.log_tail());
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the exit; its code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let started = std::time::Instant::now();
+        while started.elapsed() < timeout {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        None
+    }
+}
+
+impl Drop for ShepherdProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stripped copy of `binary` in the temporary directory (an unstripped
+/// copy where `strip` is missing): the agent as one would ship it, for the
+/// benches that upload it thousands of times.
+pub fn stripped_copy(binary: &std::path::Path) -> std::path::PathBuf {
+    let name = binary.file_name().unwrap().to_string_lossy();
+    let out = std::env::temp_dir().join(format!("shepherd-bench-{name}-{}", std::process::id()));
+    let stripped = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&out)
+        .arg(binary)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(binary, &out).unwrap();
+    }
+    out
+}
+
+/// A binary of the workspace, built by the profile of the running test or
+/// benchmark: `shepherd`, `takeover-agent` (with its test fault modes),
+/// `fleet-sim`, `equinix-sim`, `shepherd-demo`. `cargo test --workspace`
+/// (scripts/test) builds them all before any test runs; a test or
+/// benchmark run alone builds them here once, if one is missing.
+pub fn bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the running test's path");
+    let mut dir = exe.parent().expect("a directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if !path.exists() {
+        static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        BUILT.get_or_init(|| build_bins(&dir));
+    }
+    assert!(
+        path.exists(),
+        "{} is missing: cargo build --workspace --bins --features shepherd-agent/faults",
+        path.display()
+    );
+    path
+}
+
+/// Builds the workspace's binaries into `dir` (a target directory's
+/// profile directory) with the agent's test fault modes.
+fn build_bins(dir: &std::path::Path) {
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        // Benchmarks: the bench profile writes to release/ as well.
+        Some("release") if !cfg!(debug_assertions) => "bench",
+        Some(other) => other,
+        None => "dev",
+    };
+    let target = dir.parent().expect("a target directory");
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    eprintln!(
+        "building the workspace's binaries ({profile}) into {}",
+        dir.display()
+    );
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--workspace", "--bins"])
+        .args(["--features", "shepherd-agent/faults", "--profile", profile])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target)
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building the workspace's binaries failed");
+}

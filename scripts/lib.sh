@@ -59,3 +59,39 @@ need_python_packages() {
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
+
+# cached_tree DEST KEY CMD...: DEST as CMD builds it (CMD writes DEST and
+# marks it done with DEST/.done), or a copy of the one an earlier run built
+# under KEY in $SHEPHERD_VM_CACHE (CI sets it: the guests' root filesystems
+# are built once per content and reused). KEY names the content: callers
+# hash what the tree is built from into it.
+cached_tree() {
+  local dest=$1 key=$2
+  shift 2
+  local cache=${SHEPHERD_VM_CACHE:-}
+  if [ -n "$cache" ] && [ -e "$cache/$key/.done" ]; then
+    echo "shepherd: $dest from the cache ($cache/$key)" >&2
+    rm -rf "$dest"
+    cp -a "$cache/$key" "$dest"
+    return 0
+  fi
+  "$@"
+  if [ -n "$cache" ] && [ -e "$dest/.done" ]; then
+    mkdir -p "$cache"
+    rm -rf "$cache/$key.partial"
+    cp -a "$dest" "$cache/$key.partial" && mv "$cache/$key.partial" "$cache/$key"
+    # Older contents of the same tree are of no more use.
+    local k
+    for k in "$cache/${key%-*}"-*; do
+      [ "$k" = "$cache/$key" ] || rm -rf "$k"
+    done
+  fi
+}
+
+# content_key NAME TEXT...: NAME and a digest of the texts a tree is
+# built from.
+content_key() {
+  local name=$1
+  shift
+  printf '%s\n' "$@" | sha256sum | cut -c1-16 | sed "s/^/$name-/"
+}

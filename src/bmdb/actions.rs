@@ -21,6 +21,22 @@ use super::{BmdbError, Process, Tx};
 /// `installations` asks for.
 pub use super::lifecycle::Operation as Action;
 
+/// Who holds machine `m` and since when: `(by alice since …)`.
+async fn holder(tx: &mut Tx<'_>, m: Uuid) -> Result<String, BmdbError> {
+    let r = tx
+        .query_one(
+            "SELECT held_by, held_at FROM machine_hold WHERE machine_id = $1",
+            &[&m],
+        )
+        .await?;
+    let at: SystemTime = r.get(1);
+    Ok(format!(
+        "(by {} since {})",
+        r.get::<_, String>(0),
+        humantime::format_rfc3339_seconds(at)
+    ))
+}
+
 /// One operator's request.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -164,18 +180,7 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         if let Some(why) = super::lifecycle::refusal(m, state, req.action) {
             if state == super::lifecycle::MachineState::Held {
                 // Who holds it says more than the table.
-                let r = tx
-                    .query_one(
-                        "SELECT held_by, held_at FROM machine_hold WHERE machine_id = $1",
-                        &[&m],
-                    )
-                    .await?;
-                let at: SystemTime = r.get(1);
-                let by = format!(
-                    "(by {} since {})",
-                    r.get::<_, String>(0),
-                    humantime::format_rfc3339_seconds(at)
-                );
+                let by = holder(tx, m).await?;
                 return Ok(Outcome::Refused(if req.action == Action::Hold {
                     format!("machine {m} is already held {by}")
                 } else {
@@ -284,17 +289,9 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         }
         Action::Hold => {
             if held {
-                let r = tx
-                    .query_one(
-                        "SELECT held_by, held_at FROM machine_hold WHERE machine_id = $1",
-                        &[&m],
-                    )
-                    .await?;
-                let at: SystemTime = r.get(1);
+                let by = holder(tx, m).await?;
                 return Ok(Outcome::Refused(format!(
-                    "machine {m} is already held (by {} since {})",
-                    r.get::<_, String>(0),
-                    humantime::format_rfc3339_seconds(at)
+                    "machine {m} is already held {by}"
                 )));
             }
             tx.execute(

@@ -21,7 +21,7 @@ use crate::bmdb::duty::Duty;
 use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
 use crate::config::ProvisionerConfig;
-use crate::control::{Round, RoundStatus};
+use crate::control::{Pace, Round, RoundStatus};
 use crate::provider::{MachineKind, ProviderMachine, SharedProvider};
 
 /// What the Provisioner's rounds added up to.
@@ -234,13 +234,9 @@ async fn reconcile(
     );
     let started = std::time::Instant::now();
     let mut failed_in_a_row = 0;
-    for (i, c) in capacity.into_iter().take(n).enumerate() {
-        if i > 0 && !cfg.creation_interval.is_zero() {
-            tokio::time::sleep(cfg.creation_interval).await;
-        }
-        if session.is_expired() {
-            return Err("the session ended".into());
-        }
+    let mut pace = Pace::new(&session, cfg.creation_interval);
+    for c in capacity.into_iter().take(n) {
+        pace.next().await?;
         match provider.create_machine(c).await {
             Ok(m) => {
                 failed_in_a_row = 0;

@@ -82,6 +82,38 @@ impl<R: Round> Message for GetRoundStatus<R> {
     type Result = RoundStatus<R::Counters>;
 }
 
+/// A round's steps paced `every` apart (an API's budget: the Provisioner's
+/// creations), each only while the round's session lives: the first step
+/// at once, each next one after the interval, and an error naming the
+/// session's end instead of a step under a dead session.
+pub struct Pace<'a> {
+    session: &'a Session,
+    every: Duration,
+    steps: u64,
+}
+
+impl<'a> Pace<'a> {
+    pub fn new(session: &'a Session, every: Duration) -> Self {
+        Pace {
+            session,
+            every,
+            steps: 0,
+        }
+    }
+
+    /// Waits for the next step's turn.
+    pub async fn next(&mut self) -> Result<(), String> {
+        if self.steps > 0 && !self.every.is_zero() {
+            tokio::time::sleep(self.every).await;
+        }
+        self.steps += 1;
+        if self.session.is_expired() {
+            return Err("the session ended".into());
+        }
+        Ok(())
+    }
+}
+
 pub struct RoundRunner<R: Round> {
     round: Rc<R>,
     session: Option<Session>,

@@ -13,6 +13,9 @@
 //! simulated BMCs, rebooted through Redfish. With `--cycle N` it takes N
 //! machines through their life cycle: installed with first-boot data
 //! (an image shepherd serves), deprovisioned, available again.
+//!
+//! Long on purpose: the demo is a script in Rust (set up, run, watch,
+//! check), read from top to bottom.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

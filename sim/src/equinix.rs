@@ -12,6 +12,9 @@
 //! - Side endpoints under `/_sim/`: request counts per operation, peak
 //!   requests in flight, a timestamped request log, fault settings, and
 //!   levers for tests (take a reservation as another user, change a device).
+//!
+//! Long on purpose: the simulator serves every route of the API subset
+//! shepherd uses, with its faults, over one shared state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -11,6 +11,9 @@
 //! succeeds (`TAKEOVER_AGENT_RESIDENT=handoff`) and the machine runs the
 //! same heartbeat loop (`agent::resident`) as a task; [`Agents`] holds them,
 //! and the demo silences some to see them recovered.
+//!
+//! Long on purpose: a simulated machine is an SSH server, an SFTP
+//! server and the agents it runs, which share its state.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -1,6 +1,8 @@
 //! The JSON API's answers as types. The handlers serialize these, and the
 //! OpenAPI description (`/api/v1/openapi.json`, [`super::openapi`]) is
 //! derived from the same types, so the two cannot drift apart.
+//!
+//! Long on purpose: one type per answer of the API, a list by nature.
 
 use std::borrow::Cow;
 

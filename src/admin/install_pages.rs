@@ -4,6 +4,9 @@
 //! an image over the fleet page's filtered set) and a rollout's page (its
 //! counts and machines, a cancel button). Forms post through the same
 //! functions as the API, with the pages' CSRF tokens.
+//!
+//! Long on purpose: HTML written out for two pages and their forms, each
+//! piece beside the one it renders.
 
 use std::fmt::Write as _;
 

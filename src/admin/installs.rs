@@ -1,6 +1,8 @@
 //! Installations and rollouts in the API: asking one machine to install an
 //! image, rolling an image over a filtered set, reading and cancelling
 //! rollouts. The pages and the CLI go through the same functions.
+//!
+//! Long on purpose: each route's OpenAPI annotation stands beside it.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};

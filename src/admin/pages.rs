@@ -2,6 +2,9 @@
 //! the last hours, sessions, duties, the provisioner's discrepancies, the
 //! Equinix request budget) and a page per machine with its history, its
 //! audit and the operators' buttons. Plain HTML and SVG: no JavaScript.
+//!
+//! Long on purpose: HTML written out for the fleet page and the
+//! machine page, each section beside the query it shows.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};

@@ -5,6 +5,9 @@
 //! configuration is a working one: an embedded PostgreSQL under `var/bmdb`.
 //! Unknown keys are errors. Every error names the key it is about and never
 //! shows a secret.
+//!
+//! Long on purpose: every section's struct, its defaults and its checks,
+//! beside each other, so that a key's default and rule are read at once.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

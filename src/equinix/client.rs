@@ -18,6 +18,9 @@
 //!   witness is ours (a lost response); anyone else's is `RaceLost`. On the
 //!   fault-free path a device costs one request.
 //! - The API key goes into the `X-Auth-Token` header and nowhere else.
+//!
+//! Long on purpose: one actor, one method per operation of the API
+//! subset, around the one call path that paces and retries.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -26,6 +26,10 @@
 //! [`ImageCatalog`] turns that into the URL agents fetch, the image's size
 //! and its SHA-256 digest (computed once per file version, on a blocking
 //! thread).
+//!
+//! Long on purpose: the catalog and the server share the one gate
+//! (`open_image`) and the per-file digest cache; split, each would reach
+//! into the other.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -7,6 +7,9 @@
 //! re-read the partition table. When an installation fails after the
 //! first byte was written, both GPT copies (and the MBR) are wiped, so a
 //! half-written or corrupt image never boots.
+//!
+//! Long on purpose: the disks as sysfs describes them, their selection
+//! and the aligned writer share one `Disk` and its tests.
 
 use std::fs::File;
 use std::io;

@@ -3,6 +3,9 @@
 //! PASS-THROUGH (16), which libata translates), and SANITIZE on SCSI and
 //! SAS disks. Building commands and reading answers are plain functions,
 //! tested without a disk; only [`sg_io`] talks to the kernel.
+//!
+//! Long on purpose: the SCSI and ATA commands and their answers, laid
+//! out byte by byte as SAT-4/SBC-4 give them, with their tests.
 
 use std::fs::File;
 use std::io;

@@ -99,14 +99,7 @@ async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bo
         Pending | Enrolling => {}
         Backoff | EnrollFailed => sql(bmdb, &backoff("ShepherdAgentStart"), id).await,
         Leased => {
-            let w = session
-                .lease(
-                    Process::ShepherdAgentStart,
-                    async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ()))),
-                )
-                .await
-                .unwrap()
-                .unwrap();
+            let w = lease_takeover(session, id).await;
             std::mem::forget(w);
         }
         Held => {
@@ -193,14 +186,7 @@ async fn needs_of(bmdb: &Bmdb, session: &Session, state: MachineState, op: Opera
                         )
                         .await;
                     }
-                    let w = session
-                        .lease(
-                            Process::ShepherdAgentStart,
-                            async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ()))),
-                        )
-                        .await
-                        .unwrap()
-                        .unwrap();
+                    let w = lease_takeover(session, id).await;
                     std::mem::forget(w);
                 }
                 sql(
@@ -324,6 +310,18 @@ fn the_guide_shows_the_table_the_code_enforces() {
         guide.contains(&table),
         "docs/src/lifecycle.md's life-cycle table differs from the code's; it should read:\n{table}"
     );
+}
+
+/// A takeover's lease of `id`, as the Initializer takes it.
+async fn lease_takeover(session: &Session, id: Uuid) -> shepherd::bmdb::Work<()> {
+    session
+        .lease(
+            Process::ShepherdAgentStart,
+            async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ()))),
+        )
+        .await
+        .unwrap()
+        .expect("leased")
 }
 
 /// The state `id` shows.
@@ -502,14 +500,7 @@ async fn every_declared_transition_is_what_the_bmdb_derives() {
     for (from, event, to) in TRANSITIONS.iter().copied() {
         let (id, lease) = if from == MachineState::Leased {
             let id = machine_in(&bmdb, &session, MachineState::Pending, false).await;
-            let w = session
-                .lease(
-                    Process::ShepherdAgentStart,
-                    async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ()))),
-                )
-                .await
-                .unwrap()
-                .unwrap();
+            let w = lease_takeover(&session, id).await;
             (id, Some(w))
         } else {
             (machine_in(&bmdb, &session, from, false).await, None)

@@ -731,7 +731,7 @@ pub(super) async fn machine_page(
                 allowed.join(", ")
             }
         );
-        for action in Action::ACTIONS {
+        for &action in Action::ACTIONS {
             let available = match action {
                 Action::Install | Action::Deprovision => false,
                 Action::Retry => !d.backoffs.is_empty(),

@@ -343,17 +343,10 @@ impl Operation {
         }
     }
 
-    /// The operations `actions::act` carries out (installations and
-    /// deprovisionings are asked through `installations`).
-    pub const ACTIONS: [Operation; 7] = [
-        Operation::Retry,
-        Operation::Retakeover,
-        Operation::Reboot,
-        Operation::Hold,
-        Operation::Release,
-        Operation::Inspect,
-        Operation::AcceptHardware,
-    ];
+    /// The operations `actions::act` carries out: all but the last two
+    /// (installations and deprovisionings are asked through
+    /// `installations`).
+    pub const ACTIONS: &'static [Operation] = Operation::ALL.as_slice().split_at(7).0;
 
     pub fn parse(s: &str) -> Option<Operation> {
         Self::ALL.into_iter().find(|o| o.as_str() == s)
@@ -361,7 +354,7 @@ impl Operation {
 
     /// One of [`Operation::ACTIONS`], by name.
     pub fn parse_action(s: &str) -> Option<Operation> {
-        Self::ACTIONS.into_iter().find(|o| o.as_str() == s)
+        Self::ACTIONS.iter().copied().find(|o| o.as_str() == s)
     }
 
     /// A button's label.

@@ -21,7 +21,7 @@ use crate::bmdb::duty::Duty;
 use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
 use crate::config::ProvisionerConfig;
-use crate::control::{Pace, Round, RoundStatus};
+use crate::control::{Pace, Round};
 use crate::provider::{MachineKind, ProviderMachine, SharedProvider};
 
 /// What the Provisioner's rounds added up to.
@@ -35,9 +35,6 @@ pub struct ProvisionerCounters {
     /// Machines in both.
     pub managed: usize,
 }
-
-/// The Provisioner's status, as its round runner keeps it.
-pub type ProvisionerStatus = RoundStatus<ProvisionerCounters>;
 
 /// The Provisioner's round, on the round runner: a fleet duty, run as
 /// soon as a session starts.

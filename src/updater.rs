@@ -13,7 +13,7 @@ use crate::bmdb::duty::Duty;
 use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
-use crate::control::{Round, RoundStatus};
+use crate::control::Round;
 use crate::provider::{BmcRead, MachineKind, ProviderMachine, SharedProvider};
 
 /// What the Updater's rounds added up to.
@@ -22,9 +22,6 @@ pub struct UpdaterCounters {
     /// Rows written, over all rounds.
     pub updated: u64,
 }
-
-/// The Updater's status, as its round runner keeps it.
-pub type UpdaterStatus = RoundStatus<UpdaterCounters>;
 
 /// The Updater's round, on the round runner: a fleet duty.
 pub struct Updater {

@@ -54,4 +54,4 @@ pub use messages::{
     Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, NudgeLoop, RunRound, SetSession,
 };
 pub use registry::{Registration, Registry};
-pub use rounds::{GetRoundStatus, Pace, Round, RoundRunner, RoundStatus};
+pub use rounds::{Pace, Round, RoundRunner, RoundStatus};

@@ -10,7 +10,6 @@
 //! supervisor when it stops ([`RoundStopped`]).
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -67,19 +66,6 @@ pub struct RoundStatus<C> {
     /// The last failed round: when, and its cause.
     pub last_error: Option<(std::time::SystemTime, String)>,
     pub counters: C,
-}
-
-/// Asks a runner of `R` for its status.
-pub struct GetRoundStatus<R>(PhantomData<fn() -> R>);
-
-impl<R> Default for GetRoundStatus<R> {
-    fn default() -> Self {
-        GetRoundStatus(PhantomData)
-    }
-}
-
-impl<R: Round> Message for GetRoundStatus<R> {
-    type Result = RoundStatus<R::Counters>;
 }
 
 /// A round's steps paced `every` apart (an API's budget: the Provisioner's
@@ -267,13 +253,5 @@ impl<R: Round> Handler<GetLoopStatus> for RoundRunner<R> {
             last_error: s.last_error.clone(),
             own: Some(std::sync::Arc::new(s.counters.clone())),
         })
-    }
-}
-
-impl<R: Round> Handler<GetRoundStatus<R>> for RoundRunner<R> {
-    type Result = MessageResult<GetRoundStatus<R>>;
-
-    fn handle(&mut self, _: GetRoundStatus<R>, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.status.clone())
     }
 }

@@ -1,7 +1,8 @@
 //! The lease runner: the life of work on one machine, written once.
 //!
 //! A control loop ([`LeaseLoop`]) says which machine needs it (its
-//! selector, run inside the lease transaction), what its work on one
+//! selector, run inside the lease transaction, then its `prepare` step in
+//! the same transaction once the machine is leased), what its work on one
 //! leased machine is (an async function returning an [`Outcome`]), and how
 //! it backs off. [`WorkMailbox`] owns the rest: it leases machines under
 //! the current session, one [`Worker`] actor per leased machine, up to

@@ -6,8 +6,8 @@
 //! rest: the interval, the session, one round at a time, the duty (the
 //! shepherd holding it works, the others stand by and say who holds it),
 //! counting rounds and failed rounds, logging a failure with the next
-//! round's time, a round on demand ([`RunRound`]), and telling its
-//! supervisor when it stops ([`RoundStopped`]).
+//! round's time, a round on demand (`RunRound`), telling its supervisor
+//! when it stops (`LoopStopped`), and pacing a round's steps ([`Pace`]).
 
 use std::future::Future;
 use std::rc::Rc;

@@ -92,11 +92,14 @@ impl Supervisor {
                     tracing::info!(session_id = %session.id(), "session open; provisioning and taking over");
                     act.session_backoff = Duration::ZERO;
                     act.sessions_opened += 1;
-                    act.session = Some(addr);
-                    act.session_handle = Some(session.clone());
                     if act.shutting_down {
+                        // Opened after the drain began: closed at once,
+                        // nothing handed over.
+                        addr.do_send(CloseSession);
                         return;
                     }
+                    act.session = Some(addr);
+                    act.session_handle = Some(session.clone());
                     act.loops.hand_over(Some(session));
                 }
                 Err(e) => {

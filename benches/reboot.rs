@@ -74,6 +74,9 @@ fn main() {
                     boot: None,
                     location: None,
                     bmc: Some(bmc),
+                    mac: None,
+                    macs: Vec::new(),
+                    firmware: None,
                 }
             })
             .collect();
@@ -93,6 +96,7 @@ fn main() {
                     timeout: Duration::from_secs(60),
                     ..RedfishConfig::default()
                 },
+                &Default::default(),
             );
             // Everything on before the run.
             loop {

@@ -243,7 +243,7 @@ impl Enroller {
         let m = &work.item().machine;
         let inserted = self
             .provider
-            .end_media_boot(&m.provider_id)
+            .end_agent_boot(&m.provider_id)
             .await
             .map_err(|e| format!("ejecting the boot image: {e}"))?;
         work.session()
@@ -331,7 +331,7 @@ impl LeaseLoop for Enroller {
             Resume::Boot { cause, issued } => {
                 let url = (self.boot_url)(issued.boot_id);
                 tracing::debug!(boot = %issued.boot_id, %cause, "booting into the agent through the BMC");
-                match self.provider.boot_from_media(&m.provider_id, &url).await {
+                match self.provider.boot_agent(&m.provider_id, &url).await {
                     Ok(how) => {
                         // A worker taking over from this one waits for this
                         // boot instead of resetting the machine again.

@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod backoff;
+pub mod bmc;
 pub mod bmdb;
 pub mod brake_watch;
 pub mod callback;
@@ -26,6 +27,9 @@ pub mod enroller;
 pub mod equinix;
 pub mod images;
 pub mod initializer;
+pub mod ipmi;
+pub mod mac;
+pub mod netboot;
 pub mod provider;
 pub mod provisioner;
 pub mod recoverer;

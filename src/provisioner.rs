@@ -118,6 +118,10 @@ async fn insert(
             if m.boots_from_bmc {
                 crate::bmdb::bmc_boot::set_bmc_boot_of(tx, kind, &bmc_boot).await?;
             }
+            if !m.boot_macs.is_empty() {
+                let macs = [(m.provider_id.clone(), m.boot_macs.clone())];
+                crate::bmdb::netboot::add_boot_macs(tx, kind, &macs).await?;
+            }
             Ok(())
         })
         .await
@@ -196,10 +200,26 @@ async fn reconcile(
         .filter(|m| m.boots_from_bmc)
         .map(|m| m.provider_id.clone())
         .collect();
-    let (tagged, untagged) = session
-        .transact(async |tx| crate::bmdb::bmc_boot::set_bmc_boot(tx, kind, &bmc_boot).await)
+    let network: Vec<(String, Vec<crate::mac::MacAddr>)> = ours
+        .iter()
+        .filter(|m| m.boots_from_bmc && !m.boot_macs.is_empty())
+        .map(|m| (m.provider_id.clone(), m.boot_macs.clone()))
+        .collect();
+    let (tagged, untagged, macs) = session
+        .transact(async |tx| {
+            let (tagged, untagged) =
+                crate::bmdb::bmc_boot::set_bmc_boot(tx, kind, &bmc_boot).await?;
+            let macs = crate::bmdb::netboot::set_boot_macs(tx, kind, &network).await?;
+            Ok((tagged, untagged, macs))
+        })
         .await
         .map_err(|e| format!("recording which machines boot through their BMC: {e}"))?;
+    if macs > 0 {
+        tracing::info!(
+            changed = macs,
+            "machines booted from the network (boot = \"network\"), or their MACs, changed"
+        );
+    }
     if tagged + untagged > 0 {
         tracing::info!(
             tagged,

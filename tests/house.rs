@@ -20,14 +20,15 @@ use std::process::Command;
 /// a strictly lower layer. (`main.rs` and `cli/`, the binary, may import
 /// any.)
 const LAYERS: &[&[&str]] = &[
-    &["secret", "backoff", "tls"],
+    &["secret", "backoff", "tls", "mac", "bmc"],
     &["config"],
     &["bmdb", "equinix", "ssh", "telemetry"],
-    &["redfish", "callback", "control", "takeover"],
+    &["redfish", "ipmi", "callback", "control", "takeover"],
     &["provider", "initializer", "images"],
     &[
         "brake_watch",
         "enroller",
+        "netboot",
         "provisioner",
         "recoverer",
         "rollouts",

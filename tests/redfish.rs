@@ -22,6 +22,9 @@ fn host(id: &str, bmc: Option<BmcConfig>) -> InventoryMachine {
         boot: None,
         location: None,
         bmc,
+        mac: None,
+        macs: Vec::new(),
+        firmware: None,
     }
 }
 
@@ -32,6 +35,7 @@ fn inventory(hosts: Vec<InventoryMachine>) -> Inventory {
             file: None,
         },
         &RedfishConfig::default(),
+        &Default::default(),
     )
 }
 

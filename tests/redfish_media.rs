@@ -135,7 +135,7 @@ async fn an_installed_machine_is_restarted_from_its_disk_with_the_media_out() {
     // The agent installed the disk: the BMC ejects, clears the override
     // and restarts the system (a power cycle, which BMCs that apply media
     // changes only then need).
-    let reset = redfish::boot_from_disk(&bmcs, "node-1", &sushy.bmc(0))
+    let reset = redfish::boot_from_disk(&bmcs, "node-1", &sushy.bmc(0), true)
         .await
         .unwrap();
     assert_eq!(reset, "ForceRestart");

@@ -137,6 +137,9 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
                         system: None,
                         tls: BmcTls::Verify,
                     }),
+                    mac: None,
+                    macs: Vec::new(),
+                    firmware: None,
                 })
                 .collect();
             Hardware::Owned(bmcs)

@@ -24,6 +24,7 @@ pub mod lifecycle;
 pub mod machines;
 mod migrate;
 mod model;
+pub mod netboot;
 pub mod overview;
 pub mod rollouts;
 pub mod selectors;

@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+use crate::mac::MacAddr;
 use crate::secret::Secret;
 
 /// A host of the inventory: its ID, address, location, BMC and how
@@ -28,10 +29,31 @@ pub struct InventoryMachine {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmc: Option<BmcConfig>,
     /// How shepherd first reaches it: `"ssh"` (a takeover at `address`,
-    /// the default when there is one) or `"virtual-media"` (its BMC boots
-    /// it into the agent).
+    /// the default when there is one), `"virtual-media"` or `"network"`
+    /// (its BMC boots it into the agent, from a virtual CD or over the
+    /// provisioning network).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<BootMethod>,
+    /// The provisioning NIC's address (`boot = "network"`): the network
+    /// boot service answers this MAC only (CONTRACTS.md §6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+    /// More than one provisioning NIC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<MacAddr>,
+    /// Its firmware, for an IPMI boot device (`"uefi"`, the default, sets
+    /// the EFI flag; `"bios"` does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<Firmware>,
+}
+
+/// A machine's firmware, as far as booting it from the network cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Firmware {
+    #[default]
+    Uefi,
+    Bios,
 }
 
 /// How shepherd reaches a host of the inventory (CONTRACTS.md §5).
@@ -42,24 +64,57 @@ pub enum BootMethod {
     Ssh,
     /// Its BMC boots it into shepherd's boot image (the live agent).
     VirtualMedia,
+    /// Its BMC boots it from the provisioning network (PXE), where the
+    /// network boot service hands it the live agent (CONTRACTS.md §6).
+    Network,
+}
+
+impl BootMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMethod::Ssh => "ssh",
+            BootMethod::VirtualMedia => "virtual-media",
+            BootMethod::Network => "network",
+        }
+    }
 }
 
 impl InventoryMachine {
-    /// Whether its BMC boots it into the agent: `boot = "virtual-media"`.
+    /// Whether its BMC boots it into the agent: `boot = "virtual-media"`
+    /// or `"network"`.
     pub fn boots_from_bmc(&self) -> bool {
-        self.boot == Some(BootMethod::VirtualMedia)
+        matches!(
+            self.boot,
+            Some(BootMethod::VirtualMedia | BootMethod::Network)
+        )
+    }
+
+    /// Its provisioning NICs (`mac` and `macs`), each once.
+    pub fn boot_macs(&self) -> Vec<MacAddr> {
+        let mut all: Vec<MacAddr> = self.mac.iter().chain(&self.macs).copied().collect();
+        all.sort();
+        all.dedup();
+        all
     }
 
     /// What makes the entry unusable, if anything: no way in (neither an
-    /// address nor `boot = "virtual-media"`), or a boot through a BMC it
-    /// does not have.
+    /// address nor a boot through its BMC), a boot through a BMC it does
+    /// not have, a network boot without a MAC, or virtual media asked of
+    /// an IPMI BMC.
     pub fn check_reach(&self) -> Result<(), String> {
         match (self.boot, self.address, &self.bmc) {
-            (Some(BootMethod::VirtualMedia), _, None) => {
-                Err("boot = \"virtual-media\" needs a bmc to boot it through".into())
+            (Some(b @ (BootMethod::VirtualMedia | BootMethod::Network)), _, None) => Err(format!(
+                "boot = \"{}\" needs a bmc to boot it through",
+                b.as_str()
+            )),
+            (Some(BootMethod::Network), _, Some(_)) if self.boot_macs().is_empty() => Err(
+                "boot = \"network\" needs the provisioning NIC's mac (or macs)".into(),
+            ),
+            (Some(BootMethod::VirtualMedia), _, Some(bmc)) if bmc.protocol() == BmcProtocol::Ipmi => {
+                Err("boot = \"virtual-media\" needs a Redfish BMC (https://…): IPMI has no virtual media; use boot = \"network\"".into())
             }
             (Some(BootMethod::Ssh) | None, None, _) => Err(
-                "address is missing (give an address to log in at, or boot = \"virtual-media\" with a bmc)"
+                "address is missing (give an address to log in at, or boot = \"virtual-media\" or \"network\" with a bmc)"
                     .into(),
             ),
             _ => Ok(()),
@@ -67,7 +122,29 @@ impl InventoryMachine {
     }
 }
 
-/// A host's baseboard management controller, spoken to with Redfish.
+/// How a BMC is spoken to, by its URL's scheme (CONTRACTS.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BmcProtocol {
+    /// `https://` (or `http://` for an emulator).
+    Redfish,
+    /// `ipmi://host[:port]`: IPMI 2.0 over LAN (RMCP+).
+    Ipmi,
+}
+
+impl BmcProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcProtocol::Redfish => "redfish",
+            BmcProtocol::Ipmi => "ipmi",
+        }
+    }
+}
+
+/// The port IPMI over LAN answers on unless the URL names another.
+pub const IPMI_PORT: u16 = 623;
+
+/// A host's baseboard management controller, spoken to with Redfish or
+/// IPMI.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BmcConfig {
@@ -85,9 +162,75 @@ pub struct BmcConfig {
 }
 
 impl BmcConfig {
+    pub fn protocol(&self) -> BmcProtocol {
+        if self.url.starts_with("ipmi://") {
+            BmcProtocol::Ipmi
+        } else {
+            BmcProtocol::Redfish
+        }
+    }
+
+    /// An IPMI BMC's host and port (`ipmi://host[:port]`).
+    pub fn ipmi_target(&self) -> Option<(String, u16)> {
+        let rest = self.url.strip_prefix("ipmi://")?.trim_end_matches('/');
+        if rest.is_empty() || rest.contains(['/', '@', '?', '#']) {
+            return None;
+        }
+        // [v6]:port, v6 alone, host:port, host.
+        if let Some(v6) = rest.strip_prefix('[') {
+            let (host, after) = v6.split_once(']')?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => p.parse().ok()?,
+                None if after.is_empty() => IPMI_PORT,
+                None => return None,
+            };
+            return Some((host.to_string(), port));
+        }
+        if rest.matches(':').count() > 1 {
+            return rest
+                .parse::<std::net::Ipv6Addr>()
+                .ok()
+                .map(|a| (a.to_string(), IPMI_PORT));
+        }
+        match rest.split_once(':') {
+            Some((h, p)) if !h.is_empty() => {
+                Some((h.to_string(), p.parse().ok().filter(|p| *p > 0)?))
+            }
+            Some(_) => None,
+            None => Some((rest.to_string(), IPMI_PORT)),
+        }
+    }
+
     /// Checks the URL and user and loads the password. Err: the key under
     /// `bmc` that is wrong (`url`, `username`, `password`) and why.
     pub fn validate(&mut self) -> Result<(), (&'static str, String)> {
+        if self.url.starts_with("ipmi://") {
+            if self.ipmi_target().is_none() {
+                return Err((
+                    "url",
+                    format!(
+                        "{:?} is not an IPMI BMC address like ipmi://10.0.0.5 or ipmi://bmc.example:623 (no path, no credentials)",
+                        self.url
+                    ),
+                ));
+            }
+            self.url = self.url.trim_end_matches('/').to_string();
+            if self.username.trim().is_empty() {
+                return Err(("username", "must not be empty".into()));
+            }
+            self.password.resolve().map_err(|m| ("password", m))?;
+            let len = self.password.expose().len();
+            if len > 20 {
+                return Err((
+                    "password",
+                    format!("is {len} bytes long; IPMI 2.0 takes at most 20"),
+                ));
+            }
+            if self.username.len() > 16 {
+                return Err(("username", "IPMI 2.0 takes at most 16 bytes".into()));
+            }
+            return Ok(());
+        }
         let url = self.url.trim_end_matches('/').to_string();
         let scheme_ok = url.starts_with("https://") || url.starts_with("http://");
         let uri = url.parse::<awc::http::Uri>();
@@ -99,7 +242,7 @@ impl BmcConfig {
             return Err((
                 "url",
                 format!(
-                    "{:?} is not a BMC address like https://10.0.0.5 or https://bmc.example:8443 (no path, no credentials)",
+                    "{:?} is not a BMC address like https://10.0.0.5, https://bmc.example:8443 or ipmi://10.0.0.5 (no path, no credentials)",
                     self.url
                 ),
             ));
@@ -292,11 +435,33 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
         None => None,
         Some("ssh") => Some(BootMethod::Ssh),
         Some("virtual-media") => Some(BootMethod::VirtualMedia),
+        Some("network") => Some(BootMethod::Network),
         Some(other) => {
             return Err(format!(
-                "boot {other:?} is not \"ssh\" or \"virtual-media\""
+                "boot {other:?} is not \"ssh\", \"virtual-media\" or \"network\""
             ));
         }
+    };
+    let mac = match text(&mut entry, "mac")? {
+        None => None,
+        Some(m) => Some(m.parse::<MacAddr>().map_err(|e| format!("mac: {e}"))?),
+    };
+    let macs = match entry.remove("macs") {
+        None => Vec::new(),
+        Some(toml::Value::Array(a)) => a
+            .into_iter()
+            .map(|v| match v {
+                toml::Value::String(s) => s.parse::<MacAddr>().map_err(|e| format!("macs: {e}")),
+                other => Err(format!("macs: {} is not a string", other.type_str())),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(format!("macs must be an array, not {}", other.type_str())),
+    };
+    let firmware = match text(&mut entry, "firmware")?.as_deref() {
+        None => None,
+        Some("uefi") => Some(Firmware::Uefi),
+        Some("bios") => Some(Firmware::Bios),
+        Some(other) => return Err(format!("firmware {other:?} is not \"uefi\" or \"bios\"")),
     };
     let location = text(&mut entry, "location")?;
     let bmc = match entry.remove("bmc") {
@@ -318,6 +483,9 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
         location,
         bmc,
         boot,
+        mac,
+        macs,
+        firmware,
     };
     m.check_reach()?;
     Ok(m)

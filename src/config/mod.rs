@@ -19,10 +19,12 @@ use crate::secret::{Secret, redact_database_url};
 mod error;
 pub mod inventory;
 pub mod loops;
+pub mod netboot;
 
 pub use error::ConfigError;
-pub use inventory::{BmcConfig, BmcTls, BootMethod, InventoryMachine};
+pub use inventory::{BmcConfig, BmcProtocol, BmcTls, BootMethod, Firmware, InventoryMachine};
 pub use loops::{EnrollerLease, InitializerLease, LeaseDefaults, LeaseSettings, RecovererLease};
+pub use netboot::{AddressRange, IpmiConfig, NetbootConfig, NetbootMode};
 
 /// Environment variables with this prefix override file keys:
 /// `SHEPHERD__BMDB__URL` is `bmdb.url`.
@@ -46,6 +48,11 @@ pub struct Config {
     pub admin: AdminConfig,
     pub bmaas: BmaasConfig,
     pub redfish: RedfishConfig,
+    pub ipmi: IpmiConfig,
+    /// The network boot service; None (no section): nothing listens on
+    /// the DHCP or TFTP ports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netboot: Option<NetbootConfig>,
     pub log: LogConfig,
 }
 
@@ -1044,6 +1051,7 @@ impl ProviderConfig {
             }
             ProviderKind::Static => {
                 let mut seen = std::collections::HashSet::new();
+                let mut macs = std::collections::HashMap::new();
                 for (i, m) in self.inventory.machines.iter_mut().enumerate() {
                     if let Some(bmc) = &mut m.bmc {
                         bmc.validate().map_err(|(k, e)| {
@@ -1063,11 +1071,24 @@ impl ProviderConfig {
                         ));
                     }
                     if let Err(e) = m.check_reach() {
-                        let key = if m.boots_from_bmc() { "bmc" } else { "address" };
+                        let key = match m.boot {
+                            Some(BootMethod::Network) if m.bmc.is_some() => "mac",
+                            Some(BootMethod::VirtualMedia) if m.bmc.is_some() => "boot",
+                            _ if m.boots_from_bmc() => "bmc",
+                            _ => "address",
+                        };
                         return Err(ConfigError::key(
                             format!("provider.inventory.machines[{i}].{key}"),
                             format!("host {}: {e}", m.id),
                         ));
+                    }
+                    for mac in m.boot_macs() {
+                        if let Some(other) = macs.insert(mac, m.id.clone()) {
+                            return Err(ConfigError::key(
+                                format!("provider.inventory.machines[{i}].mac"),
+                                format!("host {}: {mac} is host {other}'s too", m.id),
+                            ));
+                        }
                     }
                 }
                 if let Some(f) = &self.inventory.file {
@@ -1241,6 +1262,10 @@ impl Config {
         self.admin.validate()?;
         self.bmaas.validate()?;
         self.redfish.validate()?;
+        self.ipmi.validate()?;
+        if let Some(n) = &self.netboot {
+            n.validate()?;
+        }
         if self.updater.interval.is_zero() {
             return Err(ConfigError::key("updater.interval", "must be positive"));
         }
@@ -1394,6 +1419,88 @@ mod tests {
     }
 
     #[test]
+    fn a_network_boot_host_and_the_netboot_section_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("shepherd.toml");
+        let load = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            Config::load_with_env(Some(&f), Vec::new())
+        };
+        let ipmi = r#"bmc = { url = "ipmi://10.0.0.7", username = "admin", password = "pw" }"#;
+        let e = load(&format!(
+            "[provider.inventory]\nmachines = [{{ id = \"r2-u3\", boot = \"network\", {ipmi} }}]\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[0].mac"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("r2-u3"), "{e}");
+        let e = load(&format!(
+            "[provider.inventory]\nmachines = [{{ id = \"r2-u3\", boot = \"virtual-media\", {ipmi} }}]\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("IPMI has no virtual media"), "{e}");
+        let e = load(&format!(
+            "[provider.inventory]\nmachines = [\n{{ id = \"a\", boot = \"network\", mac = \"52:54:00:12:34:56\", {ipmi} }},\n{{ id = \"b\", boot = \"network\", macs = [\"52-54-00-12-34-56\"], {ipmi} }}]\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[1].mac"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("host a's too"), "{e}");
+        let e = load(
+            "[provider.inventory]\nmachines = [{ id = \"a\", boot = \"network\", mac = \"52:54:00:12:34:56\", bmc = { url = \"ipmi://10.0.0.7:x\", username = \"admin\", password = \"pw\" } }]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[0].bmc.url"),
+            "{e}"
+        );
+        let e = load(
+            "[provider.inventory]\nmachines = [{ id = \"a\", boot = \"network\", mac = \"52:54:00:12:34:56\", bmc = { url = \"ipmi://10.0.0.7\", username = \"admin\", password = \"this-is-longer-than-twenty\" } }]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[0].bmc.password"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("this-is-longer"), "{e}");
+        let ok = load(&format!(
+            "[provider.inventory]\nmachines = [{{ id = \"a\", boot = \"network\", mac = \"52:54:00:AB:34:56\", firmware = \"bios\", {ipmi} }}]\n"
+        ))
+        .unwrap();
+        let m = &ok.provider.inventory.machines[0];
+        assert_eq!(m.boot_macs()[0].to_string(), "52:54:00:ab:34:56");
+        assert_eq!(
+            m.bmc.as_ref().unwrap().ipmi_target(),
+            Some(("10.0.0.7".to_string(), 623))
+        );
+        assert!(ok.netboot.is_none());
+
+        let e = load("[netboot]\nmode = \"proxy\"\n").unwrap_err();
+        assert_eq!(e.key_name(), Some("netboot.interface"), "{e}");
+        let e = load("[netboot]\ninterface = \"br0\"\nmode = \"dhcp\"\n").unwrap_err();
+        assert_eq!(e.key_name(), Some("netboot.range"), "{e}");
+        let e = load(
+            "[netboot]\ninterface = \"br0\"\nmode = \"dhcp\"\nrange = \"10.0.0.9-10.0.0.1\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key_name(), Some("netboot.range"), "{e}");
+        let ok = load("[netboot]\ninterface = \"br0\"\n").unwrap();
+        let n = ok.netboot.unwrap();
+        assert_eq!(
+            (n.mode, n.dhcp_port, n.tftp_port),
+            (NetbootMode::Proxy, 67, 69)
+        );
+    }
+
+    #[test]
     fn a_mistyped_secret_is_not_echoed() {
         assert_eq!(
             clean_serde_message(r#"invalid type: string "hunter2", expected u32"#),
@@ -1471,6 +1578,20 @@ mod documented_defaults {
             "facility",
             "file",
             "tokens",
+            "interface",
+            "mode",
+            "range",
+            "router",
+            "dns",
+            "lease",
+            "tftp_root",
+            "discover",
+            "discover_per_minute",
+            "address",
+            "http_listen",
+            "dhcp_port",
+            "proxy_port",
+            "tftp_port",
         ] {
             if !text
                 .lines()

@@ -16,6 +16,39 @@ pub struct BootImage {
     pub len: u64,
     pub slot_offset: u64,
     pub slot_len: u64,
+    /// The same kernel and initramfs as files, for network boot
+    /// (`<iso>.vmlinuz`, `<iso>.initrd` beside it; the boot's data is
+    /// appended to the initramfs as the slot's archive), and the kernel's
+    /// command line (the `.slot` file's `cmdline` line).
+    pub netboot: Option<NetbootFiles>,
+}
+
+/// The kernel and initramfs a network boot loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetbootFiles {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub cmdline: String,
+}
+
+/// The kernel's command line when the `.slot` file names none (as the
+/// ISO's GRUB boots it).
+pub const DEFAULT_CMDLINE: &str = "console=tty0 console=ttyS0,115200 quiet panic=30";
+
+/// A boot's data, as its agent reads it (`/shepherd/boot-data`).
+pub fn boot_data(
+    issued: &crate::bmdb::boot::IssuedBoot,
+    callback_endpoint: &str,
+    ca_der: &[u8],
+) -> Vec<u8> {
+    use prost::Message as _;
+    shepherd_proto::boot::BootData {
+        machine_id: issued.machine_id.to_string(),
+        bmaas_endpoint: callback_endpoint.to_string(),
+        ca_certificate: ca_der.to_vec(),
+        credential: issued.credential.clone(),
+    }
+    .encode_to_vec()
 }
 
 /// What the placeholder in the slot says, as `scripts/boot-image` writes it.
@@ -67,11 +100,30 @@ impl BootImage {
                 path.display()
             ));
         }
+        let beside = |ext: &str| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(ext);
+            Some(PathBuf::from(p)).filter(|p| p.is_file())
+        };
+        let netboot = match (beside(".vmlinuz"), beside(".initrd")) {
+            (Some(kernel), Some(initrd)) => Some(NetbootFiles {
+                kernel,
+                initrd,
+                cmdline: text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cmdline "))
+                    .map(|c| c.trim().to_string())
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| DEFAULT_CMDLINE.to_string()),
+            }),
+            _ => None,
+        };
         Ok(BootImage {
             path: path.to_path_buf(),
             len,
             slot_offset,
             slot_len,
+            netboot,
         })
     }
 
@@ -210,6 +262,7 @@ mod tests {
             len: 1 << 20,
             slot_offset: 4096,
             slot_len: 4096,
+            netboot: None,
         };
         let slot = image.slot(b"hello").unwrap();
         assert_eq!(slot.len(), 4096);

@@ -45,7 +45,7 @@ use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 pub mod boot;
 
-pub use boot::BootImage;
+pub use boot::{BootImage, NetbootFiles};
 
 /// What an installation needs to fetch a served image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -539,14 +539,7 @@ async fn boot_iso(
         }
         Err(unavailable) => return unavailable,
     };
-    use prost::Message as _;
-    let data = shepherd_proto::boot::BootData {
-        machine_id: issued.machine_id.to_string(),
-        bmaas_endpoint: serving.callback_endpoint.clone(),
-        ca_certificate: ca_der,
-        credential: issued.credential.clone(),
-    }
-    .encode_to_vec();
+    let data = boot::boot_data(&issued, &serving.callback_endpoint, &ca_der);
     let slot = match serving.image.slot(&data) {
         Ok(s) => s,
         Err(e) => {

@@ -207,6 +207,7 @@ pub fn status_of(state: DeviceState) -> ProviderStatus {
 pub fn machine_of(d: &Device) -> ProviderMachine {
     ProviderMachine {
         boots_from_bmc: false,
+        boot_macs: Vec::new(),
         provider_id: d.id.clone(),
         address: d.public_address(),
         location: d.location().map(str::to_string),
@@ -228,6 +229,7 @@ impl Provider for Equinix {
                 if r.provisionable && !r.is_occupied() && !self.is_penalized(&r.id) {
                     out.push(ProviderMachine {
                         boots_from_bmc: false,
+                        boot_macs: Vec::new(),
                         provider_id: r.id.clone(),
                         address: None,
                         location: r.facility.as_ref().map(|f| f.code.clone()),

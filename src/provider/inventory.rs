@@ -2,18 +2,18 @@
 //! configuration or in a TOML file it names (re-read every round, so an
 //! edit takes effect without a restart). Every host is ours; there is no
 //! capacity to create machines from. A host with a BMC (`bmc = { url, … }`)
-//! is rebooted through Redfish and its status is its power state; one
-//! without cannot be rebooted.
+//! is rebooted through it (Redfish or IPMI, by the URL's scheme) and its
+//! status is its power state; one without cannot be rebooted.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use super::bmc::Bmcs;
 use super::{BmcRead, Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::inventory::read_file;
-use crate::config::{InventoryConfig, InventoryMachine, RedfishConfig};
-use crate::redfish::Bmcs;
+use crate::config::{BootMethod, InventoryConfig, InventoryMachine, IpmiConfig, RedfishConfig};
 
 pub struct Inventory {
     listed: Vec<InventoryMachine>,
@@ -31,13 +31,13 @@ pub struct Inventory {
 }
 
 impl Inventory {
-    pub fn new(cfg: &InventoryConfig, redfish: &RedfishConfig) -> Self {
+    pub fn new(cfg: &InventoryConfig, redfish: &RedfishConfig, ipmi: &IpmiConfig) -> Self {
         Inventory {
             listed: cfg.machines.clone(),
             file: cfg.file.clone(),
             last_good: RefCell::new(Vec::new()),
             reported: RefCell::new(BTreeSet::new()),
-            bmcs: Bmcs::new(redfish),
+            bmcs: Bmcs::new(redfish, ipmi),
             power: RefCell::new(std::collections::HashMap::new()),
         }
     }
@@ -133,6 +133,11 @@ fn machine(m: &InventoryMachine) -> ProviderMachine {
         status: ProviderStatus::Running,
         kind: MachineKind::Ours,
         boots_from_bmc: m.boots_from_bmc(),
+        boot_macs: if m.boot == Some(BootMethod::Network) {
+            m.boot_macs()
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -153,7 +158,9 @@ impl Provider for Inventory {
             };
             let mut m = machine(&host);
             if let Some(bmc) = &host.bmc {
-                let system = crate::redfish::system(&self.bmcs, &host.id, bmc)
+                let system = self
+                    .bmcs
+                    .system(&host.id, bmc)
                     .await
                     .map_err(|e| ProviderError::Bmc(e.to_string()))?;
                 m.status = crate::redfish::provider_status(system.power());
@@ -182,7 +189,7 @@ impl Provider for Inventory {
                 .collect();
             let reads = futures::future::join_all(hosts.iter().map(|h| async move {
                 let bmc = h.bmc.as_ref().expect("filtered on a BMC");
-                let system = crate::redfish::system(&self.bmcs, &h.id, bmc).await;
+                let system = self.bmcs.system(&h.id, bmc).await;
                 BmcRead {
                     provider_id: h.id.clone(),
                     bmc_url: bmc.url.clone(),
@@ -205,23 +212,22 @@ impl Provider for Inventory {
         })
     }
 
-    fn boot_from_media<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
+    fn boot_agent<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
         Box::pin(async move {
             let (host, bmc) = self.with_bmc(provider_id, "booted through it")?;
-            let boot = crate::redfish::boot_from_media(&self.bmcs, &host.id, &bmc, image_url)
+            let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
+            let how = self
+                .bmcs
+                .boot_agent(
+                    &host.id,
+                    &bmc,
+                    via,
+                    host.firmware.unwrap_or_default(),
+                    image_url,
+                )
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))?;
-            let mut how = format!(
-                "{} with {} from {}",
-                boot.reset, "the boot image", boot.media
-            );
-            if boot.plain_insert {
-                how.push_str(" (the BMC refused Inserted/WriteProtected: inserted without them)");
-            }
-            if let Some(old) = &boot.ejected_before {
-                how.push_str(&format!(" (ejected {old} first)"));
-            }
-            tracing::info!(host = %host.id, bmc = %bmc.url, how = %how, "booting into the agent through the BMC");
+            tracing::info!(host = %host.id, bmc = %bmc.url, via = via.as_str(), how = %how, "booting into the agent through the BMC");
             Ok(how)
         })
     }
@@ -229,7 +235,10 @@ impl Provider for Inventory {
     fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
         Box::pin(async move {
             let (host, bmc) = self.with_bmc(provider_id, "restarted from its disk")?;
-            let reset = crate::redfish::boot_from_disk(&self.bmcs, &host.id, &bmc)
+            let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
+            let reset = self
+                .bmcs
+                .boot_from_disk(&host.id, &bmc, via, host.firmware.unwrap_or_default())
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))?;
             tracing::info!(host = %host.id, bmc = %bmc.url, %reset, "restarted from its disk through the BMC");
@@ -237,10 +246,12 @@ impl Provider for Inventory {
         })
     }
 
-    fn end_media_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
+    fn end_agent_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
         Box::pin(async move {
-            let (host, bmc) = self.with_bmc(provider_id, "its media ejected")?;
-            crate::redfish::end_media_boot(&self.bmcs, &host.id, &bmc)
+            let (host, bmc) = self.with_bmc(provider_id, "its boot ended")?;
+            let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
+            self.bmcs
+                .end_agent_boot(&host.id, &bmc, via, host.firmware.unwrap_or_default())
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))
         })
@@ -258,7 +269,9 @@ impl Provider for Inventory {
                     "host {provider_id} has no BMC in the inventory: it cannot be rebooted"
                 )));
             };
-            let how = crate::redfish::reboot(&self.bmcs, &host.id, bmc)
+            let how = self
+                .bmcs
+                .reboot(&host.id, bmc)
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))?;
             tracing::info!(host = %host.id, bmc = %bmc.url, reset = %how, "reboot accepted by the BMC");
@@ -282,6 +295,7 @@ mod tests {
                 file: Some(f.clone()),
             },
             &RedfishConfig::default(),
+            &IpmiConfig::default(),
         );
         assert_eq!(inv.hosts().len(), 1);
         std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = 192.0.2.1\n").unwrap();

@@ -6,6 +6,7 @@
 //! looks one up. The Provisioner reconciles that with the BMDB; the
 //! Initializer asks it for an address the BMDB lacks; the Recoverer reboots.
 
+pub mod bmc;
 pub mod equinix;
 pub mod inventory;
 
@@ -28,8 +29,11 @@ pub struct ProviderMachine {
     pub status: ProviderStatus,
     pub kind: MachineKind,
     /// Its BMC boots it into the agent (inventory `boot =
-    /// "virtual-media"`): the BMDB's `machine_bmc_boot` tag.
+    /// "virtual-media"` or `"network"`): the BMDB's `machine_bmc_boot` tag.
     pub boots_from_bmc: bool,
+    /// The provisioning NICs it boots the network from (inventory `boot =
+    /// "network"`): the BMDB's `machine_boot_mac`.
+    pub boot_macs: Vec<crate::mac::MacAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,9 +74,10 @@ pub trait Provider {
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()>;
 
-    /// Boots the machine into the boot image at `image_url` through its
-    /// BMC's virtual media; Ok (how it was started) once it is on.
-    fn boot_from_media<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
+    /// Boots the machine into the live agent through its BMC, as it is
+    /// listed: from the boot image at `image_url` (virtual media) or from
+    /// the provisioning network. Ok (how it was started) once it is on.
+    fn boot_agent<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
         let _ = image_url;
         Box::pin(async move {
             Err(ProviderError::Unsupported(format!(
@@ -81,9 +86,10 @@ pub trait Provider {
         })
     }
 
-    /// Ejects the machine's virtual media and clears its boot override, so
-    /// it boots from its disk next; Ok(true) if media was inserted.
-    fn end_media_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
+    /// Ends a boot into the agent: virtual media ejected and the boot
+    /// override cleared (or the boot device set back to the disk), so it
+    /// boots from its disk next; Ok(true) if media was inserted.
+    fn end_agent_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
         Box::pin(async move {
             Err(ProviderError::Unsupported(format!(
                 "machine {provider_id}: this provider cannot boot machines through a BMC"
@@ -91,8 +97,8 @@ pub trait Provider {
         })
     }
 
-    /// Ejects the machine's virtual media, clears its boot override and
-    /// restarts it from its disk through its BMC; Ok (the reset used).
+    /// Ends any boot into the agent and restarts the machine from its
+    /// disk through its BMC; Ok (the reset used).
     fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
         Box::pin(async move {
             Err(ProviderError::Unsupported(format!(
@@ -113,7 +119,7 @@ pub trait Provider {
 pub struct BmcRead {
     pub provider_id: String,
     pub bmc_url: String,
-    pub system: Result<crate::redfish::SystemInfo, String>,
+    pub system: Result<bmc::BmcSystem, String>,
 }
 
 pub type SharedProvider = Rc<dyn Provider>;

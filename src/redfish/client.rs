@@ -20,59 +20,13 @@ use actix::prelude::*;
 use awc::http::{Method, StatusCode};
 use serde_json::Value;
 
+pub use crate::bmc::{BmcError, BmcErrorKind};
 use crate::bmdb::hardware::SystemFacts;
 
 use crate::config::{BmcConfig, BmcTls};
 
 /// A BMC's answers are small; anything bigger is refused.
 const MAX_RESPONSE_BYTES: usize = 4 << 20;
-
-/// What went wrong talking to a BMC, for an operator: `host node-1: BMC
-/// https://10.0.0.5: …`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("host {host}: BMC {bmc}: {kind}")]
-pub struct BmcError {
-    pub host: String,
-    pub bmc: String,
-    pub kind: BmcErrorKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BmcErrorKind {
-    #[error("credentials refused (HTTP 401){}", detail(.0))]
-    Unauthorized(String),
-    #[error("HTTP {status} for {what}{}", detail(.message))]
-    Http {
-        status: u16,
-        what: String,
-        message: String,
-    },
-    #[error("unreachable: {0}")]
-    Unreachable(String),
-    #[error("unexpected answer: {0}")]
-    Protocol(String),
-    #[error("{0}")]
-    Config(String),
-}
-
-fn detail(m: &str) -> String {
-    if m.is_empty() {
-        String::new()
-    } else {
-        format!(": {m}")
-    }
-}
-
-impl BmcErrorKind {
-    /// A failure that may pass by itself (the BMC is busy or unreachable).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            BmcErrorKind::Unreachable(_) => true,
-            BmcErrorKind::Http { status, .. } => *status >= 500 || *status == 429,
-            _ => false,
-        }
-    }
-}
 
 /// Redfish's error body: `error.message` and each
 /// `@Message.ExtendedInfo[].Message`.

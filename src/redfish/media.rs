@@ -5,7 +5,9 @@
 //! when the BMC refuses them, as some do), a one-time boot override to
 //! `Cd`, then power on or restart with the best reset the system offers,
 //! and watch it come on. Ending the boot ejects the media and clears the
-//! override, so the next boot is from the disk.
+//! override, so the next boot is from the disk. A network boot
+//! (CONTRACTS.md §6) is the same without the CD: a one-time `Pxe`
+//! override, then the reset.
 //!
 //! Each step is one message to the BMC's actor, run as one atomic
 //! sequence: one request in flight per BMC, and no other call between
@@ -63,6 +65,27 @@ pub struct EndMediaBoot {
 pub struct BootFromDisk {
     pub system: Option<String>,
     pub power_timeout: Duration,
+    /// Whether there is virtual media to eject (false for a machine that
+    /// boots the network: only the override is cleared).
+    pub eject: bool,
+}
+
+/// Boots the system from the network: a one-time boot override to `Pxe`
+/// (in the system's boot mode, when it reports one), then power on or
+/// restart; Ok (the reset used) once it reports `On`.
+#[derive(Message)]
+#[rtype(result = "Result<String, BmcError>")]
+pub struct BootFromNetwork {
+    pub system: Option<String>,
+    pub power_timeout: Duration,
+}
+
+/// Clears the boot override (a network boot's end): the next boot is
+/// from the disk.
+#[derive(Message)]
+#[rtype(result = "Result<(), BmcError>")]
+pub struct ClearBootOverride {
+    pub system: Option<String>,
 }
 
 /// What a virtual CD holds now.
@@ -100,9 +123,45 @@ impl Handler<BootFromDisk> for BmcClient {
     fn handle(&mut self, msg: BootFromDisk, _: &mut Context<Self>) -> Self::Result {
         self.atomic(|mut c| async move {
             let r = async {
-                end_media_boot(&mut c, &msg.system).await?;
+                if msg.eject {
+                    end_media_boot(&mut c, &msg.system).await?;
+                } else {
+                    let info = c.get_system(&msg.system).await?;
+                    clear_override(&mut c, &info).await?;
+                }
                 let info = c.get_system(&msg.system).await?;
                 power_boot(&mut c, &msg.system, &info, msg.power_timeout).await
+            }
+            .await;
+            (c, r)
+        })
+    }
+}
+
+impl Handler<BootFromNetwork> for BmcClient {
+    type Result = AtomicResponse<Self, Result<String, BmcError>>;
+
+    fn handle(&mut self, msg: BootFromNetwork, _: &mut Context<Self>) -> Self::Result {
+        self.atomic(|mut c| async move {
+            let r = async {
+                let info = c.get_system(&msg.system).await?;
+                boot_once_from(&mut c, &info, "Pxe").await?;
+                power_boot(&mut c, &msg.system, &info, msg.power_timeout).await
+            }
+            .await;
+            (c, r)
+        })
+    }
+}
+
+impl Handler<ClearBootOverride> for BmcClient {
+    type Result = AtomicResponse<Self, Result<(), BmcError>>;
+
+    fn handle(&mut self, msg: ClearBootOverride, _: &mut Context<Self>) -> Self::Result {
+        self.atomic(|mut c| async move {
+            let r = async {
+                let info = c.get_system(&msg.system).await?;
+                clear_override(&mut c, &info).await
             }
             .await;
             (c, r)
@@ -241,17 +300,17 @@ async fn eject(c: &mut Conn, cd: &VirtualCd) -> Result<(), BmcError> {
     }
 }
 
-/// The one-time boot override to the CD (in the system's boot mode, when
-/// it reports one).
-async fn boot_once_from_cd(c: &mut Conn, info: &SystemInfo) -> Result<(), BmcError> {
+/// The one-time boot override to `target` (`Cd`, `Pxe`; in the system's
+/// boot mode, when it reports one).
+async fn boot_once_from(c: &mut Conn, info: &SystemInfo, target: &str) -> Result<(), BmcError> {
     let mut boot = json!({
-        "BootSourceOverrideTarget": "Cd",
+        "BootSourceOverrideTarget": target,
         "BootSourceOverrideEnabled": "Once",
     });
     if let Some(mode) = &info.boot_mode {
         boot["BootSourceOverrideMode"] = json!(mode);
     }
-    let what = format!("the boot override of {} (Cd, once)", info.path);
+    let what = format!("the boot override of {} ({target}, once)", info.path);
     c.call(
         Method::PATCH,
         &info.path,
@@ -371,7 +430,7 @@ async fn boot_from_media(c: &mut Conn, msg: &BootFromMedia) -> Result<MediaBoot,
         None
     };
     let plain_insert = insert(c, &cd, &msg.image_url).await?;
-    boot_once_from_cd(c, &info).await?;
+    boot_once_from(c, &info, "Cd").await?;
     let reset = power_boot(c, &msg.system, &info, msg.power_timeout).await?;
     Ok(MediaBoot {
         media: cd.path,

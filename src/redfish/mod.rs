@@ -29,7 +29,10 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 
 pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset, SystemInfo};
-pub use media::{BootFromDisk, BootFromMedia, EndMediaBoot, GetVirtualCd, MediaBoot, VirtualCd};
+pub use media::{
+    BootFromDisk, BootFromMedia, BootFromNetwork, ClearBootOverride, EndMediaBoot, GetVirtualCd,
+    MediaBoot, VirtualCd,
+};
 
 use crate::bmdb::ProviderStatus;
 use crate::config::{BmcConfig, RedfishConfig};
@@ -206,14 +209,40 @@ pub async fn boot_from_media(
     ask(bmcs, host, bmc, msg).await
 }
 
-/// Ejects the system's virtual CD, clears its boot override and restarts
-/// it from its disk; Ok(the reset used).
-pub async fn boot_from_disk(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, BmcError> {
+/// Ejects the system's virtual CD (`eject`), clears its boot override and
+/// restarts it from its disk; Ok(the reset used).
+pub async fn boot_from_disk(
+    bmcs: &Bmcs,
+    host: &str,
+    bmc: &BmcConfig,
+    eject: bool,
+) -> Result<String, BmcError> {
     let msg = BootFromDisk {
+        system: bmc.system.clone(),
+        power_timeout: bmcs.power_timeout,
+        eject,
+    };
+    ask(bmcs, host, bmc, msg).await
+}
+
+/// Boots the system from the network once (a `Pxe` override, then the
+/// reset); Ok(the reset used) once it is on.
+pub async fn boot_from_network(
+    bmcs: &Bmcs,
+    host: &str,
+    bmc: &BmcConfig,
+) -> Result<String, BmcError> {
+    let msg = BootFromNetwork {
         system: bmc.system.clone(),
         power_timeout: bmcs.power_timeout,
     };
     ask(bmcs, host, bmc, msg).await
+}
+
+/// Clears the system's boot override.
+pub async fn clear_boot_override(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<(), BmcError> {
+    let system = bmc.system.clone();
+    ask(bmcs, host, bmc, ClearBootOverride { system }).await
 }
 
 /// Ejects the system's virtual CD and clears its boot override; Ok(true)

@@ -150,7 +150,11 @@ impl Parts {
         };
         let (provider, api): (SharedProvider, Option<EquinixApi>) = match cfg.provider.kind {
             ProviderKind::Static => (
-                Rc::new(Inventory::new(&cfg.provider.inventory, &cfg.redfish)),
+                Rc::new(Inventory::new(
+                    &cfg.provider.inventory,
+                    &cfg.redfish,
+                    &cfg.ipmi,
+                )),
                 None,
             ),
             ProviderKind::Equinix => {

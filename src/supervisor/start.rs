@@ -22,6 +22,8 @@ pub struct Running {
     pub callback: Option<crate::callback::Callback>,
     /// The image server, when `installations.images_dir` is set.
     pub images: Option<crate::images::ImageServer>,
+    /// The network boot service, when `[netboot]` is configured.
+    pub netboot: Option<Addr<crate::netboot::NetbootService>>,
 }
 
 impl Running {
@@ -29,6 +31,9 @@ impl Running {
     pub async fn shutdown(self) {
         if let Err(e) = self.supervisor.send(super::Shutdown).await {
             tracing::warn!(error = %e, "supervisor gone before shutdown");
+        }
+        if let Some(n) = self.netboot {
+            let _ = n.send(crate::netboot::Stop).await;
         }
     }
 }
@@ -97,6 +102,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             .map_err(|e| anyhow::anyhow!("starting the image digest thread: {e}"))?;
         catalog = Some(c);
     }
+    let ca_der = parts.callback.as_ref().map(|c| c.ca_der.clone());
     let callback = match parts.callback.take() {
         Some(identity) => Some(
             crate::callback::Callback::start(
@@ -123,12 +129,54 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
     let recovery_metrics = crate::recoverer::RecoveryMetrics::default();
     recovery_metrics.register(&mut registry);
     let boot_metrics = BootMetrics::default();
-    let boot_url: Option<crate::enroller::BootUrl> =
+    let mut boot_url: Option<crate::enroller::BootUrl> =
         catalog.as_ref().filter(|c| c.serves_boot_image()).map(|c| {
-            boot_metrics.register(&mut registry);
             let c = c.clone();
             Rc::new(move |boot_id| c.boot_url(boot_id)) as crate::enroller::BootUrl
         });
+    let mut netboot = None;
+    if let Some(n) = &cfg.netboot {
+        let (Some(boot), Some(ca_der)) = (boot_image(&cfg, parts.serves.as_deref())?, ca_der)
+        else {
+            return Err(crate::ConfigError::key(
+                "netboot",
+                "the network boot serves the boot image's kernel and initramfs: it needs bmaas.enabled (the agents' callback) and the boot image (installations.boot_image, built by scripts/boot-image)",
+            )
+            .into());
+        };
+        if boot.image.netboot.is_none() {
+            return Err(crate::ConfigError::key(
+                "netboot",
+                format!(
+                    "{} has no .vmlinuz and .initrd beside it (scripts/boot-image writes them)",
+                    boot.image.path.display()
+                ),
+            )
+            .into());
+        }
+        let metrics = crate::netboot::NetbootMetrics::default();
+        metrics.register(&mut registry);
+        let (service, listening) = crate::netboot::NetbootService::new(
+            n,
+            parts.bmdb.clone(),
+            boot,
+            ca_der,
+            metrics,
+            cfg.admin.database_timeout,
+        )?;
+        if boot_url.is_none() {
+            // No virtual media served: a boot's URL in the logs is its
+            // script's.
+            let base = listening.http_base.clone();
+            boot_url = Some(Rc::new(move |boot_id| {
+                format!("{base}/boot/{boot_id}.ipxe")
+            }));
+        }
+        netboot = Some(service.start());
+    }
+    if boot_url.is_some() {
+        boot_metrics.register(&mut registry);
+    }
     let admin = crate::admin::Admin {
         registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
@@ -170,6 +218,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
         supervisor,
         callback,
         images,
+        netboot,
     })
 }
 

@@ -9,7 +9,7 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_reboot_request', 'operator_action', 'callback_ca', 'callback_endpoint', \
      'recovery_power_action', 'recovery_brake', 'machine_installation', \
      'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine', \
-     'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', \
+     'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', 'machine_boot_mac', 'netboot_lease', \
      'machine_hardware_accepted')";
 
 #[actix_rt::test]
@@ -33,14 +33,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V11__agent_key_index",
             "V12__boot_credentials",
             "V13__bmc_boots",
-            "V14__life_cycle"
+            "V14__life_cycle",
+            "V15__network_boot"
         ]
     );
-    assert_eq!(first.version, Some(14));
-    assert_eq!(count(&bmdb, TABLES).await, 30);
+    assert_eq!(first.version, Some(15));
+    assert_eq!(count(&bmdb, TABLES).await, 32);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(14));
+    assert_eq!(again.version, Some(15));
 }
 
 #[actix_rt::test]
@@ -53,13 +54,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 14],
+        [0, 15],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 30);
+    assert_eq!(count(&a, TABLES).await, 32);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        14
+        15
     );
 }
 
@@ -97,7 +98,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V11__agent_key_index",
             "V12__boot_credentials",
             "V13__bmc_boots",
-            "V14__life_cycle"
+            "V14__life_cycle",
+            "V15__network_boot"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -152,7 +154,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V11__agent_key_index",
             "V12__boot_credentials",
             "V13__bmc_boots",
-            "V14__life_cycle"
+            "V14__life_cycle",
+            "V15__network_boot"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

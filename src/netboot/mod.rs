@@ -1,0 +1,613 @@
+//! The network boot service (CONTRACTS.md §6): proxyDHCP (or a full DHCP
+//! server on an isolated provisioning network), TFTP for the iPXE
+//! binaries, and HTTP for each boot's iPXE script, kernel and initramfs,
+//! all on the provisioning interface only.
+//!
+//! A PXE client is answered only when its MAC is a machine's
+//! (`machine_boot_mac`, from the inventory's `mac`/`macs`) and that
+//! machine has a boot issued (the Enroller issued it and had the BMC boot
+//! the machine from the network). Everything else gets no boot answer, so
+//! a machine booting its disk, or one that is not ours, is never diverted.
+//!
+//! - [`dhcp`]: what a request is and what it gets, on bytes.
+//! - [`tftp`]: read-only TFTP of the iPXE binaries.
+//! - [`http`]: the script, the kernel, the initramfs with the boot's data.
+//!
+//! `NetbootService` is the actor the Supervisor starts when `[netboot]`
+//! is configured; it owns the sockets' tasks and the HTTP server, and
+//! stops them when it stops.
+
+pub mod dhcp;
+pub mod http;
+pub mod tftp;
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use dhcproto::v4::MessageType;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::net::UdpSocket;
+
+use crate::bmdb::Bmdb;
+use crate::bmdb::netboot::MacLookup;
+use crate::config::{NetbootConfig, NetbootMode};
+use crate::images::BootServing;
+use dhcp::{Asker, BootFile, Lease, Request};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct AnswerLabel {
+    message: &'static str,
+    path: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TftpLabel {
+    file: String,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HttpLabel {
+    what: &'static str,
+    result: &'static str,
+}
+
+/// The service's counters.
+#[derive(Clone, Default)]
+pub struct NetbootMetrics {
+    answers: Family<AnswerLabel, Counter>,
+    ignored: Family<ReasonLabel, Counter>,
+    tftp: Family<TftpLabel, Counter>,
+    http: Family<HttpLabel, Counter>,
+}
+
+impl NetbootMetrics {
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "shepherd_netboot_dhcp_answers",
+            "DHCP answers sent by the network boot service, by message (offer, ack, nak) and boot path (bios-pxe, uefi-pxe, uefi-http, ipxe-script; none: an address only)",
+            self.answers.clone(),
+        );
+        registry.register(
+            "shepherd_netboot_dhcp_ignored",
+            "DHCP packets the network boot service did not answer, by reason (malformed, not_a_request, not_pxe, unknown_mac, no_boot, unsupported_arch, other_server, pool_full, bmdb_unavailable)",
+            self.ignored.clone(),
+        );
+        registry.register(
+            "shepherd_netboot_tftp_transfers",
+            "TFTP transfers by file and result (complete, aborted, timed_out, failed)",
+            self.tftp.clone(),
+        );
+        registry.register(
+            "shepherd_netboot_http_requests",
+            "Network boot HTTP requests by what (script, kernel, initrd, ipxe) and result (served, refused, unavailable, failed)",
+            self.http.clone(),
+        );
+    }
+
+    fn answered(&self, message: MessageType, path: &'static str) {
+        let message = match message {
+            MessageType::Offer => "offer",
+            MessageType::Ack => "ack",
+            MessageType::Nak => "nak",
+            _ => "other",
+        };
+        self.answers
+            .get_or_create(&AnswerLabel { message, path })
+            .inc();
+    }
+
+    fn ignored(&self, reason: &'static str) {
+        self.ignored.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    fn tftp(&self, file: &str, result: &'static str) {
+        let file = if tftp::SERVED.contains(&file) {
+            file
+        } else {
+            "other"
+        };
+        self.tftp
+            .get_or_create(&TftpLabel {
+                file: file.to_string(),
+                result,
+            })
+            .inc();
+    }
+
+    pub(crate) fn http(&self, what: &'static str, result: &'static str) {
+        self.http.get_or_create(&HttpLabel { what, result }).inc();
+    }
+
+    /// The count of DHCP answers (all labels), for tests and the pages.
+    pub fn answers_total(&self) -> u64 {
+        let mut n = 0;
+        for message in ["offer", "ack", "nak", "other"] {
+            for path in ["bios-pxe", "uefi-pxe", "uefi-http", "ipxe-script", "none"] {
+                n += self
+                    .answers
+                    .get_or_create(&AnswerLabel { message, path })
+                    .get();
+            }
+        }
+        n
+    }
+}
+
+/// The provisioning interface's IPv4 address and netmask.
+pub fn interface_address(name: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("listing interfaces: {e}"))?;
+    let mut seen = false;
+    for a in addrs {
+        if a.interface_name != name {
+            continue;
+        }
+        seen = true;
+        let Some(ip) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()) else {
+            continue;
+        };
+        let mask = a
+            .netmask
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|m| m.ip())
+            .unwrap_or(Ipv4Addr::new(255, 255, 255, 0));
+        return Ok((ip.ip(), mask));
+    }
+    Err(if seen {
+        format!("interface {name} has no IPv4 address")
+    } else {
+        format!("there is no interface {name}")
+    })
+}
+
+/// A UDP socket on `port` of every address, bound to `device`, that may
+/// broadcast.
+fn udp_socket(port: u16, device: &str) -> std::io::Result<UdpSocket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    s.set_reuse_address(true)?;
+    s.set_broadcast(true)?;
+    s.bind_device(Some(device.as_bytes()))?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)).into())?;
+    UdpSocket::from_std(s.into())
+}
+
+/// What the DHCP and TFTP tasks share.
+struct Shared {
+    cfg: NetbootConfig,
+    bmdb: Bmdb,
+    server: Ipv4Addr,
+    netmask: Ipv4Addr,
+    http_base: String,
+    metrics: NetbootMetrics,
+    /// Packets handled at once; more are dropped (counted) until one ends.
+    inflight: Arc<tokio::sync::Semaphore>,
+}
+
+/// The network boot service.
+pub struct NetbootService {
+    shared: Rc<Shared>,
+    dhcp: Rc<UdpSocket>,
+    proxy: Rc<UdpSocket>,
+    tftp: Rc<UdpSocket>,
+    http: Option<actix_web::dev::ServerHandle>,
+}
+
+/// Where the service listens, once started (for the logs and tests).
+#[derive(Debug, Clone)]
+pub struct Listening {
+    pub server: Ipv4Addr,
+    pub http_base: String,
+}
+
+impl NetbootService {
+    /// Binds the DHCP, proxy and TFTP ports on the provisioning interface
+    /// and starts the HTTP server. Err names the key at fault.
+    pub fn new(
+        cfg: &NetbootConfig,
+        bmdb: Bmdb,
+        boot: BootServing,
+        ca_der: Vec<u8>,
+        metrics: NetbootMetrics,
+        timeout: Duration,
+    ) -> Result<(NetbootService, Listening), crate::ConfigError> {
+        use crate::ConfigError;
+        let (found, netmask) = interface_address(&cfg.interface)
+            .map_err(|e| ConfigError::key("netboot.interface", e))?;
+        let server = cfg.address.unwrap_or(found);
+        let port = |key: &'static str, p: u16| {
+            udp_socket(p, &cfg.interface).map_err(|e| {
+                ConfigError::key(
+                    format!("netboot.{key}"),
+                    format!("UDP port {p} on {}: {e} (binding to an interface needs root or CAP_NET_RAW; ports below 1024 CAP_NET_BIND_SERVICE)", cfg.interface),
+                )
+            })
+        };
+        let dhcp = port("dhcp_port", cfg.dhcp_port)?;
+        let proxy = port("proxy_port", cfg.proxy_port)?;
+        let tftp = port("tftp_port", cfg.tftp_port)?;
+        let http_port = cfg.http_listen.port();
+        let http_base = format!("http://{server}:{http_port}");
+        let http = http::start(
+            http::Served {
+                bmdb: bmdb.clone(),
+                boot,
+                ca_der: Arc::new(ca_der),
+                base: http_base.clone(),
+                tftp_root: cfg.tftp_root.clone(),
+                metrics: metrics.clone(),
+                timeout,
+            },
+            cfg.http_listen,
+        )
+        .map_err(|e| {
+            ConfigError::key("netboot.http_listen", format!("{}: {e}", cfg.http_listen))
+        })?;
+        for f in tftp::SERVED {
+            if !cfg.tftp_root.join(f).is_file() && f != "ipxe.pxe" {
+                tracing::warn!(file = %cfg.tftp_root.join(f).display(), "an iPXE binary is missing (Debian's ipxe package has it): machines that need it cannot boot");
+            }
+        }
+        let listening = Listening {
+            server,
+            http_base: http_base.clone(),
+        };
+        Ok((
+            NetbootService {
+                shared: Rc::new(Shared {
+                    cfg: cfg.clone(),
+                    bmdb,
+                    server,
+                    netmask,
+                    http_base,
+                    metrics,
+                    inflight: Arc::new(tokio::sync::Semaphore::new(64)),
+                }),
+                dhcp: Rc::new(dhcp),
+                proxy: Rc::new(proxy),
+                tftp: Rc::new(tftp),
+                http: Some(http),
+            },
+            listening,
+        ))
+    }
+}
+
+impl Actor for NetbootService {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let s = &self.shared;
+        tracing::info!(
+            interface = %s.cfg.interface,
+            server = %s.server,
+            mode = ?s.cfg.mode,
+            http = %s.http_base,
+            "network boot service started"
+        );
+        ctx.spawn(dhcp_loop(self.shared.clone(), self.dhcp.clone(), Port::Dhcp).into_actor(self));
+        ctx.spawn(dhcp_loop(self.shared.clone(), self.proxy.clone(), Port::Proxy).into_actor(self));
+        ctx.spawn(tftp_loop(self.shared.clone(), self.tftp.clone()).into_actor(self));
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        if let Some(h) = self.http.take() {
+            actix_rt::spawn(async move { h.stop(true).await });
+        }
+        tracing::info!("network boot service stopped");
+    }
+}
+
+/// Stops the service: its sockets close, its HTTP server stops.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+impl Handler<Stop> for NetbootService {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+/// Which port a packet came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Port {
+    /// 67: DHCP broadcasts.
+    Dhcp,
+    /// 4011: PXE's requests to the proxy (boot server).
+    Proxy,
+}
+
+async fn dhcp_loop(shared: Rc<Shared>, sock: Rc<UdpSocket>, port: Port) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, peer) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, ?port, "DHCP socket");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let req = match dhcp::read(&buf[..n]) {
+            Ok(r) => r,
+            Err(d) => {
+                shared.metrics.ignored(d.as_str());
+                tracing::debug!(%peer, reason = d.as_str(), "DHCP packet dropped");
+                continue;
+            }
+        };
+        let Ok(permit) = shared.inflight.clone().try_acquire_owned() else {
+            shared.metrics.ignored("busy");
+            continue;
+        };
+        let (shared, sock) = (shared.clone(), sock.clone());
+        actix_rt::spawn(async move {
+            let _permit = permit;
+            if let Some((bytes, to)) = handle(&shared, &req, peer, port).await {
+                if let Err(e) = sock.send_to(&bytes, to).await {
+                    tracing::warn!(mac = %req.mac, %to, error = %e, "DHCP answer not sent");
+                }
+            }
+        });
+    }
+}
+
+/// Where an answer goes: the relay, the client's address, or broadcast.
+fn destination(req: &Request, peer: SocketAddr, port: Port) -> SocketAddr {
+    let giaddr = req.msg.giaddr();
+    if !giaddr.is_unspecified() {
+        return SocketAddr::V4(SocketAddrV4::new(giaddr, 67));
+    }
+    if port == Port::Proxy {
+        return peer;
+    }
+    let ciaddr = req.msg.ciaddr();
+    if !ciaddr.is_unspecified() && !dhcp::must_broadcast(req) {
+        return SocketAddr::V4(SocketAddrV4::new(ciaddr, 68));
+    }
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::BROADCAST, 68))
+}
+
+/// A BMDB call within two seconds (a PXE ROM waits about four for an
+/// answer); Err: counted and not answered.
+async fn ask<T>(
+    shared: &Shared,
+    f: impl AsyncFnMut(&mut crate::bmdb::Tx<'_>) -> Result<T, crate::bmdb::BmdbError>,
+) -> Option<T> {
+    match tokio::time::timeout(Duration::from_secs(2), shared.bmdb.transact(f)).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            shared.metrics.ignored("bmdb_unavailable");
+            tracing::warn!(error = %e, "network boot: the BMDB cannot answer; the client is not answered");
+            None
+        }
+        Err(_) => {
+            shared.metrics.ignored("bmdb_unavailable");
+            tracing::warn!(
+                "network boot: the BMDB did not answer in 2 s; the client is not answered"
+            );
+            None
+        }
+    }
+}
+
+/// The boot file `req`'s MAC is answered with, if any (counted when none).
+async fn boot_for(shared: &Shared, req: &Request) -> Option<Option<BootFile>> {
+    if req.asker == Asker::Plain {
+        return Some(None);
+    }
+    let mac = req.mac;
+    let found = ask(shared, async |tx| {
+        crate::bmdb::netboot::lookup(tx, mac).await
+    })
+    .await?;
+    match found {
+        MacLookup::Boot(b) => match dhcp::boot_file(req.asker, b.boot_id, &shared.http_base) {
+            Some(f) => {
+                tracing::info!(mac = %mac, machine = %b.machine_id, boot = %b.boot_id, file = %f.name(), "network boot answered");
+                Some(Some(f))
+            }
+            None => {
+                shared.metrics.ignored("unsupported_arch");
+                tracing::warn!(mac = %mac, machine = %b.machine_id, asker = ?req.asker, "network boot: no iPXE binary for this client's architecture");
+                Some(None)
+            }
+        },
+        MacLookup::NoBoot { machine_id } => {
+            shared.metrics.ignored("no_boot");
+            tracing::debug!(mac = %mac, machine = %machine_id, "PXE client with no boot issued: not answered (it boots its disk)");
+            Some(None)
+        }
+        MacLookup::Unknown => {
+            shared.metrics.ignored("unknown_mac");
+            tracing::debug!(mac = %mac, "PXE client of no machine: not answered");
+            Some(None)
+        }
+    }
+}
+
+async fn handle(
+    shared: &Shared,
+    req: &Request,
+    peer: SocketAddr,
+    port: Port,
+) -> Option<(Vec<u8>, SocketAddr)> {
+    let to = destination(req, peer, port);
+    let path = |b: &Option<BootFile>| b.as_ref().map(|f| f.path(req.asker)).unwrap_or("none");
+    let proxy = shared.cfg.mode == NetbootMode::Proxy || port == Port::Proxy;
+    if proxy {
+        // Only PXE clients, only with a boot; offers to 67's discovers,
+        // acks to 4011's requests.
+        let kind = match (port, req.kind) {
+            (Port::Dhcp, MessageType::Discover) => MessageType::Offer,
+            (Port::Proxy, MessageType::Request | MessageType::Inform) => MessageType::Ack,
+            _ => {
+                shared.metrics.ignored("not_for_proxy");
+                return None;
+            }
+        };
+        if req.asker == Asker::Plain {
+            shared.metrics.ignored("not_pxe");
+            return None;
+        }
+        let boot = boot_for(shared, req).await??;
+        shared.metrics.answered(kind, boot.path(req.asker));
+        return Some((
+            dhcp::answer(req, shared.server, kind, None, Some(&boot)),
+            to,
+        ));
+    }
+    // mode = "dhcp": addresses for everyone, boots for PXE clients.
+    let pool = shared.cfg.pool()?;
+    let (first, last) = (pool.first, pool.last);
+    let mac = req.mac;
+    let lease = |address| Lease {
+        address,
+        netmask: shared.netmask,
+        router: shared.cfg.router,
+        dns: shared.cfg.dns.clone(),
+        seconds: shared.cfg.lease.as_secs().min(u64::from(u32::MAX)) as u32,
+    };
+    match req.kind {
+        MessageType::Discover => {
+            let wanted = req.requested;
+            let Some(address) = ask(shared, async |tx| {
+                crate::bmdb::netboot::offer(tx, mac, first, last, wanted).await
+            })
+            .await?
+            else {
+                shared.metrics.ignored("pool_full");
+                tracing::warn!(%mac, range = ?shared.cfg.range, "network boot: no free address for this client");
+                return None;
+            };
+            let boot = boot_for(shared, req).await?;
+            shared.metrics.answered(MessageType::Offer, path(&boot));
+            Some((
+                dhcp::answer(
+                    req,
+                    shared.server,
+                    MessageType::Offer,
+                    Some(&lease(address)),
+                    boot.as_ref(),
+                ),
+                to,
+            ))
+        }
+        MessageType::Request => {
+            if req.server_id.is_some_and(|s| s != shared.server) {
+                // The client took another server's offer: ours goes back.
+                shared.metrics.ignored("other_server");
+                return None;
+            }
+            let Some(address) = req
+                .requested
+                .or_else(|| Some(req.msg.ciaddr()).filter(|a| !a.is_unspecified()))
+            else {
+                shared.metrics.ignored("malformed");
+                return None;
+            };
+            let lease_for = shared.cfg.lease;
+            let granted = ask(shared, async |tx| {
+                crate::bmdb::netboot::grant(tx, mac, address, first, last, lease_for).await
+            })
+            .await?;
+            match granted {
+                Some(a) => {
+                    let boot = boot_for(shared, req).await?;
+                    shared.metrics.answered(MessageType::Ack, path(&boot));
+                    tracing::info!(%mac, address = %a, "network boot: address leased");
+                    Some((
+                        dhcp::answer(
+                            req,
+                            shared.server,
+                            MessageType::Ack,
+                            Some(&lease(a)),
+                            boot.as_ref(),
+                        ),
+                        to,
+                    ))
+                }
+                None => {
+                    shared.metrics.answered(MessageType::Nak, "none");
+                    tracing::info!(%mac, %address, "network boot: address refused (not in the range or someone else's)");
+                    let to = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::BROADCAST, 68));
+                    Some((
+                        dhcp::answer(req, shared.server, MessageType::Nak, None, None),
+                        to,
+                    ))
+                }
+            }
+        }
+        MessageType::Release | MessageType::Decline => {
+            let address = if req.kind == MessageType::Decline {
+                req.requested?
+            } else {
+                req.msg.ciaddr()
+            };
+            ask(shared, async |tx| {
+                crate::bmdb::netboot::release(tx, mac, address).await
+            })
+            .await;
+            None
+        }
+        MessageType::Inform => {
+            let boot = boot_for(shared, req).await?;
+            shared.metrics.answered(MessageType::Ack, path(&boot));
+            Some((
+                dhcp::answer(req, shared.server, MessageType::Ack, None, boot.as_ref()),
+                to,
+            ))
+        }
+        _ => {
+            shared.metrics.ignored("not_a_request");
+            None
+        }
+    }
+}
+
+async fn tftp_loop(shared: Rc<Shared>, sock: Rc<UdpSocket>) {
+    let mut buf = vec![0u8; 2048];
+    let local = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+    loop {
+        let (n, peer) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "TFTP socket");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = shared.inflight.clone().try_acquire_owned() else {
+            continue;
+        };
+        let packet = buf[..n].to_vec();
+        let shared = shared.clone();
+        actix_rt::spawn(async move {
+            let _permit = permit;
+            let device = Some(shared.cfg.interface.as_str());
+            if let Some((ended, file)) =
+                tftp::serve_request(&shared.cfg.tftp_root, &packet, peer, local, device).await
+            {
+                shared.metrics.tftp(&file, ended.as_str());
+            }
+        });
+    }
+}

@@ -1,0 +1,1092 @@
+//! The network boot service from outside (CONTRACTS.md §6): the real
+//! `shepherd` binary runs inside a network namespace this test makes, on
+//! one end of a veth pair; clients run in a second namespace on the other
+//! end. Nothing has an address in the host's own namespace; the BMDB is
+//! reached through PostgreSQL's unix socket.
+//!
+//! The clients are outside implementations: busybox `udhcpc` sending PXE
+//! options (as Tinkerbell's smee tests itself), Debian's `tftp` (tftp-hpa),
+//! busybox `tftp` and curl's TFTP (with `blksize` and `tsize`), curl for
+//! the iPXE script and files; a DHCP client written here (with dhcproto)
+//! reads each answer's fields. Malformed packets are sent too: each is
+//! dropped and counted, and the service keeps answering.
+//!
+//! Needs root (network namespaces) and the Debian packages busybox,
+//! tftp-hpa and iproute2 (scripts/test installs them); skipped, saying
+//! so, without root.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable as _, Encodable as _};
+use shepherd::bmdb::Bmdb;
+use shepherd_sim::testing::{Sshd, TestDb, boot_data_file, boot_image_stand_in};
+
+const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+/// The machine's provisioning NIC, as the inventory lists it.
+const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xaa, 0x00, 0x01];
+const MAC_TEXT: &str = "52:54:00:AA:00:01";
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    out
+}
+
+fn ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A network namespace of this test's, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("sn{tag}{}-{n}", std::process::id() % 100_000);
+        let _ = run(Command::new("ip").args(["netns", "del", &name]));
+        ok(Command::new("ip").args(["netns", "add", &name]));
+        ok(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
+        Netns(name)
+    }
+
+    /// `args` run inside the namespace.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0]).args(args);
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// Runs `f` on a thread that has entered namespace `ns` (sockets it makes
+/// live there).
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// The test bed: the two namespaces, shepherd in the first.
+struct Bed {
+    server: Netns,
+    client: Netns,
+    shepherd: Child,
+    log: PathBuf,
+    bmdb: Bmdb,
+    _db: TestDb,
+    dir: tempfile::TempDir,
+    http: u16,
+    admin: u16,
+    /// The stand-in iPXE binaries TFTP serves.
+    undionly: Vec<u8>,
+    snponly: Vec<u8>,
+    kernel: Vec<u8>,
+    initrd: Vec<u8>,
+}
+
+/// The BMDB as the process in the namespace reaches it: PostgreSQL's unix
+/// socket (127.0.0.1 there is the namespace's own).
+fn socket_url(db: &TestDb) -> Option<String> {
+    use tokio_postgres::config::Host;
+    match &db.config.get_hosts()[0] {
+        Host::Unix(_) => Some(db.url()),
+        Host::Tcp(_) => {
+            let port = db.config.get_ports().first().copied().unwrap_or(5432);
+            ["/var/run/postgresql", "/run/postgresql", "/tmp"]
+                .into_iter()
+                .find(|d| Path::new(&format!("{d}/.s.PGSQL.{port}")).exists())
+                .map(|d| {
+                    format!(
+                        "host={d} port={port} user={} dbname={}",
+                        db.config.get_user().unwrap_or("postgres"),
+                        db.name()
+                    )
+                })
+        }
+    }
+}
+
+fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2654435761) >> 24) as u8)
+        .collect()
+}
+
+impl Bed {
+    async fn start(mode: &str) -> Option<Bed> {
+        if !is_root() {
+            eprintln!("SKIPPED: the network boot tests need root (network namespaces)");
+            return None;
+        }
+        let db = TestDb::new().await;
+        let Some(url) = socket_url(&db) else {
+            eprintln!("SKIPPED: no PostgreSQL unix socket for the shepherd in the namespace");
+            return None;
+        };
+        let bmdb = db.bmdb().await;
+        let server = Netns::new("s");
+        let client = Netns::new("c");
+        ok(Command::new("ip").args([
+            "-n", &server.0, "link", "add", "vs", "type", "veth", "peer", "name", "vc", "netns",
+            &client.0,
+        ]));
+        ok(&mut server.cmd(&["ip", "addr", "add", "10.77.0.1/24", "dev", "vs"]));
+        ok(&mut server.cmd(&["ip", "link", "set", "vs", "up"]));
+        ok(&mut client.cmd(&["ip", "addr", "add", "10.77.0.50/24", "dev", "vc"]));
+        ok(&mut client.cmd(&["ip", "link", "set", "vc", "up"]));
+
+        let dir = tempfile::tempdir().unwrap();
+        let (iso, _) = boot_image_stand_in(dir.path());
+        let kernel = random_bytes(300_001, 7);
+        let initrd = random_bytes(500_003, 9);
+        std::fs::write(dir.path().join("shepherd-boot.iso.vmlinuz"), &kernel).unwrap();
+        std::fs::write(dir.path().join("shepherd-boot.iso.initrd"), &initrd).unwrap();
+        let tftp_root = dir.path().join("ipxe");
+        std::fs::create_dir(&tftp_root).unwrap();
+        let undionly = random_bytes(74_213, 1);
+        let snponly = random_bytes(173_792, 2);
+        std::fs::write(tftp_root.join("undionly.kpxe"), &undionly).unwrap();
+        std::fs::write(tftp_root.join("snponly.efi"), &snponly).unwrap();
+        std::fs::write(tftp_root.join("secret.txt"), b"not served").unwrap();
+
+        let http = Sshd::free_port();
+        let admin = Sshd::free_port();
+        let callback = Sshd::free_port();
+        let mut config = format!(
+            "[provider]\nkind = \"static\"\n\
+             [[provider.inventory.machines]]\nid = \"pxe-1\"\nboot = \"network\"\nmac = \"{MAC_TEXT}\"\n\
+             bmc = {{ url = \"ipmi://127.0.0.1:9\", username = \"admin\", password = \"pw\" }}\n\
+             [enroller]\nenabled = false\n\
+             [netboot]\ninterface = \"vs\"\nmode = \"{mode}\"\ntftp_root = \"{}\"\nhttp_listen = \"0.0.0.0:{http}\"\n",
+            tftp_root.display()
+        );
+        if mode == "dhcp" {
+            config.push_str(
+                "range = \"10.77.0.100-10.77.0.101\"\nrouter = \"10.77.0.1\"\ndns = [\"10.77.0.1\"]\nlease = \"10m\"\n",
+            );
+        }
+        let cfg = dir.path().join("shepherd.toml");
+        std::fs::write(&cfg, config).unwrap();
+        let log = dir.path().join("shepherd.log");
+        let env: Vec<(&str, String)> = vec![
+            ("SHEPHERD__BMDB__URL", url),
+            ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
+            ("SHEPHERD__ADMIN__LISTEN", format!("127.0.0.1:{admin}")),
+            ("SHEPHERD__BMAAS__LISTEN", format!("127.0.0.1:{callback}")),
+            ("SHEPHERD__BMAAS__ENDPOINT", format!("10.77.0.1:{callback}")),
+            ("SHEPHERD__PROVISIONER__INTERVAL", "1s".into()),
+            (
+                "SHEPHERD__INSTALLATIONS__BOOT_IMAGE",
+                iso.display().to_string(),
+            ),
+            (
+                "SHEPHERD__SSH__KEY_FILE",
+                dir.path().join("id_ed25519").display().to_string(),
+            ),
+            ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
+            (
+                "SHEPHERD__INITIALIZER__AGENT_BINARY",
+                shepherd_sim::bin("takeover-agent").display().to_string(),
+            ),
+        ];
+        let shepherd = server
+            .cmd(&[SHEPHERD, "--config", cfg.to_str().unwrap(), "run"])
+            .env_remove("RUST_LOG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut bed = Bed {
+            server,
+            client,
+            shepherd,
+            log,
+            bmdb,
+            _db: db,
+            dir,
+            http,
+            admin,
+            undionly,
+            snponly,
+            kernel,
+            initrd,
+        };
+        bed.wait_for_machine().await;
+        Some(bed)
+    }
+
+    fn log_tail(&self) -> String {
+        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(s) = self.shepherd.try_wait().unwrap() {
+            panic!("shepherd exited ({s}):\n{}", self.log_tail());
+        }
+    }
+
+    /// The inventory's machine, recorded with its MAC by the Provisioner.
+    async fn wait_for_machine(&mut self) -> uuid::Uuid {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let found = self
+                .bmdb
+                .transact(async |tx| {
+                    Ok(tx
+                        .query_opt(
+                            "SELECT m.machine_id FROM machine_boot_mac m \
+                               JOIN machine_bmc_boot b USING (machine_id) \
+                              WHERE m.mac = '52:54:00:aa:00:01' AND b.via = 'network'",
+                            &[],
+                        )
+                        .await?
+                        .map(|r| r.get::<_, uuid::Uuid>(0)))
+                })
+                .await
+                .unwrap();
+            if let Some(id) = found {
+                return id;
+            }
+            self.assert_running();
+            assert!(Instant::now() < deadline, "{}", self.log_tail());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn issue_boot(&mut self) -> uuid::Uuid {
+        let mid = self.wait_for_machine().await;
+        let issued = self
+            .bmdb
+            .transact(async |tx| {
+                shepherd::bmdb::boot::issue(tx, mid, Duration::from_secs(600)).await
+            })
+            .await
+            .unwrap();
+        issued.boot_id
+    }
+
+    /// The service's `/metrics`, read from inside its namespace.
+    fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.admin);
+        String::from_utf8(ok(&mut self.server.cmd(&["curl", "-sf", &url])).stdout).unwrap()
+    }
+
+    fn metric(&self, name: &str, labels: &str) -> f64 {
+        let text = self.metrics();
+        let want = format!("{name}{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0.0)
+    }
+
+    /// The DHCP service answers at all (its sockets are up): waits for a
+    /// boot-less plain request to be counted.
+    async fn wait_for_service(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.assert_running();
+            let up = run(&mut self.server.cmd(&[
+                "curl",
+                "-sf",
+                &format!("http://127.0.0.1:{}/boot/x.ipxe", self.http),
+            ]));
+            // The netboot HTTP server answers 404 for an unknown boot.
+            if up.status.code() == Some(22) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{}", self.log_tail());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = self.shepherd.kill();
+        let _ = self.shepherd.wait();
+    }
+}
+
+/// How a test's own DHCP client poses.
+#[derive(Clone, Copy)]
+struct Pose {
+    kind: MessageType,
+    arch: u16,
+    ipxe: bool,
+    http: bool,
+    mac: [u8; 6],
+}
+
+impl Pose {
+    fn pxe(arch: u16) -> Pose {
+        Pose {
+            kind: MessageType::Discover,
+            arch,
+            ipxe: false,
+            http: false,
+            mac: MAC,
+        }
+    }
+}
+
+fn request(p: Pose) -> (u32, Vec<u8>) {
+    let xid: u32 = rand::random();
+    let mut m = Message::new_with_id(
+        xid,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &p.mac,
+    );
+    m.set_flags(Flags::default().set_broadcast());
+    let o = m.opts_mut();
+    o.insert(DhcpOption::MessageType(p.kind));
+    let class = if p.http { "HTTPClient" } else { "PXEClient" };
+    o.insert(DhcpOption::ClassIdentifier(
+        format!("{class}:Arch:{:05}:UNDI:003016", p.arch).into_bytes(),
+    ));
+    o.insert(DhcpOption::ClientSystemArchitecture(Architecture::from(
+        p.arch,
+    )));
+    o.insert(DhcpOption::ClientNetworkInterface(1, 3, 16));
+    let mut uuid = vec![0u8];
+    uuid.extend_from_slice(&[0x5e; 16]);
+    o.insert(DhcpOption::ClientMachineIdentifier(uuid));
+    if p.ipxe {
+        o.insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+    }
+    (xid, m.to_vec().unwrap())
+}
+
+/// Sends `packets` from the client namespace to `to`, then waits up to
+/// `wait` for an answer to `xid` (on port 68). The answer, if any.
+fn exchange(
+    ns: &str,
+    to: SocketAddr,
+    packets: Vec<Vec<u8>>,
+    xid: u32,
+    wait: Duration,
+) -> Option<Message> {
+    in_netns(ns, move || {
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )
+        .unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.set_broadcast(true).unwrap();
+        s.bind_device(Some(b"vc")).unwrap();
+        s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 68)).into())
+            .unwrap();
+        let s: std::net::UdpSocket = s.into();
+        for p in &packets {
+            s.send_to(p, to).unwrap();
+        }
+        let deadline = Instant::now() + wait;
+        let mut buf = [0u8; 2048];
+        while Instant::now() < deadline {
+            s.set_read_timeout(Some(deadline - Instant::now() + Duration::from_millis(1)))
+                .unwrap();
+            let Ok((n, _)) = s.recv_from(&mut buf) else {
+                return None;
+            };
+            let Ok(m) = Message::from_bytes(&buf[..n]) else {
+                continue;
+            };
+            if m.opcode() == Opcode::BootReply && m.xid() == xid {
+                return Some(m);
+            }
+        }
+        None
+    })
+}
+
+fn broadcast() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::BROADCAST, 67))
+}
+
+fn ask(bed: &Bed, pose: Pose) -> Option<Message> {
+    let (xid, p) = request(pose);
+    exchange(
+        &bed.client.0,
+        broadcast(),
+        vec![p],
+        xid,
+        Duration::from_secs(2),
+    )
+}
+
+fn file_of(m: &Message) -> String {
+    match m.opts().get(OptionCode::BootfileName) {
+        Some(DhcpOption::BootfileName(f)) => String::from_utf8_lossy(f).to_string(),
+        _ => String::new(),
+    }
+}
+
+#[actix_rt::test]
+async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
+    let Some(mut bed) = Bed::start("proxy").await else {
+        return;
+    };
+    bed.wait_for_service().await;
+
+    // No boot issued: the machine's own MAC gets no answer (it boots its
+    // disk), an unknown MAC neither.
+    assert!(ask(&bed, Pose::pxe(0)).is_none(), "{}", bed.log_tail());
+    let stranger = Pose {
+        mac: [0x52, 0x54, 0, 0xbb, 0, 2],
+        ..Pose::pxe(0)
+    };
+    assert!(ask(&bed, stranger).is_none());
+    assert_eq!(
+        bed.metric("shepherd_netboot_dhcp_ignored_total", "reason=\"no_boot\""),
+        1.0
+    );
+    assert_eq!(
+        bed.metric(
+            "shepherd_netboot_dhcp_ignored_total",
+            "reason=\"unknown_mac\""
+        ),
+        1.0
+    );
+
+    let boot = bed.issue_boot().await;
+    // A BIOS PXE ROM: no address, the boot server, undionly.kpxe, told to
+    // boot it without a menu, its UUID echoed.
+    let m = ask(&bed, Pose::pxe(0)).expect("a proxy offer");
+    assert_eq!(m.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(m.yiaddr(), Ipv4Addr::UNSPECIFIED);
+    assert_eq!(m.siaddr(), SERVER_IP);
+    assert_eq!(file_of(&m), "undionly.kpxe");
+    // The legacy field too (dhcproto keeps its NUL end).
+    let fname = m
+        .fname()
+        .map(|f| f.split(|b| *b == 0).next().unwrap_or_default().to_vec());
+    assert_eq!(fname, Some(b"undionly.kpxe".to_vec()));
+    assert!(
+        matches!(m.opts().get(OptionCode::ServerIdentifier), Some(DhcpOption::ServerIdentifier(a)) if *a == SERVER_IP)
+    );
+    assert!(
+        matches!(m.opts().get(OptionCode::ClassIdentifier), Some(DhcpOption::ClassIdentifier(v)) if v == b"PXEClient")
+    );
+    assert!(
+        matches!(m.opts().get(OptionCode::VendorExtensions), Some(DhcpOption::VendorExtensions(v)) if v == &[6, 1, 8, 255])
+    );
+    assert!(m.opts().get(OptionCode::ClientMachineIdentifier).is_some());
+    assert!(
+        m.opts().get(OptionCode::SubnetMask).is_none(),
+        "a proxy offers no address"
+    );
+
+    // An EFI PXE client asks the proxy on 4011 and gets snponly.efi.
+    let (xid, p) = request(Pose {
+        kind: MessageType::Request,
+        ..Pose::pxe(7)
+    });
+    let m = exchange(
+        &bed.client.0,
+        SocketAddr::from((SERVER_IP, 4011)),
+        vec![p],
+        xid,
+        Duration::from_secs(2),
+    )
+    .expect("an ack from port 4011");
+    assert_eq!(m.opts().msg_type(), Some(MessageType::Ack));
+    assert_eq!(file_of(&m), "snponly.efi");
+
+    // iPXE itself gets its boot's script, not the binary again.
+    let m = ask(
+        &bed,
+        Pose {
+            ipxe: true,
+            ..Pose::pxe(0)
+        },
+    )
+    .expect("an offer to iPXE");
+    let script_url = format!("http://10.77.0.1:{}/boot/{boot}.ipxe", bed.http);
+    assert_eq!(file_of(&m), script_url);
+    // UEFI HTTP boot gets the EFI binary's URL, as an HTTPClient.
+    let m = ask(
+        &bed,
+        Pose {
+            http: true,
+            ..Pose::pxe(16)
+        },
+    )
+    .expect("an offer to UEFI HTTP boot");
+    assert_eq!(
+        file_of(&m),
+        format!("http://10.77.0.1:{}/ipxe/snponly.efi", bed.http)
+    );
+    assert!(
+        matches!(m.opts().get(OptionCode::ClassIdentifier), Some(DhcpOption::ClassIdentifier(v)) if v == b"HTTPClient")
+    );
+    // An architecture shepherd has no binary for (ARM64, 11): no answer.
+    assert!(ask(&bed, Pose::pxe(11)).is_none());
+
+    // busybox udhcpc, posing as a PXE ROM, takes the proxy's offer (it
+    // selects 0.0.0.0 from the proxy; no ACK follows, as no address was
+    // offered).
+    let script = bed.dir.path().join("udhcpc.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(
+        &mut std::fs::metadata(&script).unwrap().permissions(),
+        0o755,
+    );
+    ok(Command::new("chmod").args(["755", script.to_str().unwrap()]));
+    let out = run(&mut bed.client.cmd(&[
+        "busybox",
+        "udhcpc",
+        "-f",
+        "-n",
+        "-q",
+        "-i",
+        "vc",
+        "-t",
+        "2",
+        "-T",
+        "1",
+        "-s",
+        script.to_str().unwrap(),
+        "-V",
+        "PXEClient:Arch:00000:UNDI:002001",
+        "-x",
+        "93:0000",
+        "-x",
+        "94:010201",
+        "-x",
+        "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
+        "-x",
+        "61:01525400aa0001",
+        "-H",
+        "pxe",
+    ]));
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    // udhcpc uses the interface's own MAC: the veth's, not the
+    // inventory's, so it is a stranger and gets nothing...
+    assert!(
+        !said.contains("select for 0.0.0.0, server 10.77.0.1"),
+        "{said}"
+    );
+    // ...until the veth carries the machine's MAC.
+    ok(&mut bed
+        .client
+        .cmd(&["ip", "link", "set", "vc", "address", MAC_TEXT]));
+    let out = run(&mut bed.client.cmd(&[
+        "busybox",
+        "udhcpc",
+        "-f",
+        "-n",
+        "-q",
+        "-i",
+        "vc",
+        "-t",
+        "2",
+        "-T",
+        "1",
+        "-s",
+        script.to_str().unwrap(),
+        "-V",
+        "PXEClient:Arch:00000:UNDI:002001",
+        "-x",
+        "93:0000",
+        "-x",
+        "94:010201",
+        "-x",
+        "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
+    ]));
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("select for 0.0.0.0, server 10.77.0.1"),
+        "udhcpc saw no proxy offer: {said}\n{}",
+        bed.log_tail()
+    );
+
+    // The script, the kernel and the initramfs with the boot's data, over
+    // HTTP, from the client's side.
+    let script = ok(&mut bed.client.cmd(&["curl", "-sf", &script_url])).stdout;
+    let script = String::from_utf8(script).unwrap();
+    assert!(script.starts_with("#!ipxe\n"), "{script}");
+    let kernel_url = format!("http://10.77.0.1:{}/boot/{boot}/vmlinuz", bed.http);
+    let initrd_url = format!("http://10.77.0.1:{}/boot/{boot}/initrd", bed.http);
+    assert!(
+        script.contains(&format!("kernel {kernel_url} initrd=initrd console=")),
+        "{script}"
+    );
+    assert!(
+        script.contains(&format!("initrd --name initrd {initrd_url}")),
+        "{script}"
+    );
+    let kernel = ok(&mut bed.client.cmd(&["curl", "-sf", &kernel_url])).stdout;
+    assert!(kernel == bed.kernel, "the kernel as served");
+    let initrd = ok(&mut bed.client.cmd(&["curl", "-sf", &initrd_url])).stdout;
+    let base = bed.initrd.len();
+    assert_eq!(
+        &initrd[..base],
+        &bed.initrd[..],
+        "the initramfs, then the boot's data"
+    );
+    let tail = &initrd[base.div_ceil(4) * 4..];
+    let data = boot_data_file(tail);
+    use prost::Message as _;
+    let data = shepherd_proto::boot::BootData::decode(data.as_slice()).unwrap();
+    assert_eq!(data.machine_id, bed.wait_for_machine().await.to_string());
+    assert_eq!(data.credential.len(), 32);
+
+    // Once the boot is used (its agent called back), nothing is answered
+    // and nothing is served: the machine boots its disk.
+    bed.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "UPDATE machine_boot_credential SET used_at = now() WHERE boot_id = $1",
+                &[&boot],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(ask(&bed, Pose::pxe(0)).is_none());
+    assert!(
+        ask(
+            &bed,
+            Pose {
+                ipxe: true,
+                ..Pose::pxe(0)
+            }
+        )
+        .is_none()
+    );
+    let gone = run(&mut bed.client.cmd(&["curl", "-sf", &script_url]));
+    assert_eq!(gone.status.code(), Some(22), "a used boot's script is gone");
+    assert!(
+        bed.metric(
+            "shepherd_netboot_dhcp_answers_total",
+            "message=\"offer\",path=\"bios-pxe\""
+        ) >= 2.0
+    );
+    bed.assert_running();
+}
+
+#[actix_rt::test]
+async fn tftp_serves_the_ipxe_binaries_to_outside_clients_and_nothing_else() {
+    let Some(mut bed) = Bed::start("proxy").await else {
+        return;
+    };
+    bed.wait_for_service().await;
+    let out = |name: &str| bed.dir.path().join(name);
+    // tftp-hpa: no options, 512-byte blocks.
+    let hpa = out("hpa.kpxe");
+    ok(&mut bed.client.cmd(&[
+        "tftp",
+        "-m",
+        "binary",
+        "10.77.0.1",
+        "-c",
+        "get",
+        "undionly.kpxe",
+        hpa.to_str().unwrap(),
+    ]));
+    assert!(
+        std::fs::read(&hpa).unwrap() == bed.undionly,
+        "tftp-hpa's copy"
+    );
+    // busybox: tsize and blksize 1468.
+    let bb = out("bb.efi");
+    ok(&mut bed.client.cmd(&[
+        "busybox",
+        "tftp",
+        "-g",
+        "-b",
+        "1468",
+        "-r",
+        "snponly.efi",
+        "-l",
+        bb.to_str().unwrap(),
+        "10.77.0.1",
+    ]));
+    assert!(std::fs::read(&bb).unwrap() == bed.snponly, "busybox's copy");
+    // curl: tsize, blksize 1024, timeout; the leading slash some ROMs send.
+    let c = out("curl.kpxe");
+    ok(&mut bed.client.cmd(&[
+        "curl",
+        "-sf",
+        "--tftp-blksize",
+        "1024",
+        "tftp://10.77.0.1//undionly.kpxe",
+        "-o",
+        c.to_str().unwrap(),
+    ]));
+    assert!(std::fs::read(&c).unwrap() == bed.undionly, "curl's copy");
+    // Anything else in the directory, or outside it, is refused.
+    for name in ["secret.txt", "../shepherd.toml", "ipxe.efi"] {
+        let r = run(&mut bed.client.cmd(&[
+            "curl",
+            "-s",
+            &format!("tftp://10.77.0.1/{name}"),
+            "-o",
+            "/dev/null",
+        ]));
+        assert_eq!(r.status.code(), Some(68), "{name}: curl's 'file not found'");
+    }
+    // A write is refused too.
+    let w = run(&mut bed.client.cmd(&[
+        "busybox",
+        "tftp",
+        "-p",
+        "-l",
+        hpa.to_str().unwrap(),
+        "-r",
+        "undionly.kpxe",
+        "10.77.0.1",
+    ]));
+    assert!(!w.status.success(), "a write was accepted");
+    assert!(std::fs::read(bed.dir.path().join("ipxe/undionly.kpxe")).unwrap() == bed.undionly);
+    assert_eq!(
+        bed.metric(
+            "shepherd_netboot_tftp_transfers_total",
+            "file=\"undionly.kpxe\",result=\"complete\""
+        ),
+        2.0
+    );
+    assert_eq!(
+        bed.metric(
+            "shepherd_netboot_tftp_transfers_total",
+            "file=\"snponly.efi\",result=\"complete\""
+        ),
+        1.0
+    );
+    bed.assert_running();
+}
+
+#[actix_rt::test]
+async fn malformed_dhcp_and_tftp_packets_are_dropped_and_the_service_keeps_answering() {
+    let Some(mut bed) = Bed::start("proxy").await else {
+        return;
+    };
+    bed.wait_for_service().await;
+    bed.issue_boot().await;
+    let (_, good) = request(Pose::pxe(0));
+    let mut bad: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        good[..100].to_vec(),
+        good[..239].to_vec(),
+        vec![0xff; 4000],
+        random_bytes(600, 3),
+    ];
+    let mut long_hlen = good.clone();
+    long_hlen[2] = 200;
+    bad.push(long_hlen);
+    let mut reply = good.clone();
+    reply[0] = 2;
+    bad.push(reply);
+    // Options whose lengths run past the end, a client interface option of
+    // the wrong length, an architecture of one byte.
+    for opts in [
+        &[53u8, 1, 1, 60, 200, b'P'][..],
+        &[
+            53, 1, 1, 60, 9, b'P', b'X', b'E', b'C', b'l', b'i', b'e', b'n', b't', 94, 1, 1, 255,
+        ][..],
+        &[53, 1, 1, 93, 1, 0, 255][..],
+        &[53, 1, 1][..],
+    ] {
+        let mut p = good[..240].to_vec();
+        p.extend_from_slice(opts);
+        bad.push(p);
+    }
+    let n = bad.len();
+    // Then a good request in the same burst: still answered.
+    let (xid, fine) = request(Pose::pxe(0));
+    bad.push(fine);
+    let m = exchange(
+        &bed.client.0,
+        SocketAddr::from((SERVER_IP, 67)),
+        bad.clone(),
+        xid,
+        Duration::from_secs(3),
+    );
+    assert!(
+        m.is_some(),
+        "no answer after the malformed packets:\n{}",
+        bed.log_tail()
+    );
+    // To 4011 too.
+    let _ = exchange(
+        &bed.client.0,
+        SocketAddr::from((SERVER_IP, 4011)),
+        bad[..n].to_vec(),
+        0,
+        Duration::from_millis(200),
+    );
+    let dropped = bed.metric(
+        "shepherd_netboot_dhcp_ignored_total",
+        "reason=\"malformed\"",
+    ) + bed.metric(
+        "shepherd_netboot_dhcp_ignored_total",
+        "reason=\"not_a_request\"",
+    );
+    assert!(
+        dropped >= 2.0 * 6.0,
+        "dropped {dropped} of {n} twice:\n{}",
+        bed.metrics()
+    );
+
+    // TFTP: garbage, a write, an unterminated request, an unknown opcode,
+    // an ACK to nothing.
+    let garbage: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        vec![0, 1],
+        vec![0, 2, b'x', 0, b'o', b'c', b't', b'e', b't', 0],
+        vec![0, 1, b'u', b'n', b'd', b'i'],
+        vec![0, 9, 0, 0],
+        vec![0, 4, 0, 1],
+        vec![0, 1]
+            .into_iter()
+            .chain(std::iter::repeat_n(b'a', 3000))
+            .collect(),
+    ];
+    in_netns(&bed.client.0.clone(), move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for g in &garbage {
+            s.send_to(g, "10.77.0.1:69").unwrap();
+        }
+    });
+    let c = bed.dir.path().join("after.kpxe");
+    ok(&mut bed.client.cmd(&[
+        "curl",
+        "-sf",
+        "tftp://10.77.0.1/undionly.kpxe",
+        "-o",
+        c.to_str().unwrap(),
+    ]));
+    assert!(std::fs::read(&c).unwrap() == bed.undionly);
+    bed.assert_running();
+}
+
+#[actix_rt::test]
+async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
+    let Some(mut bed) = Bed::start("dhcp").await else {
+        return;
+    };
+    bed.wait_for_service().await;
+    let boot = bed.issue_boot().await;
+    // The machine's PXE ROM: an address and the boot in one offer.
+    let m = ask(&bed, Pose::pxe(0)).expect("an offer");
+    assert_eq!(m.opts().msg_type(), Some(MessageType::Offer));
+    let first = m.yiaddr();
+    assert_eq!(first, Ipv4Addr::new(10, 77, 0, 100));
+    assert_eq!(file_of(&m), "undionly.kpxe");
+    assert!(
+        matches!(m.opts().get(OptionCode::SubnetMask), Some(DhcpOption::SubnetMask(a)) if *a == Ipv4Addr::new(255, 255, 255, 0))
+    );
+    assert!(
+        matches!(m.opts().get(OptionCode::Router), Some(DhcpOption::Router(r)) if r == &vec![SERVER_IP])
+    );
+    // Its request for it: acked, the same address.
+    let mut req = Message::new_with_id(
+        7,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &MAC,
+    );
+    req.set_flags(Flags::default().set_broadcast());
+    req.opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Request));
+    req.opts_mut().insert(DhcpOption::RequestedIpAddress(first));
+    req.opts_mut()
+        .insert(DhcpOption::ServerIdentifier(SERVER_IP));
+    req.opts_mut()
+        .insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+    req.opts_mut().insert(DhcpOption::ClassIdentifier(
+        b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
+    ));
+    let ack = exchange(
+        &bed.client.0,
+        broadcast(),
+        vec![req.to_vec().unwrap()],
+        7,
+        Duration::from_secs(2),
+    )
+    .expect("an ack");
+    assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+    assert_eq!(ack.yiaddr(), first);
+    assert_eq!(
+        file_of(&ack),
+        format!("http://10.77.0.1:{}/boot/{boot}.ipxe", bed.http)
+    );
+    // A plain client (an operating system) gets the other address, no boot.
+    let other = [0x52, 0x54, 0, 0xcc, 0, 3];
+    let mut plain = Message::new_with_id(
+        8,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &other,
+    );
+    plain.set_flags(Flags::default().set_broadcast());
+    plain
+        .opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Discover));
+    let offer = exchange(
+        &bed.client.0,
+        broadcast(),
+        vec![plain.to_vec().unwrap()],
+        8,
+        Duration::from_secs(2),
+    )
+    .expect("an offer to a plain client");
+    assert_eq!(offer.yiaddr(), Ipv4Addr::new(10, 77, 0, 101));
+    assert!(offer.opts().get(OptionCode::BootfileName).is_none());
+    // It asks for the machine's address: refused.
+    let mut steal = Message::new_with_id(
+        9,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &other,
+    );
+    steal.set_flags(Flags::default().set_broadcast());
+    steal
+        .opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Request));
+    steal
+        .opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(first));
+    let nak = exchange(
+        &bed.client.0,
+        broadcast(),
+        vec![steal.to_vec().unwrap()],
+        9,
+        Duration::from_secs(2),
+    )
+    .expect("a nak");
+    assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
+    // The pool (two addresses) is full: a third client gets nothing.
+    let third = [0x52, 0x54, 0, 0xdd, 0, 4];
+    let mut t = Message::new_with_id(
+        10,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &third,
+    );
+    t.set_flags(Flags::default().set_broadcast());
+    t.opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Discover));
+    assert!(
+        exchange(
+            &bed.client.0,
+            broadcast(),
+            vec![t.to_vec().unwrap()],
+            10,
+            Duration::from_secs(2)
+        )
+        .is_none()
+    );
+    // The leases are the BMDB's: one row per address, each one MAC's.
+    let rows: Vec<(String, String, bool)> = bed
+        .bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query(
+                    "SELECT host(address), mac::text, granted FROM netboot_lease ORDER BY address",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "10.77.0.100".to_string(),
+                "52:54:00:aa:00:01".to_string(),
+                true
+            ),
+            (
+                "10.77.0.101".to_string(),
+                "52:54:00:cc:00:03".to_string(),
+                false
+            ),
+        ]
+    );
+    // busybox udhcpc as the machine's operating system: leased its address.
+    ok(&mut bed
+        .client
+        .cmd(&["ip", "link", "set", "vc", "address", MAC_TEXT]));
+    let script = bed.dir.path().join("lease.sh");
+    let seen = bed.dir.path().join("lease.env");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = bound ] && echo \"$ip $router\" > {}\nexit 0\n",
+            seen.display()
+        ),
+    )
+    .unwrap();
+    ok(Command::new("chmod").args(["755", script.to_str().unwrap()]));
+    ok(&mut bed.client.cmd(&[
+        "busybox",
+        "udhcpc",
+        "-f",
+        "-n",
+        "-q",
+        "-i",
+        "vc",
+        "-t",
+        "3",
+        "-T",
+        "1",
+        "-s",
+        script.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap().trim(),
+        "10.77.0.100 10.77.0.1"
+    );
+    bed.assert_running();
+}

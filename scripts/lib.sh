@@ -55,6 +55,29 @@ need_python_packages() {
     python3 -m pip install -q $user --disable-pip-version-check --break-system-packages "${PYTHON_PACKAGES[@]}"
 }
 
+# libvirt and QEMU, with libvirtd running (started by hand where nothing
+# else does, as Metal3's CI runs it), and VirtualBMC from PyPI (the IPMI
+# emulator Ironic's and Metal3's CI use) with libvirt's Python binding.
+need_virtualbmc() {
+  need_package qemu-system-x86 "the IPMI tests' machine is a libvirt domain under QEMU" command -v qemu-system-x86_64
+  need_package libvirt-daemon-system "VirtualBMC drives libvirt domains" command -v libvirtd
+  need_package libvirt-dev "libvirt-python is built against it" test -e /usr/include/libvirt/libvirt.h
+  need_package pkg-config "libvirt-python's build finds libvirt with it" command -v pkg-config
+  if ! python3 -c 'import libvirt, virtualbmc' 2>/dev/null; then
+    echo "shepherd: installing virtualbmc and libvirt-python (PyPI), the IPMI tests' BMC" >&2
+    local user=
+    [ "$(id -u)" = 0 ] || user=--user
+    python3 -m pip install -q $user --disable-pip-version-check 'virtualbmc==3.3.0' 'libvirt-python==11.*' 2>/dev/null ||
+      python3 -m pip install -q $user --disable-pip-version-check --break-system-packages 'virtualbmc==3.3.0' 'libvirt-python==11.*'
+  fi
+  if [ "$(id -u)" = 0 ]; then
+    pgrep -x virtlogd >/dev/null || virtlogd -d
+    pgrep -x libvirtd >/dev/null || libvirtd -d
+    local i
+    for i in $(seq 50); do virsh -q list >/dev/null 2>&1 && break; sleep 0.2; done
+  fi
+}
+
 # A TCP port free on 127.0.0.1 now (for the VM scripts' forwards).
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -36,8 +36,7 @@ fn is_root() -> bool {
 }
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    out
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
 }
 
 fn ok(cmd: &mut Command) -> Output {

@@ -245,8 +245,14 @@ pub struct Tags {
     /// Its SSH host key, as recorded at the first takeover.
     pub ssh_host_key: Option<String>,
     pub bmc: Option<Bmc>,
-    /// Booted through its BMC (inventory `boot = "virtual-media"`).
+    /// Booted through its BMC (inventory `boot = "virtual-media"` or
+    /// `"network"`).
     pub bmc_boot: bool,
+    /// How it is booted into the agent: `ssh` (a takeover),
+    /// `virtual-media` or `network`.
+    pub boot: String,
+    /// `boot = "network"`: the provisioning NICs answered for it.
+    pub boot_macs: Vec<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -277,6 +283,8 @@ pub struct InstallationReport {
 #[derive(Serialize, ToSchema)]
 pub struct Bmc {
     pub bmc_url: String,
+    /// `redfish` or `ipmi`, by the URL's scheme.
+    pub protocol: String,
     pub system: Option<String>,
     pub power_state: Option<String>,
     pub manufacturer: Option<String>,
@@ -297,6 +305,7 @@ impl From<&crate::bmdb::hardware::BmcFacts> for Bmc {
         let s = f.system.clone();
         Bmc {
             bmc_url: f.bmc_url.clone(),
+            protocol: f.protocol().to_string(),
             system: f.system_path.clone(),
             power_state: s.power_state,
             manufacturer: s.manufacturer,
@@ -404,6 +413,8 @@ impl From<&MachineDetail> for MachineDetailBody {
                 ssh_host_key: d.ssh_host_key.clone(),
                 bmc: d.bmc.as_ref().map(Bmc::from),
                 bmc_boot: d.bmc_boot,
+                boot: d.boot_via.clone().unwrap_or_else(|| "ssh".into()),
+                boot_macs: d.boot_macs.iter().map(|m| m.to_string()).collect(),
             },
             leases: d
                 .leases

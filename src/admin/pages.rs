@@ -654,6 +654,11 @@ pub(super) async fn machine_page(
         d.agent_heartbeat.map(rfc3339).unwrap_or_else(|| "-".into()),
         esc(d.ssh_host_key.as_deref().unwrap_or("-")),
     );
+    let _ = write!(
+        b,
+        "<tr><th>boots</th><td id=\"boots\">{}</td></tr>",
+        esc(&d.boots())
+    );
     if let Some(h) = &d.hold {
         let _ = write!(
             b,

@@ -44,10 +44,22 @@ pub struct BmcFacts {
 }
 
 impl BmcFacts {
+    /// `ipmi` or `redfish`, by the URL's scheme (CONTRACTS.md §6).
+    pub fn protocol(&self) -> &'static str {
+        if self.bmc_url.starts_with("ipmi://") {
+            "ipmi"
+        } else {
+            "redfish"
+        }
+    }
+
     /// Label and value of each fact that is known, for the pages and the
     /// command line.
     pub fn lines(&self) -> Vec<(&'static str, String)> {
-        let mut out = vec![("BMC", self.bmc_url.clone())];
+        let mut out = vec![
+            ("BMC", self.bmc_url.clone()),
+            ("protocol", self.protocol().to_string()),
+        ];
         let mut add = |k: &'static str, v: Option<String>| {
             if let Some(v) = v {
                 out.push((k, v));

@@ -396,8 +396,12 @@ pub struct MachineDetail {
     pub actions: Vec<super::actions::Audit>,
     /// The installation shepherd asked of it last, with its progress.
     pub installation: Option<super::installations::Installation>,
-    /// Booted through its BMC (`boot = "virtual-media"`).
+    /// Booted through its BMC (`boot = "virtual-media"` or `"network"`).
     pub bmc_boot: bool,
+    /// How: `virtual-media` or `network` (None: it is not).
+    pub boot_via: Option<String>,
+    /// The provisioning NICs the network boot service answers for it.
+    pub boot_macs: Vec<crate::mac::MacAddr>,
     /// A boot into the live agent asked for and not yet done.
     pub boot_request: Option<super::bmc_boot::BootRequest>,
     /// Its BMC's facts against its agent's report.
@@ -458,6 +462,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         (Some(f), Some(raw)) => super::hardware::judge(tx, machine_id, f, raw).await?,
         _ => None,
     };
+    let boot_via = super::netboot::via(tx, machine_id).await?;
     Ok(Some(MachineDetail {
         summary,
         created_at: r.get(0),
@@ -476,16 +481,27 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         reboot_request: super::actions::reboot_request(tx, machine_id).await?,
         actions: super::actions::audit(tx, machine_id).await?,
         installation,
-        bmc_boot: tx
-            .query_opt(
-                "SELECT 1 FROM machine_bmc_boot WHERE machine_id = $1",
-                &[&machine_id],
-            )
-            .await?
-            .is_some(),
+        bmc_boot: boot_via.is_some(),
+        boot_via,
+        boot_macs: super::netboot::macs_of(tx, machine_id).await?,
         boot_request: super::bmc_boot::requested(tx, machine_id).await?,
         hardware_check,
     }))
+}
+
+impl MachineDetail {
+    /// How it is reached and booted, for the pages and the command line:
+    /// `network (PXE) from 52:54:00:12:34:56`, `virtual media`, `ssh`.
+    pub fn boots(&self) -> String {
+        match self.boot_via.as_deref() {
+            Some("network") => {
+                let macs: Vec<String> = self.boot_macs.iter().map(|m| m.to_string()).collect();
+                format!("network (PXE, then iPXE) from {}", macs.join(", "))
+            }
+            Some(_) => "virtual media (the BMC's virtual CD)".to_string(),
+            None => "ssh (a takeover at its address)".to_string(),
+        }
+    }
 }
 
 /// Many machines' provider records in one statement.

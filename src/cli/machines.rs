@@ -228,6 +228,7 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                     }
                 }
             }
+            println!("  boots            {}", d.boots());
             if let Some(f) = &d.bmc {
                 for (i, (k, v)) in f.lines().iter().enumerate() {
                     let label = if i == 0 { "bmc" } else { "" };

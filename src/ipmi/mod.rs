@@ -255,9 +255,14 @@ impl Conn {
         };
         let mut last = None;
         for suite in suites {
+            let t = Instant::now();
             let out = ipmitool(&self.cfg, &self.target, &self.bmc, suite, args)
                 .await
                 .map_err(|e| self.err(BmcErrorKind::Config(e)))?;
+            // A BMC that answered at once but set up no session may lack
+            // suite 17 without saying so; one that did not answer is not
+            // asked again.
+            let answered = t.elapsed() < Duration::from_secs(2);
             if out.ok {
                 if self.suite.is_none() {
                     tracing::info!(host = %self.host, bmc = %self.bmc.url, suite, "IPMI session set up");
@@ -268,6 +273,7 @@ impl Conn {
             let refused = suite_refused(&out)
                 || (self.suite.is_none()
                     && suite == 17
+                    && answered
                     && out.stderr.contains("Unable to establish IPMI v2"));
             last = Some(out);
             if !refused {

@@ -440,6 +440,7 @@ async fn a_vanished_reservation_is_named_as_gone() {
         status: ProviderStatus::Missing,
         kind: MachineKind::Capacity,
         boots_from_bmc: false,
+        boot_macs: Vec::new(),
     };
     let e = provider
         .create_machine(&gone)

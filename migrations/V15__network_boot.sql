@@ -29,3 +29,9 @@ CREATE TABLE netboot_lease (
     updated_at timestamptz NOT NULL
 );
 CREATE INDEX netboot_lease_expires ON netboot_lease (expires_at);
+
+-- Virtual media with a per-boot user name and password (derived from the
+-- boot's credential): the image server asks a boot's fetcher for them
+-- when set, so knowing the URL no longer lets anyone race the machine's
+-- agent; a BMC that refuses them gets the open URL (this flag off).
+ALTER TABLE machine_boot_credential ADD COLUMN media_auth boolean NOT NULL DEFAULT false;

@@ -27,6 +27,10 @@ pub enum BmcErrorKind {
     Credentials(String),
     #[error("unreachable: {0}")]
     Unreachable(String),
+    /// Redfish: `InsertMedia` refused with a user name and password for the
+    /// image's URL (the caller may ask again without them).
+    #[error("InsertMedia refused with a user name and password: {0}")]
+    MediaAuthRefused(String),
     #[error("unexpected answer: {0}")]
     Protocol(String),
     #[error("{0}")]

@@ -69,6 +69,8 @@ pub struct OutcomeLabel {
 pub struct BootMetrics {
     pub boots: Family<OutcomeLabel, Counter>,
     pub seconds: Family<OutcomeLabel, Histogram>,
+    /// BMCs that refused a boot image's user name and password.
+    pub media_auth_refused: Counter,
 }
 
 impl Default for BootMetrics {
@@ -78,6 +80,7 @@ impl Default for BootMetrics {
             seconds: Family::new_with_constructor(|| {
                 Histogram::new([5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0])
             }),
+            media_auth_refused: Counter::default(),
         }
     }
 }
@@ -100,6 +103,11 @@ impl BootMetrics {
             "shepherd_bmc_boots",
             "Boots into the live agent through a BMC, by outcome: enrolled (the agent called back), bmc_failed, no_callback (booted, the agent never called), failed (recording it)",
             self.boots.clone(),
+        );
+        registry.register(
+            "shepherd_bmc_boot_media_auth_refused",
+            "Boots through virtual media whose BMC refused the image URL's per-boot user name and password (the URL was then open until the agent enrolled)",
+            self.media_auth_refused.clone(),
         );
         registry.register(
             "shepherd_bmc_boot_seconds",
@@ -213,15 +221,64 @@ impl Enroller {
                 } else if b.live && b.media_inserted_at.is_some() {
                     Resume::Wait { cause, boot: b }
                 } else {
-                    let issued = boot::issue(tx, mid, self.waits.credential_ttl).await?;
+                    let issued = self.issue(tx, mid).await?;
                     Resume::Boot { cause, issued }
                 }
             }
             _ => {
-                let issued = boot::issue(tx, mid, self.waits.credential_ttl).await?;
+                let issued = self.issue(tx, mid).await?;
                 Resume::Boot { cause, issued }
             }
         })
+    }
+
+    /// A new boot of `mid`; one through virtual media is served only with
+    /// its media credentials (a network boot's files are fetched by the
+    /// machine itself, which has none to give).
+    async fn issue(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<boot::IssuedBoot, BmdbError> {
+        let mut issued = boot::issue(tx, mid, self.waits.credential_ttl).await?;
+        if crate::bmdb::netboot::via(tx, mid).await?.as_deref() != Some("network") {
+            boot::set_media_auth(tx, issued.boot_id, true).await?;
+            issued.media_auth = true;
+        }
+        Ok(issued)
+    }
+
+    /// Has the BMC boot the machine into boot `issued`, giving it the
+    /// boot's media credentials; a BMC that refuses them is asked again
+    /// without (the boot's copy then served to anyone with its URL;
+    /// counted).
+    async fn boot(
+        &self,
+        work: &Work<Boot>,
+        issued: &boot::IssuedBoot,
+        url: &str,
+    ) -> Result<String, crate::provider::ProviderError> {
+        let m = &work.item().machine;
+        let credentials = issued
+            .media_auth
+            .then(|| boot::media_credentials(&issued.credential));
+        match self
+            .provider
+            .boot_agent(&m.provider_id, url, credentials)
+            .await
+        {
+            Err(crate::provider::ProviderError::MediaAuthRefused(e)) => {
+                tracing::warn!(boot = %issued.boot_id, error = %e, "the BMC refused the boot image's user name and password: asking without them (the image's URL is then open until the agent enrolls)");
+                self.metrics.media_auth_refused.inc();
+                let boot_id = issued.boot_id;
+                work.session()
+                    .transact(async |tx| boot::set_media_auth(tx, boot_id, false).await)
+                    .await
+                    .map_err(|e| {
+                        crate::provider::ProviderError::Bmc(format!(
+                            "recording an open boot image: {e}"
+                        ))
+                    })?;
+                self.provider.boot_agent(&m.provider_id, url, None).await
+            }
+            other => other,
+        }
     }
 
     /// Waits for boot `boot_id`'s agent to call back, until `deadline`.
@@ -331,7 +388,7 @@ impl LeaseLoop for Enroller {
             Resume::Boot { cause, issued } => {
                 let url = (self.boot_url)(issued.boot_id);
                 tracing::debug!(boot = %issued.boot_id, %cause, "booting into the agent through the BMC");
-                match self.provider.boot_agent(&m.provider_id, &url).await {
+                match self.boot(work, &issued, &url).await {
                     Ok(how) => {
                         // A worker taking over from this one waits for this
                         // boot instead of resetting the machine again.

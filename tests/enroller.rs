@@ -209,10 +209,38 @@ impl Rig {
         }
     }
 
-    /// GETs `url` as a BMC does: trusting the fleet's CA, no certificate.
+    /// GETs `url` as a BMC does: trusting the fleet's CA, no certificate,
+    /// with the boot's user name and password InsertMedia gave it.
     async fn fetch(&self, url: &str) -> (u16, Vec<u8>) {
-        let (status, body, _) =
-            shepherd_sim::testing::fetch_as_bmc(&self.ca, url, None, false).await;
+        let boot: Uuid = url
+            .rsplit('/')
+            .next()
+            .and_then(|n| n.strip_suffix(".iso"))
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_default();
+        let credential: Vec<u8> = self
+            .bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query_opt(
+                        "SELECT credential FROM machine_boot_credential WHERE boot_id = $1",
+                        &[&boot],
+                    )
+                    .await?
+                    .map(|r| r.get(0))
+                    .unwrap_or_default())
+            })
+            .await
+            .unwrap();
+        let (user, password) = shepherd::bmdb::boot::media_credentials(&credential);
+        let (status, body, _) = shepherd_sim::testing::fetch_as_bmc_with(
+            &self.ca,
+            url,
+            None,
+            false,
+            Some((&user, &password)),
+        )
+        .await;
         (status, body)
     }
 
@@ -322,6 +350,18 @@ async fn a_blank_machine_listed_by_its_bmc_is_booted_into_the_agent_enrolled_and
     // `Continuous`: `Once` is checked in tests/redfish_media.rs.)
     assert_eq!(system["Boot"]["BootSourceOverrideTarget"], "Cd");
     assert_eq!(rig.state(u12).await, "enrolling");
+
+    // Its copy is served only with the boot's user name and password,
+    // which the BMC was given with the insert.
+    let (status, _, _) = shepherd_sim::testing::fetch_as_bmc(&rig.ca, &url, None, false).await;
+    assert_eq!(status, 401, "served without the boot's credentials");
+    let cd = rig
+        .get(&format!(
+            "/redfish/v1/Systems/{}/VirtualMedia/Cd",
+            Sushy::uuid(0)
+        ))
+        .await;
+    assert_eq!(cd["UserName"], "shepherd-boot");
 
     // The machine boots it: its agent enrolls and heartbeats.
     let (data, agent) = rig.boot("u12-first", &url).await;

@@ -645,14 +645,14 @@ fn nothing_in_the_service_reaches_the_simulated_floor_or_the_agent() {
         }
         if f.module.first().is_some_and(|m| m == "bmdb")
             && !reached(code, "crate").is_subset(
-                &["backoff", "config", "bmdb"]
+                &["backoff", "config", "bmdb", "mac"]
                     .iter()
                     .map(|s| s.to_string())
                     .collect(),
             )
         {
             wrong.push(format!(
-                "{} (bmdb) imports {:?}: bmdb depends on config and backoff only",
+                "{} (bmdb) imports {:?}: bmdb depends on config, backoff and mac only",
                 f.path,
                 reached(code, "crate")
             ));

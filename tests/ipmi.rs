@@ -288,6 +288,7 @@ async fn a_network_boot_through_an_ipmi_bmc_as_the_inventory_asks_it() {
             BootMethod::Network,
             Firmware::Bios,
             "unused",
+            None,
         )
         .await
         .unwrap();
@@ -317,6 +318,7 @@ async fn a_network_boot_through_an_ipmi_bmc_as_the_inventory_asks_it() {
             BootMethod::VirtualMedia,
             Firmware::Uefi,
             "http://x/y.iso",
+            None,
         )
         .await
         .unwrap_err();

@@ -166,6 +166,18 @@ struct Proxy {
 }
 
 fn proxy(upstream: &str, refuse_inserted: bool, delay: Duration) -> Proxy {
+    proxy_refusing(upstream, refuse_inserted, false, delay)
+}
+
+/// [`proxy`], also refusing `UserName`/`Password` in `InsertMedia` (with
+/// a message echoing the value, as Redfish's PropertyValueFormatError
+/// does) when `refuse_credentials`.
+fn proxy_refusing(
+    upstream: &str,
+    refuse_inserted: bool,
+    refuse_credentials: bool,
+    delay: Duration,
+) -> Proxy {
     let upstream = upstream.to_string();
     let refused = Arc::new(AtomicUsize::new(0));
     let patches = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -180,6 +192,19 @@ fn proxy(upstream: &str, refuse_inserted: bool, delay: Duration) -> Proxy {
                 let text = String::from_utf8_lossy(&body);
                 if req.method() == awc::http::Method::PATCH {
                     seen.lock().unwrap().push(text.to_string());
+                }
+                if refuse_credentials
+                    && req.path().ends_with("VirtualMedia.InsertMedia")
+                    && text.contains("\"Password\"")
+                {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    return HttpResponse::BadRequest().json(serde_json::json!({
+                        "error": {
+                            "code": "Base.1.12.GeneralError",
+                            "message": format!("The value '{}' for the property Password is not in the list of acceptable values.", v["Password"].as_str().unwrap_or("")),
+                        }
+                    }));
                 }
                 if refuse_inserted
                     && req.path().ends_with("VirtualMedia.InsertMedia")
@@ -338,4 +363,114 @@ async fn a_system_without_virtual_media_says_so() {
         sushy.log()
     );
     iso.stop(true).await;
+}
+
+/// A "boot image" that is served only with `user:password` (HTTP basic);
+/// the Authorization headers it was sent.
+fn serve_iso_with_auth(
+    user: &str,
+    password: &str,
+) -> (
+    String,
+    Arc<std::sync::Mutex<Vec<String>>>,
+    actix_web::dev::ServerHandle,
+) {
+    use base64::Engine as _;
+    let want = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    );
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let server = HttpServer::new(move || {
+        let (want, log) = (want.clone(), log.clone());
+        App::new().default_service(web::to(move |req: HttpRequest| {
+            let (want, log) = (want.clone(), log.clone());
+            async move {
+                let given = req
+                    .headers()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                log.lock().unwrap().push(given.clone());
+                if given != want {
+                    return HttpResponse::Unauthorized()
+                        .insert_header(("WWW-Authenticate", "Basic realm=\"boot\""))
+                        .finish();
+                }
+                HttpResponse::Ok().body(vec![7u8; 32 * 1024])
+            }
+        }))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    (format!("http://{addr}/boot.iso"), seen, handle)
+}
+
+#[actix_rt::test]
+async fn the_bmc_fetches_the_image_with_the_boot_s_user_name_and_password() {
+    let sushy = Sushy::start(&["node-1"], "admin", PASSWORD);
+    let (user, password) = shepherd::bmdb::boot::media_credentials(&[9u8; 32]);
+    let (url, seen, iso) = serve_iso_with_auth(&user, &password);
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    // Without them the emulator's fetch is refused, and so the insert.
+    assert!(
+        redfish::boot_from_media(&bmcs, "node-1", &sushy.bmc(0), &url)
+            .await
+            .is_err()
+    );
+    let boot = redfish::boot_from_media_with(
+        &bmcs,
+        "node-1",
+        &sushy.bmc(0),
+        &url,
+        Some((user.clone(), password.clone())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(boot.media, cd_path(0));
+    let cd = get(&sushy, &cd_path(0)).await;
+    assert_eq!(cd["Inserted"], true);
+    assert_eq!(cd["UserName"], user.as_str());
+    assert!(
+        seen.lock().unwrap().iter().any(|h| h.starts_with("Basic ")),
+        "the emulator fetched with the credentials"
+    );
+    iso.stop(true).await;
+
+    // A BMC that refuses them: said so (for the caller to ask again
+    // without), and its echo of the password is not repeated.
+    let refusing = proxy_refusing(&sushy.url, false, true, Duration::ZERO);
+    let mut bmc = sushy.bmc(0);
+    bmc.url = refusing.url.clone();
+    let (url, _, iso) = serve_iso_with_auth(&user, &password);
+    let e = redfish::boot_from_media_with(
+        &Bmcs::new(&config(Duration::from_secs(20))),
+        "node-1",
+        &bmc,
+        &url,
+        Some((user.clone(), password.clone())),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(e.kind, shepherd::bmc::BmcErrorKind::MediaAuthRefused(_)),
+        "{e}"
+    );
+    assert!(!e.to_string().contains(&password), "{e}");
+    assert!(e.to_string().contains("[redacted]"), "{e}");
+    assert_eq!(
+        refusing.refused.load(Ordering::SeqCst),
+        2,
+        "both forms asked"
+    );
+    iso.stop(true).await;
+    refusing.handle.stop(true).await;
 }

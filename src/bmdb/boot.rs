@@ -9,6 +9,7 @@
 use std::time::{Duration, SystemTime};
 
 use sha2::Digest as _;
+
 use uuid::Uuid;
 
 use super::{BmdbError, Tx};
@@ -23,6 +24,9 @@ pub struct IssuedBoot {
     pub machine_id: Uuid,
     pub credential: Vec<u8>,
     pub expires_at: SystemTime,
+    /// Its copy of the boot image is served only to a fetcher presenting
+    /// the boot's [`media_credentials`].
+    pub media_auth: bool,
 }
 
 impl std::fmt::Debug for IssuedBoot {
@@ -62,10 +66,34 @@ pub async fn issue(
         machine_id,
         credential: credential.to_vec(),
         expires_at: r.get(1),
+        media_auth: false,
     })
 }
 
-const TO_SERVE: &str = "SELECT machine_id, credential, expires_at FROM machine_boot_credential \
+/// The user name and password a BMC presents when it fetches a boot's copy
+/// of the boot image (Redfish `InsertMedia`'s `UserName`/`Password`),
+/// derived from the boot's credential: nothing more to store, and useless
+/// once the boot is.
+pub fn media_credentials(credential: &[u8]) -> (String, String) {
+    let mut h = sha2::Sha256::new();
+    h.update(b"shepherd boot media\0");
+    h.update(credential);
+    let d = h.finalize();
+    ("shepherd-boot".to_string(), hex::encode(&d[..10]))
+}
+
+/// Whether boot `boot_id`'s copy is served only with its media
+/// credentials.
+pub async fn set_media_auth(tx: &mut Tx<'_>, boot_id: Uuid, on: bool) -> Result<(), BmdbError> {
+    tx.execute(
+        "UPDATE machine_boot_credential SET media_auth = $2 WHERE boot_id = $1",
+        &[&boot_id, &on],
+    )
+    .await?;
+    Ok(())
+}
+
+const TO_SERVE: &str = "SELECT machine_id, credential, expires_at, media_auth FROM machine_boot_credential \
      WHERE boot_id = $1 AND used_at IS NULL AND expires_at > now()";
 
 /// The boot `boot_id`, while its copy of the image may be served: not
@@ -79,6 +107,7 @@ pub async fn to_serve(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<Option<IssuedBoo
             machine_id: r.get(0),
             credential: r.get(1),
             expires_at: r.get(2),
+            media_auth: r.get(3),
         }))
 }
 

@@ -597,14 +597,14 @@ boot = "floppy"
         );
         assert!(
             p[6].starts_with(&format!(
-                "{file}:39: host no-way-in: address is missing (give an address to log in at, or boot = \"virtual-media\" with a bmc)"
+                "{file}:39: host no-way-in: address is missing (give an address to log in at, or boot = \"virtual-media\" or \"network\" with a bmc)"
             )),
             "{}",
             p[6]
         );
         assert!(
             p[7].starts_with(&format!(
-                "{file}:43: host by-floppy: boot \"floppy\" is not \"ssh\" or \"virtual-media\""
+                "{file}:43: host by-floppy: boot \"floppy\" is not \"ssh\", \"virtual-media\" or \"network\""
             )),
             "{}",
             p[7]

@@ -497,6 +497,29 @@ async fn image(
     }
 }
 
+/// Whether `req` carries boot `credential`'s media user name and password
+/// (HTTP basic); compared by digest.
+fn media_auth_ok(req: &HttpRequest, credential: &[u8]) -> bool {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let Some(given) = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()
+        })
+    else {
+        return false;
+    };
+    let (user, password) = crate::bmdb::boot::media_credentials(credential);
+    let want = sha2::Sha256::digest(format!("{user}:{password}").as_bytes());
+    sha2::Sha256::digest(&given) == want
+}
+
 /// Bytes of a boot's copy read per step.
 const BOOT_PIECE: usize = 256 << 10;
 
@@ -539,6 +562,13 @@ async fn boot_iso(
         }
         Err(unavailable) => return unavailable,
     };
+    if issued.media_auth && !media_auth_ok(&req, &issued.credential) {
+        tracing::info!(boot = %boot_id, "boot image refused: no or wrong user name and password for this boot");
+        return HttpResponse::Unauthorized()
+            .insert_header((header::WWW_AUTHENTICATE, "Basic realm=\"shepherd boot\""))
+            .content_type("text/plain; charset=utf-8")
+            .body("this boot's image is served with its user name and password\n");
+    }
     let data = boot::boot_data(&issued, &serving.callback_endpoint, &ca_der);
     let slot = match serving.image.slot(&data) {
         Ok(s) => s,

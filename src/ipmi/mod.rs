@@ -342,9 +342,11 @@ fn fru_facts(text: &str) -> SystemFacts {
         })
     };
     SystemFacts {
-        manufacturer: field(&["Product Manufacturer", "Board Mfg"]),
-        model: field(&["Product Name", "Board Product"]),
-        serial_number: field(&["Product Serial", "Chassis Serial", "Board Serial"]),
+        manufacturer: field(&["Product Manufacturer"]).or_else(|| field(&["Board Mfg"])),
+        model: field(&["Product Name"]).or_else(|| field(&["Board Product"])),
+        serial_number: field(&["Product Serial"])
+            .or_else(|| field(&["Chassis Serial"]))
+            .or_else(|| field(&["Board Serial"])),
         ..SystemFacts::default()
     }
 }

@@ -10,7 +10,7 @@ use actix_web::http::header;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use uuid::Uuid;
 
-use super::NetbootMetrics;
+use super::metrics::NetbootMetrics;
 use crate::bmdb::Bmdb;
 use crate::images::BootServing;
 

@@ -12,6 +12,7 @@
 //! - [`dhcp`]: what a request is and what it gets, on bytes.
 //! - [`tftp`]: read-only TFTP of the iPXE binaries.
 //! - [`http`]: the script, the kernel, the initramfs with the boot's data.
+//! - `metrics.rs`: what `/metrics` counts of them.
 //!
 //! `NetbootService` is the actor the Supervisor starts when `[netboot]`
 //! is configured; it owns the sockets' tasks and the HTTP server, and
@@ -19,6 +20,7 @@
 
 pub mod dhcp;
 pub mod http;
+mod metrics;
 pub mod tftp;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -28,9 +30,6 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use dhcproto::v4::MessageType;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use tokio::net::UdpSocket;
 
 use crate::bmdb::Bmdb;
@@ -38,111 +37,7 @@ use crate::bmdb::netboot::MacLookup;
 use crate::config::{NetbootConfig, NetbootMode};
 use crate::images::BootServing;
 use dhcp::{Asker, BootFile, Lease, Request};
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct AnswerLabel {
-    message: &'static str,
-    path: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct TftpLabel {
-    file: String,
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct HttpLabel {
-    what: &'static str,
-    result: &'static str,
-}
-
-/// The service's counters.
-#[derive(Clone, Default)]
-pub struct NetbootMetrics {
-    answers: Family<AnswerLabel, Counter>,
-    ignored: Family<ReasonLabel, Counter>,
-    tftp: Family<TftpLabel, Counter>,
-    http: Family<HttpLabel, Counter>,
-}
-
-impl NetbootMetrics {
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register(
-            "shepherd_netboot_dhcp_answers",
-            "DHCP answers sent by the network boot service, by message (offer, ack, nak) and boot path (bios-pxe, uefi-pxe, uefi-http, ipxe-script; none: an address only)",
-            self.answers.clone(),
-        );
-        registry.register(
-            "shepherd_netboot_dhcp_ignored",
-            "DHCP packets the network boot service did not answer, by reason (malformed, not_a_request, not_pxe, unknown_mac, no_boot, unsupported_arch, other_server, pool_full, bmdb_unavailable)",
-            self.ignored.clone(),
-        );
-        registry.register(
-            "shepherd_netboot_tftp_transfers",
-            "TFTP transfers by file and result (complete, aborted, timed_out, failed)",
-            self.tftp.clone(),
-        );
-        registry.register(
-            "shepherd_netboot_http_requests",
-            "Network boot HTTP requests by what (script, kernel, initrd, ipxe) and result (served, refused, unavailable, failed)",
-            self.http.clone(),
-        );
-    }
-
-    fn answered(&self, message: MessageType, path: &'static str) {
-        let message = match message {
-            MessageType::Offer => "offer",
-            MessageType::Ack => "ack",
-            MessageType::Nak => "nak",
-            _ => "other",
-        };
-        self.answers
-            .get_or_create(&AnswerLabel { message, path })
-            .inc();
-    }
-
-    fn ignored(&self, reason: &'static str) {
-        self.ignored.get_or_create(&ReasonLabel { reason }).inc();
-    }
-
-    fn tftp(&self, file: &str, result: &'static str) {
-        let file = if tftp::SERVED.contains(&file) {
-            file
-        } else {
-            "other"
-        };
-        self.tftp
-            .get_or_create(&TftpLabel {
-                file: file.to_string(),
-                result,
-            })
-            .inc();
-    }
-
-    pub(crate) fn http(&self, what: &'static str, result: &'static str) {
-        self.http.get_or_create(&HttpLabel { what, result }).inc();
-    }
-
-    /// The count of DHCP answers (all labels), for tests and the pages.
-    pub fn answers_total(&self) -> u64 {
-        let mut n = 0;
-        for message in ["offer", "ack", "nak", "other"] {
-            for path in ["bios-pxe", "uefi-pxe", "uefi-http", "ipxe-script", "none"] {
-                n += self
-                    .answers
-                    .get_or_create(&AnswerLabel { message, path })
-                    .get();
-            }
-        }
-        n
-    }
-}
+pub use metrics::NetbootMetrics;
 
 /// The provisioning interface's IPv4 address and netmask.
 pub fn interface_address(name: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {

@@ -80,6 +80,7 @@ impl Bmcs {
         via: BootMethod,
         firmware: Firmware,
         image_url: &str,
+        credentials: Option<(String, String)>,
     ) -> Result<String, BmcError> {
         match (via, bmc.protocol()) {
             (BootMethod::Network, BmcProtocol::Redfish) => {
@@ -103,8 +104,14 @@ impl Bmcs {
                 ))
             }
             (_, BmcProtocol::Redfish) => {
-                let boot = redfish::boot_from_media(&self.redfish, host, bmc, image_url).await?;
+                let with_auth = credentials.is_some();
+                let boot =
+                    redfish::boot_from_media_with(&self.redfish, host, bmc, image_url, credentials)
+                        .await?;
                 let mut how = format!("{} with the boot image from {}", boot.reset, boot.media);
+                if with_auth {
+                    how.push_str(" (fetched with the boot's user name and password)");
+                }
                 if boot.plain_insert {
                     how.push_str(
                         " (the BMC refused Inserted/WriteProtected: inserted without them)",

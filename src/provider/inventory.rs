@@ -212,7 +212,12 @@ impl Provider for Inventory {
         })
     }
 
-    fn boot_agent<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
+    fn boot_agent<'a>(
+        &'a self,
+        provider_id: &'a str,
+        image_url: &'a str,
+        credentials: Option<(String, String)>,
+    ) -> Fut<'a, String> {
         Box::pin(async move {
             let (host, bmc) = self.with_bmc(provider_id, "booted through it")?;
             let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
@@ -224,9 +229,15 @@ impl Provider for Inventory {
                     via,
                     host.firmware.unwrap_or_default(),
                     image_url,
+                    credentials,
                 )
                 .await
-                .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+                .map_err(|e| match e.kind {
+                    crate::bmc::BmcErrorKind::MediaAuthRefused(_) => {
+                        ProviderError::MediaAuthRefused(e.to_string())
+                    }
+                    _ => ProviderError::Bmc(e.to_string()),
+                })?;
             tracing::info!(host = %host.id, bmc = %bmc.url, via = via.as_str(), how = %how, "booting into the agent through the BMC");
             Ok(how)
         })

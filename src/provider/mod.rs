@@ -55,6 +55,9 @@ pub enum ProviderError {
     /// From a host's BMC: names the host, the BMC and Redfish's message.
     #[error("{0}")]
     Bmc(String),
+    /// The BMC refused a user name and password for the boot image's URL.
+    #[error("{0}")]
+    MediaAuthRefused(String),
 }
 
 type Fut<'a, T> = LocalBoxFuture<'a, Result<T, ProviderError>>;
@@ -76,9 +79,16 @@ pub trait Provider {
 
     /// Boots the machine into the live agent through its BMC, as it is
     /// listed: from the boot image at `image_url` (virtual media) or from
-    /// the provisioning network. Ok (how it was started) once it is on.
-    fn boot_agent<'a>(&'a self, provider_id: &'a str, image_url: &'a str) -> Fut<'a, String> {
-        let _ = image_url;
+    /// the provisioning network. `credentials`: a user name and password
+    /// for the image's URL, given to the BMC (`MediaAuthRefused` when it
+    /// refuses them). Ok (how it was started) once it is on.
+    fn boot_agent<'a>(
+        &'a self,
+        provider_id: &'a str,
+        image_url: &'a str,
+        credentials: Option<(String, String)>,
+    ) -> Fut<'a, String> {
+        let _ = (image_url, credentials);
         Box::pin(async move {
             Err(ProviderError::Unsupported(format!(
                 "machine {provider_id}: this provider cannot boot machines through a BMC"

@@ -44,6 +44,9 @@ pub struct BootFromMedia {
     pub system: Option<String>,
     pub image_url: String,
     pub power_timeout: Duration,
+    /// `UserName` and `Password` for the image's URL, given to the BMC with
+    /// the insert (None: an open URL).
+    pub credentials: Option<(String, String)>,
 }
 
 /// Ejects whatever the system's virtual CD holds and clears the boot
@@ -263,22 +266,54 @@ fn refused_as_asked(e: &BmcError) -> bool {
     matches!(e.kind, BmcErrorKind::Http { status, .. } if matches!(status, 400 | 405 | 415 | 422))
 }
 
-/// Inserts `image_url`; a BMC that refuses `Inserted`/`WriteProtected`
-/// is asked again with the image alone. Ok(true): the plain form.
-async fn insert(c: &mut Conn, cd: &VirtualCd, image_url: &str) -> Result<bool, BmcError> {
-    let full = json!({ "Image": image_url, "Inserted": true, "WriteProtected": true });
+/// Inserts `image_url` (with `credentials` for it, if any); a BMC that
+/// refuses `Inserted`/`WriteProtected` is asked again with the image alone.
+/// Ok(true): the plain form. A BMC that refuses both forms with
+/// credentials: `MediaAuthRefused` (the caller may ask without them).
+async fn insert(
+    c: &mut Conn,
+    cd: &VirtualCd,
+    image_url: &str,
+    credentials: Option<&(String, String)>,
+) -> Result<bool, BmcError> {
+    let mut full = json!({ "Image": image_url, "Inserted": true, "WriteProtected": true });
+    let mut plain = json!({ "Image": image_url });
+    if let Some((user, password)) = credentials {
+        for body in [&mut full, &mut plain] {
+            body["UserName"] = json!(user);
+            body["Password"] = json!(password);
+        }
+    }
+    // A BMC's message may echo a property's value: never the password.
+    let redact = |mut e: BmcError| {
+        if let Some((_, password)) = credentials {
+            if let BmcErrorKind::Http { message, .. } = &mut e.kind {
+                *message = message.replace(password.as_str(), "[redacted]");
+            }
+        }
+        e
+    };
     let what = format!("VirtualMedia.InsertMedia on {}", cd.path);
     match c
         .call(Method::POST, &cd.insert_target, Some(&full), &what)
         .await
+        .map_err(redact)
     {
         Ok(_) => Ok(false),
         Err(e) if refused_as_asked(&e) => {
             tracing::info!(bmc = %e.bmc, host = %e.host, error = %e, "InsertMedia refused with Inserted/WriteProtected; asking with the image alone");
-            let plain = json!({ "Image": image_url });
-            c.call(Method::POST, &cd.insert_target, Some(&plain), &what)
+            match c
+                .call(Method::POST, &cd.insert_target, Some(&plain), &what)
                 .await
-                .map(|_| true)
+                .map_err(redact)
+            {
+                Ok(_) => Ok(true),
+                Err(e) if credentials.is_some() && refused_as_asked(&e) => Err(BmcError {
+                    kind: BmcErrorKind::MediaAuthRefused(e.kind.to_string()),
+                    ..e
+                }),
+                Err(e) => Err(e),
+            }
         }
         Err(e) => Err(e),
     }
@@ -429,7 +464,7 @@ async fn boot_from_media(c: &mut Conn, msg: &BootFromMedia) -> Result<MediaBoot,
     } else {
         None
     };
-    let plain_insert = insert(c, &cd, &msg.image_url).await?;
+    let plain_insert = insert(c, &cd, &msg.image_url, msg.credentials.as_ref()).await?;
     boot_once_from(c, &info, "Cd").await?;
     let reset = power_boot(c, &msg.system, &info, msg.power_timeout).await?;
     Ok(MediaBoot {

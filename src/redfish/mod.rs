@@ -201,10 +201,23 @@ pub async fn boot_from_media(
     bmc: &BmcConfig,
     image_url: &str,
 ) -> Result<MediaBoot, BmcError> {
+    boot_from_media_with(bmcs, host, bmc, image_url, None).await
+}
+
+/// [`boot_from_media`], the BMC given `credentials` (user, password) for
+/// the image's URL.
+pub async fn boot_from_media_with(
+    bmcs: &Bmcs,
+    host: &str,
+    bmc: &BmcConfig,
+    image_url: &str,
+    credentials: Option<(String, String)>,
+) -> Result<MediaBoot, BmcError> {
     let msg = BootFromMedia {
         system: bmc.system.clone(),
         image_url: image_url.to_string(),
         power_timeout: bmcs.power_timeout,
+        credentials,
     };
     ask(bmcs, host, bmc, msg).await
 }

@@ -81,6 +81,18 @@ pub async fn fetch_as_bmc(
     range: Option<&str>,
     head: bool,
 ) -> (u16, Vec<u8>, Option<String>) {
+    fetch_as_bmc_with(ca_der, url, range, head, None).await
+}
+
+/// [`fetch_as_bmc`] with the user name and password `InsertMedia` gave the
+/// BMC (HTTP basic), as a BMC that takes them fetches.
+pub async fn fetch_as_bmc_with(
+    ca_der: &[u8],
+    url: &str,
+    range: Option<&str>,
+    head: bool,
+    basic: Option<(&str, &str)>,
+) -> (u16, Vec<u8>, Option<String>) {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
@@ -103,6 +115,9 @@ pub async fn fetch_as_bmc(
     };
     if let Some(r) = range {
         req = req.insert_header(("Range", r));
+    }
+    if let Some((user, password)) = basic {
+        req = req.basic_auth(user, password);
     }
     let mut r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let len = r

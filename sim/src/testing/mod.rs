@@ -27,7 +27,8 @@ mod sshd;
 mod sushy;
 
 pub use boot::{
-    BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc, live_agent,
+    BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc,
+    fetch_as_bmc_with, live_agent,
 };
 pub use browser::browse;
 pub use db::{

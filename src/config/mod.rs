@@ -1592,6 +1592,7 @@ mod documented_defaults {
             "dhcp_port",
             "proxy_port",
             "tftp_port",
+            "answer_router_solicitations",
         ] {
             if !text
                 .lines()

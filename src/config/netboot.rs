@@ -60,6 +60,10 @@ pub struct NetbootConfig {
     pub tftp_port: u16,
     /// Unknown MACs given a discovery boot, at most this many a minute.
     pub discover_per_minute: u32,
+    /// Answer IPv6 router solicitations on the interface with "no router
+    /// here" (lifetime 0, no prefixes): iPXE otherwise waits ~15 s for an
+    /// IPv6 router before it boots.
+    pub answer_router_solicitations: bool,
 }
 
 impl Default for NetbootConfig {
@@ -79,6 +83,7 @@ impl Default for NetbootConfig {
             proxy_port: 4011,
             tftp_port: 69,
             discover_per_minute: 30,
+            answer_router_solicitations: true,
         }
     }
 }

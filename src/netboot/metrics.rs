@@ -36,6 +36,7 @@ pub struct NetbootMetrics {
     ignored: Family<ReasonLabel, Counter>,
     tftp: Family<TftpLabel, Counter>,
     http: Family<HttpLabel, Counter>,
+    routers: Counter,
 }
 
 impl NetbootMetrics {
@@ -54,6 +55,11 @@ impl NetbootMetrics {
             "shepherd_netboot_tftp_transfers",
             "TFTP transfers by file and result (complete, aborted, timed_out, failed)",
             self.tftp.clone(),
+        );
+        registry.register(
+            "shepherd_netboot_router_solicitations_answered",
+            "IPv6 router solicitations answered with \"no router here\" (iPXE's IPv6 configuration then ends at once)",
+            self.routers.clone(),
         );
         registry.register(
             "shepherd_netboot_http_requests",
@@ -90,6 +96,10 @@ impl NetbootMetrics {
                 result,
             })
             .inc();
+    }
+
+    pub(super) fn router_answered(&self) {
+        self.routers.inc();
     }
 
     pub(crate) fn http(&self, what: &'static str, result: &'static str) {

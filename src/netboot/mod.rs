@@ -21,6 +21,7 @@
 pub mod dhcp;
 pub mod http;
 mod metrics;
+pub mod ra;
 pub mod tftp;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -100,6 +101,8 @@ pub struct NetbootService {
     dhcp: Rc<UdpSocket>,
     proxy: Rc<UdpSocket>,
     tftp: Rc<UdpSocket>,
+    /// IPv6 router solicitations (None: not answered).
+    ra: Option<UdpSocket>,
     http: Option<actix_web::dev::ServerHandle>,
 }
 
@@ -136,6 +139,17 @@ impl NetbootService {
         let dhcp = port("dhcp_port", cfg.dhcp_port)?;
         let proxy = port("proxy_port", cfg.proxy_port)?;
         let tftp = port("tftp_port", cfg.tftp_port)?;
+        let ra = if cfg.answer_router_solicitations {
+            match ra::socket(&cfg.interface) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(interface = %cfg.interface, error = %e, "IPv6 router solicitations are not answered (iPXE then waits about 15 s for a router)");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let http_port = cfg.http_listen.port();
         let http_base = format!("http://{server}:{http_port}");
         let http = http::start(
@@ -176,6 +190,7 @@ impl NetbootService {
                 dhcp: Rc::new(dhcp),
                 proxy: Rc::new(proxy),
                 tftp: Rc::new(tftp),
+                ra,
                 http: Some(http),
             },
             listening,
@@ -198,6 +213,10 @@ impl Actor for NetbootService {
         ctx.spawn(dhcp_loop(self.shared.clone(), self.dhcp.clone(), Port::Dhcp).into_actor(self));
         ctx.spawn(dhcp_loop(self.shared.clone(), self.proxy.clone(), Port::Proxy).into_actor(self));
         ctx.spawn(tftp_loop(self.shared.clone(), self.tftp.clone()).into_actor(self));
+        if let Some(sock) = self.ra.take() {
+            let metrics = self.shared.metrics.clone();
+            ctx.spawn(ra::serve(sock, move || metrics.router_answered()).into_actor(self));
+        }
     }
 
     fn stopped(&mut self, _: &mut Context<Self>) {

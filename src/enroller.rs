@@ -374,7 +374,7 @@ impl LeaseLoop for Enroller {
                 return match self.provider.boot_from_disk(&m.provider_id).await {
                     Ok(reset) => Outcome::Finished(Enrollment::Enrolled {
                         detail: format!(
-                            "disk: media ejected, override cleared, restarted from its disk through the BMC ({reset}){}",
+                            "disk: restarted from its disk through the BMC ({reset}){}",
                             reason.map(|w| format!(": {w}")).unwrap_or_default()
                         ),
                         outcome: None,
@@ -447,16 +447,20 @@ impl LeaseLoop for Enroller {
             }
         }
         // The agent is up: the next boot is from the disk.
-        if let Err(e) = self.end_boot(work, boot_id).await {
-            return failed(
-                BootOutcome::bmc_failed,
-                format!("the agent of boot {boot_id} called back, but {e}"),
-            );
-        }
+        let ended = match self.end_boot(work, boot_id).await {
+            Ok(true) => "media ejected, override cleared",
+            Ok(false) => "the next boot from the disk",
+            Err(e) => {
+                return failed(
+                    BootOutcome::bmc_failed,
+                    format!("the agent of boot {boot_id} called back, but {e}"),
+                );
+            }
+        };
         let took = started.elapsed();
         Outcome::Finished(Enrollment::Enrolled {
             detail: format!(
-                "{cause}: booted into the agent through the BMC (boot {boot_id}, {how}); it called back after {:.1} s; media ejected, override cleared",
+                "{cause}: booted into the agent through the BMC (boot {boot_id}, {how}); it called back after {:.1} s; {ended}",
                 took.as_secs_f64()
             ),
             outcome: Some((BootOutcome::enrolled, took)),

@@ -359,19 +359,19 @@ impl Pose {
     }
 }
 
+/// A client's message of `kind` from `mac`, answers asked by broadcast.
+fn message(xid: u32, mac: &[u8; 6], kind: MessageType) -> Message {
+    let any = Ipv4Addr::UNSPECIFIED;
+    let mut m = Message::new_with_id(xid, any, any, any, any, mac);
+    m.set_flags(Flags::default().set_broadcast());
+    m.opts_mut().insert(DhcpOption::MessageType(kind));
+    m
+}
+
 fn request(p: Pose) -> (u32, Vec<u8>) {
     let xid: u32 = rand::random();
-    let mut m = Message::new_with_id(
-        xid,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        &p.mac,
-    );
-    m.set_flags(Flags::default().set_broadcast());
+    let mut m = message(xid, &p.mac, p.kind);
     let o = m.opts_mut();
-    o.insert(DhcpOption::MessageType(p.kind));
     let class = if p.http { "HTTPClient" } else { "PXEClient" };
     o.insert(DhcpOption::ClassIdentifier(
         format!("{class}:Arch:{:05}:UNDI:003016", p.arch).into_bytes(),
@@ -917,17 +917,7 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
         matches!(m.opts().get(OptionCode::Router), Some(DhcpOption::Router(r)) if r == &vec![SERVER_IP])
     );
     // Its request for it: acked, the same address.
-    let mut req = Message::new_with_id(
-        7,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        &MAC,
-    );
-    req.set_flags(Flags::default().set_broadcast());
-    req.opts_mut()
-        .insert(DhcpOption::MessageType(MessageType::Request));
+    let mut req = message(7, &MAC, MessageType::Request);
     req.opts_mut().insert(DhcpOption::RequestedIpAddress(first));
     req.opts_mut()
         .insert(DhcpOption::ServerIdentifier(SERVER_IP));
@@ -952,18 +942,7 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
     );
     // A plain client (an operating system) gets the other address, no boot.
     let other = [0x52, 0x54, 0, 0xcc, 0, 3];
-    let mut plain = Message::new_with_id(
-        8,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        &other,
-    );
-    plain.set_flags(Flags::default().set_broadcast());
-    plain
-        .opts_mut()
-        .insert(DhcpOption::MessageType(MessageType::Discover));
+    let mut plain = message(8, &other, MessageType::Discover);
     let offer = exchange(
         &bed.client.0,
         broadcast(),
@@ -975,18 +954,7 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
     assert_eq!(offer.yiaddr(), Ipv4Addr::new(10, 77, 0, 101));
     assert!(offer.opts().get(OptionCode::BootfileName).is_none());
     // It asks for the machine's address: refused.
-    let mut steal = Message::new_with_id(
-        9,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        &other,
-    );
-    steal.set_flags(Flags::default().set_broadcast());
-    steal
-        .opts_mut()
-        .insert(DhcpOption::MessageType(MessageType::Request));
+    let mut steal = message(9, &other, MessageType::Request);
     steal
         .opts_mut()
         .insert(DhcpOption::RequestedIpAddress(first));
@@ -1001,17 +969,7 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
     assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
     // The pool (two addresses) is full: a third client gets nothing.
     let third = [0x52, 0x54, 0, 0xdd, 0, 4];
-    let mut t = Message::new_with_id(
-        10,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        Ipv4Addr::UNSPECIFIED,
-        &third,
-    );
-    t.set_flags(Flags::default().set_broadcast());
-    t.opts_mut()
-        .insert(DhcpOption::MessageType(MessageType::Discover));
+    let mut t = message(10, &third, MessageType::Discover);
     assert!(
         exchange(
             &bed.client.0,

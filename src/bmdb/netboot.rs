@@ -11,9 +11,24 @@ use uuid::Uuid;
 use super::{BmdbError, Provider, Tx};
 use crate::mac::MacAddr;
 
-fn texts(macs: &[MacAddr]) -> Vec<String> {
-    macs.iter().map(MacAddr::to_string).collect()
+/// `hosts` as the statements below take them: each (provider ID, MAC)
+/// pair as two parallel arrays, and the provider IDs.
+fn pairs(hosts: &[(String, Vec<MacAddr>)]) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let (ids, macs) = hosts
+        .iter()
+        .flat_map(|(id, macs)| macs.iter().map(move |m| (id.clone(), m.to_string())))
+        .unzip();
+    (ids, macs, hosts.iter().map(|(id, _)| id.clone()).collect())
 }
+
+/// Each (provider ID, MAC) of `$2`/`$3` recorded for `$1`'s machine of
+/// that ID (a MAC moved to another machine follows it).
+const ADD_MACS: &str = "INSERT INTO machine_boot_mac (mac, machine_id) \
+     SELECT l.mac::macaddr, p.machine_id \
+       FROM unnest($2::text[], $3::text[]) AS l(id, mac) \
+       JOIN machine_provided p ON p.provider = $1 AND p.provider_id = l.id \
+     ON CONFLICT (mac) DO UPDATE SET machine_id = EXCLUDED.machine_id \
+      WHERE machine_boot_mac.machine_id <> EXCLUDED.machine_id";
 
 /// Makes the boot MACs of `provider`'s machines those of `hosts`
 /// (provider ID, its MACs) and their `machine_bmc_boot.via` what `hosts`
@@ -23,11 +38,7 @@ pub async fn set_boot_macs(
     provider: Provider,
     hosts: &[(String, Vec<MacAddr>)],
 ) -> Result<u64, BmdbError> {
-    let (ids, macs): (Vec<String>, Vec<String>) = hosts
-        .iter()
-        .flat_map(|(id, macs)| texts(macs).into_iter().map(move |m| (id.clone(), m)))
-        .unzip();
-    let network: Vec<String> = hosts.iter().map(|(id, _)| id.clone()).collect();
+    let (ids, macs, network) = pairs(hosts);
     let removed = tx
         .execute(
             "DELETE FROM machine_boot_mac b USING machine_provided p \
@@ -37,17 +48,7 @@ pub async fn set_boot_macs(
             &[&provider, &ids, &macs],
         )
         .await?;
-    let added = tx
-        .execute(
-            "INSERT INTO machine_boot_mac (mac, machine_id) \
-             SELECT l.mac::macaddr, p.machine_id \
-               FROM unnest($2::text[], $3::text[]) AS l(id, mac) \
-               JOIN machine_provided p ON p.provider = $1 AND p.provider_id = l.id \
-             ON CONFLICT (mac) DO UPDATE SET machine_id = EXCLUDED.machine_id \
-              WHERE machine_boot_mac.machine_id <> EXCLUDED.machine_id",
-            &[&provider, &ids, &macs],
-        )
-        .await?;
+    let added = tx.execute(ADD_MACS, &[&provider, &ids, &macs]).await?;
     let via = tx
         .execute(
             "UPDATE machine_bmc_boot b \
@@ -68,21 +69,8 @@ pub async fn add_boot_macs(
     provider: Provider,
     hosts: &[(String, Vec<MacAddr>)],
 ) -> Result<u64, BmdbError> {
-    let (ids, macs): (Vec<String>, Vec<String>) = hosts
-        .iter()
-        .flat_map(|(id, macs)| texts(macs).into_iter().map(move |m| (id.clone(), m)))
-        .unzip();
-    let network: Vec<String> = hosts.iter().map(|(id, _)| id.clone()).collect();
-    let added = tx
-        .execute(
-            "INSERT INTO machine_boot_mac (mac, machine_id) \
-             SELECT l.mac::macaddr, p.machine_id \
-               FROM unnest($2::text[], $3::text[]) AS l(id, mac) \
-               JOIN machine_provided p ON p.provider = $1 AND p.provider_id = l.id \
-             ON CONFLICT (mac) DO UPDATE SET machine_id = EXCLUDED.machine_id",
-            &[&provider, &ids, &macs],
-        )
-        .await?;
+    let (ids, macs, network) = pairs(hosts);
+    let added = tx.execute(ADD_MACS, &[&provider, &ids, &macs]).await?;
     tx.execute(
         "UPDATE machine_bmc_boot b SET via = 'network' FROM machine_provided p \
           WHERE p.machine_id = b.machine_id AND p.provider = $1 AND p.provider_id = ANY($2)",

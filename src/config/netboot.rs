@@ -188,10 +188,11 @@ impl NetbootConfig {
                 ));
             }
         }
-        if self.discover && self.discover_per_minute == 0 {
+        if self.discover {
+            // Said plainly rather than accepted and ignored.
             return Err(ConfigError::key(
-                "netboot.discover_per_minute",
-                "must be at least 1 when discover is on",
+                "netboot.discover",
+                "machines that enlist themselves (state `discovered`, `machines accept`) are not built yet: list each machine with boot = \"network\" and its mac",
             ));
         }
         Ok(())

@@ -130,53 +130,48 @@ async fn boot_file(
                 .insert_header((header::CACHE_CONTROL, "no-store"))
                 .body(script(&s.base, boot_id, &files.cmdline))
         }
-        "kernel" => match stream_file(&files.kernel, Vec::new()).await {
-            Ok((len, body)) => {
-                s.metrics.http(what, "served");
-                tracing::info!(boot = %boot_id, %peer, bytes = len, "network boot kernel served");
-                HttpResponse::Ok()
-                    .content_type("application/octet-stream")
-                    .insert_header((header::CACHE_CONTROL, "no-store"))
-                    .body(actix_web::body::SizedStream::new(len, body))
-            }
-            Err(e) => {
-                s.metrics.http(what, "failed");
-                tracing::warn!(path = %files.kernel.display(), error = %e, "network boot kernel cannot be read");
-                text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the kernel cannot be read",
-                )
-            }
-        },
+        "kernel" => send(&s, what, boot_id, &peer, &files.kernel, Vec::new()).await,
         _ => {
             let data =
                 crate::images::boot::boot_data(&issued, &s.boot.callback_endpoint, &s.ca_der);
-            let slot = match s.boot.image.slot(&data) {
-                Ok(x) => x,
+            match s.boot.image.slot(&data) {
+                Ok(slot) => send(&s, what, boot_id, &peer, &files.initrd, slot).await,
                 Err(e) => {
                     s.metrics.http(what, "failed");
                     tracing::warn!(boot = %boot_id, error = %e, "network boot: cannot make this boot's data");
-                    return text(StatusCode::INTERNAL_SERVER_ERROR, &e);
-                }
-            };
-            match stream_file(&files.initrd, slot).await {
-                Ok((len, body)) => {
-                    s.metrics.http(what, "served");
-                    tracing::info!(boot = %boot_id, machine = %issued.machine_id, %peer, bytes = len, "network boot initramfs served");
-                    HttpResponse::Ok()
-                        .content_type("application/octet-stream")
-                        .insert_header((header::CACHE_CONTROL, "no-store"))
-                        .body(actix_web::body::SizedStream::new(len, body))
-                }
-                Err(e) => {
-                    s.metrics.http(what, "failed");
-                    tracing::warn!(path = %files.initrd.display(), error = %e, "network boot initramfs cannot be read");
-                    text(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "the initramfs cannot be read",
-                    )
+                    text(StatusCode::INTERNAL_SERVER_ERROR, &e)
                 }
             }
+        }
+    }
+}
+
+/// The file at `path` (then `tail`) as boot `boot_id`'s `what`, counted
+/// and logged.
+async fn send(
+    s: &Served,
+    what: &'static str,
+    boot_id: Uuid,
+    peer: &str,
+    path: &std::path::Path,
+    tail: Vec<u8>,
+) -> HttpResponse {
+    match stream_file(path, tail).await {
+        Ok((len, body)) => {
+            s.metrics.http(what, "served");
+            tracing::info!(boot = %boot_id, %peer, bytes = len, what, "network boot file served");
+            HttpResponse::Ok()
+                .content_type("application/octet-stream")
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .body(actix_web::body::SizedStream::new(len, body))
+        }
+        Err(e) => {
+            s.metrics.http(what, "failed");
+            tracing::warn!(path = %path.display(), error = %e, what, "network boot file cannot be read");
+            text(
+                actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "the file cannot be read",
+            )
         }
     }
 }

@@ -171,7 +171,12 @@ impl Bmcs {
         match bmc.protocol() {
             BmcProtocol::Redfish => {
                 let eject = via != BootMethod::Network;
-                redfish::boot_from_disk(&self.redfish, host, bmc, eject).await
+                let reset = redfish::boot_from_disk(&self.redfish, host, bmc, eject).await?;
+                Ok(if eject {
+                    format!("media ejected, override cleared, {reset}")
+                } else {
+                    format!("override cleared, {reset}")
+                })
             }
             BmcProtocol::Ipmi => {
                 self.end_agent_boot(host, bmc, via, firmware).await?;

@@ -942,7 +942,7 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
     );
     // A plain client (an operating system) gets the other address, no boot.
     let other = [0x52, 0x54, 0, 0xcc, 0, 3];
-    let mut plain = message(8, &other, MessageType::Discover);
+    let plain = message(8, &other, MessageType::Discover);
     let offer = exchange(
         &bed.client.0,
         broadcast(),
@@ -969,7 +969,7 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
     assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
     // The pool (two addresses) is full: a third client gets nothing.
     let third = [0x52, 0x54, 0, 0xdd, 0, 4];
-    let mut t = message(10, &third, MessageType::Discover);
+    let t = message(10, &third, MessageType::Discover);
     assert!(
         exchange(
             &bed.client.0,

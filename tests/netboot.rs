@@ -433,6 +433,35 @@ fn exchange(
     })
 }
 
+/// busybox udhcpc in the client namespace, posing as a BIOS PXE ROM
+/// (vendor class, architecture, interface, UUID): what it said.
+fn udhcpc_as_pxe_rom(bed: &Bed, script: &Path) -> String {
+    let out = run(&mut bed.client.cmd(&[
+        "busybox",
+        "udhcpc",
+        "-f",
+        "-n",
+        "-q",
+        "-i",
+        "vc",
+        "-t",
+        "2",
+        "-T",
+        "1",
+        "-s",
+        script.to_str().unwrap(),
+        "-V",
+        "PXEClient:Arch:00000:UNDI:002001",
+        "-x",
+        "93:0000",
+        "-x",
+        "94:010201",
+        "-x",
+        "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
+    ]));
+    String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout)
+}
+
 fn broadcast() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::BROADCAST, 67))
 }
@@ -561,42 +590,10 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
     // offered).
     let script = bed.dir.path().join("udhcpc.sh");
     std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(
-        &mut std::fs::metadata(&script).unwrap().permissions(),
-        0o755,
-    );
     ok(Command::new("chmod").args(["755", script.to_str().unwrap()]));
-    let out = run(&mut bed.client.cmd(&[
-        "busybox",
-        "udhcpc",
-        "-f",
-        "-n",
-        "-q",
-        "-i",
-        "vc",
-        "-t",
-        "2",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-        "-V",
-        "PXEClient:Arch:00000:UNDI:002001",
-        "-x",
-        "93:0000",
-        "-x",
-        "94:010201",
-        "-x",
-        "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
-        "-x",
-        "61:01525400aa0001",
-        "-H",
-        "pxe",
-    ]));
-    let said =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     // udhcpc uses the interface's own MAC: the veth's, not the
     // inventory's, so it is a stranger and gets nothing...
+    let said = udhcpc_as_pxe_rom(&bed, &script);
     assert!(
         !said.contains("select for 0.0.0.0, server 10.77.0.1"),
         "{said}"
@@ -605,31 +602,7 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
     ok(&mut bed
         .client
         .cmd(&["ip", "link", "set", "vc", "address", MAC_TEXT]));
-    let out = run(&mut bed.client.cmd(&[
-        "busybox",
-        "udhcpc",
-        "-f",
-        "-n",
-        "-q",
-        "-i",
-        "vc",
-        "-t",
-        "2",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-        "-V",
-        "PXEClient:Arch:00000:UNDI:002001",
-        "-x",
-        "93:0000",
-        "-x",
-        "94:010201",
-        "-x",
-        "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
-    ]));
-    let said =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let said = udhcpc_as_pxe_rom(&bed, &script);
     assert!(
         said.contains("select for 0.0.0.0, server 10.77.0.1"),
         "udhcpc saw no proxy offer: {said}\n{}",

@@ -76,13 +76,9 @@ pub struct Restart {
 
 /// One IPMI BMC.
 pub struct IpmiClient {
-    host: String,
-    bmc: BmcConfig,
-    target: (String, u16),
-    cfg: IpmiConfig,
-    limit: Arc<tokio::sync::Semaphore>,
-    /// The cipher suite that worked (None: not known yet).
-    suite: Option<u8>,
+    /// Moved into each command's future and back (with the suite it
+    /// learned).
+    conn: Option<Conn>,
     /// The FRU's facts, and when they were read (None: not yet, or the BMC
     /// has no FRU).
     fru: Option<(Instant, SystemFacts)>,
@@ -112,12 +108,14 @@ impl IpmiClient {
             .ipmi_target()
             .ok_or_else(|| format!("{} is not an ipmi:// URL", bmc.url))?;
         Ok(IpmiClient {
-            host: host.to_string(),
-            bmc,
-            target,
-            cfg,
-            limit,
-            suite: None,
+            conn: Some(Conn {
+                host: host.to_string(),
+                bmc,
+                target,
+                cfg,
+                limit,
+                suite: None,
+            }),
             fru: None,
         })
     }
@@ -227,13 +225,13 @@ async fn ipmitool(
 }
 
 /// The connection's parts, moved into a call's future.
-#[derive(Clone)]
 struct Conn {
     host: String,
     bmc: BmcConfig,
     target: (String, u16),
     cfg: IpmiConfig,
     limit: Arc<tokio::sync::Semaphore>,
+    /// The cipher suite that worked (None: not known yet).
     suite: Option<u8>,
 }
 
@@ -352,15 +350,23 @@ fn fru_facts(text: &str) -> SystemFacts {
 }
 
 impl IpmiClient {
-    fn conn(&self) -> Conn {
-        Conn {
-            host: self.host.clone(),
-            bmc: self.bmc.clone(),
-            target: self.target.clone(),
-            cfg: self.cfg.clone(),
-            limit: self.limit.clone(),
-            suite: self.suite,
-        }
+    /// `f` on the connection, as one sequence (no other command to this
+    /// BMC in between); `then` turns its answer into the message's.
+    fn atomic<T: 'static, R: 'static, F>(
+        &mut self,
+        f: impl FnOnce(Conn) -> F,
+        then: impl FnOnce(&mut Self, T) -> R + 'static,
+    ) -> AtomicResponse<Self, R>
+    where
+        F: std::future::Future<Output = (Conn, T)> + 'static,
+    {
+        let conn = self.conn.take().expect("one command at a time");
+        AtomicResponse::new(Box::pin(f(conn).into_actor(self).map(
+            move |(conn, answer), act, _| {
+                act.conn = Some(conn);
+                then(act, answer)
+            },
+        )))
     }
 }
 
@@ -368,13 +374,12 @@ impl Handler<ReadFacts> for IpmiClient {
     type Result = AtomicResponse<Self, Result<SystemFacts, BmcError>>;
 
     fn handle(&mut self, _: ReadFacts, _: &mut Context<Self>) -> Self::Result {
-        let mut c = self.conn();
         let fru = self.fru.clone().filter(|(at, _)| at.elapsed() < FRU_TTL);
-        AtomicResponse::new(Box::pin(
-            async move {
+        self.atomic(
+            |mut c| async move {
                 let power = c.power().await;
                 let fru = match (&power, fru) {
-                    (Ok(_), Some((at, f))) => Some((at, f)),
+                    (Ok(_), Some(known)) => Some(known),
                     (Ok(_), None) => {
                         // A BMC without a FRU answers an error: no facts,
                         // asked again in an hour.
@@ -387,11 +392,9 @@ impl Handler<ReadFacts> for IpmiClient {
                     }
                     (Err(_), _) => None,
                 };
-                (c.suite, power, fru)
-            }
-            .into_actor(self)
-            .map(|(suite, power, fru), act, _| {
-                act.suite = act.suite.or(suite);
+                (c, (power, fru))
+            },
+            |act, (power, fru)| {
                 if fru.is_some() {
                     act.fru = fru.clone();
                 }
@@ -399,8 +402,8 @@ impl Handler<ReadFacts> for IpmiClient {
                 let mut facts = fru.map(|(_, f)| f).unwrap_or_default();
                 facts.power_state = Some(power.as_str().to_string());
                 Ok(facts)
-            }),
-        ))
+            },
+        )
     }
 }
 
@@ -408,9 +411,8 @@ impl Handler<SetBootDevice> for IpmiClient {
     type Result = AtomicResponse<Self, Result<(), BmcError>>;
 
     fn handle(&mut self, msg: SetBootDevice, _: &mut Context<Self>) -> Self::Result {
-        let mut c = self.conn();
-        AtomicResponse::new(Box::pin(
-            async move {
+        self.atomic(
+            |mut c| async move {
                 let device = match msg.device {
                     BootDevice::Pxe => "pxe",
                     BootDevice::Disk => "disk",
@@ -420,14 +422,10 @@ impl Handler<SetBootDevice> for IpmiClient {
                     args.push("options=efiboot");
                 }
                 let r = c.run(&args).await.map(|_| ());
-                (c.suite, r)
-            }
-            .into_actor(self)
-            .map(|(suite, r), act, _| {
-                act.suite = act.suite.or(suite);
-                r
-            }),
-        ))
+                (c, r)
+            },
+            |_, r| r,
+        )
     }
 }
 
@@ -435,9 +433,8 @@ impl Handler<Restart> for IpmiClient {
     type Result = AtomicResponse<Self, Result<String, BmcError>>;
 
     fn handle(&mut self, msg: Restart, _: &mut Context<Self>) -> Self::Result {
-        let mut c = self.conn();
-        AtomicResponse::new(Box::pin(
-            async move {
+        self.atomic(
+            |mut c| async move {
                 let r = async {
                     let started = Instant::now();
                     let was = c.power().await?;
@@ -453,14 +450,10 @@ impl Handler<Restart> for IpmiClient {
                     Ok(done.join(", then "))
                 }
                 .await;
-                (c.suite, r)
-            }
-            .into_actor(self)
-            .map(|(suite, r), act, _| {
-                act.suite = act.suite.or(suite);
-                r
-            }),
-        ))
+                (c, r)
+            },
+            |_, r| r,
+        )
     }
 }
 

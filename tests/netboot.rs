@@ -16,14 +16,14 @@
 //! so, without root.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable as _, Encodable as _};
 use shepherd::bmdb::Bmdb;
-use shepherd_sim::testing::{Sshd, TestDb, boot_data_file, boot_image_stand_in};
+use shepherd_sim::testing::{ShepherdProcess, Sshd, TestDb, boot_data_file, boot_image_stand_in};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -95,8 +95,7 @@ fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static)
 struct Bed {
     server: Netns,
     client: Netns,
-    shepherd: Child,
-    log: PathBuf,
+    shepherd: ShepherdProcess,
     bmdb: Bmdb,
     _db: TestDb,
     dir: tempfile::TempDir,
@@ -214,20 +213,11 @@ impl Bed {
                 shepherd_sim::bin("takeover-agent").display().to_string(),
             ),
         ];
-        let shepherd = server
-            .cmd(&[SHEPHERD, "--config", cfg.to_str().unwrap(), "run"])
-            .env_remove("RUST_LOG")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let shepherd = ShepherdProcess::start_by(server.cmd(&[SHEPHERD]), &cfg, log, &env);
         let mut bed = Bed {
             server,
             client,
             shepherd,
-            log,
             bmdb,
             _db: db,
             dir,
@@ -243,15 +233,11 @@ impl Bed {
     }
 
     fn log_tail(&self) -> String {
-        let t = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = t.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        self.shepherd.log_tail()
     }
 
     fn assert_running(&mut self) {
-        if let Some(s) = self.shepherd.try_wait().unwrap() {
-            panic!("shepherd exited ({s}):\n{}", self.log_tail());
-        }
+        self.shepherd.assert_running();
     }
 
     /// The inventory's machine, recorded with its MAC by the Provisioner.
@@ -331,9 +317,9 @@ impl Bed {
 }
 
 impl Drop for Bed {
+    /// shepherd first, then its namespace.
     fn drop(&mut self) {
-        let _ = self.shepherd.kill();
-        let _ = self.shepherd.wait();
+        self.shepherd.kill();
     }
 }
 

@@ -183,7 +183,18 @@ impl ShepherdProcess {
         log: std::path::PathBuf,
         env: &[(&str, String)],
     ) -> ShepherdProcess {
-        let child = std::process::Command::new(exe)
+        Self::start_by(std::process::Command::new(exe), config, log, env)
+    }
+
+    /// [`ShepherdProcess::start`] with `command` as the shepherd
+    /// executable (`ip netns exec NS shepherd`, say).
+    pub fn start_by(
+        mut command: std::process::Command,
+        config: &std::path::Path,
+        log: std::path::PathBuf,
+        env: &[(&str, String)],
+    ) -> ShepherdProcess {
+        let child = command
             .arg("--config")
             .arg(config)
             .arg("run")

@@ -97,6 +97,7 @@ fn main() {
                     ..RedfishConfig::default()
                 },
                 &Default::default(),
+                None,
             );
             // Everything on before the run.
             loop {

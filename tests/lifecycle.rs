@@ -48,6 +48,9 @@ async fn machine(bmdb: &Bmdb, session: &Session, state: MachineState, op: Operat
 /// too when `bmc`, as it is in the states of a boot through the BMC).
 async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bool) -> Uuid {
     use MachineState::*;
+    if state == Discovered {
+        return discovered(bmdb).await;
+    }
     let bmc = bmc || matches!(state, Enrolling | Inspecting | EnrollFailed | Available);
     let m = NewProvidedMachine {
         provider: Provider::Equinix,
@@ -157,8 +160,61 @@ async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bo
             )
             .await
         }
+        Discovered => unreachable!("made by discovered()"),
     }
     id
+}
+
+/// A machine that enlisted itself from a random MAC, as the network boot
+/// service enlists one, whose live agent enrolled with the discovery
+/// boot's credential.
+async fn discovered(bmdb: &Bmdb) -> Uuid {
+    let mac: shepherd::mac::MacAddr = format!(
+        "02:00:{:02x}:{:02x}:{:02x}:{:02x}",
+        rand_byte(),
+        rand_byte(),
+        rand_byte(),
+        rand_byte()
+    )
+    .parse()
+    .unwrap();
+    bmdb.transact(async |tx| {
+        let b = shepherd::bmdb::discovery::enlist(tx, mac, "uefi", Duration::from_secs(600))
+            .await?
+            .expect("a new MAC");
+        let boot = shepherd::bmdb::boot::latest(tx, b.machine_id)
+            .await?
+            .expect("its discovery boot");
+        let credential: Vec<u8> = tx
+            .query_one(
+                "SELECT credential FROM machine_boot_credential WHERE boot_id = $1",
+                &[&boot.boot_id],
+            )
+            .await?
+            .get(0);
+        shepherd::bmdb::boot::enroll(tx, b.machine_id, &credential, &[9; 32], "127.0.0.1:1")
+            .await?;
+        Ok(b.machine_id)
+    })
+    .await
+    .unwrap()
+}
+
+fn rand_byte() -> u8 {
+    (Uuid::new_v4().as_u128() & 0xff) as u8
+}
+
+/// The BMC an acceptance gives (nothing listens there: accepting reaches
+/// no BMC).
+fn acceptance() -> shepherd::bmdb::discovery::Acceptance {
+    shepherd::bmdb::discovery::Acceptance {
+        host_id: None,
+        url: "https://127.0.0.1:1".into(),
+        username: "admin".into(),
+        password: "bmc-password".into(),
+        system: None,
+        tls: "insecure".into(),
+    }
 }
 
 /// What `op` needs to go ahead on machine `id` in `state`, where the
@@ -237,6 +293,12 @@ fn body(op: Operation) -> (String, serde_json::Value) {
                              "digest": format!("sha256:{}", "ab".repeat(32))}}),
         ),
         Operation::Deprovision => ("deprovision".into(), json!({"mode": "metadata"})),
+        Operation::Accept => (
+            "accept".into(),
+            json!({"bmc_url": "https://127.0.0.1:1", "bmc_username": "admin",
+                   "bmc_password": "bmc-password", "bmc_tls": "insecure",
+                   "reason": "life cycle test"}),
+        ),
         other => (other.as_str().into(), json!({"reason": "life cycle test"})),
     }
 }
@@ -437,6 +499,15 @@ async fn apply(
             .map_err(|e| e.to_string())?;
         }
         Event::BackoffCleared => act(Action::Retry).await?,
+        Event::Accepted => {
+            let mut req = Request::new(id, Action::Accept, "transition-test");
+            req.accept = Some(acceptance());
+            match bmdb.transact(async |tx| actions::act(tx, &req).await).await {
+                Ok(actions::Outcome::Done(_)) => {}
+                Ok(other) => return Err(format!("accept: {other:?}")),
+                Err(e) => return Err(format!("accept: {e}")),
+            }
+        }
         Event::InspectAsked => act(Action::Inspect).await?,
         Event::Held => act(Action::Hold).await?,
         Event::Released => act(Action::Release).await?,

@@ -36,6 +36,7 @@ fn inventory(hosts: Vec<InventoryMachine>) -> Inventory {
         },
         &RedfishConfig::default(),
         &Default::default(),
+        None,
     )
 }
 

@@ -253,6 +253,24 @@ pub struct Tags {
     pub boot: String,
     /// `boot = "network"`: the provisioning NICs answered for it.
     pub boot_macs: Vec<String>,
+    /// It enlisted itself by booting the provisioning network
+    /// (`netboot.discover`); `accepted_at` unset: still `discovered`.
+    pub discovered: Option<Discovered>,
+}
+
+/// How a machine enlisted itself.
+#[derive(Serialize, ToSchema)]
+pub struct Discovered {
+    /// The provisioning NIC it booted from.
+    pub mac: String,
+    /// `bios` or `uefi`, as its PXE client said.
+    pub firmware: String,
+    pub discovered_at: String,
+    /// Its latest discovery boot, and how many it was given.
+    pub last_boot_at: String,
+    pub boots: i32,
+    pub accepted_at: Option<String>,
+    pub accepted_by: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -413,8 +431,23 @@ impl From<&MachineDetail> for MachineDetailBody {
                 ssh_host_key: d.ssh_host_key.clone(),
                 bmc: d.bmc.as_ref().map(Bmc::from),
                 bmc_boot: d.bmc_boot,
-                boot: d.boot_via.clone().unwrap_or_else(|| "ssh".into()),
+                boot: d.boot_via.clone().unwrap_or_else(|| {
+                    if d.discovery.is_some() {
+                        "network".into()
+                    } else {
+                        "ssh".into()
+                    }
+                }),
                 boot_macs: d.boot_macs.iter().map(|m| m.to_string()).collect(),
+                discovered: d.discovery.as_ref().map(|x| Discovered {
+                    mac: x.mac.clone(),
+                    firmware: x.firmware.clone(),
+                    discovered_at: rfc3339(x.discovered_at),
+                    last_boot_at: rfc3339(x.last_boot_at),
+                    boots: x.boots,
+                    accepted_at: x.accepted_at.map(rfc3339),
+                    accepted_by: x.accepted_by.clone(),
+                }),
             },
             leases: d
                 .leases

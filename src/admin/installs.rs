@@ -298,7 +298,7 @@ async fn ask_one(
 
 /// An API POST, checked: JSON from this site, its body parsed (empty: the
 /// defaults), and who sends it.
-fn api_post<T: serde::de::DeserializeOwned + Default>(
+pub(super) fn api_post<T: serde::de::DeserializeOwned + Default>(
     req: &HttpRequest,
     body: &[u8],
 ) -> Result<(T, Operator), HttpResponse> {

@@ -22,6 +22,7 @@
 
 pub mod api;
 mod auth;
+pub mod discovery;
 mod handlers;
 mod html;
 mod install_pages;

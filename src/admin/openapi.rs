@@ -53,6 +53,7 @@ impl Modify for Security {
         super::handlers::api_machine,
         super::installs::api_install,
         super::installs::api_deprovision,
+        super::discovery::api_accept,
         super::handlers::api_action,
         super::installs::api_rollouts,
         super::installs::api_rollout_create,

@@ -713,6 +713,12 @@ pub(super) async fn machine_page(
     }
     b.push_str("</table>");
 
+    let accept_csrf = operator.as_ref().map(|op| admin.csrf.token(op, &mid));
+    b.push_str(&super::discovery::section(
+        &d,
+        accept_csrf.as_deref().map(|c| (mid.as_str(), c)),
+    ));
+
     // The buttons: one form per action, each with its CSRF token.
     if let Some(op) = &operator {
         let csrf = admin.csrf.token(op, &mid);
@@ -738,7 +744,7 @@ pub(super) async fn machine_page(
         );
         for &action in Action::ACTIONS {
             let available = match action {
-                Action::Install | Action::Deprovision => false,
+                Action::Install | Action::Deprovision | Action::Accept => false,
                 Action::Retry => !d.backoffs.is_empty(),
                 Action::Hold => d.hold.is_none(),
                 Action::Release => d.hold.is_some(),

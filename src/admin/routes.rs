@@ -71,6 +71,10 @@ fn bounded_by_the_database() -> actix_web::Scope<
             "/api/v1/machines/{id}/deprovision",
             installs::api_deprovision,
         ))
+        .service(post_only(
+            "/api/v1/machines/{id}/accept",
+            super::discovery::api_accept,
+        ))
         .service(post_only("/api/v1/machines/{id}/{action}", api_action))
         .service(read_and_post(
             "/api/v1/rollouts",
@@ -97,6 +101,10 @@ fn bounded_by_the_database() -> actix_web::Scope<
         .service(post_only(
             "/machines/{id}/deprovision",
             install_pages::deprovision_form,
+        ))
+        .service(post_only(
+            "/machines/{id}/accept",
+            super::discovery::accept_form,
         ))
         .service(post_only("/machines/{id}/{action}", pages::form_action))
         .service(read_and_post(

@@ -51,6 +51,8 @@ pub struct Request {
     pub process: Option<Process>,
     /// Retake over: also forget the recorded SSH host key.
     pub forget_host_key: bool,
+    /// Accept: the machine's BMC and inventory host ID.
+    pub accept: Option<super::discovery::Acceptance>,
 }
 
 impl Request {
@@ -63,6 +65,7 @@ impl Request {
             reason: None,
             process: None,
             forget_host_key: false,
+            accept: None,
         }
     }
 }
@@ -201,6 +204,17 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         }
     }
     let detail = match req.action {
+        Action::Accept => {
+            let Some(a) = &req.accept else {
+                return Ok(Outcome::Refused(format!(
+                    "accepting machine {m} needs its BMC (url, username, password)"
+                )));
+            };
+            match super::discovery::accept(tx, m, a, &req.actor).await? {
+                Ok(detail) => detail,
+                Err(why) => return Ok(Outcome::Refused(why)),
+            }
+        }
         Action::Install | Action::Deprovision => {
             return Ok(Outcome::Refused(format!(
                 "{} is asked through an installation request, not an action",

@@ -56,10 +56,14 @@ pub enum MachineState {
     CleanFailed,
     /// No provider record.
     Unprovided,
+    /// It enlisted itself by booting the provisioning network
+    /// (`netboot.discover`): its live agent reports, nothing is installed
+    /// on or erased from it until an operator accepts it with its BMC.
+    Discovered,
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 16] = [
+    pub const ALL: [MachineState; 17] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
@@ -76,6 +80,7 @@ impl MachineState {
         MachineState::Cleaning,
         MachineState::CleanFailed,
         MachineState::Unprovided,
+        MachineState::Discovered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -96,6 +101,7 @@ impl MachineState {
             MachineState::Cleaning => "cleaning",
             MachineState::CleanFailed => "clean-failed",
             MachineState::Unprovided => "unprovided",
+            MachineState::Discovered => "discovered",
         }
     }
 
@@ -119,6 +125,7 @@ macro_rules! state_column {
                    THEN 'enrolling' \
               WHEN s.shepherd_work THEN 'leased' \
               WHEN s.held THEN 'held' \
+              WHEN s.discovered THEN 'discovered' \
               WHEN ((s.boot_request IS NOT NULL AND s.boot_request <> 'disk') \
                         OR (s.bmc_boot AND s.agent_started_at IS NULL \
                         AND NOT s.installation_fulfilled AND p.provider_ip_address IS NULL)) \
@@ -203,6 +210,8 @@ pub enum Event {
     ProviderForgot,
     /// The provider lists it (again).
     ProviderListed,
+    /// An operator accepted a discovered machine with its BMC.
+    Accepted,
 }
 
 impl Event {
@@ -226,6 +235,7 @@ impl Event {
             Event::Released => "release",
             Event::ProviderForgot => "provider forgot it",
             Event::ProviderListed => "provider lists it",
+            Event::Accepted => "accept",
         }
     }
 }
@@ -277,6 +287,9 @@ pub const TRANSITIONS: &[(MachineState, Event, MachineState)] = &[
     // The provider.
     (Pending, Event::ProviderForgot, Unprovided),
     (Unprovided, Event::ProviderListed, Pending),
+    // Machines that enlisted themselves: accepted with their BMC, an
+    // inventory machine whose live agent runs.
+    (Discovered, Event::Accepted, Available),
 ];
 
 /// The transitions as the guide shows them, a table.
@@ -314,10 +327,11 @@ pub enum Operation {
     AcceptHardware,
     Install,
     Deprovision,
+    Accept,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::Retry,
         Operation::Retakeover,
         Operation::Reboot,
@@ -327,6 +341,7 @@ impl Operation {
         Operation::AcceptHardware,
         Operation::Install,
         Operation::Deprovision,
+        Operation::Accept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -340,12 +355,14 @@ impl Operation {
             Operation::AcceptHardware => "accept-hardware",
             Operation::Install => "install",
             Operation::Deprovision => "deprovision",
+            Operation::Accept => "accept",
         }
     }
 
-    /// The operations `actions::act` carries out: all but the last two
-    /// (installations and deprovisionings are asked through
-    /// `installations`).
+    /// The operations `actions::act` carries out by name alone: the first
+    /// seven (installations and deprovisionings are asked through
+    /// `installations`; an acceptance carries its BMC: `actions::Request`'s
+    /// `accept`).
     pub const ACTIONS: &'static [Operation] = Operation::ALL.as_slice().split_at(7).0;
 
     pub fn parse(s: &str) -> Option<Operation> {
@@ -369,6 +386,7 @@ impl Operation {
             Operation::AcceptHardware => "Accept the hardware differences",
             Operation::Install => "Install",
             Operation::Deprovision => "Deprovision",
+            Operation::Accept => "Accept",
         }
     }
 
@@ -490,6 +508,8 @@ impl Operation {
                 InstallFailed,
                 CleanFailed,
             ],
+            // Only what enlisted itself, and only once.
+            Operation::Accept => &[Discovered],
         }
     }
 

@@ -406,6 +406,8 @@ pub struct MachineDetail {
     pub boot_request: Option<super::bmc_boot::BootRequest>,
     /// Its BMC's facts against its agent's report.
     pub hardware_check: Option<super::hardware::HardwareCheck>,
+    /// It enlisted itself by booting the provisioning network.
+    pub discovery: Option<super::discovery::Discovery>,
 }
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
@@ -486,6 +488,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         boot_macs: super::netboot::macs_of(tx, machine_id).await?,
         boot_request: super::bmc_boot::requested(tx, machine_id).await?,
         hardware_check,
+        discovery: super::discovery::of(tx, machine_id).await?,
     }))
 }
 
@@ -494,6 +497,13 @@ impl MachineDetail {
     /// `network (PXE) from 52:54:00:12:34:56`, `virtual media`, `ssh`.
     pub fn boots(&self) -> String {
         match self.boot_via.as_deref() {
+            None if self.discovery.is_some() => format!(
+                "network: it enlisted itself from {} (discovery boots until accepted)",
+                self.discovery
+                    .as_ref()
+                    .map(|d| d.mac.as_str())
+                    .unwrap_or("")
+            ),
             Some("network") => {
                 let macs: Vec<String> = self.boot_macs.iter().map(|m| m.to_string()).collect();
                 format!("network (PXE, then iPXE) from {}", macs.join(", "))

@@ -15,6 +15,7 @@ pub mod boot;
 pub mod brake;
 pub mod callback;
 mod conn;
+pub mod discovery;
 pub mod duty;
 pub mod embedded;
 pub mod error;

@@ -93,8 +93,9 @@ pub struct MacBoot {
 pub enum MacLookup {
     /// A machine's, with a boot to answer.
     Boot(MacBoot),
-    /// A machine's, with nothing to boot now (it boots its disk).
-    NoBoot { machine_id: Uuid },
+    /// A machine's, with nothing to boot now (it boots its disk);
+    /// `discovered`: one that enlisted itself and is not accepted yet.
+    NoBoot { machine_id: Uuid, discovered: bool },
     /// No machine's.
     Unknown,
 }
@@ -107,7 +108,9 @@ pub async fn lookup(tx: &mut Tx<'_>, mac: MacAddr) -> Result<MacLookup, BmdbErro
                     (SELECT b.boot_id FROM machine_boot_credential b \
                       WHERE b.machine_id = m.machine_id AND b.used_at IS NULL \
                         AND b.expires_at > now() AND b.media_ended_at IS NULL \
-                      ORDER BY b.issued_at DESC LIMIT 1) \
+                      ORDER BY b.issued_at DESC LIMIT 1), \
+                    EXISTS (SELECT 1 FROM machine_discovered d \
+                             WHERE d.machine_id = m.machine_id AND d.accepted_at IS NULL) \
                FROM machine_boot_mac m WHERE m.mac = $1::text::macaddr",
             &[&mac.to_string()],
         )
@@ -121,6 +124,7 @@ pub async fn lookup(tx: &mut Tx<'_>, mac: MacAddr) -> Result<MacLookup, BmdbErro
             }),
             None => MacLookup::NoBoot {
                 machine_id: r.get(0),
+                discovered: r.get(2),
             },
         },
     })

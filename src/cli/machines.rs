@@ -76,6 +76,9 @@ pub enum MachinesCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Accept a machine that enlisted itself (state `discovered`) with its
+    /// BMC: it becomes an inventory machine like any other.
+    Accept(Box<AcceptArgs>),
     /// Install an operating system image: on one machine (one ID), or as a
     /// rollout over several (IDs, or the filters of `list`), at most
     /// --max-parallel at once, stopped once more than --max-failures fail.
@@ -86,6 +89,73 @@ pub enum MachinesCommand {
     Deprovision(Box<DeprovisionArgs>),
 }
 
+#[derive(clap::Args)]
+pub struct AcceptArgs {
+    /// The discovered machine's ID.
+    pub id: uuid::Uuid,
+    /// `https://host[:port]` (Redfish) or `ipmi://host[:port]`.
+    #[arg(long)]
+    pub bmc_url: String,
+    #[arg(long)]
+    pub bmc_username: String,
+    /// A file holding the BMC's password (never on the command line).
+    #[arg(long)]
+    pub bmc_password_file: std::path::PathBuf,
+    /// Redfish: the ComputerSystem's Id (unset: the BMC's only one).
+    #[arg(long)]
+    pub bmc_system: Option<String>,
+    /// `verify`, `insecure`, or a CA file's path.
+    #[arg(long, default_value = "verify")]
+    pub bmc_tls: String,
+    /// Its inventory host ID (default: `discovered-` and its MAC's hex).
+    #[arg(long)]
+    pub host_id: Option<String>,
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+impl AcceptArgs {
+    /// The acceptance, checked as an inventory host's BMC; Err names the
+    /// flag.
+    fn acceptance(&self) -> anyhow::Result<shepherd::bmdb::discovery::Acceptance> {
+        let mut secret = shepherd::secret::Secret::from_file(&self.bmc_password_file);
+        secret
+            .resolve()
+            .map_err(|e| anyhow::anyhow!("--bmc-password-file: {e}"))?;
+        let password = secret.expose().to_string();
+        let bmc = shepherd::config::BmcConfig::accepted(
+            &self.bmc_url,
+            &self.bmc_username,
+            &password,
+            self.bmc_system.as_deref(),
+            &self.bmc_tls,
+        )
+        .map_err(|(k, m)| {
+            let flag = match k {
+                "password" => "bmc-password-file".to_string(),
+                k => format!("bmc-{}", k.replace('_', "-")),
+            };
+            anyhow::anyhow!("--{flag}: {m}")
+        })?;
+        let host_id = match self.host_id.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(h) => {
+                shepherd::config::inventory::check_id(h)
+                    .map_err(|e| anyhow::anyhow!("--host-id: {e}"))?;
+                Some(h.to_string())
+            }
+        };
+        Ok(shepherd::bmdb::discovery::Acceptance {
+            host_id,
+            url: bmc.url.clone(),
+            username: bmc.username.clone(),
+            password,
+            system: bmc.system.clone(),
+            tls: bmc.tls.to_stored(),
+        })
+    }
+}
+
 impl MachinesCommand {
     /// The operator action this command is, if it is one.
     fn action(&self) -> Option<actions::Request> {
@@ -94,6 +164,7 @@ impl MachinesCommand {
             MachinesCommand::List { .. }
             | MachinesCommand::Show { .. }
             | MachinesCommand::Install(_)
+            | MachinesCommand::Accept(_)
             | MachinesCommand::Deprovision(_) => return None,
             MachinesCommand::Retry { id, reason, .. } => (id, Action::Retry, reason),
             MachinesCommand::Retakeover { id, reason, .. } => (id, Action::Retakeover, reason),
@@ -124,8 +195,27 @@ impl MachinesCommand {
 
 pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
     cfg.bmdb.pool_size = 2;
+    let accept = match &cmd {
+        MachinesCommand::Accept(a) => {
+            if cfg.provider.kind != shepherd::config::ProviderKind::Static {
+                anyhow::bail!(
+                    "an accepted machine joins the static inventory: provider.kind must be \"static\""
+                );
+            }
+            let mut req = actions::Request::new(a.id, actions::Action::Accept, "cli");
+            req.accept = Some(a.acceptance()?);
+            req.reason = a
+                .reason
+                .as_deref()
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(String::from);
+            Some(req)
+        }
+        _ => None,
+    };
     let bmdb = Bmdb::open(&cfg.bmdb).await?;
-    if let Some(req) = cmd.action() {
+    if let Some(req) = accept.or_else(|| cmd.action()) {
         return match bmdb
             .transact(async |tx| actions::act(tx, &req).await)
             .await?
@@ -229,6 +319,29 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                 }
             }
             println!("  boots            {}", d.boots());
+            if let Some(x) = &d.discovery {
+                let at =
+                    |t: std::time::SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+                println!(
+                    "  enlisted         from {} ({}) at {}, {} discovery boot(s), the last at {}",
+                    x.mac,
+                    x.firmware,
+                    at(x.discovered_at),
+                    x.boots,
+                    at(x.last_boot_at)
+                );
+                match (x.accepted_at, &x.accepted_by) {
+                    (Some(t), by) => println!(
+                        "  accepted         by {} at {}",
+                        by.as_deref().unwrap_or("?"),
+                        at(t)
+                    ),
+                    (None, _) => println!(
+                        "  accepted         not yet: `shepherd machines accept {} --bmc-url … --bmc-username … --bmc-password-file …`",
+                        d.summary.machine_id
+                    ),
+                }
+            }
             if let Some(f) = &d.bmc {
                 for (i, (k, v)) in f.lines().iter().enumerate() {
                     let label = if i == 0 { "bmc" } else { "" };

@@ -264,6 +264,61 @@ impl BmcConfig {
     }
 }
 
+impl BmcConfig {
+    /// The BMC an operator gives when accepting a discovered machine,
+    /// checked as an inventory host's: `tls` is `verify`, `insecure` or a
+    /// CA file's path. Err: the field at fault (`url`, `username`,
+    /// `password`, `tls`) and why.
+    pub fn accepted(
+        url: &str,
+        username: &str,
+        password: &str,
+        system: Option<&str>,
+        tls: &str,
+    ) -> Result<BmcConfig, (&'static str, String)> {
+        let mut bmc = BmcConfig {
+            url: url.trim().to_string(),
+            username: username.to_string(),
+            password: Secret::inline(password),
+            system: system
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from),
+            tls: BmcTls::from_stored(tls),
+        };
+        if password.is_empty() {
+            return Err(("password", "must not be empty".into()));
+        }
+        bmc.validate().map_err(|(k, m)| match k {
+            "tls.ca_file" => ("tls", m),
+            k => (k, m),
+        })?;
+        Ok(bmc)
+    }
+}
+
+impl BmcTls {
+    /// As `machine_accepted_bmc.tls` keeps it: `verify`, `insecure` or a
+    /// CA file's path.
+    pub fn from_stored(s: &str) -> BmcTls {
+        match s.trim() {
+            "" | "verify" => BmcTls::Verify,
+            "insecure" => BmcTls::Insecure,
+            path => BmcTls::CaFile {
+                ca_file: PathBuf::from(path),
+            },
+        }
+    }
+
+    pub fn to_stored(&self) -> String {
+        match self {
+            BmcTls::Verify => "verify".into(),
+            BmcTls::Insecure => "insecure".into(),
+            BmcTls::CaFile { ca_file } => ca_file.display().to_string(),
+        }
+    }
+}
+
 /// How a BMC's TLS certificate is checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum BmcTls {

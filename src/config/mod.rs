@@ -1265,6 +1265,13 @@ impl Config {
         self.ipmi.validate()?;
         if let Some(n) = &self.netboot {
             n.validate()?;
+            if n.discover && self.provider.kind != ProviderKind::Static {
+                // An accepted machine becomes an inventory host.
+                return Err(ConfigError::key(
+                    "netboot.discover",
+                    "machines that enlist themselves are accepted into the static inventory: needs provider.kind = \"static\"",
+                ));
+            }
         }
         if self.updater.interval.is_zero() {
             return Err(ConfigError::key("updater.interval", "must be positive"));
@@ -1495,9 +1502,14 @@ mod tests {
         let ok = load("[netboot]\ninterface = \"br0\"\n").unwrap();
         let n = ok.netboot.unwrap();
         assert_eq!(
-            (n.mode, n.dhcp_port, n.tftp_port),
-            (NetbootMode::Proxy, 67, 69)
+            (n.mode, n.dhcp_port, n.tftp_port, n.discover),
+            (NetbootMode::Proxy, 67, 69, false)
         );
+        let e = load("[netboot]\ninterface = \"br0\"\ndiscover = true\ndiscover_per_minute = 0\n")
+            .unwrap_err();
+        assert_eq!(e.key_name(), Some("netboot.discover_per_minute"), "{e}");
+        let e = load("[netboot]\ninterface = \"br0\"\ndiscover_ttl = \"5s\"\n").unwrap_err();
+        assert_eq!(e.key_name(), Some("netboot.discover_ttl"), "{e}");
     }
 
     #[test]
@@ -1587,6 +1599,7 @@ mod documented_defaults {
             "tftp_root",
             "discover",
             "discover_per_minute",
+            "discover_ttl",
             "address",
             "http_listen",
             "dhcp_port",

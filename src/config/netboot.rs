@@ -58,8 +58,13 @@ pub struct NetbootConfig {
     pub dhcp_port: u16,
     pub proxy_port: u16,
     pub tftp_port: u16,
-    /// Unknown MACs given a discovery boot, at most this many a minute.
+    /// Unknown MACs given a discovery boot, at most this many a minute
+    /// (per shepherd; a discovered machine booting again counts too).
     pub discover_per_minute: u32,
+    /// How long a discovery boot's credential is good for: its agent must
+    /// enroll within this.
+    #[serde(with = "humantime_serde")]
+    pub discover_ttl: Duration,
     /// Answer IPv6 router solicitations on the interface with "no router
     /// here" (lifetime 0, no prefixes): iPXE otherwise waits ~15 s for an
     /// IPv6 router before it boots.
@@ -83,6 +88,7 @@ impl Default for NetbootConfig {
             proxy_port: 4011,
             tftp_port: 69,
             discover_per_minute: 30,
+            discover_ttl: Duration::from_secs(15 * 60),
             answer_router_solicitations: true,
         }
     }
@@ -188,11 +194,17 @@ impl NetbootConfig {
                 ));
             }
         }
-        if self.discover {
-            // Said plainly rather than accepted and ignored.
+        if self.discover && self.discover_per_minute == 0 {
             return Err(ConfigError::key(
-                "netboot.discover",
-                "machines that enlist themselves (state `discovered`, `machines accept`) are not built yet: list each machine with boot = \"network\" and its mac",
+                "netboot.discover_per_minute",
+                "must be at least 1 with discover = true (or turn discover off)",
+            ));
+        }
+        if !(Duration::from_secs(60)..=Duration::from_secs(24 * 3600)).contains(&self.discover_ttl)
+        {
+            return Err(ConfigError::key(
+                "netboot.discover_ttl",
+                "must be from 1m to 24h",
             ));
         }
         Ok(())

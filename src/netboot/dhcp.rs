@@ -62,6 +62,16 @@ pub enum Asker {
     Plain,
 }
 
+impl Asker {
+    /// The client's architecture (DHCP option 93), for a boot client.
+    pub fn arch(self) -> Option<u16> {
+        match self {
+            Asker::Pxe { arch } | Asker::Ipxe { arch } | Asker::Http { arch } => Some(arch),
+            Asker::Plain => None,
+        }
+    }
+}
+
 /// A request, read.
 #[derive(Debug, Clone)]
 pub struct Request {

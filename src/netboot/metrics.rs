@@ -37,6 +37,12 @@ pub struct NetbootMetrics {
     tftp: Family<TftpLabel, Counter>,
     http: Family<HttpLabel, Counter>,
     routers: Counter,
+    discovery: Family<KindLabel, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
 }
 
 impl NetbootMetrics {
@@ -48,7 +54,7 @@ impl NetbootMetrics {
         );
         registry.register(
             "shepherd_netboot_dhcp_ignored",
-            "DHCP packets the network boot service did not answer, by reason (malformed, not_a_request, not_pxe, unknown_mac, no_boot, unsupported_arch, other_server, pool_full, bmdb_unavailable)",
+            "DHCP packets the network boot service did not answer, by reason (malformed, not_a_request, not_pxe, unknown_mac, no_boot, unsupported_arch, other_server, pool_full, bmdb_unavailable, discovery_rate)",
             self.ignored.clone(),
         );
         registry.register(
@@ -60,6 +66,11 @@ impl NetbootMetrics {
             "shepherd_netboot_router_solicitations_answered",
             "IPv6 router solicitations answered with \"no router here\" (iPXE's IPv6 configuration then ends at once)",
             self.routers.clone(),
+        );
+        registry.register(
+            "shepherd_netboot_discovery_boots",
+            "Discovery boots handed out (netboot.discover), by kind (enlisted: an unknown MAC became a discovered machine; again: a discovered machine booted the network again)",
+            self.discovery.clone(),
         );
         registry.register(
             "shepherd_netboot_http_requests",
@@ -96,6 +107,11 @@ impl NetbootMetrics {
                 result,
             })
             .inc();
+    }
+
+    pub(super) fn discovered(&self, new: bool) {
+        let kind = if new { "enlisted" } else { "again" };
+        self.discovery.get_or_create(&KindLabel { kind }).inc();
     }
 
     pub(super) fn router_answered(&self) {

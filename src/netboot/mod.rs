@@ -7,7 +7,10 @@
 //! (`machine_boot_mac`, from the inventory's `mac`/`macs`) and that
 //! machine has a boot issued (the Enroller issued it and had the BMC boot
 //! the machine from the network). Everything else gets no boot answer, so
-//! a machine booting its disk, or one that is not ours, is never diverted.
+//! a machine booting its disk, or one that is not ours, is never diverted;
+//! but with `discover = true` an unknown MAC (and a discovered machine not
+//! accepted yet) gets a discovery boot, rate-limited, and enlists as a
+//! `discovered` machine (`bmdb::discovery`).
 //!
 //! - [`dhcp`]: what a request is and what it gets, on bytes.
 //! - [`tftp`]: read-only TFTP of the iPXE binaries.
@@ -93,6 +96,7 @@ struct Shared {
     metrics: NetbootMetrics,
     /// Packets handled at once; more are dropped (counted) until one ends.
     inflight: Arc<tokio::sync::Semaphore>,
+    discovery: std::cell::RefCell<DiscoveryWindow>,
 }
 
 /// The network boot service.
@@ -186,6 +190,7 @@ impl NetbootService {
                     http_base,
                     metrics,
                     inflight: Arc::new(tokio::sync::Semaphore::new(64)),
+                    discovery: Default::default(),
                 }),
                 dhcp: Rc::new(dhcp),
                 proxy: Rc::new(proxy),
@@ -323,6 +328,70 @@ async fn ask<T>(
     }
 }
 
+/// Discovery boots handed out in the last minute (`netboot.discover`).
+#[derive(Default)]
+struct DiscoveryWindow {
+    recent: std::collections::VecDeque<std::time::Instant>,
+}
+
+impl DiscoveryWindow {
+    /// Whether one more discovery boot fits in `per_minute`; counted if so.
+    fn admit(&mut self, per_minute: u32) -> bool {
+        let now = std::time::Instant::now();
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() >= per_minute as usize {
+            return false;
+        }
+        self.recent.push_back(now);
+        true
+    }
+}
+
+/// A discovery boot for `req`'s MAC (`netboot.discover`): an unknown MAC
+/// enlists as a new `discovered` machine, a discovered one not accepted
+/// yet gets a new boot. None: off, over the rate, or the BMDB failed.
+async fn discovery_boot(
+    shared: &Shared,
+    req: &Request,
+    machine: Option<uuid::Uuid>,
+) -> Option<crate::bmdb::netboot::MacBoot> {
+    if !shared.cfg.discover {
+        return None;
+    }
+    if !shared
+        .discovery
+        .borrow_mut()
+        .admit(shared.cfg.discover_per_minute)
+    {
+        shared.metrics.ignored("discovery_rate");
+        tracing::warn!(mac = %req.mac, per_minute = shared.cfg.discover_per_minute, "network boot: discovery boots over netboot.discover_per_minute; this client is not answered now");
+        return None;
+    }
+    let (mac, ttl) = (req.mac, shared.cfg.discover_ttl);
+    let firmware = crate::bmdb::discovery::firmware_of_arch(req.asker.arch().unwrap_or(0));
+    let boot = ask(shared, async |tx| match machine {
+        None => match crate::bmdb::discovery::enlist(tx, mac, firmware, ttl).await? {
+            Some(b) => Ok(Some(b)),
+            // Enlisted meanwhile (its other packet, or another shepherd).
+            None => Ok(match crate::bmdb::netboot::lookup(tx, mac).await? {
+                MacLookup::Boot(b) => Some(b),
+                _ => None,
+            }),
+        },
+        Some(m) => crate::bmdb::discovery::boot_again(tx, m, ttl).await,
+    })
+    .await??;
+    shared.metrics.discovered(machine.is_none());
+    tracing::info!(%mac, machine = %boot.machine_id, boot = %boot.boot_id, firmware, new = machine.is_none(), "network boot: discovery boot (netboot.discover): the machine enlists as discovered");
+    Some(boot)
+}
+
 /// The boot file `req`'s MAC is answered with, if any (counted when none).
 async fn boot_for(shared: &Shared, req: &Request) -> Option<Option<BootFile>> {
     if req.asker == Asker::Plain {
@@ -333,6 +402,20 @@ async fn boot_for(shared: &Shared, req: &Request) -> Option<Option<BootFile>> {
         crate::bmdb::netboot::lookup(tx, mac).await
     })
     .await?;
+    let found = match found {
+        MacLookup::Unknown => match discovery_boot(shared, req, None).await {
+            Some(b) => MacLookup::Boot(b),
+            None => MacLookup::Unknown,
+        },
+        MacLookup::NoBoot {
+            machine_id,
+            discovered: true,
+        } => match discovery_boot(shared, req, Some(machine_id)).await {
+            Some(b) => MacLookup::Boot(b),
+            None => found,
+        },
+        other => other,
+    };
     match found {
         MacLookup::Boot(b) => match dhcp::boot_file(req.asker, b.boot_id, &shared.http_base) {
             Some(f) => {
@@ -345,7 +428,7 @@ async fn boot_for(shared: &Shared, req: &Request) -> Option<Option<BootFile>> {
                 Some(None)
             }
         },
-        MacLookup::NoBoot { machine_id } => {
+        MacLookup::NoBoot { machine_id, .. } => {
             shared.metrics.ignored("no_boot");
             tracing::debug!(mac = %mac, machine = %machine_id, "PXE client with no boot issued: not answered (it boots its disk)");
             Some(None)

@@ -4,6 +4,10 @@
 //! capacity to create machines from. A host with a BMC (`bmc = { url, … }`)
 //! is rebooted through it (Redfish or IPMI, by the URL's scheme) and its
 //! status is its power state; one without cannot be rebooted.
+//!
+//! Machines that enlisted themselves and were accepted with their BMC
+//! (`bmdb::discovery`) are listed too, read from the BMDB each time the
+//! hosts are: booted from the network, at the MAC they enlisted from.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -28,11 +32,22 @@ pub struct Inventory {
     /// Each BMC host's status as its power state last read: what the
     /// listing reports (hosts without a BMC, or not read yet, are Running).
     power: RefCell<std::collections::HashMap<String, ProviderStatus>>,
+    /// Where accepted machines are read from (None: not read).
+    bmdb: Option<crate::bmdb::Bmdb>,
+    /// The accepted machines as last read (kept while the BMDB fails).
+    accepted: RefCell<Vec<InventoryMachine>>,
 }
 
 impl Inventory {
-    pub fn new(cfg: &InventoryConfig, redfish: &RedfishConfig, ipmi: &IpmiConfig) -> Self {
+    pub fn new(
+        cfg: &InventoryConfig,
+        redfish: &RedfishConfig,
+        ipmi: &IpmiConfig,
+        bmdb: Option<crate::bmdb::Bmdb>,
+    ) -> Self {
         Inventory {
+            bmdb,
+            accepted: RefCell::new(Vec::new()),
             listed: cfg.machines.clone(),
             file: cfg.file.clone(),
             last_good: RefCell::new(Vec::new()),
@@ -52,18 +67,53 @@ impl Inventory {
         p
     }
 
+    /// Reads the accepted machines again (kept as they were when the BMDB
+    /// cannot answer: a database outage does not make hosts disappear).
+    async fn refresh_accepted(&self) {
+        let Some(bmdb) = &self.bmdb else {
+            return;
+        };
+        match bmdb
+            .snapshot(async |tx| crate::bmdb::discovery::accepted(tx).await)
+            .await
+        {
+            Ok(hosts) => *self.accepted.borrow_mut() = hosts.iter().map(accepted_host).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, kept = self.accepted.borrow().len(), "accepted machines not read from the BMDB; keeping those read before")
+            }
+        }
+    }
+
+    /// Every host, the accepted machines read now.
+    async fn hosts_now(&self) -> Vec<InventoryMachine> {
+        self.refresh_accepted().await;
+        self.hosts()
+    }
+
     fn host(&self, provider_id: &str) -> Option<InventoryMachine> {
         self.hosts().into_iter().find(|m| m.id == provider_id)
     }
 
+    /// The host, read again from the BMDB when it is not known (an
+    /// acceptance this process has not listed yet).
+    async fn host_now(&self, provider_id: &str) -> Option<InventoryMachine> {
+        match self.host(provider_id) {
+            Some(h) => Some(h),
+            None => {
+                self.refresh_accepted().await;
+                self.host(provider_id)
+            }
+        }
+    }
+
     /// The host and its BMC; an error naming the host when it is gone from
     /// the inventory or has no BMC to be `what` (e.g. "booted through it").
-    fn with_bmc(
+    async fn with_bmc(
         &self,
         provider_id: &str,
         what: &str,
     ) -> Result<(InventoryMachine, crate::config::BmcConfig), ProviderError> {
-        let host = self.host(provider_id).ok_or_else(|| {
+        let host = self.host_now(provider_id).await.ok_or_else(|| {
             ProviderError::Inventory(format!("host {provider_id} is no longer in the inventory"))
         })?;
         let bmc = host.bmc.clone().ok_or_else(|| {
@@ -89,7 +139,13 @@ impl Inventory {
 
     fn hosts(&self) -> Vec<InventoryMachine> {
         let mut all = self.listed.clone();
+        let accepted = self.accepted.borrow().clone();
         let Some(f) = &self.file else {
+            for m in accepted {
+                if !all.iter().any(|x| x.id == m.id) {
+                    all.push(m);
+                }
+            }
             return all;
         };
         let mut problems = BTreeSet::new();
@@ -120,7 +176,37 @@ impl Inventory {
             all.push(m);
         }
         self.report(problems);
+        for m in accepted {
+            if !all.iter().any(|x| x.id == m.id) {
+                all.push(m);
+            }
+        }
         all
+    }
+}
+
+/// An accepted machine as an inventory host: its BMC, booted from the
+/// network at the MAC it enlisted from.
+fn accepted_host(a: &crate::bmdb::discovery::AcceptedHost) -> InventoryMachine {
+    InventoryMachine {
+        id: a.host_id.clone(),
+        address: None,
+        location: None,
+        bmc: Some(crate::config::BmcConfig {
+            url: a.url.clone(),
+            username: a.username.clone(),
+            password: crate::secret::Secret::inline(a.password.clone()),
+            system: a.system.clone(),
+            tls: crate::config::inventory::BmcTls::from_stored(&a.tls),
+        }),
+        boot: Some(BootMethod::Network),
+        mac: Some(a.mac),
+        macs: Vec::new(),
+        firmware: Some(if a.firmware == "bios" {
+            crate::config::inventory::Firmware::Bios
+        } else {
+            crate::config::inventory::Firmware::Uefi
+        }),
     }
 }
 
@@ -147,13 +233,20 @@ impl Provider for Inventory {
     }
 
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
-        Box::pin(async move { Ok(self.hosts().iter().map(|m| self.listed(m)).collect()) })
+        Box::pin(async move {
+            Ok(self
+                .hosts_now()
+                .await
+                .iter()
+                .map(|m| self.listed(m))
+                .collect())
+        })
     }
 
     /// A host with a BMC: its status is the system's power state.
     fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>> {
         Box::pin(async move {
-            let Some(host) = self.host(provider_id) else {
+            let Some(host) = self.host_now(provider_id).await else {
                 return Ok(None);
             };
             let mut m = machine(&host);
@@ -183,7 +276,8 @@ impl Provider for Inventory {
     fn bmc_facts(&self) -> Fut<'_, Vec<BmcRead>> {
         Box::pin(async move {
             let hosts: Vec<InventoryMachine> = self
-                .hosts()
+                .hosts_now()
+                .await
                 .into_iter()
                 .filter(|h| h.bmc.is_some())
                 .collect();
@@ -219,7 +313,7 @@ impl Provider for Inventory {
         credentials: Option<(String, String)>,
     ) -> Fut<'a, String> {
         Box::pin(async move {
-            let (host, bmc) = self.with_bmc(provider_id, "booted through it")?;
+            let (host, bmc) = self.with_bmc(provider_id, "booted through it").await?;
             let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
             let how = self
                 .bmcs
@@ -245,7 +339,9 @@ impl Provider for Inventory {
 
     fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
         Box::pin(async move {
-            let (host, bmc) = self.with_bmc(provider_id, "restarted from its disk")?;
+            let (host, bmc) = self
+                .with_bmc(provider_id, "restarted from its disk")
+                .await?;
             let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
             let reset = self
                 .bmcs
@@ -259,7 +355,7 @@ impl Provider for Inventory {
 
     fn end_agent_boot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, bool> {
         Box::pin(async move {
-            let (host, bmc) = self.with_bmc(provider_id, "its boot ended")?;
+            let (host, bmc) = self.with_bmc(provider_id, "its boot ended").await?;
             let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
             self.bmcs
                 .end_agent_boot(&host.id, &bmc, via, host.firmware.unwrap_or_default())
@@ -270,7 +366,7 @@ impl Provider for Inventory {
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()> {
         Box::pin(async move {
-            let host = self.host(provider_id).ok_or_else(|| {
+            let host = self.host_now(provider_id).await.ok_or_else(|| {
                 ProviderError::Inventory(format!(
                     "host {provider_id} is no longer in the inventory"
                 ))
@@ -307,6 +403,7 @@ mod tests {
             },
             &RedfishConfig::default(),
             &IpmiConfig::default(),
+            None,
         );
         assert_eq!(inv.hosts().len(), 1);
         std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = 192.0.2.1\n").unwrap();

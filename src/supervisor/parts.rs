@@ -154,6 +154,7 @@ impl Parts {
                     &cfg.provider.inventory,
                     &cfg.redfish,
                     &cfg.ipmi,
+                    Some(bmdb.clone()),
                 )),
                 None,
             ),

@@ -9,7 +9,7 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_reboot_request', 'operator_action', 'callback_ca', 'callback_endpoint', \
      'recovery_power_action', 'recovery_brake', 'machine_installation', \
      'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine', \
-     'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', 'machine_boot_mac', 'netboot_lease', \
+     'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', 'machine_boot_mac', 'netboot_lease', 'machine_discovered', 'machine_accepted_bmc', \
      'machine_hardware_accepted')";
 
 #[actix_rt::test]
@@ -34,14 +34,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V12__boot_credentials",
             "V13__bmc_boots",
             "V14__life_cycle",
-            "V15__network_boot"
+            "V15__network_boot",
+            "V16__discovery"
         ]
     );
-    assert_eq!(first.version, Some(15));
-    assert_eq!(count(&bmdb, TABLES).await, 32);
+    assert_eq!(first.version, Some(16));
+    assert_eq!(count(&bmdb, TABLES).await, 34);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(15));
+    assert_eq!(again.version, Some(16));
 }
 
 #[actix_rt::test]
@@ -54,13 +55,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 15],
+        [0, 16],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 32);
+    assert_eq!(count(&a, TABLES).await, 34);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        15
+        16
     );
 }
 
@@ -99,7 +100,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V12__boot_credentials",
             "V13__bmc_boots",
             "V14__life_cycle",
-            "V15__network_boot"
+            "V15__network_boot",
+            "V16__discovery"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -155,7 +157,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V12__boot_credentials",
             "V13__bmc_boots",
             "V14__life_cycle",
-            "V15__network_boot"
+            "V15__network_boot",
+            "V16__discovery"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -230,6 +230,12 @@ async fn reports_are_stored_as_sent_and_requests_answered_until_reported() {
                 ..Default::default()
             }],
             efi_support: 4,
+            bmc_lan: Some(shepherd_proto::api::BmcLan {
+                channel: 1,
+                ipv4_address: "10.0.0.41".into(),
+                address_source: "dhcp".into(),
+                mac: vec![2, 0, 0, 0, 0, 0x41],
+            }),
         }),
         warning: vec!["no IPMI".into()],
     };
@@ -253,6 +259,13 @@ async fn reports_are_stored_as_sent_and_requests_answered_until_reported() {
     assert_eq!(
         AgentHardwareReport::decode(stored.as_slice()).unwrap(),
         report
+    );
+    // The BMC's address, read in-band by the agent, as operators see it.
+    let summary = shepherd_proto::summary::summarize(&stored).unwrap();
+    let lan = summary.bmc_lan.expect("the BMC's LAN channel");
+    assert_eq!(
+        (lan.ipv4_address.as_str(), lan.mac.as_str()),
+        ("10.0.0.41", "02:00:00:00:00:41")
     );
 
     // A pending request, with fields shepherd does not know: returned byte

@@ -30,6 +30,7 @@ const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 /// The machine's provisioning NIC, as the inventory lists it.
 const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xaa, 0x00, 0x01];
 const MAC_TEXT: &str = "52:54:00:AA:00:01";
+const ADMIN_TOKEN: &str = "netboot-test-admin-token-0123456789";
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -138,6 +139,11 @@ fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
 
 impl Bed {
     async fn start(mode: &str) -> Option<Bed> {
+        Bed::start_with(mode, "").await
+    }
+
+    /// `netboot`: more of the `[netboot]` section.
+    async fn start_with(mode: &str, netboot: &str) -> Option<Bed> {
         if !is_root() {
             eprintln!("SKIPPED: the network boot tests need root (network namespaces)");
             return None;
@@ -181,7 +187,8 @@ impl Bed {
              [[provider.inventory.machines]]\nid = \"pxe-1\"\nboot = \"network\"\nmac = \"{MAC_TEXT}\"\n\
              bmc = {{ url = \"ipmi://127.0.0.1:9\", username = \"admin\", password = \"pw\" }}\n\
              [enroller]\nenabled = false\n\
-             [netboot]\ninterface = \"vs\"\nmode = \"{mode}\"\ntftp_root = \"{}\"\nhttp_listen = \"0.0.0.0:{http}\"\n",
+             [admin]\ntokens = {{ ops = \"{ADMIN_TOKEN}\" }}\n\
+             [netboot]\ninterface = \"vs\"\nmode = \"{mode}\"\ntftp_root = \"{}\"\nhttp_listen = \"0.0.0.0:{http}\"\n{netboot}",
             tftp_root.display()
         );
         if mode == "dhcp" {
@@ -283,7 +290,9 @@ impl Bed {
     /// The service's `/metrics`, read from inside its namespace.
     fn metrics(&self) -> String {
         let url = format!("http://127.0.0.1:{}/metrics", self.admin);
-        String::from_utf8(ok(&mut self.server.cmd(&["curl", "-sf", &url])).stdout).unwrap()
+        let auth = format!("Authorization: Bearer {ADMIN_TOKEN}");
+        String::from_utf8(ok(&mut self.server.cmd(&["curl", "-sf", "-H", &auth, &url])).stdout)
+            .unwrap()
     }
 
     fn metric(&self, name: &str, labels: &str) -> f64 {
@@ -1004,5 +1013,233 @@ async fn full_dhcp_leases_addresses_from_its_range_and_never_one_twice() {
         std::fs::read_to_string(&seen).unwrap().trim(),
         "10.77.0.100 10.77.0.1"
     );
+    bed.assert_running();
+}
+
+/// A machine's row of `machine_discovered`: (machine, firmware, boots,
+/// accepted).
+async fn discovered(bmdb: &Bmdb, mac: &str) -> Option<(uuid::Uuid, String, i32, bool)> {
+    let mac = mac.to_string();
+    bmdb.transact(async |tx| {
+        Ok(tx
+            .query_opt(
+                "SELECT machine_id, firmware, boots, accepted_at IS NOT NULL \
+                   FROM machine_discovered WHERE mac = $1::text::macaddr",
+                &[&mac],
+            )
+            .await?
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+    })
+    .await
+    .unwrap()
+}
+
+impl Bed {
+    /// The admin API, from inside shepherd's namespace: (status, body).
+    fn api(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> (u16, String) {
+        let url = format!("http://127.0.0.1:{}{path}", self.admin);
+        let auth = format!("Authorization: Bearer {ADMIN_TOKEN}");
+        let mut args = vec![
+            "curl",
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+            "-H",
+            &auth,
+        ];
+        let b = body.map(|b| b.to_string());
+        if let Some(b) = &b {
+            args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        args.push(&url);
+        let out = String::from_utf8(ok(&mut self.server.cmd(&args)).stdout).unwrap();
+        let (body, code) = out.rsplit_once('\n').unwrap();
+        (code.trim().parse().unwrap(), body.to_string())
+    }
+}
+
+#[actix_rt::test]
+async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory_machine() {
+    let Some(mut bed) =
+        Bed::start_with("proxy", "discover = true\ndiscover_per_minute = 3\n").await
+    else {
+        return;
+    };
+    bed.wait_for_service().await;
+    const STRANGER: [u8; 6] = [0x52, 0x54, 0, 0xcc, 0, 7];
+    const STRANGER_TEXT: &str = "52:54:00:cc:00:07";
+    let stranger = Pose {
+        mac: STRANGER,
+        ..Pose::pxe(7)
+    };
+
+    // An unknown UEFI PXE client gets the iPXE binary, and becomes a
+    // discovered machine with one discovery boot.
+    let m = ask(&bed, stranger).expect("a discovery offer");
+    assert_eq!(file_of(&m), "snponly.efi");
+    let (id, firmware, boots, accepted) = discovered(&bed.bmdb, STRANGER_TEXT)
+        .await
+        .expect("enlisted");
+    assert_eq!((firmware.as_str(), boots, accepted), ("uefi", 1, false));
+    let (status, body) = bed.api("GET", &format!("/api/v1/machines/{id}"), None);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["machine"]["state"], "discovered", "{v}");
+    assert_eq!(v["tags"]["discovered"]["mac"], STRANGER_TEXT, "{v}");
+    assert_eq!(v["tags"]["boot"], "network", "{v}");
+
+    // iPXE, next, gets that boot's script: no second machine, no second
+    // boot.
+    let m = ask(
+        &bed,
+        Pose {
+            ipxe: true,
+            ..stranger
+        },
+    )
+    .expect("an offer to iPXE");
+    let boot: uuid::Uuid = bed
+        .bmdb
+        .transact(async |tx| {
+            Ok(shepherd::bmdb::boot::latest(tx, id)
+                .await?
+                .expect("its boot")
+                .boot_id)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        file_of(&m),
+        format!("http://10.77.0.1:{}/boot/{boot}.ipxe", bed.http)
+    );
+    assert_eq!(discovered(&bed.bmdb, STRANGER_TEXT).await.unwrap().2, 1);
+
+    // Its initramfs carries the discovery boot's data; the agent enrolls
+    // with it, as a live agent enrolls.
+    let initrd_url = format!("http://10.77.0.1:{}/boot/{boot}/initrd", bed.http);
+    let initrd = ok(&mut bed.client.cmd(&["curl", "-sf", &initrd_url])).stdout;
+    let tail = &initrd[bed.initrd.len().div_ceil(4) * 4..];
+    use prost::Message as _;
+    let data = shepherd_proto::boot::BootData::decode(boot_data_file(tail).as_slice()).unwrap();
+    assert_eq!(data.machine_id, id.to_string());
+    let enrolled = bed
+        .bmdb
+        .transact(async |tx| {
+            shepherd::bmdb::boot::enroll(tx, id, &data.credential, &[5; 32], "10.77.0.1:1").await
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(enrolled, shepherd::bmdb::boot::Enrolled::Enrolled { .. }),
+        "{enrolled:?}"
+    );
+    // No control loop works on it: nothing is installed or erased.
+    let (status, body) = bed.api(
+        "POST",
+        &format!("/api/v1/machines/{id}/deprovision"),
+        Some(&serde_json::json!({"mode": "metadata"})),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("is discovered"), "{body}");
+
+    // It boots the network again: a new discovery boot.
+    assert!(ask(&bed, stranger).is_some(), "{}", bed.log_tail());
+    assert_eq!(discovered(&bed.bmdb, STRANGER_TEXT).await.unwrap().2, 2);
+
+    // The rate: three discovery boots a minute, the fourth unknown MAC
+    // waits.
+    let other = |last: u8| Pose {
+        mac: [0x52, 0x54, 0, 0xcc, 1, last],
+        ..Pose::pxe(0)
+    };
+    assert!(ask(&bed, other(1)).is_some());
+    assert!(ask(&bed, other(2)).is_none());
+    assert!(discovered(&bed.bmdb, "52:54:00:cc:01:02").await.is_none());
+    assert_eq!(
+        bed.metric(
+            "shepherd_netboot_dhcp_ignored_total",
+            "reason=\"discovery_rate\""
+        ),
+        1.0
+    );
+    assert_eq!(
+        bed.metric(
+            "shepherd_netboot_discovery_boots_total",
+            "kind=\"enlisted\""
+        ),
+        2.0
+    );
+    assert_eq!(
+        bed.metric("shepherd_netboot_discovery_boots_total", "kind=\"again\""),
+        1.0
+    );
+
+    // Accepting: a wrong field is named; the right BMC makes it an
+    // inventory machine whose live agent runs: available.
+    const PASSWORD: &str = "accept-pw-Zq9x";
+    let (status, body) = bed.api(
+        "POST",
+        &format!("/api/v1/machines/{id}/accept"),
+        Some(
+            &serde_json::json!({"bmc_url": "ftp://127.0.0.1", "bmc_username": "admin",
+                                 "bmc_password": PASSWORD}),
+        ),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("bmc_url"), "{body}");
+    let (status, body) = bed.api(
+        "POST",
+        &format!("/api/v1/machines/{id}/accept"),
+        Some(
+            &serde_json::json!({"bmc_url": "ipmi://127.0.0.1:9", "bmc_username": "admin",
+                                 "bmc_password": PASSWORD, "reason": "rack 9, unit 7"}),
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("discovered-525400cc0007"), "{body}");
+    assert!(!body.contains(PASSWORD));
+    let (status, body) = bed.api(
+        "POST",
+        &format!("/api/v1/machines/{id}/accept"),
+        Some(
+            &serde_json::json!({"bmc_url": "ipmi://127.0.0.1:9", "bmc_username": "admin",
+                                 "bmc_password": PASSWORD}),
+        ),
+    );
+    assert_eq!(status, 409, "accepted once only: {body}");
+
+    // The Provisioner's rounds keep it: the inventory lists it, booted
+    // from the network at its MAC.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, body) = bed.api("GET", &format!("/api/v1/machines/{id}"), None);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["machine"]["state"], "available", "{v}");
+    assert_eq!(
+        v["machine"]["provider_id"], "discovered-525400cc0007",
+        "{v}"
+    );
+    assert_eq!(v["tags"]["boot"], "network", "{v}");
+    assert_eq!(v["tags"]["boot_macs"][0], STRANGER_TEXT, "{v}");
+    assert_eq!(v["tags"]["discovered"]["accepted_by"], "ops", "{v}");
+    let audit = v["operator_actions"].as_array().unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|a| a["action"] == "accept" && a["reason"] == "rack 9, unit 7"),
+        "{v}"
+    );
+    assert!(!body.contains(PASSWORD));
+    // Accepted, it is no longer given discovery boots: it has no boot
+    // issued, so it boots its disk.
+    assert!(ask(&bed, stranger).is_none());
+    assert_eq!(discovered(&bed.bmdb, STRANGER_TEXT).await.unwrap().2, 2);
+    let log = std::fs::read_to_string(bed.dir.path().join("shepherd.log")).unwrap();
+    assert!(!log.contains(PASSWORD), "the BMC password is in the log");
+    assert!(!bed.metrics().contains(PASSWORD));
     bed.assert_running();
 }

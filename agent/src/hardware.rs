@@ -50,6 +50,7 @@ pub fn report_from(root: &Path) -> AgentHardwareReport {
         block_device: block_devices(root),
         network_interface: nics(root),
         efi_support: efi(root) as i32,
+        bmc_lan: None,
     };
     AgentHardwareReport {
         report: Some(node),
@@ -57,9 +58,19 @@ pub fn report_from(root: &Path) -> AgentHardwareReport {
     }
 }
 
-/// The report of this machine.
+/// The report of this machine, with its BMC's LAN channel where the BMC
+/// answers in-band.
 pub fn report() -> AgentHardwareReport {
-    report_from(Path::new("/"))
+    let mut r = report_from(Path::new("/"));
+    match crate::bmc_lan::read() {
+        Ok(lan) => {
+            if let Some(n) = r.report.as_mut() {
+                n.bmc_lan = lan;
+            }
+        }
+        Err(e) => r.warning.push(format!("bmc: not read in-band: {e}")),
+    }
+    r
 }
 
 fn memory(root: &Path, warnings: &mut Vec<String>) -> i64 {

@@ -13,13 +13,15 @@
 //! - [`resident`]: the heartbeat loop, parameterised by a [`resident::Host`].
 //! - [`callback`]: how an agent reaches the callback (TLS, gRPC, endpoint).
 //! - [`hardware`]: the hardware report read from /proc and /sys, and its
-//!   summary for operators.
+//!   summary for operators; [`bmc_lan`]: the BMC's LAN channel, read
+//!   in-band through the host's IPMI system interface.
 //! - [`install`]: operating system images written to a disk, streamed,
 //!   verified, resumed, bounded (CONTRACTS.md §4a).
 //! - [`program`]: the `takeover-agent` program itself.
 
 pub use shepherd_proto::{api, files, takeover};
 
+pub mod bmc_lan;
 pub mod callback;
 pub mod hardware;
 pub mod install;

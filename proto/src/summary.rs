@@ -17,7 +17,18 @@ pub struct HardwareSummary {
     pub disks: Vec<DiskSummary>,
     pub nics: Vec<NicSummary>,
     pub efi: String,
+    /// The BMC's LAN channel, as the agent read it in-band.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bmc_lan: Option<BmcLanSummary>,
     pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BmcLanSummary {
+    pub channel: u32,
+    pub ipv4_address: String,
+    pub address_source: String,
+    pub mac: String,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -45,6 +56,17 @@ pub struct NicSummary {
     pub driver: String,
     pub link_up: bool,
     pub speed_bytes: i64,
+}
+
+impl std::fmt::Display for BmcLanSummary {
+    /// `10.0.0.41 (dhcp), MAC 52:54:00:4e:10:04, LAN channel 1 (read in-band)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}), MAC {}, LAN channel {} (read in-band)",
+            self.ipv4_address, self.address_source, self.mac, self.channel
+        )
+    }
 }
 
 /// Decodes `hardware_report_raw` (an `AgentHardwareReport`).
@@ -86,12 +108,7 @@ pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
             .network_interface
             .into_iter()
             .map(|i| NicSummary {
-                mac: i
-                    .mac
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(":"),
+                mac: mac_text(&i.mac),
                 driver: i.driver,
                 link_up: i.link_up,
                 speed_bytes: i.current_speed_bytes,
@@ -104,8 +121,22 @@ pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
                     .to_string()
             })
             .unwrap_or_else(|_| n.efi_support.to_string()),
+        bmc_lan: n.bmc_lan.map(|b| BmcLanSummary {
+            channel: b.channel,
+            ipv4_address: b.ipv4_address,
+            address_source: b.address_source,
+            mac: mac_text(&b.mac),
+        }),
         warnings: r.warning,
     })
+}
+
+/// `52:54:00:12:34:56`.
+fn mac_text(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// `1.5 TiB`, `64 GiB`.
@@ -180,6 +211,9 @@ impl std::fmt::Display for HardwareSummary {
                     String::new()
                 }
             )?;
+        }
+        if let Some(b) = &self.bmc_lan {
+            writeln!(f, "bmc   {}", b)?;
         }
         for w in &self.warnings {
             writeln!(f, "warning {w}")?;

@@ -340,6 +340,7 @@ pub fn simulated_hardware(ip: IpAddr) -> shepherd_agent::api::AgentHardwareRepor
             block_device: vec![disk(0), disk(1)],
             network_interface: vec![nic(0), nic(1)],
             efi_support: EfiSupport::Enabled as i32,
+            bmc_lan: None,
         }),
         warning: vec![],
     }

@@ -231,6 +231,24 @@ pub(super) fn section(
         x.boots,
         humantime::format_rfc3339_seconds(x.last_boot_at),
     );
+    // Where its BMC is, if its agent read it in-band: the acceptance's
+    // likely URL.
+    let in_band = d
+        .hardware_report
+        .as_deref()
+        .and_then(|r| shepherd_proto::summary::summarize(r).ok())
+        .and_then(|h| h.bmc_lan)
+        .filter(|l| l.ipv4_address != "0.0.0.0");
+    if let Some(l) = &in_band {
+        let _ = write!(
+            b,
+            "<p id=\"discovered-bmc\">Its BMC, as its agent reads it in-band: {}.</p>",
+            esc(&l.to_string())
+        );
+    }
+    let url = in_band
+        .map(|l| format!("ipmi://{}", l.ipv4_address))
+        .unwrap_or_default();
     match (&x.accepted_at, form) {
         (Some(at), _) => {
             let _ = write!(
@@ -246,7 +264,7 @@ pub(super) fn section(
                 "<p>Nothing is installed on or erased from it until it is accepted with its BMC.</p>\
                  <form method=\"post\" action=\"{mid}/accept\" id=\"form-accept\">\
                  <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-                 <input type=\"text\" name=\"bmc_url\" placeholder=\"https://bmc or ipmi://bmc\" required size=\"28\"> \
+                 <input type=\"text\" name=\"bmc_url\" placeholder=\"https://bmc or ipmi://bmc\" value=\"{url}\" required size=\"28\"> \
                  <input type=\"text\" name=\"bmc_username\" placeholder=\"BMC user\" required size=\"12\"> \
                  <input type=\"password\" name=\"bmc_password\" placeholder=\"BMC password\" required size=\"12\" autocomplete=\"off\"> \
                  <select name=\"bmc_tls\"><option>verify</option><option>insecure</option></select> \
@@ -256,6 +274,7 @@ pub(super) fn section(
                 crate::bmdb::actions::MAX_REASON,
                 mid = esc(mid),
                 csrf = esc(csrf),
+                url = esc(&url),
             );
         }
         (None, None) => b.push_str(

@@ -813,6 +813,13 @@ pub(super) async fn machine_page(
                 shepherd_proto::summary::bytes(h.memory_bytes),
                 esc(&h.efi)
             );
+            if let Some(l) = &h.bmc_lan {
+                let _ = write!(
+                    b,
+                    "<tr><th>BMC</th><td id=\"bmc-lan\">{}</td></tr>",
+                    esc(&l.to_string())
+                );
+            }
             for c in &h.cpus {
                 let _ = write!(
                     b,

@@ -220,6 +220,14 @@ pub async fn accept(
         &[&machine_id, &actor],
     )
     .await?;
+    // Its discovery boots not used yet are void: from now on the Enroller
+    // boots it through its BMC, when it needs to.
+    tx.execute(
+        "UPDATE machine_boot_credential SET expires_at = least(expires_at, now()) \
+          WHERE machine_id = $1 AND used_at IS NULL",
+        &[&machine_id],
+    )
+    .await?;
     Ok(Ok(format!(
         "accepted as inventory host {host_id} with BMC {} (boots the network from {mac})",
         a.url

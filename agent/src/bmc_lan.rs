@@ -195,7 +195,7 @@ fn command(
                 return Err(e);
             }
         }
-        if recv.recv_type == RESPONSE_RECV_TYPE && recv.msgid as i64 == msgid {
+        if recv.recv_type == RESPONSE_RECV_TYPE && i64::from(recv.msgid) == msgid {
             let len = (recv.msg.data_len as usize).min(buf.len());
             return Ok(buf[..len].to_vec());
         }

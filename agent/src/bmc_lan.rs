@@ -118,7 +118,7 @@ const RESPONSE_RECV_TYPE: libc::c_int = 1;
 /// One command to the BMC: its answer (completion code first).
 fn command(
     dev: &std::fs::File,
-    msgid: i64,
+    msgid: libc::c_long,
     netfn: u8,
     cmd: u8,
     data: &[u8],
@@ -134,7 +134,7 @@ fn command(
     let mut req = IpmiReq {
         addr: (&mut addr as *mut SystemInterfaceAddr).cast(),
         addr_len: std::mem::size_of::<SystemInterfaceAddr>() as libc::c_uint,
-        msgid: msgid as libc::c_long,
+        msgid,
         msg: IpmiMsg {
             netfn,
             cmd,
@@ -195,7 +195,7 @@ fn command(
                 return Err(e);
             }
         }
-        if recv.recv_type == RESPONSE_RECV_TYPE && i64::from(recv.msgid) == msgid {
+        if recv.recv_type == RESPONSE_RECV_TYPE && recv.msgid == msgid {
             let len = (recv.msg.data_len as usize).min(buf.len());
             return Ok(buf[..len].to_vec());
         }
@@ -217,7 +217,7 @@ pub fn read() -> Result<Option<BmcLan>, String> {
         return Ok(None);
     };
     let wait = Duration::from_secs(3);
-    let mut id = 0i64;
+    let mut id: libc::c_long = 0;
     let mut ask = |netfn, cmd, data: &[u8]| {
         id += 1;
         command(&dev, id, netfn, cmd, data, wait)

@@ -297,7 +297,7 @@ async fn migrate_applies_then_reports_up_to_date() {
     let second = run();
     assert!(second.status.success(), "{}", stderr(&second));
     assert!(
-        stdout(&second).contains("up to date (version 15)"),
+        stdout(&second).contains("up to date (version 16)"),
         "{}",
         stdout(&second)
     );

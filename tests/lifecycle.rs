@@ -179,22 +179,12 @@ async fn discovered(bmdb: &Bmdb) -> Uuid {
     .parse()
     .unwrap();
     bmdb.transact(async |tx| {
-        let b = shepherd::bmdb::discovery::enlist(tx, mac, "uefi", Duration::from_secs(600))
+        let id = shepherd::bmdb::discovery::enlist(tx, mac, "uefi")
             .await?
             .expect("a new MAC");
-        let boot = shepherd::bmdb::boot::latest(tx, b.machine_id)
-            .await?
-            .expect("its discovery boot");
-        let credential: Vec<u8> = tx
-            .query_one(
-                "SELECT credential FROM machine_boot_credential WHERE boot_id = $1",
-                &[&boot.boot_id],
-            )
-            .await?
-            .get(0);
-        shepherd::bmdb::boot::enroll(tx, b.machine_id, &credential, &[9; 32], "127.0.0.1:1")
-            .await?;
-        Ok(b.machine_id)
+        let boot = shepherd::bmdb::boot::issue(tx, id, Duration::from_secs(600)).await?;
+        shepherd::bmdb::boot::enroll(tx, id, &boot.credential, &[9; 32], "127.0.0.1:1").await?;
+        Ok(id)
     })
     .await
     .unwrap()

@@ -8,11 +8,10 @@
 //! static inventory, `machine_bmc_boot` booting the network, its BMC in
 //! `machine_accepted_bmc`, which the inventory lists).
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use uuid::Uuid;
 
-use super::netboot::MacBoot;
 use super::{BmdbError, Provider, Tx};
 use crate::mac::MacAddr;
 
@@ -26,16 +25,16 @@ const ENLIST_MAC: &str = "INSERT INTO machine_boot_mac (mac, machine_id) VALUES 
 const ENLIST: &str = "INSERT INTO machine_discovered (machine_id, mac, firmware, discovered_at, last_boot_at) \
      VALUES ($1, $2::text::macaddr, $3, now(), now())";
 
-/// Enlists `mac` as a new discovered machine with a discovery boot good
-/// for `ttl`. None when the MAC became a machine's meanwhile (another
-/// shepherd, or another packet of the same client, enlisted it): nothing
-/// is written, and the caller looks it up again.
+/// Enlists `mac` as a new discovered machine: its ID (the caller issues
+/// its discovery boot, `boot::issue`, in the same transaction). None when
+/// the MAC became a machine's meanwhile (another shepherd, or another
+/// packet of the same client, enlisted it): nothing is written, and the
+/// caller looks it up again.
 pub async fn enlist(
     tx: &mut Tx<'_>,
     mac: MacAddr,
     firmware: &str,
-    ttl: Duration,
-) -> Result<Option<MacBoot>, BmdbError> {
+) -> Result<Option<Uuid>, BmdbError> {
     let machine_id = Uuid::new_v4();
     tx.execute(
         "INSERT INTO machines (machine_id, machine_created_at) VALUES ($1, now())",
@@ -50,21 +49,14 @@ pub async fn enlist(
     }
     tx.execute(ENLIST, &[&machine_id, &mac_s, &firmware])
         .await?;
-    let boot = super::boot::issue(tx, machine_id, ttl).await?;
-    Ok(Some(MacBoot {
-        machine_id,
-        boot_id: boot.boot_id,
-    }))
+    Ok(Some(machine_id))
 }
 
-/// A discovered machine (not accepted) boots the network again: a new
-/// discovery boot for `ttl` (the older ones are void). None when it is
-/// not a discovered machine (accepted meanwhile, or never was).
-pub async fn boot_again(
-    tx: &mut Tx<'_>,
-    machine_id: Uuid,
-    ttl: Duration,
-) -> Result<Option<MacBoot>, BmdbError> {
+/// A discovered machine (not accepted) boots the network again: counted,
+/// true (the caller issues its new discovery boot, which voids the older
+/// ones). False when it is not a discovered machine (accepted meanwhile,
+/// or never was).
+pub async fn boot_again(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<bool, BmdbError> {
     let n = tx
         .execute(
             "UPDATE machine_discovered SET last_boot_at = now(), boots = boots + 1 \
@@ -72,14 +64,7 @@ pub async fn boot_again(
             &[&machine_id],
         )
         .await?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let boot = super::boot::issue(tx, machine_id, ttl).await?;
-    Ok(Some(MacBoot {
-        machine_id,
-        boot_id: boot.boot_id,
-    }))
+    Ok(n == 1)
 }
 
 /// What the fleet knows of a machine that enlisted itself.

@@ -375,16 +375,27 @@ async fn discovery_boot(
     }
     let (mac, ttl) = (req.mac, shared.cfg.discover_ttl);
     let firmware = crate::bmdb::discovery::firmware_of_arch(req.asker.arch().unwrap_or(0));
-    let boot = ask(shared, async |tx| match machine {
-        None => match crate::bmdb::discovery::enlist(tx, mac, firmware, ttl).await? {
-            Some(b) => Ok(Some(b)),
-            // Enlisted meanwhile (its other packet, or another shepherd).
-            None => Ok(match crate::bmdb::netboot::lookup(tx, mac).await? {
-                MacLookup::Boot(b) => Some(b),
-                _ => None,
-            }),
-        },
-        Some(m) => crate::bmdb::discovery::boot_again(tx, m, ttl).await,
+    use crate::bmdb::discovery;
+    let boot = ask(shared, async |tx| {
+        let machine_id = match machine {
+            None => match discovery::enlist(tx, mac, firmware).await? {
+                Some(m) => m,
+                // Enlisted meanwhile (its other packet, or another shepherd).
+                None => {
+                    return Ok(match crate::bmdb::netboot::lookup(tx, mac).await? {
+                        MacLookup::Boot(b) => Some(b),
+                        _ => None,
+                    });
+                }
+            },
+            Some(m) if discovery::boot_again(tx, m).await? => m,
+            Some(_) => return Ok(None),
+        };
+        let b = crate::bmdb::boot::issue(tx, machine_id, ttl).await?;
+        Ok(Some(crate::bmdb::netboot::MacBoot {
+            machine_id,
+            boot_id: b.boot_id,
+        }))
     })
     .await??;
     shared.metrics.discovered(machine.is_none());

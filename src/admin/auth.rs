@@ -176,6 +176,20 @@ pub trait Form: serde::de::DeserializeOwned {
     fn csrf(&self) -> &str;
 }
 
+/// A machine page's posted form, checked as [`checked_form`] checks it
+/// (its CSRF token bound to the machine): the form, the operator, and the
+/// link back to the machine's page for an error page.
+pub(super) fn machine_form<T: Form>(
+    admin: &Admin,
+    req: &HttpRequest,
+    body: &[u8],
+    machine: &str,
+) -> Result<(T, Operator, String), HttpResponse> {
+    let back = format!("../{}", super::html::esc(machine));
+    let (form, operator) = checked_form::<T>(admin, req, body, machine, &back)?;
+    Ok((form, operator, back))
+}
+
 /// A page's posted form, checked: from this site, parsed, by a logged-in
 /// operator, with a CSRF token bound to `bound` (a machine ID, or a form's
 /// name). Otherwise the error page, with a link back to `back`.

@@ -10,7 +10,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::html::{error_page, esc};
+use super::html::{back_to_machine, error_page, esc};
 use super::request::check_reason;
 use super::state::{Admin, Operator};
 use crate::bmdb::actions::{self, Action, Audit, Outcome};
@@ -178,9 +178,8 @@ pub(super) async fn accept_form(
     id: web::Path<String>,
     form: web::Bytes,
 ) -> HttpResponse {
-    let back = format!("../{}", esc(&id));
-    let (form, operator) =
-        match super::auth::checked_form::<AcceptForm>(&admin, &req, &form, &id, &back) {
+    let (form, operator, back) =
+        match super::auth::machine_form::<AcceptForm>(&admin, &req, &form, &id) {
             Ok(v) => v,
             Err(r) => return r,
         };
@@ -196,16 +195,7 @@ pub(super) async fn accept_form(
         request_id: None,
     };
     match accept(&admin, &operator, &id, body).await {
-        Ok(a) => HttpResponse::SeeOther()
-            .insert_header((
-                "Location",
-                format!(
-                    "{}?done={}#history",
-                    req.path().trim_end_matches("/accept"),
-                    a.id
-                ),
-            ))
-            .finish(),
+        Ok(a) => back_to_machine(&req, "accept", a.id, "history"),
         Err((status, msg)) => error_page(status, &msg, &back),
     }
 }

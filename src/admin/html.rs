@@ -47,6 +47,21 @@ pub fn page(title: &str, body: &str, refresh: bool) -> HttpResponse {
         .body(html(title, body, refresh))
 }
 
+/// After a machine page's form: back to the machine's page (the posted
+/// path without its last segment, `action`, wherever the routes are
+/// mounted), showing what was done (`done`) at `anchor`.
+pub fn back_to_machine(
+    req: &actix_web::HttpRequest,
+    action: &str,
+    done: uuid::Uuid,
+    anchor: &str,
+) -> HttpResponse {
+    let page = req.path().trim_end_matches(action).trim_end_matches('/');
+    HttpResponse::SeeOther()
+        .insert_header(("Location", format!("{page}?done={done}#{anchor}")))
+        .finish()
+}
+
 pub fn error_page(status: actix_web::http::StatusCode, message: &str, back: &str) -> HttpResponse {
     let body = format!(
         "<p class=\"error\" id=\"error\">{}</p><p><a href=\"{}\">back</a></p>",

@@ -15,7 +15,7 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::api::phase_name;
 use super::auth;
-use super::html::{error_page, esc, page};
+use super::html::{back_to_machine, error_page, esc, page};
 use super::installs::{self, DiskBody, ImageBody, InstallBody, RolloutBody};
 use super::request::internal;
 use super::state::{Admin, Operator};
@@ -345,8 +345,7 @@ pub(super) async fn install_form(
     id: web::Path<String>,
     form: web::Bytes,
 ) -> HttpResponse {
-    let back = format!("../{}", esc(&id));
-    let (form, operator) = match auth::checked_form::<ImageForm>(&admin, &req, &form, &id, &back) {
+    let (form, operator, back) = match auth::machine_form::<ImageForm>(&admin, &req, &form, &id) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -360,16 +359,7 @@ pub(super) async fn install_form(
         request_id: None,
     };
     match installs::install(&admin, &operator, &id, body).await {
-        Ok((_, a)) => HttpResponse::SeeOther()
-            .insert_header((
-                "Location",
-                format!(
-                    "{}?done={}#installation",
-                    req.path().trim_end_matches("/install"),
-                    a.id
-                ),
-            ))
-            .finish(),
+        Ok((_, a)) => back_to_machine(&req, "install", a.id, "installation"),
         Err((status, msg)) => error_page(status, &msg, &back),
     }
 }
@@ -398,9 +388,8 @@ pub(super) async fn deprovision_form(
     id: web::Path<String>,
     form: web::Bytes,
 ) -> HttpResponse {
-    let back = format!("../{}", esc(&id));
-    let (form, operator) =
-        match auth::checked_form::<DeprovisionForm>(&admin, &req, &form, &id, &back) {
+    let (form, operator, back) =
+        match auth::machine_form::<DeprovisionForm>(&admin, &req, &form, &id) {
             Ok(v) => v,
             Err(r) => return r,
         };
@@ -410,16 +399,7 @@ pub(super) async fn deprovision_form(
         ..Default::default()
     };
     match installs::deprovision(&admin, &operator, &id, body).await {
-        Ok((_, a)) => HttpResponse::SeeOther()
-            .insert_header((
-                "Location",
-                format!(
-                    "{}?done={}#installation",
-                    req.path().trim_end_matches("/deprovision"),
-                    a.id
-                ),
-            ))
-            .finish(),
+        Ok((_, a)) => back_to_machine(&req, "deprovision", a.id, "installation"),
         Err((status, msg)) => error_page(status, &msg, &back),
     }
 }

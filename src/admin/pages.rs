@@ -15,7 +15,7 @@ use super::auth;
 use super::handlers::{
     ActionBody, Listing, ReleaseBody, load_detail, release_brake, run_action, status,
 };
-use super::html::{REFRESH_SECONDS, error_page, esc, page};
+use super::html::{REFRESH_SECONDS, back_to_machine, error_page, esc, page};
 use super::install_pages::{fleet_rollout_form, machine_section};
 use super::request::{Page, Query, internal};
 use super::state::{Admin, Operator};
@@ -954,8 +954,7 @@ pub(super) async fn form_action(
     form: web::Bytes,
 ) -> HttpResponse {
     let (id, action) = path.into_inner();
-    let back = format!("../{}", esc(&id));
-    let (form, operator) = match auth::checked_form::<ActionForm>(&admin, &req, &form, &id, &back) {
+    let (form, operator, back) = match auth::machine_form::<ActionForm>(&admin, &req, &form, &id) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -969,16 +968,7 @@ pub(super) async fn form_action(
     };
     match run_action(&admin, &operator, &id, &action, body).await {
         // Back to the machine page, wherever the routes are mounted.
-        Ok(a) => HttpResponse::SeeOther()
-            .insert_header((
-                "Location",
-                format!(
-                    "{}?done={}#history",
-                    req.path().trim_end_matches(&action).trim_end_matches('/'),
-                    a.id
-                ),
-            ))
-            .finish(),
+        Ok(a) => back_to_machine(&req, &action, a.id, "history"),
         Err((status, msg)) => error_page(status, &msg, &back),
     }
 }

@@ -219,28 +219,19 @@ pub async fn accept(
     )))
 }
 
-/// An accepted machine as the static inventory lists it.
-#[derive(Clone)]
+/// An accepted machine as the static inventory lists it: its acceptance
+/// (`host_id` always set), and what it enlisted with.
+#[derive(Clone, Debug)]
 pub struct AcceptedHost {
     pub machine_id: Uuid,
-    pub host_id: String,
     pub mac: MacAddr,
     pub firmware: String,
-    pub url: String,
-    pub username: String,
-    pub password: String,
-    pub system: Option<String>,
-    pub tls: String,
+    pub acceptance: Acceptance,
 }
 
-impl std::fmt::Debug for AcceptedHost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AcceptedHost")
-            .field("machine_id", &self.machine_id)
-            .field("host_id", &self.host_id)
-            .field("mac", &self.mac)
-            .field("url", &self.url)
-            .finish_non_exhaustive()
+impl AcceptedHost {
+    pub fn host_id(&self) -> &str {
+        self.acceptance.host_id.as_deref().unwrap_or_default()
     }
 }
 
@@ -260,14 +251,16 @@ pub async fn accepted(tx: &mut Tx<'_>) -> Result<Vec<AcceptedHost>, BmdbError> {
         .filter_map(|r| {
             Some(AcceptedHost {
                 machine_id: r.get(0),
-                host_id: r.get(1),
                 mac: r.get::<_, String>(2).parse().ok()?,
                 firmware: r.get(3),
-                url: r.get(4),
-                username: r.get(5),
-                password: r.get(6),
-                system: r.get(7),
-                tls: r.get(8),
+                acceptance: Acceptance {
+                    host_id: Some(r.get(1)),
+                    url: r.get(4),
+                    username: r.get(5),
+                    password: r.get(6),
+                    system: r.get(7),
+                    tls: r.get(8),
+                },
             })
         })
         .collect())

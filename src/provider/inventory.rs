@@ -188,16 +188,17 @@ impl Inventory {
 /// An accepted machine as an inventory host: its BMC, booted from the
 /// network at the MAC it enlisted from.
 fn accepted_host(a: &crate::bmdb::discovery::AcceptedHost) -> InventoryMachine {
+    let b = &a.acceptance;
     InventoryMachine {
-        id: a.host_id.clone(),
+        id: a.host_id().to_string(),
         address: None,
         location: None,
         bmc: Some(crate::config::BmcConfig {
-            url: a.url.clone(),
-            username: a.username.clone(),
-            password: crate::secret::Secret::inline(a.password.clone()),
-            system: a.system.clone(),
-            tls: crate::config::inventory::BmcTls::from_stored(&a.tls),
+            url: b.url.clone(),
+            username: b.username.clone(),
+            password: crate::secret::Secret::inline(b.password.clone()),
+            system: b.system.clone(),
+            tls: crate::config::inventory::BmcTls::from_stored(&b.tls),
         }),
         boot: Some(BootMethod::Network),
         mac: Some(a.mac),

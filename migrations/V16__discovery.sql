@@ -4,8 +4,8 @@
 -- nothing is installed on or erased from it until an operator accepts it
 -- with its BMC, which makes it an inventory machine like any other.
 
--- One row per machine that enlisted itself. `accepted_at` NULL: still
--- `discovered` (no control loop works on it).
+-- One row per machine that enlisted itself. `accepted_at` NULL, or its
+-- erasure pending: still `discovered` (no control loop works on it).
 CREATE TABLE machine_discovered (
     machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
     -- The provisioning NIC it booted from (also its `machine_boot_mac`).
@@ -17,7 +17,12 @@ CREATE TABLE machine_discovered (
     last_boot_at timestamptz NOT NULL,
     boots integer NOT NULL DEFAULT 1,
     accepted_at timestamptz NULL,
-    accepted_by text NULL
+    accepted_by text NULL,
+    -- Accepted, its disks not yet asked erased: that waits for its BMC's
+    -- facts, checked against its agent's report (the Updater asks it);
+    -- until then it stays `discovered`. Why the last ask was refused.
+    erase_pending boolean NOT NULL DEFAULT false,
+    erase_refused text NULL
 );
 
 -- An accepted machine's BMC, as the inventory lists it: the static
@@ -45,13 +50,13 @@ BEGIN
     IF TG_OP = 'DELETE' THEN
         UPDATE machine_summary SET discovered = false WHERE machine_id = OLD.machine_id;
     ELSE
-        UPDATE machine_summary SET discovered = (NEW.accepted_at IS NULL)
+        UPDATE machine_summary SET discovered = (NEW.accepted_at IS NULL OR NEW.erase_pending)
          WHERE machine_id = NEW.machine_id;
     END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER machine_summary_discovered
-    AFTER INSERT OR DELETE OR UPDATE OF accepted_at ON machine_discovered
+    AFTER INSERT OR DELETE OR UPDATE OF accepted_at, erase_pending ON machine_discovered
     FOR EACH ROW EXECUTE FUNCTION machine_summary_on_discovered();
 
 ALTER TABLE operator_action DROP CONSTRAINT operator_action_action_check;

@@ -127,6 +127,19 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             }
         }
         written += changed.len() as u64;
+        // Accepted machines whose BMC is read now: their erasure asked.
+        let erasures = session
+            .transact(async |tx| crate::bmdb::installations::erase_accepted(tx).await)
+            .await
+            .map_err(|e| format!("asking accepted machines' erasures: {e}"))?;
+        for e in erasures.iter().filter(|e| e.asked.is_ok() || e.new) {
+            match &e.asked {
+                Ok(g) => tracing::info!(machine_id = %e.machine_id, generation = g,
+                    "accepted machine: its BMC read, its disks' erasure asked before it is available"),
+                Err(why) => tracing::warn!(machine_id = %e.machine_id, %why,
+                    "accepted machine: its disks' erasure cannot be asked yet"),
+            }
+        }
     }
     let by_id: HashMap<&str, &ProviderMachine> = listed
         .iter()

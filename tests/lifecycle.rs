@@ -497,6 +497,24 @@ async fn apply(
                 Ok(other) => return Err(format!("accept: {other:?}")),
                 Err(e) => return Err(format!("accept: {e}")),
             }
+            // Still discovered until its BMC is read; then the Updater asks
+            // its disks erased.
+            if state(bmdb, id).await != Some(MachineState::Discovered) {
+                return Err("accepted, it is no longer discovered before its BMC is read".into());
+            }
+            sql(
+                bmdb,
+                "INSERT INTO machine_bmc_facts (machine_id, bmc_url) VALUES ($1, 'https://127.0.0.1:1')",
+                id,
+            )
+            .await;
+            let erased = bmdb
+                .transact(async |tx| installations::erase_accepted(tx).await)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !erased.iter().any(|e| e.machine_id == id && e.asked.is_ok()) {
+                return Err(format!("its erasure was not asked: {erased:?}"));
+            }
         }
         Event::InspectAsked => act(Action::Inspect).await?,
         Event::Held => act(Action::Hold).await?,

@@ -1179,7 +1179,7 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
     );
 
     // Accepting: a wrong field is named; the right BMC makes it an
-    // inventory machine whose live agent runs: available.
+    // inventory machine whose live agent erases its disks first.
     const PASSWORD: &str = "accept-pw-Zq9x";
     let (status, body) = bed.api(
         "POST",
@@ -1210,7 +1210,10 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
                                  "bmc_password": PASSWORD}),
         ),
     );
-    assert_eq!(status, 409, "accepted once only: {body}");
+    assert_eq!(
+        status, 200,
+        "accepted again while its erasure waits: {body}"
+    );
 
     // The Provisioner's rounds keep it: the inventory lists it, booted
     // from the network at its MAC.
@@ -1218,7 +1221,11 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
     let (status, body) = bed.api("GET", &format!("/api/v1/machines/{id}"), None);
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["machine"]["state"], "available", "{v}");
+    // Its BMC (nothing listens there) is never read: it stays discovered,
+    // its erasure waiting, nothing erased.
+    assert_eq!(v["machine"]["state"], "discovered", "{v}");
+    assert_eq!(v["tags"]["discovered"]["erase_pending"], true, "{v}");
+    assert!(v["installation"].is_null(), "{v}");
     assert_eq!(
         v["machine"]["provider_id"], "discovered-525400cc0007",
         "{v}"

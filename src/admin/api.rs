@@ -271,6 +271,10 @@ pub struct Discovered {
     pub boots: i32,
     pub accepted_at: Option<String>,
     pub accepted_by: Option<String>,
+    /// Accepted, its disks' erasure not asked yet: it waits for its BMC to
+    /// be read and to agree with its agent (`erase_refused`: why not yet).
+    pub erase_pending: bool,
+    pub erase_refused: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -447,6 +451,8 @@ impl From<&MachineDetail> for MachineDetailBody {
                     boots: x.boots,
                     accepted_at: x.accepted_at.map(rfc3339),
                     accepted_by: x.accepted_by.clone(),
+                    erase_pending: x.erase_pending,
+                    erase_refused: x.erase_refused.clone(),
                 }),
             },
             leases: d

@@ -2,8 +2,10 @@
 //! /api/v1/machines/{id}/accept` with its BMC, the machine page's form,
 //! and the command line (`shepherd machines accept`) all go through
 //! [`accept`]: the BMC checked as an inventory host's, then one audited
-//! action. The password is kept in the BMDB for the inventory, and never
-//! shown or logged.
+//! action (its disks' erasure follows once its BMC is read and agrees
+//! with its agent: `installations::erase_accepted`, the Updater's). The
+//! password is kept in the BMDB for the inventory, and never shown or
+//! logged.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -243,9 +245,18 @@ pub(super) fn section(
         (Some(at), _) => {
             let _ = write!(
                 b,
-                "<p id=\"accepted\">Accepted by {} on {}: an inventory machine.</p>",
+                "<p id=\"accepted\">Accepted by {} on {}: an inventory machine{}.</p>",
                 esc(x.accepted_by.as_deref().unwrap_or("?")),
-                humantime::format_rfc3339_seconds(*at)
+                humantime::format_rfc3339_seconds(*at),
+                match (x.erase_pending, &x.erase_refused) {
+                    (true, Some(why)) =>
+                        format!("; its disks are erased once this is resolved: {}", esc(why)),
+                    (true, None) => {
+                        "; its disks are erased once its BMC is read and agrees with its agent"
+                            .to_string()
+                    }
+                    (false, _) => String::new(),
+                }
             );
         }
         (None, Some((mid, csrf))) => {

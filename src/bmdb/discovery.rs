@@ -80,13 +80,18 @@ pub struct Discovery {
     #[serde(with = "humantime_serde")]
     pub accepted_at: Option<SystemTime>,
     pub accepted_by: Option<String>,
+    /// Accepted, its erasure not asked yet (waiting for its BMC).
+    pub erase_pending: bool,
+    /// Why the erasure's last ask was refused.
+    pub erase_refused: Option<String>,
 }
 
 /// `machine_id`'s discovery, if it enlisted itself.
 pub async fn of(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<Discovery>, BmdbError> {
     Ok(tx
         .query_opt(
-            "SELECT mac::text, firmware, discovered_at, last_boot_at, boots, accepted_at, accepted_by \
+            "SELECT mac::text, firmware, discovered_at, last_boot_at, boots, accepted_at, accepted_by, \
+                    erase_pending, erase_refused \
                FROM machine_discovered WHERE machine_id = $1",
             &[&machine_id],
         )
@@ -99,6 +104,8 @@ pub async fn of(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<Discovery>, 
             boots: r.get(4),
             accepted_at: r.get(5),
             accepted_by: r.get(6),
+            erase_pending: r.get(7),
+            erase_refused: r.get(8),
         }))
 }
 
@@ -149,8 +156,8 @@ pub async fn accept(
 ) -> Result<Result<String, String>, BmdbError> {
     let Some(row) = tx
         .query_opt(
-            "SELECT mac::text FROM machine_discovered \
-              WHERE machine_id = $1 AND accepted_at IS NULL FOR UPDATE",
+            "SELECT mac::text, accepted_at IS NOT NULL FROM machine_discovered \
+              WHERE machine_id = $1 AND (accepted_at IS NULL OR erase_pending) FOR UPDATE",
             &[&machine_id],
         )
         .await?
@@ -160,6 +167,18 @@ pub async fn accept(
         )));
     };
     let mac: String = row.get(0);
+    if row.get::<_, bool>(1) {
+        // Accepted before, its erasure still waiting (its BMC unread, or
+        // not agreeing with its agent): this acceptance's BMC replaces
+        // that one's, read afresh.
+        tx.execute(
+            "WITH a AS (DELETE FROM machine_accepted_bmc WHERE machine_id = $1), \
+                  f AS (DELETE FROM machine_bmc_facts WHERE machine_id = $1) \
+             DELETE FROM machine_provided WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?;
+    }
     let host_id = a.host_id.clone().unwrap_or_else(|| default_host_id(&mac));
     let taken = tx
         .query_opt(
@@ -201,7 +220,8 @@ pub async fn accept(
     )
     .await?;
     tx.execute(
-        "UPDATE machine_discovered SET accepted_at = now(), accepted_by = $2 WHERE machine_id = $1",
+        "UPDATE machine_discovered SET accepted_at = now(), accepted_by = $2, erase_pending = true \
+          WHERE machine_id = $1",
         &[&machine_id, &actor],
     )
     .await?;
@@ -214,7 +234,8 @@ pub async fn accept(
     )
     .await?;
     Ok(Ok(format!(
-        "accepted as inventory host {host_id} with BMC {} (boots the network from {mac})",
+        "accepted as inventory host {host_id} with BMC {} (boots the network from {mac}); \
+         its disks are erased once its BMC is read and agrees with its agent, then it is available",
         a.url
     )))
 }
@@ -264,4 +285,53 @@ pub async fn accepted(tx: &mut Tx<'_>) -> Result<Vec<AcceptedHost>, BmdbError> {
             })
         })
         .collect())
+}
+
+/// Accepted machines whose erasure waits, now that their BMC has been read
+/// (`machine_bmc_facts`, its last read a success): each with who accepted
+/// it. Locked for the
+/// caller's transaction.
+pub async fn erasures_due(tx: &mut Tx<'_>) -> Result<Vec<(Uuid, String)>, BmdbError> {
+    Ok(tx
+        .query(
+            "SELECT d.machine_id, COALESCE(d.accepted_by, 'shepherd') FROM machine_discovered d \
+               JOIN machine_bmc_facts f ON f.machine_id = d.machine_id AND f.read_error IS NULL \
+              WHERE d.erase_pending FOR UPDATE OF d SKIP LOCKED",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// The erasure of accepted machine `machine_id` is asked (`Ok`) or was
+/// refused (`Err`, why: kept, and its erasure still pending). True when
+/// the refusal is new (worth a line in the log).
+pub async fn erasure_asked(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    refused: Option<&str>,
+) -> Result<bool, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "WITH old AS (SELECT erase_refused FROM machine_discovered WHERE machine_id = $1) \
+             UPDATE machine_discovered SET erase_pending = ($2::text IS NOT NULL), erase_refused = $2 \
+              WHERE machine_id = $1 \
+             RETURNING (SELECT erase_refused FROM old) IS DISTINCT FROM $2::text",
+            &[&machine_id, &refused],
+        )
+        .await?
+        .is_some_and(|r| r.get(0)))
+}
+
+/// Clears the pending flag for the ask in hand (the life cycle allows a
+/// deprovisioning only once the machine is no longer `discovered`).
+pub async fn erasure_asking(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "UPDATE machine_discovered SET erase_pending = false WHERE machine_id = $1",
+        &[&machine_id],
+    )
+    .await?;
+    Ok(())
 }

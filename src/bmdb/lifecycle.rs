@@ -235,7 +235,7 @@ impl Event {
             Event::Released => "release",
             Event::ProviderForgot => "provider forgot it",
             Event::ProviderListed => "provider lists it",
-            Event::Accepted => "accept",
+            Event::Accepted => "accept (its BMC read)",
         }
     }
 }
@@ -287,9 +287,10 @@ pub const TRANSITIONS: &[(MachineState, Event, MachineState)] = &[
     // The provider.
     (Pending, Event::ProviderForgot, Unprovided),
     (Unprovided, Event::ProviderListed, Pending),
-    // Machines that enlisted themselves: accepted with their BMC, an
-    // inventory machine whose live agent runs.
-    (Discovered, Event::Accepted, Available),
+    // Machines that enlisted themselves: accepted with their BMC (and,
+    // once the BMC is read and agrees with the agent, the erasure asked),
+    // an inventory machine whose live agent erases its disks first.
+    (Discovered, Event::Accepted, Cleaning),
 ];
 
 /// The transitions as the guide shows them, a table.
@@ -471,6 +472,7 @@ impl Operation {
                 CleanFailed,
             ],
             Operation::AcceptHardware => &[
+                Discovered,
                 Pending,
                 Backoff,
                 Leased,
@@ -508,7 +510,8 @@ impl Operation {
                 InstallFailed,
                 CleanFailed,
             ],
-            // Only what enlisted itself, and only once.
+            // Only what enlisted itself (again while its erasure waits: a BMC
+            // given wrong is given anew).
             Operation::Accept => &[Discovered],
         }
     }

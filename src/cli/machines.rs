@@ -332,9 +332,14 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                 );
                 match (x.accepted_at, &x.accepted_by) {
                     (Some(t), by) => println!(
-                        "  accepted         by {} at {}",
+                        "  accepted         by {} at {}{}",
                         by.as_deref().unwrap_or("?"),
-                        at(t)
+                        at(t),
+                        match (x.erase_pending, &x.erase_refused) {
+                            (true, Some(why)) => format!("; its erasure waits: {why}"),
+                            (true, None) => "; its erasure waits for its BMC to be read".into(),
+                            (false, _) => String::new(),
+                        }
                     ),
                     (None, _) => println!(
                         "  accepted         not yet: `shepherd machines accept {} --bmc-url … --bmc-username … --bmc-password-file …`",

@@ -486,3 +486,45 @@ async fn record(
         audit: audit_from(&row),
     })
 }
+
+/// Accepted machines whose BMC has been read since (`discovery`): their
+/// disks' erasure asked, as whoever accepted them (a machine that
+/// enlisted itself may hold anyone's data, and `available` promises none),
+/// once its BMC agrees with its agent's report. Each machine, and the
+/// generation asked or why it was refused (the refusal kept, the erasure
+/// still pending); `new`: the outcome differs from the last round's.
+pub async fn erase_accepted(tx: &mut Tx<'_>) -> Result<Vec<ErasureOfAccepted>, BmdbError> {
+    use crate::bmdb::discovery;
+    let mut out = Vec::new();
+    for (m, actor) in discovery::erasures_due(tx).await? {
+        // No longer `discovered`: the life cycle allows the erasure.
+        discovery::erasure_asking(tx, m).await?;
+        let asker = Asker {
+            actor: &actor,
+            action_id: Uuid::new_v4(),
+            rollout_id: None,
+            reason: Some("accepted: its disks erased before it is available"),
+        };
+        let erasure = DiskErasure::default();
+        let asked = match ask_for(tx, m, Work::Erase(&erasure), &asker).await? {
+            Asked::Done { generation, .. } => Ok(generation),
+            Asked::Refused(why) => Err(why),
+            Asked::NotFound => Err(format!("machine {m} is not in the BMDB")),
+        };
+        let new = discovery::erasure_asked(tx, m, asked.as_ref().err().map(String::as_str)).await?;
+        out.push(ErasureOfAccepted {
+            machine_id: m,
+            asked,
+            new,
+        });
+    }
+    Ok(out)
+}
+
+/// One accepted machine's erasure, asked or refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErasureOfAccepted {
+    pub machine_id: Uuid,
+    pub asked: Result<i32, String>,
+    pub new: bool,
+}

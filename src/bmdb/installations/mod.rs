@@ -16,7 +16,7 @@ mod download;
 mod request;
 mod view;
 
-pub use ask::{Asked, Asker, Work, ask, ask_for, deprovision};
+pub use ask::{Asked, Asker, ErasureOfAccepted, Work, ask, ask_for, deprovision, erase_accepted};
 pub use download::{DownloadGrant, download_grant, served_name};
 pub use request::{
     MAX_FIRST_BOOT, check_erasure, check_first_boot_path, check_image, erase_mode_name,

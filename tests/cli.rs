@@ -626,3 +626,69 @@ fn the_systemd_unit_verifies_and_is_sandboxed() {
         .unwrap_or_else(|| panic!("no exposure level in: {text}"));
     assert!(exposure <= 2.0, "exposure {exposure}:\n{text}");
 }
+
+/// A shepherd started right after another ended, on the same embedded
+/// BMDB: the server it finds running is shutting down with its owner, and
+/// the new one starts its own instead of waiting for it in vain.
+#[actix_rt::test]
+async fn an_embedded_bmdb_shutting_down_with_its_owner_is_replaced_not_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("bmdb");
+    let log = dir.path().join("run.log");
+    let env = |c: &mut std::process::Command| {
+        c.current_dir(dir.path())
+            .env("SHEPHERD__BMDB__EMBEDDED__DATA_DIR", &data)
+            .env("SHEPHERD__BMDB__EMBEDDED__START_TIMEOUT", "20s")
+            .env("SHEPHERD__BMAAS__LISTEN", "127.0.0.1:0")
+            .env("SHEPHERD__ADMIN__LISTEN", "127.0.0.1:0");
+    };
+    let mut run = shepherd();
+    env(run.arg("run"));
+    let mut child = run
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("BMDB session")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "shepherd run never opened its session: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "shepherd run exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+    // At once: its server is still shutting down.
+    let started = std::time::Instant::now();
+    let mut migrate = shepherd();
+    env(migrate.arg("migrate"));
+    let o = migrate.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("up to date"), "{}", stdout(&o));
+    println!(
+        "the next shepherd had its BMDB after {:?}",
+        started.elapsed()
+    );
+    // Its own server, started by it, ended with it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while data.join("postmaster.pid").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the embedded server outlived its owner"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

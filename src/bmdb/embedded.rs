@@ -293,14 +293,34 @@ fn log_tail(path: &Path) -> String {
 impl EmbeddedPostgres {
     /// Starts (or attaches to) the server for `cfg.data_dir`, and makes sure
     /// the `shepherd` database exists.
+    ///
+    /// A server found running may be on its way out (the process that
+    /// started it just ended, and it shuts down with it): once it is gone,
+    /// this one starts its own.
     pub async fn start(cfg: &EmbeddedConfig) -> Result<EmbeddedPostgres, BmdbError> {
-        let cfg = cfg.clone();
-        let cfg_timeout = cfg.start_timeout;
-        let server = tokio::task::spawn_blocking(move || Self::start_blocking(&cfg))
-            .await
-            .map_err(|e| err(format!("start task failed: {e}")))??;
-        server.wait_ready_and_create_database(cfg_timeout).await?;
-        Ok(server)
+        let mut attached_to_a_leaving_server = 0;
+        loop {
+            let c = cfg.clone();
+            let server = tokio::task::spawn_blocking(move || Self::start_blocking(&c))
+                .await
+                .map_err(|e| err(format!("start task failed: {e}")))??;
+            match server
+                .wait_ready_and_create_database(cfg.start_timeout)
+                .await
+            {
+                Ok(()) => return Ok(server),
+                Err(e)
+                    if server.owned.lock().unwrap().is_none()
+                        && running_postmaster(&server.data_dir).is_none()
+                        && attached_to_a_leaving_server < 3 =>
+                {
+                    attached_to_a_leaving_server += 1;
+                    tracing::info!(data_dir = %server.data_dir.display(), error = %e,
+                        "the embedded PostgreSQL found running has shut down; starting one");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn start_blocking(cfg: &EmbeddedConfig) -> Result<EmbeddedPostgres, BmdbError> {
@@ -472,12 +492,11 @@ impl EmbeddedPostgres {
                     break client;
                 }
                 Err(e) => {
-                    let exited = self
-                        .owned
-                        .lock()
-                        .unwrap()
-                        .as_ref()
-                        .is_some_and(|o| o.keeper.is_finished());
+                    // Ours ended, or the one found running is gone.
+                    let exited = match self.owned.lock().unwrap().as_ref() {
+                        Some(o) => o.keeper.is_finished(),
+                        None => running_postmaster(&self.data_dir).is_none(),
+                    };
                     if exited || Instant::now() > deadline {
                         return Err(err(format!(
                             "server did not come up ({}); log: {}",

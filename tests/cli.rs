@@ -383,20 +383,14 @@ async fn run_holds_a_session_and_stops_cleanly_on_sigterm() {
         .await
         .unwrap()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sessions().await != 1 {
-        assert!(std::time::Instant::now() < deadline, "no session opened");
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "shepherd run exited early"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
+    wait_while_running(
+        &mut child,
+        20,
+        || "no session opened".into(),
+        async || sessions().await == 1,
     )
-    .unwrap();
+    .await;
+    sigterm(&child);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -649,27 +643,23 @@ async fn an_embedded_bmdb_shutting_down_with_its_owner_is_replaced_not_waited_fo
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("BMDB session")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "shepherd run never opened its session: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "shepherd run exited early"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
+    wait_while_running(
+        &mut child,
+        90,
+        || {
+            format!(
+                "shepherd run never opened its session: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        },
+        async || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("BMDB session")
+        },
     )
-    .unwrap();
+    .await;
+    sigterm(&child);
     assert!(child.wait().unwrap().success());
     // At once: its server is still shutting down.
     let started = std::time::Instant::now();
@@ -691,4 +681,30 @@ async fn an_embedded_bmdb_shutting_down_with_its_owner_is_replaced_not_waited_fo
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits up to `secs` for `ready`, `child` running all the while.
+async fn wait_while_running(
+    child: &mut std::process::Child,
+    secs: u64,
+    what: impl Fn() -> String,
+    mut ready: impl AsyncFnMut() -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !ready().await {
+        assert!(std::time::Instant::now() < deadline, "{}", what());
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "shepherd run exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn sigterm(child: &std::process::Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
 }

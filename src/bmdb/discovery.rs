@@ -213,12 +213,13 @@ pub async fn accept(
         &[&machine_id, &Provider::None, &host_id],
     )
     .await?;
-    tx.execute(
-        "INSERT INTO machine_bmc_boot (machine_id, since, via) VALUES ($1, now(), 'network') \
-         ON CONFLICT (machine_id) DO UPDATE SET via = 'network'",
-        &[&machine_id],
-    )
-    .await?;
+    // Booted through its BMC, from the network at the MAC it enlisted
+    // from: the Provisioner's own writers, as for a host listed so.
+    let ids = [host_id.clone()];
+    super::bmc_boot::set_bmc_boot_of(tx, Provider::None, &ids).await?;
+    if let Ok(m) = mac.parse::<MacAddr>() {
+        super::netboot::add_boot_macs(tx, Provider::None, &[(host_id.clone(), vec![m])]).await?;
+    }
     tx.execute(
         "UPDATE machine_discovered SET accepted_at = now(), accepted_by = $2, erase_pending = true \
           WHERE machine_id = $1",

@@ -23,6 +23,7 @@ pub mod brake_watch;
 pub mod callback;
 pub mod config;
 pub mod control;
+pub mod deadlines;
 pub mod enroller;
 pub mod equinix;
 pub mod images;

@@ -31,6 +31,7 @@ use uuid::Uuid;
 
 use crate::bmdb::bmc_boot;
 use crate::bmdb::brake::{self, Judge};
+use crate::bmdb::installations;
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker, wait_until};
@@ -193,16 +194,40 @@ impl Recoverer {
     }
 }
 
+/// How a recovery ended: its step, and, when the machine was installing
+/// or erasing, what was interrupted (in the history's detail: "…; it was
+/// erasing (generation 3): erasing, 600 MB written at …, begun again
+/// from the start by its next agent").
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    pub step: Step,
+    detail: String,
+}
+
+impl Recovered {
+    pub fn new(step: Step, interrupted: Option<&str>) -> Recovered {
+        let detail = match (interrupted, step) {
+            (Some(i), Step::taken_over_again | Step::rebooted) => format!(
+                "{}; it was {i}, which its next agent begins again from the start",
+                step.detail()
+            ),
+            (Some(i), _) => format!("{}; it was {i}", step.detail()),
+            (None, _) => step.detail().to_string(),
+        };
+        Recovered { step, detail }
+    }
+}
+
 /// A recovery ends naming its step, and writes what that step means: a
 /// machine taken over again loses its agent tags; a recovered one, its
 /// reboot request.
-impl Record for Step {
+impl Record for Recovered {
     fn detail(&self) -> Option<&str> {
-        Some(Step::detail(*self))
+        Some(&self.detail)
     }
 
     async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
-        match self {
+        match self.step {
             Step::taken_over_again => {
                 tx.execute(DROP_AGENT_TAGS, &[&mid]).await?;
                 // A machine booted through its BMC is taken back that way:
@@ -230,7 +255,7 @@ impl Record for Step {
 impl LeaseLoop for Recoverer {
     type Pick = Recovery;
     type Item = Recovery;
-    type Record = Step;
+    type Record = Recovered;
     const WORK: &'static str = "recovery";
 
     fn process(&self) -> Process {
@@ -269,6 +294,7 @@ impl LeaseLoop for Recoverer {
                     machine,
                     requested,
                     rehome: None,
+                    interrupted: None,
                 },
             )));
         }
@@ -284,12 +310,21 @@ impl LeaseLoop for Recoverer {
                     machine,
                     requested: false,
                     rehome: Some(endpoint),
+                    interrupted: None,
                 },
             )
         }))
     }
 
-    async fn prepare(&self, _: &mut Tx<'_>, _: Uuid, r: Recovery) -> Result<Recovery, BmdbError> {
+    /// Reads what the machine was installing or erasing, if anything,
+    /// for the history to say what was interrupted.
+    async fn prepare(
+        &self,
+        tx: &mut Tx<'_>,
+        mid: Uuid,
+        mut r: Recovery,
+    ) -> Result<Recovery, BmdbError> {
+        r.interrupted = installations::in_hand(tx, mid).await?;
         Ok(r)
     }
 
@@ -297,21 +332,23 @@ impl LeaseLoop for Recoverer {
         tracing::info_span!("recovery", %machine_id, provider_id = %r.machine.provider_id)
     }
 
-    async fn work(&self, work: &Work<Recovery>) -> Outcome<Step> {
+    async fn work(&self, work: &Work<Recovery>) -> Outcome<Recovered> {
+        let interrupted = work.item().interrupted.as_deref();
         match self.recover(work).await {
-            Ok(step) => Outcome::Finished(step),
+            Ok(step) => Outcome::Finished(Recovered::new(step, interrupted)),
             Err(Failure { step, cause }) => Outcome::Failed {
                 cause,
-                record: step,
+                record: Recovered::new(step, interrupted),
             },
         }
     }
 
-    fn ended(&self, step: &Step, outcome: &WorkOutcome) {
+    fn ended(&self, r: &Recovered, outcome: &WorkOutcome) {
+        let step = &r.step;
         match outcome {
             WorkOutcome::Finished => {
                 self.metrics.count(*step);
-                tracing::info!(step = ?step, "recovered: {}", Step::detail(*step));
+                tracing::info!(step = ?step, "recovered: {}", r.detail);
             }
             WorkOutcome::Failed(_) if matches!(step, Step::braked | Step::failed) => {
                 self.metrics.count(*step)
@@ -331,6 +368,9 @@ pub struct Recovery {
     /// Its agent calls this endpoint, which no shepherd serves any more:
     /// re-home it (restart it over SSH with ours), nothing else.
     pub rehome: Option<String>,
+    /// What the machine was installing or erasing when it was picked, in
+    /// words (read by `prepare`).
+    pub interrupted: Option<String>,
 }
 
 /// Why a recovery did not end well: the step, and the cause.

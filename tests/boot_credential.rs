@@ -257,6 +257,41 @@ async fn a_live_agent_enrolls_once_with_its_boots_credential_and_heartbeats() {
     assert_eq!(rig.agent_key(b).await, None);
     let log = stop(agent);
     assert!(log.contains(&format!("enrolled as machine {a}")), "{log}");
+
+    // Killed (SIGKILL, above) and started again in the same boot, as the
+    // boot image's init does: it heartbeats with the key it enrolled,
+    // which its boot's credential could not enroll again.
+    let heard = async || -> f64 {
+        rig.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query_one(
+                        "SELECT extract(epoch FROM agent_heartbeat_at)::float8 \
+                         FROM machine_agent_heartbeat WHERE machine_id = $1",
+                        &[&a],
+                    )
+                    .await?
+                    .get(0))
+            })
+            .await
+            .unwrap()
+    };
+    let before = heard().await;
+    let again = rig.live_agent("first", &data);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while heard().await <= before {
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat from the agent started again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(rig.agent_key(a).await, Some(key), "the same key");
+    let log = stop(again);
+    assert!(
+        log.contains("started again in the same boot") && !log.contains("refused"),
+        "{log}"
+    );
 }
 
 #[actix_rt::test]

@@ -551,3 +551,122 @@ async fn a_new_takeover_stops_the_old_agent_and_a_refused_agent_exits() {
     );
     assert!(!log.contains("transport error"), "{log}");
 }
+
+/// An erasure its agent began again from the start (a new agent after the
+/// machine was lost, or the agent restarted) is history in words, and the
+/// machine is never `available` until the erasure's report; that report,
+/// sent again because its answer was lost, and again through a database
+/// restart, is recorded once.
+#[actix_rt::test]
+async fn an_erasure_begun_again_is_history_and_its_report_lands_once() {
+    let mut own = OwnPostgres::start().await;
+    let bmdb = own.bmdb().await;
+    bmdb.migrate().await.unwrap();
+    let rig = Rig::new(bmdb).await;
+    let seed = [9u8; 32];
+    let id = rig.machine(seed).await;
+    let path = HEARTBEAT_PATHS[1];
+    rig.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "INSERT INTO machine_installation (machine_id, generation, image_url, image_digest, \
+                     requested_at, requested_by, kind, erase_mode) \
+                 VALUES ($1, 4, '', '', now(), 'test', 'erase', 'overwrite')",
+                &[&id],
+            )
+            .await?;
+            tx.execute(
+                "INSERT INTO machine_os_installation_request VALUES ($1, 4, '\\x0804')",
+                &[&id],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    let state = async || -> String {
+        rig.bmdb
+            .transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
+            .await
+            .unwrap()
+            .unwrap()
+            .as_str()
+            .to_string()
+    };
+    let events = async || -> Vec<(String, Option<String>)> {
+        rig.bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query(
+                        "SELECT event, detail FROM installation_history WHERE machine_id = $1 \
+                         ORDER BY \"timestamp\"",
+                        &[&id],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect())
+            })
+            .await
+            .unwrap()
+    };
+    let erasing = |written: i64| {
+        let mut req = plain(id);
+        req.installation_progress = Some(shepherd_agent::api::InstallationProgress {
+            generation: 4,
+            phase: shepherd_agent::api::installation_progress::Phase::Erasing as i32,
+            bytes_written: written,
+            bytes_total: 2 << 30,
+            ..Default::default()
+        });
+        req
+    };
+    rig.heartbeat(seed, path, erasing(100 << 20)).await.unwrap();
+    rig.heartbeat(seed, path, erasing(600 << 20)).await.unwrap();
+    // The same heartbeat again (its answer was lost): nothing new.
+    rig.heartbeat(seed, path, erasing(600 << 20)).await.unwrap();
+    assert!(events().await.is_empty(), "{:?}", events().await);
+    // Begun again from the start.
+    rig.heartbeat(seed, path, erasing(8 << 20)).await.unwrap();
+    let h = events().await;
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].0, "restarted");
+    let detail = h[0].1.as_deref().unwrap();
+    assert!(
+        detail
+            .starts_with("begun again from the start: it had reached erasing, 600 MB written, at "),
+        "{detail}"
+    );
+    assert_eq!(
+        state().await,
+        "cleaning",
+        "never available before its report"
+    );
+
+    // The report, its answer lost: sent again, recorded once.
+    let mut done = erasing(2 << 30);
+    done.installation_report = Some(OsInstallationReport {
+        generation: 4,
+        result: Some(os_installation_report::Result::Success(
+            os_installation_report::Success {},
+        )),
+    });
+    rig.heartbeat(seed, path, done.clone()).await.unwrap();
+    rig.heartbeat(seed, path, done.clone()).await.unwrap();
+    assert_eq!(state().await, "available");
+    // Through a database restart: refused while it is away, then sent
+    // again until answered, and still once.
+    own.stop();
+    let e = rig.heartbeat(seed, path, done.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    own.start_again().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while let Err(e) = rig.heartbeat(seed, path, done.clone()).await {
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert!(std::time::Instant::now() < deadline, "not back: {e:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let h = events().await;
+    let names: Vec<&str> = h.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!(names, ["restarted", "erased"], "{h:?}");
+    assert_eq!(state().await, "available");
+}

@@ -27,6 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["provider", "initializer", "images"],
     &[
         "brake_watch",
+        "deadlines",
         "enroller",
         "netboot",
         "provisioner",

@@ -135,6 +135,7 @@ async fn a_loop_registered_once_gets_a_session_status_metrics_and_the_drain() {
         "brake-watch",
         "updater",
         "rollouts",
+        "deadlines",
         "toy",
     ] {
         assert!(names.contains(&expected), "{expected} in {names:?}");

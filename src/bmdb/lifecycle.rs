@@ -139,7 +139,8 @@ macro_rules! state_column {
               WHEN s.installation = 'clean-failed' AND s.installation_fulfilled \
                    THEN 'clean-failed' \
               WHEN s.live_agent AND s.agent_started_at IS NOT NULL \
-                   AND s.recovery_not_before <= now() THEN 'available' \
+                   AND s.recovery_not_before <= now() \
+                   AND (s.installation IS NULL OR s.installation = 'available') THEN 'available' \
               WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
               WHEN s.agent_started_at IS NOT NULL AND s.recovery_not_before > now() \
                    THEN 'recovery-backoff' \

@@ -21,7 +21,8 @@ use uuid::Uuid;
 use super::metrics::{HeartbeatMetrics, Outcome};
 use super::tls::{KEY_LEN, ed25519_key};
 use super::writer::{
-    Beat, BeatOutcome, HeartbeatWriter, InstallationReport, WriteBeat, WriteEnrollment,
+    Beat, BeatOutcome, HeartbeatWriter, InstallationReport, ProgressBeat, WriteBeat,
+    WriteEnrollment,
 };
 use crate::bmdb::InstallationResult;
 use shepherd_proto::api::{
@@ -111,7 +112,12 @@ fn beat(peer: Option<&AgentPeer>, req: HeartbeatRequestRaw) -> Result<Beat, Stat
             let p = InstallationProgress::decode(raw.as_slice()).map_err(|e| {
                 Status::invalid_argument(format!("installation_progress does not decode: {e}"))
             })?;
-            Some((p.generation, raw))
+            Some(ProgressBeat {
+                generation: p.generation,
+                phase: p.phase,
+                bytes_written: p.bytes_written,
+                raw,
+            })
         }
     };
     Ok(Beat {

@@ -28,8 +28,18 @@ pub struct Beat {
     /// `AgentHardwareReport` bytes exactly as received.
     pub hardware_report: Option<Vec<u8>>,
     pub installation: Option<InstallationReport>,
-    /// `InstallationProgress` bytes exactly as received, and its generation.
-    pub progress: Option<(i64, Vec<u8>)>,
+    pub progress: Option<ProgressBeat>,
+}
+
+/// An agent's `InstallationProgress`: the bytes exactly as received, and
+/// what the BMDB compares between two of them (whether the work moved, or
+/// began again from the start).
+#[derive(Debug, Clone)]
+pub struct ProgressBeat {
+    pub generation: i64,
+    pub phase: i32,
+    pub bytes_written: i64,
+    pub raw: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -215,8 +225,9 @@ impl Handler<GetWriterStats> for HeartbeatWriter {
 /// batch's own generation.
 const WRITE_BEATS: &str = "WITH input AS ( \
          SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::bytea[], $4::int4[], $5::text[], $6::bytea[], \
-                              $7::int8[], $8::bytea[]) \
-             AS i(machine_id, agent_key, hardware, generation, result, report, progress_generation, progress)), \
+                              $7::int8[], $8::bytea[], $9::int4[], $10::int8[]) \
+             AS i(machine_id, agent_key, hardware, generation, result, report, progress_generation, progress, \
+                  progress_phase, progress_written)), \
      auth AS ( \
          SELECT i.* FROM input i JOIN machine_agent_started a \
              ON a.machine_id = i.machine_id AND a.agent_public_key = i.agent_key), \
@@ -237,10 +248,13 @@ const WRITE_BEATS: &str = "WITH input AS ( \
              os_installation_result = EXCLUDED.os_installation_result, \
              os_installation_report_raw = EXCLUDED.os_installation_report_raw), \
      progress AS ( \
-         INSERT INTO machine_installation_progress (machine_id, generation, progress_raw, progress_at) \
-         SELECT machine_id, progress_generation, progress, now() FROM auth WHERE progress IS NOT NULL \
+         INSERT INTO machine_installation_progress \
+             (machine_id, generation, progress_raw, progress_at, phase, bytes_written) \
+         SELECT machine_id, progress_generation, progress, now(), progress_phase, progress_written \
+         FROM auth WHERE progress IS NOT NULL \
          ON CONFLICT (machine_id) DO UPDATE SET generation = EXCLUDED.generation, \
-             progress_raw = EXCLUDED.progress_raw, progress_at = EXCLUDED.progress_at) \
+             progress_raw = EXCLUDED.progress_raw, progress_at = EXCLUDED.progress_at, \
+             phase = EXCLUDED.phase, bytes_written = EXCLUDED.bytes_written) \
      SELECT a.machine_id, r.os_installation_request_raw FROM auth a \
      LEFT JOIN machine_os_installation_request r ON r.machine_id = a.machine_id \
          AND a.generation IS DISTINCT FROM r.generation \
@@ -303,11 +317,19 @@ async fn write(bmdb: &Bmdb, beats: &[Beat]) -> Result<Vec<BeatOutcome>, BmdbErro
         .collect();
     let progress_generations: Vec<Option<i64>> = beats
         .iter()
-        .map(|b| b.progress.as_ref().map(|p| p.0))
+        .map(|b| b.progress.as_ref().map(|p| p.generation))
         .collect();
     let progress: Vec<Option<Vec<u8>>> = beats
         .iter()
-        .map(|b| b.progress.as_ref().map(|p| p.1.clone()))
+        .map(|b| b.progress.as_ref().map(|p| p.raw.clone()))
+        .collect();
+    let progress_phases: Vec<Option<i32>> = beats
+        .iter()
+        .map(|b| b.progress.as_ref().map(|p| p.phase))
+        .collect();
+    let progress_written: Vec<Option<i64>> = beats
+        .iter()
+        .map(|b| b.progress.as_ref().map(|p| p.bytes_written))
         .collect();
     // One statement, its own transaction: one round trip per batch. Every
     // part is an upsert of the same values, so running it twice is the
@@ -324,6 +346,8 @@ async fn write(bmdb: &Bmdb, beats: &[Beat]) -> Result<Vec<BeatOutcome>, BmdbErro
                 &reports,
                 &progress_generations,
                 &progress,
+                &progress_phases,
+                &progress_written,
             ],
         )
         .await?;

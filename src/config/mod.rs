@@ -911,6 +911,11 @@ pub struct InstallationsConfig {
     /// How often running rollouts are moved on.
     #[serde(with = "humantime_serde")]
     pub rollout_interval: Duration,
+    /// An installation or erasure on which nothing moved for this long (no
+    /// agent took it, or its agent's progress stood still or stopped
+    /// coming, while the callback was served) is failed with the cause.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
     /// shepherd serves the images in this directory (HTTP Range, over TLS
     /// with a certificate of the callback CA, which agents are given).
     /// Unset: no image server; installations name their image's URL.
@@ -933,6 +938,7 @@ impl Default for InstallationsConfig {
     fn default() -> Self {
         InstallationsConfig {
             rollout_interval: Duration::from_secs(5),
+            deadline: Duration::from_secs(60 * 60),
             images_dir: None,
             images_listen: ([127, 0, 0, 1], 7831).into(),
             images_endpoint: None,
@@ -963,6 +969,12 @@ impl InstallationsConfig {
             return Err(ConfigError::key(
                 "installations.rollout_interval",
                 "must be positive",
+            ));
+        }
+        if self.deadline < Duration::from_secs(60) {
+            return Err(ConfigError::key(
+                "installations.deadline",
+                "must be at least 1m (an agent reports progress every few seconds while it works)",
             ));
         }
         if self

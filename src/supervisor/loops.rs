@@ -8,6 +8,7 @@ use crate::bmdb::brake::Judge;
 use crate::brake_watch::BrakeWatch;
 use crate::config::Config;
 use crate::control::Registration;
+use crate::deadlines::InstallationDeadline;
 use crate::enroller::{BootMetrics, BootUrl, BootWaits, Enroller};
 use crate::initializer::{AddressLookup, Initializer};
 use crate::provider::SharedProvider;
@@ -131,6 +132,11 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
     let every = cfg.installations.rollout_interval;
     loops.push(Registration::round("rollouts", move || {
         RolloutDriver::new(every)
+    }));
+
+    let (deadline, allowance) = (cfg.installations.deadline, cfg.recoverer.callback_grace);
+    loops.push(Registration::round("deadlines", move || {
+        InstallationDeadline::new(deadline, allowance)
     }));
     loops
 }

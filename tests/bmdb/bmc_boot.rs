@@ -316,7 +316,9 @@ async fn an_agent_enrolled_by_a_boot_is_available_until_something_is_installed()
         enroll_again(9).await,
         boot::Enrolled::Enrolled { .. }
     ));
-    assert_eq!(state().await, MachineState::Available);
+    // Its disk holds the installed system: installed, not available,
+    // until an erasure succeeds (a live agent alone erases nothing).
+    assert_eq!(state().await, MachineState::Installed);
     // An installation asked now goes to that agent: no boot first.
     let asked = ask(&bmdb, mid, &image(false)).await;
     let shepherd::bmdb::installations::Asked::Done { audit, .. } = asked else {

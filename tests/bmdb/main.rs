@@ -6,6 +6,7 @@ mod backoff;
 mod bmc_boot;
 mod brake;
 mod callback;
+mod deadlines;
 mod history;
 mod leases;
 mod migrations;

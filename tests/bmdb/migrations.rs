@@ -35,14 +35,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V13__bmc_boots",
             "V14__life_cycle",
             "V15__network_boot",
-            "V16__discovery"
+            "V16__discovery",
+            "V17__interruptions"
         ]
     );
-    assert_eq!(first.version, Some(16));
+    assert_eq!(first.version, Some(17));
     assert_eq!(count(&bmdb, TABLES).await, 34);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(16));
+    assert_eq!(again.version, Some(17));
 }
 
 #[actix_rt::test]
@@ -55,13 +56,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 16],
+        [0, 17],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 34);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        16
+        17
     );
 }
 
@@ -101,7 +102,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V13__bmc_boots",
             "V14__life_cycle",
             "V15__network_boot",
-            "V16__discovery"
+            "V16__discovery",
+            "V17__interruptions"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -158,7 +160,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V13__bmc_boots",
             "V14__life_cycle",
             "V15__network_boot",
-            "V16__discovery"
+            "V16__discovery",
+            "V17__interruptions"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

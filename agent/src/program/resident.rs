@@ -93,7 +93,13 @@ fn heartbeat(resident: Resident, exe: PathBuf) -> ! {
 /// FILE is the boot's data (`shepherd.boot.v1.BootData`): it makes a
 /// key, enrolls it with the boot's credential (retrying while shepherd
 /// cannot be reached; a refusal ends it, exit 3), then heartbeats as
-/// the resident agent does, in the foreground.
+/// the resident agent does, in the foreground. The enrolled key is kept
+/// beside FILE (FILE.key, 0600; the boot image's files live in memory
+/// only): an agent started again in the same boot (the boot image's init
+/// restarts one that died) heartbeats with it instead of enrolling, since
+/// a boot's credential enrolls once. Whatever the dead agent was doing is
+/// not resumed: shepherd asks the unanswered generation again and it is
+/// done again from the start.
 pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
     use prost::Message as _;
     let Some(exe) = exe else {
@@ -111,12 +117,21 @@ pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
             return 2;
         }
     };
+    let key_file = with_suffix(path, ".key");
+    let enrolled = enrolled_seed(&key_file);
     let resident = Resident {
         machine_id: data.machine_id.clone(),
         endpoint: data.bmaas_endpoint.clone(),
         ca_certificate: data.ca_certificate.clone(),
-        seed: rand::random(),
+        seed: enrolled.unwrap_or_else(rand::random),
     };
+    if enrolled.is_some() {
+        eprintln!(
+            "takeover-agent: started again in the same boot: heartbeating as machine {} with the key enrolled before",
+            data.machine_id
+        );
+        heartbeat(resident, exe);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -129,8 +144,36 @@ pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
         "takeover-agent: enrolled as machine {} with {}",
         data.machine_id, data.bmaas_endpoint
     );
+    if let Err(e) = keep_seed(&key_file, &resident.seed) {
+        eprintln!(
+            "takeover-agent: cannot keep the enrolled key in {}: {e} (an agent started again in this boot cannot heartbeat)",
+            key_file.display()
+        );
+    }
     drop(rt);
     heartbeat(resident, exe)
+}
+
+/// The key a live agent of this boot enrolled before, if one did.
+fn enrolled_seed(file: &Path) -> Option<[u8; 32]> {
+    std::fs::read(file).ok()?.try_into().ok()
+}
+
+/// Keeps the enrolled key's seed in `file` (0600, written whole or not at
+/// all).
+fn keep_seed(file: &Path, seed: &[u8; 32]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = with_suffix(file, ".new");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(seed)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, file)
 }
 
 /// Presents the boot's credential with the key of `seed` until shepherd

@@ -9,14 +9,18 @@
 //! - `request.rs`: what a request holds and how it is checked (the image,
 //!   the first-boot data filled per machine);
 //! - `view.rs`: an installation read back, with its progress and history;
-//! - `download.rs`: which agent may download which served image.
+//! - `download.rs`: which agent may download which served image;
+//! - `deadline.rs`: an unanswered generation on which nothing moved for
+//!   too long, failed with its cause.
 
 mod ask;
+mod deadline;
 mod download;
 mod request;
 mod view;
 
 pub use ask::{Asked, Asker, ErasureOfAccepted, Work, ask, ask_for, deprovision, erase_accepted};
+pub use deadline::{TimedOut, fail_stalled, in_hand, stalled_cause};
 pub use download::{DownloadGrant, download_grant, served_name};
 pub use request::{
     MAX_FIRST_BOOT, check_erasure, check_first_boot_path, check_image, erase_mode_name,

@@ -388,29 +388,42 @@ impl LeaseLoop for Enroller {
             Resume::Boot { cause, issued } => {
                 let url = (self.boot_url)(issued.boot_id);
                 tracing::debug!(boot = %issued.boot_id, %cause, "booting into the agent through the BMC");
+                // Recorded before the BMC is asked: a worker taking over
+                // from this one (this process killed while the BMC resets
+                // the machine, or waits for its power) waits for this boot
+                // instead of resetting the machine a second time; if the
+                // reset never happened, that wait ends at the callback
+                // timeout and the next boot is a new one.
+                if let Err(e) = work
+                    .session()
+                    .transact(async |tx| boot::media_inserted(tx, issued.boot_id).await)
+                    .await
+                {
+                    return failed(
+                        BootOutcome::failed,
+                        format!(
+                            "recording boot {} as handed to the BMC: {e}",
+                            issued.boot_id
+                        ),
+                    );
+                }
                 match self.boot(work, &issued, &url).await {
-                    Ok(how) => {
-                        // A worker taking over from this one waits for this
-                        // boot instead of resetting the machine again.
-                        if let Err(e) = work
-                            .session()
-                            .transact(async |tx| boot::media_inserted(tx, issued.boot_id).await)
-                            .await
-                        {
-                            tracing::debug!(error = %e, "could not record the boot as taken by the BMC");
-                        }
-                        (cause, issued.boot_id, how)
-                    }
+                    Ok(how) => (cause, issued.boot_id, how),
                     Err(e) => {
-                        // Nothing may boot from it now: void it.
-                        let _ = work
-                            .session()
-                            .transact(async |tx| boot::media_ended(tx, issued.boot_id).await)
-                            .await;
-                        return failed(
-                            BootOutcome::bmc_failed,
-                            format!("booting into the agent through the BMC: {e}"),
-                        );
+                        // Nothing may boot from it now: ejected and the
+                        // override cleared where the BMC answers (else
+                        // before the next boot inserts anything), and
+                        // voided.
+                        let mut cause = format!("booting into the agent through the BMC: {e}");
+                        if let Err(end) = self.end_boot(work, issued.boot_id).await {
+                            cause
+                                .push_str(&format!("; then {end} (the next boot ejects it first)"));
+                            let _ = work
+                                .session()
+                                .transact(async |tx| boot::media_ended(tx, issued.boot_id).await)
+                                .await;
+                        }
+                        return failed(BootOutcome::bmc_failed, cause);
                     }
                 }
             }

@@ -222,7 +222,8 @@ pub async fn used_at(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<Option<SystemTime
         .and_then(|r| r.get(0)))
 }
 
-/// The BMC took boot `boot_id`: media inserted, machine reset.
+/// Boot `boot_id` was handed to the BMC (media inserted, machine reset,
+/// or about to be): a worker taking over waits for it, never resets again.
 pub async fn media_inserted(tx: &mut Tx<'_>, boot_id: Uuid) -> Result<(), BmdbError> {
     tx.execute(
         "UPDATE machine_boot_credential SET media_inserted_at = now() WHERE boot_id = $1",

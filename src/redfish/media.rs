@@ -457,9 +457,11 @@ async fn boot_from_media(c: &mut Conn, msg: &BootFromMedia) -> Result<MediaBoot,
     let info = c.get_system(&msg.system).await?;
     let cd = virtual_cd(c, &info).await?;
     // Whatever is in the drive goes first: many BMCs refuse an insert
-    // into a full drive.
+    // into a full drive. Media left there is an interrupted boot's, whose
+    // override goes with it: the sequence starts again from a clean BMC.
     let ejected_before = if cd.inserted || !cd.image.is_empty() {
         eject(c, &cd).await?;
+        clear_override(c, &info).await?;
         Some(cd.image.clone())
     } else {
         None

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use shepherd::bmdb::installations::{self, fail_stalled};
 use shepherd::bmdb::{Bmdb, lifecycle};
-use shepherd_sim::testing::TestDb;
+use shepherd_sim::testing::{TEST_ENDPOINT, TestDb, served_since};
 use uuid::Uuid;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -59,22 +59,6 @@ async fn progress(
         tx.execute(
             "UPDATE machine_installation_progress SET progress_at = now() WHERE machine_id = $1",
             &[&id],
-        )
-        .await
-    })
-    .await
-    .unwrap();
-}
-
-/// The callback endpoint served without a break since `ago`.
-async fn served_since(bmdb: &Bmdb, ago: &str) {
-    bmdb.transact(async |tx| {
-        tx.execute(
-            "INSERT INTO callback_endpoint (endpoint, serving_since, served_until) \
-             VALUES ('bmaas.test:7830', now() - $1::text::interval, now() + interval '1 minute') \
-             ON CONFLICT (endpoint) DO UPDATE SET serving_since = EXCLUDED.serving_since, \
-                 served_until = EXCLUDED.served_until",
-            &[&ago],
         )
         .await
     })
@@ -146,12 +130,12 @@ async fn what_did_not_move_for_the_deadline_is_failed_with_its_cause_once() {
 
     // The callback was served for 30 minutes only (every shepherd was
     // restarted, or the database was away): nobody is judged.
-    served_since(&bmdb, "30 minutes").await;
+    served_since(&bmdb, TEST_ENDPOINT, Duration::from_secs(30 * 60)).await;
     assert!(fail(&bmdb).await.is_empty(), "judged while nobody listened");
     assert_eq!(state(&bmdb, untaken).await, "installing");
     assert_eq!(state(&bmdb, stuck).await, "cleaning");
 
-    served_since(&bmdb, "2 hours").await;
+    served_since(&bmdb, TEST_ENDPOINT, 2 * HOUR).await;
     let mut failed = fail(&bmdb).await;
     failed.sort_by_key(|t| t.generation);
     let ids: Vec<(Uuid, i32)> = failed

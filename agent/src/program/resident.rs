@@ -144,7 +144,7 @@ pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
         "takeover-agent: enrolled as machine {} with {}",
         data.machine_id, data.bmaas_endpoint
     );
-    if let Err(e) = keep_seed(&key_file, &resident.seed) {
+    if let Err(e) = crate::files::write_private(&key_file, &resident.seed) {
         eprintln!(
             "takeover-agent: cannot keep the enrolled key in {}: {e} (an agent started again in this boot cannot heartbeat)",
             key_file.display()
@@ -157,23 +157,6 @@ pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
 /// The key a live agent of this boot enrolled before, if one did.
 fn enrolled_seed(file: &Path) -> Option<[u8; 32]> {
     std::fs::read(file).ok()?.try_into().ok()
-}
-
-/// Keeps the enrolled key's seed in `file` (0600, written whole or not at
-/// all).
-fn keep_seed(file: &Path, seed: &[u8; 32]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = with_suffix(file, ".new");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(seed)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, file)
 }
 
 /// Presents the boot's credential with the key of `seed` until shepherd

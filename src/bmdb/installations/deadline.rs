@@ -169,7 +169,7 @@ pub async fn in_hand(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<String>
     let progress: Option<String> = r.get(2);
     Ok(Some(match progress {
         Some(p) => format!("{what} (generation {generation}): {p}"),
-        None => format!("{what} (generation {generation}): not begun by any agent"),
+        None => format!("{what} (generation {generation}): no progress reported yet"),
     }))
 }
 

@@ -484,6 +484,72 @@ fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
     }
 }
 
+/// An erasure cut short (the agent killed, its record left saying it had
+/// begun) is never answered from that record: its successor runs it again
+/// whole, and only then reports it done.
+#[test]
+fn an_erasure_cut_short_by_a_restart_is_run_again_whole() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let d = TestDisk::new(16 * MIB);
+    dirty(&d);
+    let state = tempfile::tempdir().unwrap();
+    let record = state.path().join("agent.installation");
+    // What the killed agent left: generation 6 begun, its disk half done.
+    shepherd_agent::install::record::write(
+        &record,
+        &shepherd_agent::install::record::Record {
+            generation: 6,
+            outcome: shepherd_agent::install::record::Outcome::Started,
+            disk: None,
+            reboot: false,
+            erase: true,
+        },
+    )
+    .unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.path())
+        .unwrap();
+    f.write_all_at(&vec![0; 8 * MIB as usize], 0).unwrap();
+    f.sync_all().unwrap();
+    assert_ne!(nonzero(&whole(&d)), (None, 0), "the tenant's data is left");
+    let disk = d.disk();
+    let answer = rt.block_on(async {
+        let mut installer = Installer::new(Some(record.clone()));
+        let req = OsInstallationRequest {
+            generation: 6,
+            r#type: Some(os_installation_request::Type::Erasure(request(
+                Mode::Overwrite,
+            ))),
+        };
+        assert!(
+            installer
+                .request(req, move || vec![disk], Limits::default(), Arc::new(|_| {}))
+                .is_none(),
+            "begun again, not answered from the record"
+        );
+        loop {
+            if let Some(a) = installer.poll(&|l| eprintln!("agent: {l}")) {
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert!(
+        matches!(
+            answer.report.result,
+            Some(os_installation_report::Result::Success(_))
+        ),
+        "{:?}",
+        answer.report
+    );
+    assert_eq!(nonzero(&whole(&d)), (None, 0), "every byte erased");
+}
+
 #[test]
 fn an_ata_erase_longer_than_the_deadline_is_refused_before_it_starts() {
     let d = TestDisk::new(8 * MIB);

@@ -555,6 +555,11 @@ pub struct Progress {
 #[derive(Serialize, ToSchema)]
 pub struct InstallationEvent {
     pub generation: i32,
+    /// `requested`, `installed`, `failed`, `erase-requested`, `erased`,
+    /// `erase-failed`; `restarted` (its agent began it again from the
+    /// start: the detail says how far it had come); `timed-out` (shepherd
+    /// failed it when nothing moved for `installations.deadline`: the
+    /// detail is the cause).
     pub event: String,
     pub timestamp: String,
     pub detail: Option<String>,

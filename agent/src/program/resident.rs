@@ -98,8 +98,9 @@ fn heartbeat(resident: Resident, exe: PathBuf) -> ! {
 /// only): an agent started again in the same boot (the boot image's init
 /// restarts one that died) heartbeats with it instead of enrolling, since
 /// a boot's credential enrolls once. Whatever the dead agent was doing is
-/// not resumed: shepherd asks the unanswered generation again and it is
-/// done again from the start.
+/// not resumed: shepherd asks the unanswered generation again, and its
+/// record (beside the executable) makes an erasure run again from the
+/// start and an installation cut short wiped and failed.
 pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
     use prost::Message as _;
     let Some(exe) = exe else {

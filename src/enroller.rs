@@ -429,7 +429,12 @@ impl LeaseLoop for Enroller {
             }
             Resume::Wait { cause, boot } => {
                 tracing::info!(boot = %boot.boot_id, "resuming a boot under way: waiting for its agent");
-                (cause, boot.boot_id, "resumed".to_string())
+                (
+                    cause,
+                    boot.boot_id,
+                    "resumed: handed to the BMC by a worker that stopped, which may not have reset it"
+                        .to_string(),
+                )
             }
             Resume::Eject { cause, boot } => (
                 cause,

@@ -592,23 +592,7 @@ async fn an_erasure_begun_again_is_history_and_its_report_lands_once() {
             .as_str()
             .to_string()
     };
-    let events = async || -> Vec<(String, Option<String>)> {
-        rig.bmdb
-            .transact(async |tx| {
-                Ok(tx
-                    .query(
-                        "SELECT event, detail FROM installation_history WHERE machine_id = $1 \
-                         ORDER BY \"timestamp\"",
-                        &[&id],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1)))
-                    .collect())
-            })
-            .await
-            .unwrap()
-    };
+    let events = async || shepherd_sim::testing::installation_history(&rig.bmdb, id).await;
     let erasing = |written: i64| {
         let mut req = plain(id);
         req.installation_progress = Some(shepherd_agent::api::InstallationProgress {

@@ -383,13 +383,28 @@ fn hints_choose_which_disks_and_the_boot_disk_only_when_allowed() {
     assert!(err.contains("serial \"NOPE\""), "{err}");
 }
 
-#[test]
-fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// The runtime the resident agent's installer runs on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// The installer's answer once its job in hand is done.
+async fn answered(installer: &mut Installer) -> shepherd_agent::install::Answer {
+    loop {
+        if let Some(a) = installer.poll(&|l| eprintln!("agent: {l}")) {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
+    let rt = runtime();
     let d = TestDisk::new(16 * MIB);
     dirty(&d);
     let state = tempfile::tempdir().unwrap();
@@ -422,12 +437,7 @@ fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
             [Phase::Erasing as i32, Phase::Done as i32].contains(&p.phase),
             "{p:?}"
         );
-        loop {
-            if let Some(a) = installer.poll(&|l| eprintln!("agent: {l}")) {
-                return a;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        answered(&mut installer).await
     });
     assert_eq!(answer.report.generation, 4);
     assert!(
@@ -489,11 +499,7 @@ fn the_resident_agent_answers_an_erasure_and_shows_its_progress() {
 /// whole, and only then reports it done.
 #[test]
 fn an_erasure_cut_short_by_a_restart_is_run_again_whole() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let d = TestDisk::new(16 * MIB);
     dirty(&d);
     let state = tempfile::tempdir().unwrap();
@@ -532,12 +538,7 @@ fn an_erasure_cut_short_by_a_restart_is_run_again_whole() {
                 .is_none(),
             "begun again, not answered from the record"
         );
-        loop {
-            if let Some(a) = installer.poll(&|l| eprintln!("agent: {l}")) {
-                return a;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        answered(&mut installer).await
     });
     assert!(
         matches!(

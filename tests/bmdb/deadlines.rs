@@ -77,20 +77,7 @@ async fn state(bmdb: &Bmdb, id: Uuid) -> String {
 
 /// The installation history's events for `id`, in order, with details.
 async fn history(bmdb: &Bmdb, id: Uuid) -> Vec<(String, Option<String>)> {
-    bmdb.transact(async |tx| {
-        Ok(tx
-            .query(
-                "SELECT event, detail FROM installation_history WHERE machine_id = $1 \
-                 ORDER BY \"timestamp\", event",
-                &[&id],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect())
-    })
-    .await
-    .unwrap()
+    shepherd_sim::testing::installation_history(bmdb, id).await
 }
 
 async fn fail(bmdb: &Bmdb) -> Vec<installations::TimedOut> {
@@ -127,6 +114,22 @@ async fn what_did_not_move_for_the_deadline_is_failed_with_its_cause_once() {
     })
     .await
     .unwrap();
+
+    // What each has in hand, in the words the Recoverer's history uses.
+    let in_hand = async |id| {
+        bmdb.transact(async |tx| installations::in_hand(tx, id).await)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        in_hand(untaken).await.as_deref(),
+        Some("installing (generation 1): no progress reported yet")
+    );
+    let stuck_words = in_hand(stuck).await.unwrap();
+    assert!(
+        stuck_words.starts_with("erasing (generation 3): erasing, 600 MB written at "),
+        "{stuck_words}"
+    );
 
     // The callback was served for 30 minutes only (every shepherd was
     // restarted, or the database was away): nobody is judged.

@@ -363,6 +363,20 @@ pub async fn served_since(bmdb: &Bmdb, endpoint: &str, ago: Duration) {
     .unwrap();
 }
 
+/// The installation history of `machine_id` as the BMDB library reads it
+/// back (`installations::installation`): each event with its detail, in
+/// order.
+pub async fn installation_history(
+    bmdb: &Bmdb,
+    machine_id: uuid::Uuid,
+) -> Vec<(String, Option<String>)> {
+    bmdb.transact(async |tx| shepherd::bmdb::installations::installation(tx, machine_id).await)
+        .await
+        .unwrap()
+        .map(|i| i.history.into_iter().map(|h| (h.event, h.detail)).collect())
+        .unwrap_or_default()
+}
+
 /// The rows of `sql`, two columns each, as pairs (a count by group).
 pub async fn pairs<A, B>(bmdb: &Bmdb, sql: &'static str) -> Vec<(A, B)>
 where

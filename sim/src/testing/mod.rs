@@ -32,7 +32,8 @@ pub use boot::{
 };
 pub use browser::browse;
 pub use db::{
-    OwnPostgres, TEST_ENDPOINT, TestDb, count, machine, pairs, serve_test_endpoint, served_since,
+    OwnPostgres, TEST_ENDPOINT, TestDb, count, installation_history, machine, pairs,
+    serve_test_endpoint, served_since,
 };
 pub use processes::{FleetSimProcess, ShepherdProcess, bin, peak_rss_mb, pgbench, stripped_copy};
 pub use sshd::Sshd;

@@ -21,6 +21,20 @@ use uuid::Uuid;
 
 use crate::bmdb::{BmdbError, Tx};
 
+/// Follows `machine_os_installation_request rq`: the generation it asks
+/// not answered yet, with what was asked (`mi`) and its agent's progress on
+/// it (`p`, if any). Ends in an open WHERE.
+macro_rules! in_hand {
+    () => {
+        " JOIN machine_installation mi \
+               ON mi.machine_id = rq.machine_id AND mi.generation = rq.generation \
+          LEFT JOIN machine_installation_progress p \
+               ON p.machine_id = rq.machine_id AND p.generation = rq.generation \
+          WHERE NOT EXISTS (SELECT 1 FROM machine_os_installation_report r \
+                             WHERE r.machine_id = rq.machine_id AND r.generation = rq.generation)"
+    };
+}
+
 /// One generation failed for its deadline.
 #[derive(Debug, Clone)]
 pub struct TimedOut {
@@ -36,7 +50,8 @@ pub struct TimedOut {
 /// only while an endpoint was served for `$1 + $2`; with what was last
 /// seen: the progress of this generation, else the last failed work on
 /// the machine. Locked, so two shepherds fail a generation once.
-const STALLED: &str = "SELECT rq.machine_id, rq.generation::int4, mi.kind, \
+const STALLED: &str = concat!(
+    "SELECT rq.machine_id, rq.generation::int4, mi.kind, \
             installation_phase_name(p.phase), p.bytes_written, \
             to_char(COALESCE(p.advanced_at, mi.requested_at) AT TIME ZONE 'UTC', \
                     'YYYY-MM-DD HH24:MI:SS \"UTC\"'), \
@@ -45,18 +60,15 @@ const STALLED: &str = "SELECT rq.machine_id, rq.generation::int4, mi.kind, \
                 AND h.\"timestamp\" >= mi.requested_at \
               ORDER BY h.work_history_id DESC LIMIT 1) \
        FROM machine_summary s \
-       JOIN machine_os_installation_request rq ON rq.machine_id = s.machine_id \
-       JOIN machine_installation mi ON mi.machine_id = rq.machine_id AND mi.generation = rq.generation \
-       LEFT JOIN machine_installation_progress p \
-              ON p.machine_id = rq.machine_id AND p.generation = rq.generation \
-      WHERE s.installation IN ('installing', 'cleaning') AND NOT s.held \
+       JOIN machine_os_installation_request rq ON rq.machine_id = s.machine_id",
+    in_hand!(),
+    " AND s.installation IN ('installing', 'cleaning') AND NOT s.held \
         AND COALESCE(p.advanced_at, mi.requested_at) < now() - make_interval(secs => $1) \
         AND EXISTS (SELECT 1 FROM callback_endpoint c WHERE c.served_until > now() \
                       AND c.serving_since <= now() - make_interval(secs => $1 + $2)) \
-        AND NOT EXISTS (SELECT 1 FROM machine_os_installation_report r \
-                         WHERE r.machine_id = rq.machine_id AND r.generation = rq.generation) \
       ORDER BY rq.machine_id \
-      FOR UPDATE OF rq SKIP LOCKED";
+      FOR UPDATE OF rq SKIP LOCKED"
+);
 
 const REPORT: &str = "INSERT INTO machine_os_installation_report \
          (machine_id, generation, os_installation_result, os_installation_report_raw) \
@@ -173,13 +185,11 @@ pub async fn in_hand(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<String>
     }))
 }
 
-const IN_HAND: &str = "SELECT mi.kind, rq.generation, \
+const IN_HAND: &str = concat!(
+    "SELECT mi.kind, rq.generation, \
         installation_phase_name(p.phase) || ', ' || pg_size_pretty(p.bytes_written) || ' written at ' || \
             to_char(p.progress_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"') \
-       FROM machine_os_installation_request rq \
-       JOIN machine_installation mi ON mi.machine_id = rq.machine_id AND mi.generation = rq.generation \
-       LEFT JOIN machine_installation_progress p \
-              ON p.machine_id = rq.machine_id AND p.generation = rq.generation \
-      WHERE rq.machine_id = $1 \
-        AND NOT EXISTS (SELECT 1 FROM machine_os_installation_report r \
-                         WHERE r.machine_id = rq.machine_id AND r.generation = rq.generation)";
+       FROM machine_os_installation_request rq",
+    in_hand!(),
+    " AND rq.machine_id = $1"
+);

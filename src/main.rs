@@ -13,6 +13,7 @@ mod cli;
 use cli::brake::BrakeCommand;
 use cli::machines::MachinesCommand;
 use cli::rollouts::RolloutsCommand;
+use cli::tenants::{DevicesCommand, ProjectsCommand, TokensCommand};
 
 /// Exit status for invalid configuration (as for a usage error).
 const EXIT_CONFIG: u8 = 2;
@@ -63,6 +64,16 @@ enum Command {
         #[command(subcommand)]
         command: Option<BrakeCommand>,
     },
+    /// Tenants' projects and the machines assigned to them (the Metal
+    /// API's side for operators).
+    #[command(subcommand)]
+    Projects(ProjectsCommand),
+    /// Projects' API tokens: made (shown once), listed, revoked.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+    /// Tenants' devices, listed and reclaimed.
+    #[command(subcommand)]
+    Devices(DevicesCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish,
     /// powershell) to standard output.
     Completions {
@@ -159,6 +170,9 @@ fn main() -> ExitCode {
             }
             Command::Machines(m) => cli::machines::run(cfg, m).await,
             Command::Rollouts(r) => cli::rollouts::run(cfg, r).await,
+            Command::Projects(p) => cli::tenants::projects(cfg, p).await,
+            Command::Tokens(t) => cli::tenants::tokens(cfg, t).await,
+            Command::Devices(d) => cli::tenants::devices(cfg, d).await,
             Command::Brake { command } => {
                 cli::brake::run(cfg, command.unwrap_or(BrakeCommand::Show)).await
             }

@@ -47,6 +47,7 @@ const DROP_REBOOT_REQUEST: &str = "DELETE FROM machine_reboot_request WHERE mach
 const CALLED_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_heartbeat \
      WHERE machine_id = $1 AND agent_heartbeat_at > $2)";
 const DB_NOW: &str = "SELECT now()";
+const REQUESTED_POWER: &str = "SELECT power FROM machine_reboot_request WHERE machine_id = $1";
 
 /// How a reboot is waited for.
 #[derive(Debug, Clone)]
@@ -95,6 +96,12 @@ pub enum Step {
     /// Its agent called an endpoint no shepherd served any more: restarted
     /// over SSH with this shepherd's endpoint (no power action).
     rehomed,
+    /// Switched on or off at its tenant's request (`power_on`,
+    /// `power_off`).
+    powered,
+    /// Rebooted at its tenant's request: its installed system runs, no
+    /// agent is expected back.
+    power_cycled,
 }
 
 impl Step {
@@ -109,6 +116,10 @@ impl Step {
             Step::failed => "recovery failed",
             Step::rehomed => {
                 "agent re-homed over SSH: its callback endpoint was no longer served; it calls this shepherd now"
+            }
+            Step::powered => "switched on or off through its BMC at its tenant's request",
+            Step::power_cycled => {
+                "rebooted through its BMC at its tenant's request (its installed system runs; no agent is expected)"
             }
         }
     }
@@ -131,6 +142,8 @@ impl RecoveryMetrics {
             Step::braked,
             Step::failed,
             Step::rehomed,
+            Step::powered,
+            Step::power_cycled,
         ] {
             let _ = self.steps.get_or_create(&StepLabel { step });
         }
@@ -244,9 +257,11 @@ impl Record for Recovered {
                 .await
                 .map(|_| ())
             }
-            Step::agent_restarted | Step::rebooted | Step::rehomed => {
-                tx.execute(DROP_REBOOT_REQUEST, &[&mid]).await.map(|_| ())
-            }
+            Step::agent_restarted
+            | Step::rebooted
+            | Step::rehomed
+            | Step::powered
+            | Step::power_cycled => tx.execute(DROP_REBOOT_REQUEST, &[&mid]).await.map(|_| ()),
             Step::braked | Step::failed => Ok(()),
         }
     }
@@ -295,6 +310,7 @@ impl LeaseLoop for Recoverer {
                     requested,
                     rehome: None,
                     interrupted: None,
+                    power: None,
                 },
             )));
         }
@@ -311,6 +327,7 @@ impl LeaseLoop for Recoverer {
                     requested: false,
                     rehome: Some(endpoint),
                     interrupted: None,
+                    power: None,
                 },
             )
         }))
@@ -325,6 +342,13 @@ impl LeaseLoop for Recoverer {
         mut r: Recovery,
     ) -> Result<Recovery, BmdbError> {
         r.interrupted = installations::in_hand(tx, mid).await?;
+        if r.requested {
+            r.power = tx
+                .query_opt(REQUESTED_POWER, &[&mid])
+                .await?
+                .map(|row| row.get::<_, String>(0))
+                .filter(|p| p != "reboot");
+        }
         Ok(r)
     }
 
@@ -371,6 +395,9 @@ pub struct Recovery {
     /// What the machine was installing or erasing when it was picked, in
     /// words (read by `prepare`).
     pub interrupted: Option<String>,
+    /// A tenant's power action asked (`cycle`, `off`, `on`; read by
+    /// `prepare`), instead of an operator's reboot.
+    pub power: Option<String>,
 }
 
 /// Why a recovery did not end well: the step, and the cause.
@@ -397,6 +424,31 @@ impl Recoverer {
                     format!("re-homing the agent (its endpoint {unserved} is not served): {cause}"),
                 )),
             };
+        }
+        // A tenant's power action on the system it runs: the BMC alone,
+        // no brake (it is no recovery) and no agent expected.
+        match recovery.power.as_deref() {
+            Some(p @ ("on" | "off")) => {
+                let on = p == "on";
+                return match shared
+                    .provider
+                    .set_power(&recovery.machine.provider_id, on)
+                    .await
+                {
+                    Ok(how) => {
+                        tracing::info!(%how, "powered {p} at its tenant's request");
+                        Ok(Step::powered)
+                    }
+                    Err(e) => Err(fail(Step::failed, format!("power {p}: {e}"))),
+                };
+            }
+            Some("cycle") => {
+                return power_cycle(shared, &recovery.machine)
+                    .await
+                    .map(|()| Step::power_cycled)
+                    .map_err(|c| fail(Step::failed, c));
+            }
+            _ => {}
         }
         let mut gentle = None;
         if recovery.requested {

@@ -70,6 +70,11 @@ pub trait Host: Send + 'static {
     fn install_limits(&self) -> crate::install::Limits {
         crate::install::Limits::default()
     }
+    /// The disk operations an erasure asks for (discard, the disk's own
+    /// erase): the kernel's.
+    fn disk_ops(&self) -> std::sync::Arc<dyn crate::install::erase::DiskOps> {
+        std::sync::Arc::new(crate::install::erase::Kernel)
+    }
     /// Reboots into the installed system, once its report was received.
     fn reboot(&self) -> Result<(), String> {
         Err("this host does not reboot".into())
@@ -199,7 +204,8 @@ pub async fn run(resident: Resident, host: impl Host) {
     let mut report_sent = false;
     // The report of an installation, sent until shepherd has it.
     let mut answer: Option<crate::install::Answer> = None;
-    let mut installer = crate::install::Installer::new(host.install_record());
+    let mut installer =
+        crate::install::Installer::new(host.install_record()).with_disk_ops(host.disk_ops());
     let mut channel = None;
     let mut backoff = BACKOFF_INITIAL;
     // When the installer last had a job in hand (FOLLOW_UP).

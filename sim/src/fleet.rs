@@ -5,8 +5,13 @@
 //! runs beside it, alone or several processes on one BMDB, and is measured
 //! without the fleet's own work in its numbers.
 //!
+//! With `--provider static` the machines are owned hardware instead: an
+//! inventory of them, each with a simulated Redfish BMC on its own
+//! address (`crate::bmc`), and no Equinix simulator.
+//!
 //! It writes a complete shepherd configuration for the fleet (API address,
-//! project, token file, SSH port and key), and serves a control API:
+//! project, token file, SSH port and key, or the inventory), and serves a
+//! control API:
 //! `GET /fleet` (what every machine ran, agents running) and
 //! `POST /fleet/silence?count=N` (stops N agents).
 
@@ -18,6 +23,7 @@ use std::time::Duration;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use serde::Serialize;
 
+use crate::bmc::BmcSim;
 use crate::equinix::{Addressing, Faults, SimConfig, Simulator};
 use crate::machine::{MachineSim, Runs};
 use shepherd::secret::write_private;
@@ -48,6 +54,18 @@ pub struct FleetOptions {
     /// several shepherds behind one callback name on loopback. The first
     /// name becomes the configuration's callback endpoint.
     pub names: Vec<(String, Vec<IpAddr>)>,
+    /// Rented (the Equinix simulator) or owned (an inventory with BMCs).
+    pub provider: FleetProvider,
+    /// The inventory's `location` of every machine (static only).
+    pub location: Option<String>,
+}
+
+/// Where the fleet's machines come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FleetProvider {
+    #[default]
+    Equinix,
+    Static,
 }
 
 impl Default for FleetOptions {
@@ -65,13 +83,19 @@ impl Default for FleetOptions {
             token: "sim-token".into(),
             faults: Faults::default(),
             names: Vec::new(),
+            provider: FleetProvider::Equinix,
+            location: None,
         }
     }
 }
 
 /// A running simulated fleet.
 pub struct FleetSim {
-    pub api: Simulator,
+    /// The Equinix simulator (rented machines only).
+    pub api: Option<Simulator>,
+    /// The machines' BMCs (owned machines only).
+    pub bmcs: Option<BmcSim>,
+    location: Option<String>,
     pub machines: MachineSim,
     control: actix_web::dev::ServerHandle,
     control_addr: SocketAddr,
@@ -155,18 +179,35 @@ impl FleetSim {
         machines
             .agents
             .set_names(opts.names.iter().cloned().collect());
-        let api = Simulator::start(
-            SimConfig {
-                reservations: n,
-                provisioning_delay: opts.provisioning_delay,
-                addressing: Addressing::Sequential(opts.first_address),
-                token: opts.token.clone(),
-                faults: opts.faults,
-                ..SimConfig::default()
-            },
-            opts.api_listen,
-        )
-        .await?;
+        let (api, bmcs) = match opts.provider {
+            FleetProvider::Equinix => {
+                let api = Simulator::start(
+                    SimConfig {
+                        reservations: n,
+                        provisioning_delay: opts.provisioning_delay,
+                        addressing: Addressing::Sequential(opts.first_address),
+                        token: opts.token.clone(),
+                        faults: opts.faults,
+                        ..SimConfig::default()
+                    },
+                    opts.api_listen,
+                )
+                .await?;
+                (Some(api), None)
+            }
+            // Owned: a Redfish BMC per machine; a restart or a power-off
+            // kills the machine's agent, as on real hardware.
+            FleetProvider::Static => {
+                let agents = machines.agents.clone();
+                let bmcs = BmcSim::start(
+                    &machines.addresses,
+                    free_port()?,
+                    Duration::from_secs(1),
+                    std::sync::Arc::new(move |ip| agents.power_off(ip)),
+                )?;
+                (None, Some(bmcs))
+            }
+        };
         let token_file = opts.dir.join("api-token");
         write_private(&token_file, opts.token.as_bytes())?;
 
@@ -189,6 +230,8 @@ impl FleetSim {
         actix_rt::spawn(server);
         Ok(FleetSim {
             api,
+            bmcs,
+            location: opts.location,
             machines,
             control,
             control_addr,
@@ -236,11 +279,9 @@ impl FleetSim {
                 "the agents' endpoint resolves to the addresses {others} too: give each further shepherd one of them as SHEPHERD__BMAAS__LISTEN"
             )
         };
-        format!(
-            r#"# shepherd configuration for a simulated fleet of {n} machines (fleet-sim).
-# Fleet control: {control}   Equinix simulator stats: http://{api}/_sim/stats
-# Several shepherds may share it: give each its own admin address
-# (SHEPHERD__ADMIN__LISTEN); {others}.
+        let provider = match (&self.api, &self.bmcs) {
+            (Some(api), _) => format!(
+                r#"# Equinix simulator stats: http://{stats}/_sim/stats
 
 [equinix]
 api_url = "{api_url}"
@@ -264,7 +305,42 @@ interval = "1s"
 max_machines = 0
 chunk_size = 500
 creation_interval = "0s"
-
+"#,
+                stats = api.addr(),
+                api_url = api.api_url(),
+                project = api.project_id(),
+                token = toml_path(&self.token_file),
+            ),
+            (None, Some(bmcs)) => {
+                let mut inventory = String::from(
+                    "# Owned machines, each with a simulated Redfish BMC.\n[provider]\nkind = \"static\"\n\n\
+                     # The Metal API's deleted devices: the simulated disks are files, a\n\
+                     # discard punches them through.\n[metal]\nerase_mode = \"discard\"\n",
+                );
+                let location = self
+                    .location
+                    .as_deref()
+                    .map(|l| format!("location = \"{}\"\n", toml_path(Path::new(l))))
+                    .unwrap_or_default();
+                for (i, ip) in self.machines.addresses.iter().enumerate() {
+                    inventory.push_str(&format!(
+                        "\n[[provider.inventory.machines]]\nid = \"node-{:04}\"\naddress = \"{ip}\"\n{location}bmc = {{ url = \"{}\", username = \"{}\", password = \"{}\" }}\n",
+                        i + 1,
+                        bmcs.url(*ip),
+                        bmcs.user,
+                        bmcs.password,
+                    ));
+                }
+                inventory
+            }
+            (None, None) => unreachable!("a fleet is rented or owned"),
+        };
+        format!(
+            r#"# shepherd configuration for a simulated fleet of {n} machines (fleet-sim).
+# Fleet control: {control}
+# Several shepherds may share it: give each its own admin address
+# (SHEPHERD__ADMIN__LISTEN); {others}.
+{provider}
 [ssh]
 port = {port}
 key_file = "{key}"
@@ -298,10 +374,6 @@ listen = "{listen}"
 endpoint = "{endpoint}"
 "#,
             control = self.control_url(),
-            api = self.api.addr(),
-            api_url = self.api.api_url(),
-            project = self.api.project_id(),
-            token = toml_path(&self.token_file),
             port = self.machines.port,
             key = toml_path(&self.ssh_key),
             every = humantime::format_duration(every),
@@ -312,7 +384,12 @@ endpoint = "{endpoint}"
 
     pub async fn stop(self) {
         self.control.stop(true).await;
-        self.api.stop().await;
+        if let Some(api) = self.api {
+            api.stop().await;
+        }
+        if let Some(bmcs) = self.bmcs {
+            bmcs.stop().await;
+        }
         drop(self.machines);
     }
 }

@@ -220,7 +220,72 @@ struct SimHost {
 /// The simulated disk's size: sparse, so only what is written takes room.
 pub const SIM_DISK_BYTES: u64 = 480_103_981_056;
 
+/// A simulated machine's disks are files: a discard punches a hole (the
+/// file reads zeros there, as a disk that advertises discard returns);
+/// they have no erase of their own.
+struct SimDiskOps;
+
+impl shepherd_agent::install::erase::DiskOps for SimDiskOps {
+    fn can_discard(
+        &self,
+        disk: &shepherd_agent::install::disk::Disk,
+        file: &std::fs::File,
+    ) -> Result<(), String> {
+        match file.metadata() {
+            Ok(m) if m.is_file() => Ok(()),
+            Ok(_) => Err(format!("{} is not a simulated disk", disk.path.display())),
+            Err(e) => Err(format!("{}: {e}", disk.path.display())),
+        }
+    }
+
+    fn discard(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+        _secure: bool,
+    ) -> std::io::Result<()> {
+        use nix::fcntl::{FallocateFlags, fallocate};
+        fallocate(
+            file,
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            offset as i64,
+            len as i64,
+        )
+        .map_err(std::io::Error::from)
+    }
+
+    fn secure_erase(
+        &self,
+        disk: &shepherd_agent::install::disk::Disk,
+        _: &std::fs::File,
+    ) -> Result<shepherd_agent::install::erase::SecureErase, String> {
+        Err(format!(
+            "{} (simulated) has no erase of its own",
+            disk.path.display()
+        ))
+    }
+
+    fn run_secure_erase(
+        &self,
+        disk: &shepherd_agent::install::disk::Disk,
+        _: &std::fs::File,
+        _: &shepherd_agent::install::erase::SecureErase,
+        _: std::time::Duration,
+        _: &dyn Fn(u64),
+    ) -> Result<(), String> {
+        Err(format!(
+            "{} (simulated) has no erase of its own",
+            disk.path.display()
+        ))
+    }
+}
+
 impl shepherd_agent::resident::Host for SimHost {
+    fn disk_ops(&self) -> std::sync::Arc<dyn shepherd_agent::install::erase::DiskOps> {
+        std::sync::Arc::new(SimDiskOps)
+    }
+
     fn interval(&self) -> std::time::Duration {
         self.interval
     }

@@ -28,9 +28,9 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The name of the token `given` is, if any. Every token is compared, in
-/// constant time each.
-fn token_name(admin: &Admin, given: &[u8]) -> Option<String> {
+/// The name of the operator's token `given` is, if any. Every token is
+/// compared, in constant time each.
+pub fn token_name(admin: &Admin, given: &[u8]) -> Option<String> {
     let mut found = None;
     for (name, token) in &admin.tokens {
         if same(given, token.expose().as_bytes()) {
@@ -54,6 +54,10 @@ fn bearer_token(value: &str) -> Option<&str> {
 pub fn identify(admin: &Admin, req: &HttpRequest) -> Option<Operator> {
     if admin.tokens.is_empty() {
         return Some(Operator("anonymous".into()));
+    }
+    // No token is taken where it crossed a network in the clear.
+    if crate::metal::in_the_clear(req) {
+        return None;
     }
     let bearer = req
         .headers()

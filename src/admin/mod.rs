@@ -34,6 +34,8 @@ mod request;
 pub mod routes;
 mod state;
 mod text;
+pub mod tls;
 
-pub use routes::{routes, serve};
+pub use auth::token_name as operator_token;
+pub use routes::{routes, serve, serve_with};
 pub use state::{Admin, CsrfKey, Operator, RequestBudget};

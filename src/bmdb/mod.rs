@@ -15,6 +15,7 @@ pub mod boot;
 pub mod brake;
 pub mod callback;
 mod conn;
+pub mod devices;
 pub mod discovery;
 pub mod duty;
 pub mod embedded;
@@ -30,6 +31,7 @@ pub mod overview;
 pub mod rollouts;
 pub mod selectors;
 mod session;
+pub mod tenants;
 mod work;
 
 use std::sync::Arc;

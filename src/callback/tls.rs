@@ -328,6 +328,14 @@ impl ServerIdentity {
 }
 
 impl ServerIdentity {
+    /// The certificate chain and its key (the admin server's HTTPS).
+    pub fn parts(&self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        (
+            self.chain.clone(),
+            PrivateKeyDer::Pkcs8(self.key.clone_key()),
+        )
+    }
+
     /// A rustls configuration for plain HTTPS with the same certificate
     /// (the image server): TLS 1.2 and 1.3, ALPN `http/1.1`, a client
     /// certificate asked for but not required (an agent's, as the

@@ -1,7 +1,7 @@
 //! The `shepherd` command's BMDB client, one file per command group: the
 //! schema (`migrate`), the fleet and operators' actions (`machines`),
 //! installations (`install`), rollouts (`rollouts`), the recovery brake
-//! (`brake`). Each opens the BMDB itself with a small pool and prints what
+//! (`brake`), tenants' projects, tokens and devices (`tenants`). Each opens the BMDB itself with a small pool and prints what
 //! it found or did; `main.rs` only parses the command line and dispatches.
 
 pub mod brake;
@@ -10,3 +10,4 @@ pub mod machines;
 pub mod migrate;
 pub mod parse;
 pub mod rollouts;
+pub mod tenants;

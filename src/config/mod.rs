@@ -19,11 +19,13 @@ use crate::secret::{Secret, redact_database_url};
 mod error;
 pub mod inventory;
 pub mod loops;
+pub mod metal;
 pub mod netboot;
 
 pub use error::ConfigError;
 pub use inventory::{BmcConfig, BmcProtocol, BmcTls, BootMethod, Firmware, InventoryMachine};
 pub use loops::{EnrollerLease, InitializerLease, LeaseDefaults, LeaseSettings, RecovererLease};
+pub use metal::{MetalConfig, OperatingSystemConfig, PlanConfig};
 pub use netboot::{AddressRange, IpmiConfig, NetbootConfig, NetbootMode};
 
 /// Environment variables with this prefix override file keys:
@@ -53,6 +55,8 @@ pub struct Config {
     /// the DHCP or TFTP ports.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub netboot: Option<NetbootConfig>,
+    /// The Metal API served to tenants (plans, operating systems, metro).
+    pub metal: MetalConfig,
     pub log: LogConfig,
 }
 
@@ -794,6 +798,9 @@ pub struct AdminConfig {
     /// it (`/readyz`, the API, the pages; `/metrics` answers without it).
     #[serde(with = "humantime_serde")]
     pub database_timeout: Duration,
+    /// HTTPS. Required when `listen` is not a loopback address: no token
+    /// crosses a network in the clear.
+    pub tls: AdminTlsConfig,
 }
 
 impl Default for AdminConfig {
@@ -804,8 +811,30 @@ impl Default for AdminConfig {
             token: None,
             tokens: Default::default(),
             database_timeout: Duration::from_secs(1),
+            tls: AdminTlsConfig::default(),
         }
     }
+}
+
+/// The admin server's TLS: a certificate and key from files (read again
+/// when either changes), or, without them, a certificate issued at each
+/// start by the fleet's CA (the callback's), for the listen address and
+/// `names`; the CA's certificate is then written beside the callback's
+/// files as `fleet-ca.pem`, for tenants to trust.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminTlsConfig {
+    pub enabled: bool,
+    /// PEM: the certificate, then its chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// PEM: the certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// Host names and addresses the issued certificate names, besides the
+    /// listen address (what tenants type in their URLs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
 }
 
 /// Names the audit uses for actors that are not tokens.
@@ -864,11 +893,35 @@ impl AdminConfig {
                 ));
             }
         }
+        match (&self.tls.cert_file, &self.tls.key_file) {
+            (Some(_), None) => {
+                return Err(ConfigError::key(
+                    "admin.tls.key_file",
+                    "must be set with admin.tls.cert_file",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::key(
+                    "admin.tls.cert_file",
+                    "must be set with admin.tls.key_file",
+                ));
+            }
+            _ => {}
+        }
         if self.enabled && !self.listen.ip().is_loopback() && named.is_empty() {
             return Err(ConfigError::key(
                 "admin.token",
                 format!(
                     "must be set (or admin.tokens) when admin.listen ({}) is not a loopback address",
+                    self.listen
+                ),
+            ));
+        }
+        if self.enabled && !self.listen.ip().is_loopback() && !self.tls.enabled {
+            return Err(ConfigError::key(
+                "admin.tls.enabled",
+                format!(
+                    "must be true when admin.listen ({}) is not a loopback address: tokens never cross a network in the clear",
                     self.listen
                 ),
             ));
@@ -1289,6 +1342,13 @@ impl Config {
             return Err(ConfigError::key("updater.interval", "must be positive"));
         }
         self.installations.validate()?;
+        self.metal.validate()?;
+        if !self.metal.operating_systems.is_empty() && self.installations.images_dir.is_none() {
+            return Err(ConfigError::key(
+                "metal.operating_systems",
+                "are images shepherd serves: set installations.images_dir",
+            ));
+        }
         if self.supervisor.restart_backoff.is_zero() {
             return Err(ConfigError::key(
                 "supervisor.restart_backoff",

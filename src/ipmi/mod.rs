@@ -74,6 +74,15 @@ pub struct Restart {
     pub power_timeout: Duration,
 }
 
+/// Switches the machine on or off (a hard power-off), and waits until the
+/// BMC says so. Ok: what was done.
+#[derive(Message)]
+#[rtype(result = "Result<String, BmcError>")]
+pub struct SetPower {
+    pub on: bool,
+    pub power_timeout: Duration,
+}
+
 /// One IPMI BMC.
 pub struct IpmiClient {
     /// Moved into each command's future and back (with the suite it
@@ -448,6 +457,31 @@ impl Handler<Restart> for IpmiClient {
                     c.wait_for(Power::On, started, msg.power_timeout).await?;
                     done.push("power on");
                     Ok(done.join(", then "))
+                }
+                .await;
+                (c, r)
+            },
+            |_, r| r,
+        )
+    }
+}
+
+impl Handler<SetPower> for IpmiClient {
+    type Result = AtomicResponse<Self, Result<String, BmcError>>;
+
+    fn handle(&mut self, msg: SetPower, _: &mut Context<Self>) -> Self::Result {
+        self.atomic(
+            |mut c| async move {
+                let r = async {
+                    let started = Instant::now();
+                    let want = if msg.on { Power::On } else { Power::Off };
+                    if c.power().await? == want {
+                        return Ok(format!("already {}", if msg.on { "on" } else { "off" }));
+                    }
+                    let word = if msg.on { "on" } else { "off" };
+                    c.run(&["chassis", "power", word]).await?;
+                    c.wait_for(want, started, msg.power_timeout).await?;
+                    Ok(format!("power {word}"))
                 }
                 .await;
                 (c, r)

@@ -70,6 +70,27 @@ impl Bmcs {
         }
     }
 
+    /// Switches the machine on or off; Ok(how).
+    pub async fn set_power(
+        &self,
+        host: &str,
+        bmc: &BmcConfig,
+        on: bool,
+    ) -> Result<String, BmcError> {
+        match bmc.protocol() {
+            BmcProtocol::Redfish => {
+                redfish::set_power(&self.redfish, host, bmc, on, self.power_timeout).await
+            }
+            BmcProtocol::Ipmi => {
+                let set = ipmi::SetPower {
+                    on,
+                    power_timeout: self.power_timeout,
+                };
+                self.ipmi.ask(host, bmc, set).await
+            }
+        }
+    }
+
     /// Boots the machine into the live agent: from `image_url` through
     /// virtual media, or from the network (where the network boot service
     /// answers its MAC). Ok(how it was started), once it is on.

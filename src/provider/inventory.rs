@@ -386,6 +386,25 @@ impl Provider for Inventory {
             Ok(())
         })
     }
+
+    fn set_power<'a>(&'a self, provider_id: &'a str, on: bool) -> Fut<'a, String> {
+        Box::pin(async move {
+            let host = self.host_now(provider_id).await.ok_or_else(|| {
+                ProviderError::Inventory(format!(
+                    "host {provider_id} is no longer in the inventory"
+                ))
+            })?;
+            let Some(bmc) = &host.bmc else {
+                return Err(ProviderError::Unsupported(format!(
+                    "host {provider_id} has no BMC in the inventory: it cannot be switched on or off"
+                )));
+            };
+            self.bmcs
+                .set_power(&host.id, bmc, on)
+                .await
+                .map_err(|e| ProviderError::Bmc(e.to_string()))
+        })
+    }
 }
 
 #[cfg(test)]

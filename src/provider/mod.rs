@@ -77,6 +77,17 @@ pub trait Provider {
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()>;
 
+    /// Switches the machine on or off through its BMC (a tenant's
+    /// `power_on`, `power_off`); Ok (how).
+    fn set_power<'a>(&'a self, provider_id: &'a str, on: bool) -> Fut<'a, String> {
+        let _ = on;
+        Box::pin(async move {
+            Err(ProviderError::Unsupported(format!(
+                "machine {provider_id}: this provider cannot switch machines on or off"
+            )))
+        })
+    }
+
     /// Boots the machine into the live agent through its BMC, as it is
     /// listed: from the boot image at `image_url` (virtual media) or from
     /// the provisioning network. `credentials`: a user name and password

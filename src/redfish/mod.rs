@@ -193,6 +193,66 @@ pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, 
     Ok(format!("{off}, then {on}"))
 }
 
+/// Switches the system on, or off (hard: `ForceOff` where offered), and
+/// waits until it says so (within `timeout`). Ok: the reset used.
+pub async fn set_power(
+    bmcs: &Bmcs,
+    host: &str,
+    bmc: &BmcConfig,
+    on: bool,
+    timeout: Duration,
+) -> Result<String, BmcError> {
+    let addr = bmcs.get(host, bmc)?;
+    let info = system(bmcs, host, bmc).await?;
+    let want = if on { "On" } else { "Off" };
+    if info.power() == want {
+        return Ok(format!("already {}", want.to_lowercase()));
+    }
+    let target = info
+        .reset_target
+        .clone()
+        .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", info.path));
+    let offers = |t: &str| info.reset_types.is_empty() || info.reset_types.iter().any(|x| x == t);
+    let choices: &[&str] = if on {
+        &["On", "ForceOn"]
+    } else {
+        &["ForceOff", "GracefulShutdown"]
+    };
+    let reset_type = choices.iter().find(|t| offers(t)).ok_or_else(|| BmcError {
+        host: host.to_string(),
+        bmc: bmc.url.clone(),
+        kind: BmcErrorKind::Config(format!(
+            "the system offers no way to power {} (reset types {:?})",
+            want.to_lowercase(),
+            info.reset_types
+        )),
+    })?;
+    addr.send(Reset {
+        system: bmc.system.clone(),
+        target: Some(target),
+        reset_type: reset_type.to_string(),
+    })
+    .await
+    .map_err(|e| mailbox(host, bmc, e))??;
+    let started = std::time::Instant::now();
+    loop {
+        if matches!(system(bmcs, host, bmc).await, Ok(s) if s.power() == want) {
+            return Ok(reset_type.to_string());
+        }
+        if started.elapsed() > timeout {
+            return Err(BmcError {
+                host: host.to_string(),
+                bmc: bmc.url.clone(),
+                kind: BmcErrorKind::Protocol(format!(
+                    "{reset_type} accepted but the system was not {} after {timeout:?}",
+                    want.to_lowercase()
+                )),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Boots the system from `image_url` through its virtual CD (see
 /// [`media`]); Ok once it is on.
 pub async fn boot_from_media(

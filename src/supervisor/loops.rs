@@ -9,6 +9,7 @@ use crate::brake_watch::BrakeWatch;
 use crate::config::Config;
 use crate::control::Registration;
 use crate::deadlines::InstallationDeadline;
+use crate::devices::DeviceRound;
 use crate::enroller::{BootMetrics, BootUrl, BootWaits, Enroller};
 use crate::initializer::{AddressLookup, Initializer};
 use crate::provider::SharedProvider;
@@ -138,6 +139,13 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
     loops.push(Registration::round("deadlines", move || {
         InstallationDeadline::new(deadline, allowance)
     }));
+
+    if cfg.metal.enabled {
+        let every = cfg.metal.interval;
+        loops.push(Registration::round("devices", move || {
+            DeviceRound::new(every)
+        }));
+    }
     loops
 }
 

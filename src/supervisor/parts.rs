@@ -37,17 +37,6 @@ async fn callback_identity(
     endpoint: Option<&str>,
     bmdb: &Bmdb,
 ) -> anyhow::Result<crate::callback::ServerIdentity> {
-    let (dir, dir_key) = match &cfg.bmaas.tls_dir {
-        Some(d) => (d.clone(), "bmaas.tls_dir"),
-        None => (
-            cfg.ssh
-                .key_file
-                .parent()
-                .map(|p| p.to_path_buf())
-                .unwrap_or_default(),
-            "ssh.key_file",
-        ),
-    };
     let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
     if let Some(host) = endpoint.and_then(crate::config::endpoint_host) {
         names.insert(0, host.to_string());
@@ -72,6 +61,38 @@ async fn callback_identity(
             names.push(ip.to_string());
         }
     }
+    let ca = fleet_ca(cfg, bmdb).await?;
+    Ok(crate::callback::ServerIdentity::issued_by(
+        &ca.certificate,
+        &ca.private_key,
+        &names,
+    )?)
+}
+
+/// The directory the callback's certificates live in (`bmaas.tls_dir`,
+/// else beside shepherd's SSH key), and the key that names it.
+pub fn tls_dir(cfg: &Config) -> (std::path::PathBuf, &'static str) {
+    match &cfg.bmaas.tls_dir {
+        Some(d) => (d.clone(), "bmaas.tls_dir"),
+        None => (
+            cfg.ssh
+                .key_file
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_default(),
+            "ssh.key_file",
+        ),
+    }
+}
+
+/// The fleet's CA, from the BMDB (seeded, on the first start of all, by
+/// the CA a shepherd kept beside its SSH key, so that agents that trust it
+/// keep working, else generated).
+pub async fn fleet_ca(
+    cfg: &Config,
+    bmdb: &Bmdb,
+) -> anyhow::Result<crate::bmdb::callback::CallbackCa> {
+    let (dir, dir_key) = tls_dir(cfg);
     let files = crate::callback::CertFiles::in_dir(&dir);
     let local = crate::callback::tls::local_ca(&files)
         .map_err(|e| crate::ConfigError::key(dir_key, e.to_string()))?;
@@ -102,11 +123,7 @@ async fn callback_identity(
         Some(_) => tracing::debug!("the callback CA beside the SSH key is the fleet's"),
         None => {}
     }
-    Ok(crate::callback::ServerIdentity::issued_by(
-        &ca.certificate,
-        &ca.private_key,
-        &names,
-    )?)
+    Ok(ca)
 }
 
 impl Parts {

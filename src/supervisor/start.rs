@@ -182,6 +182,10 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
         tokens: cfg.admin.named_tokens(),
         database_timeout: cfg.admin.database_timeout,
+        metal: cfg
+            .metal
+            .enabled
+            .then(|| std::sync::Arc::new(crate::metal::Catalog::new(&cfg.metal))),
         equinix: parts.api.as_ref().map(|api| crate::admin::RequestBudget {
             metrics: api.metrics().clone(),
             interval: cfg.equinix.api_interval,
@@ -235,11 +239,18 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             "the open-files limit caps the agents that can call back at once; raise it (LimitNOFILE=, ulimit -n)"
         );
     }
+    let tls_cfg = cfg.clone();
     let running = start(cfg).await?;
     if admin_cfg.enabled {
-        let addr = crate::admin::serve(running.admin.clone(), admin_cfg.listen)
+        let tls = if admin_cfg.tls.enabled {
+            Some(admin_tls(&tls_cfg, &running.admin.bmdb).await?)
+        } else {
+            None
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let addr = crate::admin::serve_with(running.admin.clone(), admin_cfg.listen, tls)
             .map_err(|e| anyhow::anyhow!("admin.listen {}: {e}", admin_cfg.listen))?;
-        tracing::info!("admin server: http://{addr}/");
+        tracing::info!("admin server: {scheme}://{addr}/");
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -249,4 +260,31 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     running.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The admin server's TLS (`admin.tls`): its files, read again when they
+/// change, or a certificate issued now by the fleet's CA, whose own
+/// certificate is written as `fleet-ca.pem` beside the callback's files.
+async fn admin_tls(cfg: &Config, bmdb: &crate::bmdb::Bmdb) -> anyhow::Result<rustls::ServerConfig> {
+    use crate::admin::tls;
+    let t = &cfg.admin.tls;
+    if let (Some(cert), Some(key)) = (&t.cert_file, &t.key_file) {
+        let resolver = tls::ReloadingCert::new(cert, key)
+            .map_err(|e| crate::ConfigError::key("admin.tls.cert_file", e))?;
+        return Ok(tls::server_config(std::sync::Arc::new(resolver)));
+    }
+    let ca = super::parts::fleet_ca(cfg, bmdb).await?;
+    let names = tls::names(t, cfg.admin.listen);
+    let config = tls::issued(&ca.certificate, &ca.private_key, &names)
+        .map_err(|e| anyhow::anyhow!("admin TLS: {e}"))?;
+    let (dir, dir_key) = super::parts::tls_dir(cfg);
+    let path = dir.join("fleet-ca.pem");
+    let pem = pem::encode(&pem::Pem::new("CERTIFICATE", ca.certificate.clone()));
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(pem.as_str()) {
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, &pem))
+            .map_err(|e| crate::ConfigError::key(dir_key, format!("{}: {e}", path.display())))?;
+    }
+    tracing::info!(ca = %path.display(), names = %names.join(", "), "admin TLS: a certificate issued by the fleet's CA");
+    Ok(config)
 }

@@ -80,6 +80,14 @@ struct Args {
     /// becomes the callback endpoint (NAME:7830), one shepherd per address.
     #[arg(long, value_parser = parse_name)]
     resolve: Vec<(String, Vec<std::net::IpAddr>)>,
+    /// `equinix`: rented machines behind the Equinix Metal simulator;
+    /// `static`: owned machines, an inventory with a Redfish BMC each.
+    #[arg(long, default_value = "equinix", value_parser = ["equinix", "static"])]
+    provider: String,
+    /// The inventory `location` (the Metal API's metro) of every machine
+    /// (`--provider static`).
+    #[arg(long)]
+    location: Option<String>,
 }
 
 fn parse_name(s: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
@@ -129,6 +137,12 @@ fn main() {
             ..Faults::default()
         },
         names: a.resolve,
+        provider: if a.provider == "static" {
+            shepherd_sim::fleet::FleetProvider::Static
+        } else {
+            shepherd_sim::fleet::FleetProvider::Equinix
+        },
+        location: a.location,
     };
     let config_out = a.config_out;
     let result = actix_rt::System::new().block_on(async move {

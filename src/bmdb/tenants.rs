@@ -1,0 +1,637 @@
+//! Tenants: projects, the machines operators assign them, and their API
+//! tokens (CONTRACTS.md §7). A token is made here, shown once, and kept as
+//! its SHA-256 only; every change is in `tenant_audit`.
+
+use std::time::SystemTime;
+
+use uuid::Uuid;
+
+use super::{BmdbError, Tx};
+
+/// A project, as the operator's side lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Project {
+    pub id: Uuid,
+    pub name: String,
+    #[serde(with = "humantime_serde")]
+    pub created_at: SystemTime,
+    pub created_by: String,
+    pub max_devices: Option<i32>,
+    pub shared_pool: bool,
+    /// Machines assigned to it.
+    pub machines: i64,
+    /// Its devices now (not deleted).
+    pub devices: i64,
+}
+
+macro_rules! project_select {
+    () => {
+        "SELECT p.project_id, p.name, p.created_at, p.created_by, p.max_devices, p.shared_pool, \
+             (SELECT count(*) FROM machine_project mp WHERE mp.project_id = p.project_id), \
+             (SELECT count(*) FROM device d WHERE d.project_id = p.project_id \
+               AND d.deleted_at IS NULL) \
+         FROM project p "
+    };
+}
+
+fn project_from(r: &tokio_postgres::Row) -> Project {
+    Project {
+        id: r.get(0),
+        name: r.get(1),
+        created_at: r.get(2),
+        created_by: r.get(3),
+        max_devices: r.get(4),
+        shared_pool: r.get(5),
+        machines: r.get(6),
+        devices: r.get(7),
+    }
+}
+
+const AUDIT: &str = "INSERT INTO tenant_audit \
+         (tenant_audit_id, \"timestamp\", actor, action, project_id, token_id, machine_id, detail) \
+     VALUES ($1, now(), $2, $3, $4, $5, $6, $7)";
+
+async fn audit(
+    tx: &mut Tx<'_>,
+    actor: &str,
+    action: &str,
+    project: Option<Uuid>,
+    token: Option<Uuid>,
+    machine: Option<Uuid>,
+    detail: &str,
+) -> Result<(), BmdbError> {
+    tx.execute(
+        AUDIT,
+        &[
+            &Uuid::new_v4(),
+            &actor,
+            &action,
+            &project,
+            &token,
+            &machine,
+            &detail,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A project's name is 1 to 80 printable characters.
+pub fn check_project_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() || name.chars().count() > 80 || name.chars().any(char::is_control) {
+        return Err(format!(
+            "project name {name:?}: 1 to 80 printable characters"
+        ));
+    }
+    Ok(())
+}
+
+/// Makes a project; refused (Err) when the name is taken.
+pub async fn create_project(
+    tx: &mut Tx<'_>,
+    name: &str,
+    actor: &str,
+    max_devices: Option<i32>,
+    shared_pool: bool,
+) -> Result<Result<Project, String>, BmdbError> {
+    check_project_name(name).map_err(BmdbError::Invalid)?;
+    let id = Uuid::new_v4();
+    let n = tx
+        .execute(
+            "INSERT INTO project (project_id, name, created_at, created_by, max_devices, shared_pool) \
+             VALUES ($1, $2, now(), $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+            &[&id, &name, &actor, &max_devices, &shared_pool],
+        )
+        .await?;
+    if n == 0 {
+        return Ok(Err(format!("a project named {name:?} exists already")));
+    }
+    let limit = max_devices.map_or("no device limit".to_string(), |m| {
+        format!("at most {m} devices")
+    });
+    let pool = if shared_pool {
+        "draws from the shared pool"
+    } else {
+        "assigned machines only"
+    };
+    audit(
+        tx,
+        actor,
+        "project-create",
+        Some(id),
+        None,
+        None,
+        &format!("project {name:?}: {limit}, {pool}"),
+    )
+    .await?;
+    Ok(Ok(project(tx, id).await?.expect("inserted above")))
+}
+
+/// Every project, by name.
+pub async fn projects(tx: &mut Tx<'_>) -> Result<Vec<Project>, BmdbError> {
+    let sql = concat!(project_select!(), "ORDER BY p.name");
+    Ok(tx.query(sql, &[]).await?.iter().map(project_from).collect())
+}
+
+pub async fn project(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<Project>, BmdbError> {
+    let sql = concat!(project_select!(), "WHERE p.project_id = $1");
+    Ok(tx.query_opt(sql, &[&id]).await?.as_ref().map(project_from))
+}
+
+/// A project by its ID or, failing that, its name.
+pub async fn find_project(tx: &mut Tx<'_>, id_or_name: &str) -> Result<Option<Project>, BmdbError> {
+    if let Ok(id) = id_or_name.trim().parse::<Uuid>() {
+        if let Some(p) = project(tx, id).await? {
+            return Ok(Some(p));
+        }
+    }
+    let sql = concat!(project_select!(), "WHERE p.name = $1");
+    Ok(tx
+        .query_opt(sql, &[&id_or_name.trim()])
+        .await?
+        .as_ref()
+        .map(project_from))
+}
+
+/// Sets a project's device limit (None: none) and whether it draws from
+/// the shared pool.
+pub async fn set_limits(
+    tx: &mut Tx<'_>,
+    project_id: Uuid,
+    max_devices: Option<i32>,
+    shared_pool: bool,
+    actor: &str,
+) -> Result<bool, BmdbError> {
+    let n = tx
+        .execute(
+            "UPDATE project SET max_devices = $2, shared_pool = $3 WHERE project_id = $1",
+            &[&project_id, &max_devices, &shared_pool],
+        )
+        .await?;
+    if n > 0 {
+        let limit = max_devices.map_or("no device limit".to_string(), |m| {
+            format!("at most {m} devices")
+        });
+        audit(
+            tx,
+            actor,
+            "project-limit",
+            Some(project_id),
+            None,
+            None,
+            &format!(
+                "{limit}; {}",
+                if shared_pool {
+                    "draws from the shared pool"
+                } else {
+                    "assigned machines only"
+                }
+            ),
+        )
+        .await?;
+    }
+    Ok(n > 0)
+}
+
+/// How assigning one machine ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assigned {
+    Done(String),
+    /// Not changed, and why.
+    Refused(String),
+    NotFound,
+}
+
+/// Assigns `machine` to `project` (its hardware reservation there).
+/// Refused while another project's device runs on it: reclaim that first.
+pub async fn assign(
+    tx: &mut Tx<'_>,
+    project_id: Uuid,
+    machine_id: Uuid,
+    actor: &str,
+) -> Result<Assigned, BmdbError> {
+    if tx
+        .query_opt(
+            "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE",
+            &[&machine_id],
+        )
+        .await?
+        .is_none()
+    {
+        return Ok(Assigned::NotFound);
+    }
+    if let Some(r) = tx
+        .query_opt(
+            "SELECT d.device_id, p.name FROM device d JOIN project p USING (project_id) \
+             WHERE d.machine_id = $1 AND d.deleted_at IS NULL AND d.project_id <> $2",
+            &[&machine_id, &project_id],
+        )
+        .await?
+    {
+        let (device, name): (Uuid, String) = (r.get(0), r.get(1));
+        return Ok(Assigned::Refused(format!(
+            "machine {machine_id} runs device {device} of project {name:?}: reclaim it first"
+        )));
+    }
+    let before: Option<Uuid> = tx
+        .query_opt(
+            "SELECT project_id FROM machine_project WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| r.get(0));
+    if before == Some(project_id) {
+        return Ok(Assigned::Done(format!(
+            "machine {machine_id} was assigned to this project already"
+        )));
+    }
+    tx.execute(
+        "INSERT INTO machine_project (machine_id, project_id, assigned_at, assigned_by) \
+         VALUES ($1, $2, now(), $3) ON CONFLICT (machine_id) DO UPDATE SET \
+         project_id = EXCLUDED.project_id, assigned_at = EXCLUDED.assigned_at, \
+         assigned_by = EXCLUDED.assigned_by",
+        &[&machine_id, &project_id, &actor],
+    )
+    .await?;
+    let detail = match before {
+        Some(b) => format!("machine {machine_id} moved from project {b}"),
+        None => format!("machine {machine_id} assigned"),
+    };
+    audit(
+        tx,
+        actor,
+        "assign",
+        Some(project_id),
+        None,
+        Some(machine_id),
+        &detail,
+    )
+    .await?;
+    Ok(Assigned::Done(detail))
+}
+
+/// Gives `machine` back to the shared pool. Refused while a device runs
+/// on it: reclaim it first.
+pub async fn unassign(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    actor: &str,
+) -> Result<Assigned, BmdbError> {
+    if tx
+        .query_opt(
+            "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE",
+            &[&machine_id],
+        )
+        .await?
+        .is_none()
+    {
+        return Ok(Assigned::NotFound);
+    }
+    if let Some(r) = tx
+        .query_opt(
+            "SELECT device_id FROM device WHERE machine_id = $1 AND deleted_at IS NULL",
+            &[&machine_id],
+        )
+        .await?
+    {
+        let device: Uuid = r.get(0);
+        return Ok(Assigned::Refused(format!(
+            "machine {machine_id} runs device {device}: reclaim it first"
+        )));
+    }
+    let Some(r) = tx
+        .query_opt(
+            "DELETE FROM machine_project WHERE machine_id = $1 RETURNING project_id",
+            &[&machine_id],
+        )
+        .await?
+    else {
+        return Ok(Assigned::Done(format!(
+            "machine {machine_id} was in the shared pool already"
+        )));
+    };
+    let project: Uuid = r.get(0);
+    let detail = format!("machine {machine_id} back to the shared pool");
+    audit(
+        tx,
+        actor,
+        "unassign",
+        Some(project),
+        None,
+        Some(machine_id),
+        &detail,
+    )
+    .await?;
+    Ok(Assigned::Done(detail))
+}
+
+/// A token as listed: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TokenInfo {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub project: String,
+    pub read_only: bool,
+    pub description: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub created_at: SystemTime,
+    pub created_by: String,
+    #[serde(with = "humantime_serde")]
+    pub revoked_at: Option<SystemTime>,
+    #[serde(with = "humantime_serde")]
+    pub last_used_at: Option<SystemTime>,
+}
+
+macro_rules! token_select {
+    () => {
+        "SELECT t.token_id, t.project_id, p.name, t.read_only, t.description, t.created_at, \
+             t.created_by, t.revoked_at, t.last_used_at \
+         FROM api_token t JOIN project p USING (project_id) "
+    };
+}
+
+fn token_from(r: &tokio_postgres::Row) -> TokenInfo {
+    TokenInfo {
+        id: r.get(0),
+        project_id: r.get(1),
+        project: r.get(2),
+        read_only: r.get(3),
+        description: r.get(4),
+        created_at: r.get(5),
+        created_by: r.get(6),
+        revoked_at: r.get(7),
+        last_used_at: r.get(8),
+    }
+}
+
+/// A new token's value: `shp_` and 40 letters and digits (about 238
+/// random bits), so that secret scanners can tell it.
+pub fn new_token_value() -> String {
+    use rand::Rng as _;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let body: String = (0..40)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("shp_{body}")
+}
+
+/// What a token's value is kept as.
+pub fn token_digest(value: &str) -> Vec<u8> {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(value.trim().as_bytes()).to_vec()
+}
+
+/// Makes a token of `project`: its record and its value (shown once).
+pub async fn create_token(
+    tx: &mut Tx<'_>,
+    project_id: Uuid,
+    read_only: bool,
+    description: Option<&str>,
+    actor: &str,
+) -> Result<(TokenInfo, crate::secret::Secret), BmdbError> {
+    let id = Uuid::new_v4();
+    let value = new_token_value();
+    tx.execute(
+        "INSERT INTO api_token (token_id, project_id, read_only, description, token_sha256, \
+             created_at, created_by) VALUES ($1, $2, $3, $4, $5, now(), $6)",
+        &[
+            &id,
+            &project_id,
+            &read_only,
+            &description,
+            &token_digest(&value),
+            &actor,
+        ],
+    )
+    .await?;
+    let access = if read_only { "read-only" } else { "read-write" };
+    audit(
+        tx,
+        actor,
+        "token-create",
+        Some(project_id),
+        Some(id),
+        None,
+        &format!(
+            "{access} token {id}{}",
+            description.map(|d| format!(" ({d})")).unwrap_or_default()
+        ),
+    )
+    .await?;
+    let info = token_from(
+        &tx.query_one(concat!(token_select!(), "WHERE t.token_id = $1"), &[&id])
+            .await?,
+    );
+    Ok((info, crate::secret::Secret::inline(value)))
+}
+
+/// Every token (of one project, when given), newest last.
+pub async fn tokens(tx: &mut Tx<'_>, project: Option<Uuid>) -> Result<Vec<TokenInfo>, BmdbError> {
+    let sql = concat!(
+        token_select!(),
+        "WHERE $1::uuid IS NULL OR t.project_id = $1 ORDER BY t.created_at, t.token_id"
+    );
+    Ok(tx
+        .query(sql, &[&project])
+        .await?
+        .iter()
+        .map(token_from)
+        .collect())
+}
+
+/// Revokes a token: every request with it is refused from the moment this
+/// commits. False when there is no such token; a revoked token stays so.
+pub async fn revoke_token(tx: &mut Tx<'_>, token_id: Uuid, actor: &str) -> Result<bool, BmdbError> {
+    let Some(r) = tx
+        .query_opt(
+            "UPDATE api_token SET revoked_at = COALESCE(revoked_at, now()), \
+                 revoked_by = COALESCE(revoked_by, $2) \
+             WHERE token_id = $1 RETURNING project_id, revoked_by = $2 AND revoked_at = now()",
+            &[&token_id, &actor],
+        )
+        .await?
+    else {
+        return Ok(false);
+    };
+    let (project, now): (Uuid, bool) = (r.get(0), r.get(1));
+    if now {
+        audit(
+            tx,
+            actor,
+            "token-revoke",
+            Some(project),
+            Some(token_id),
+            None,
+            &format!("token {token_id} revoked"),
+        )
+        .await?;
+    }
+    Ok(true)
+}
+
+/// Whom a token acts for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenHolder {
+    pub token_id: Uuid,
+    pub project_id: Uuid,
+    pub read_only: bool,
+}
+
+/// The project a token value acts for, if it is a live token. Its use is
+/// noted, to the minute.
+pub async fn authenticate(tx: &mut Tx<'_>, value: &str) -> Result<Option<TokenHolder>, BmdbError> {
+    let Some(r) = tx
+        .query_opt(
+            "SELECT token_id, project_id, read_only, \
+                    last_used_at IS NULL OR last_used_at < now() - interval '1 minute' \
+             FROM api_token WHERE token_sha256 = $1 AND revoked_at IS NULL",
+            &[&token_digest(value)],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let holder = TokenHolder {
+        token_id: r.get(0),
+        project_id: r.get(1),
+        read_only: r.get(2),
+    };
+    if r.get::<_, bool>(3) {
+        tx.execute(
+            "UPDATE api_token SET last_used_at = now() WHERE token_id = $1",
+            &[&holder.token_id],
+        )
+        .await?;
+    }
+    Ok(Some(holder))
+}
+
+/// A project's SSH key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshKey {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub label: String,
+    pub key: String,
+    pub fingerprint: String,
+    pub created_at: SystemTime,
+    pub updated_at: SystemTime,
+}
+
+macro_rules! key_columns {
+    () => {
+        "key_id, project_id, label, key, fingerprint, created_at, updated_at"
+    };
+}
+
+fn key_from(r: &tokio_postgres::Row) -> SshKey {
+    SshKey {
+        id: r.get(0),
+        project_id: r.get(1),
+        label: r.get(2),
+        key: r.get(3),
+        fingerprint: r.get(4),
+        created_at: r.get(5),
+        updated_at: r.get(6),
+    }
+}
+
+/// A public key in OpenSSH's one-line form, checked, and its SHA-256
+/// fingerprint; the error says what is wrong (never echoing the key).
+pub fn parse_public_key(line: &str) -> Result<(String, String), String> {
+    let line = line.trim();
+    let key = russh::keys::PublicKey::from_openssh(line)
+        .map_err(|e| format!("not an OpenSSH public key ({e})"))?;
+    let fingerprint = key.fingerprint(russh::keys::HashAlg::Sha256).to_string();
+    Ok((line.to_string(), fingerprint))
+}
+
+/// Every key of one project, or of every project (None), oldest first.
+pub async fn keys(tx: &mut Tx<'_>, project: Option<Uuid>) -> Result<Vec<SshKey>, BmdbError> {
+    Ok(tx
+        .query(
+            concat!(
+                "SELECT ",
+                key_columns!(),
+                " FROM project_ssh_key \
+                 WHERE $1::uuid IS NULL OR project_id = $1 ORDER BY created_at, key_id"
+            ),
+            &[&project],
+        )
+        .await?
+        .iter()
+        .map(key_from)
+        .collect())
+}
+
+pub async fn key(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<SshKey>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            concat!(
+                "SELECT ",
+                key_columns!(),
+                " FROM project_ssh_key WHERE key_id = $1"
+            ),
+            &[&id],
+        )
+        .await?
+        .as_ref()
+        .map(key_from))
+}
+
+/// Adds a key to a project; Err when the project has it already.
+pub async fn add_key(
+    tx: &mut Tx<'_>,
+    project: Uuid,
+    label: &str,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Result<SshKey, String>, BmdbError> {
+    let id = Uuid::new_v4();
+    let row = tx
+        .query_opt(
+            concat!(
+                "INSERT INTO project_ssh_key (key_id, project_id, label, key, fingerprint, \
+                     created_at, updated_at) VALUES ($1, $2, $3, $4, $5, now(), now()) \
+                 ON CONFLICT (project_id, fingerprint) DO NOTHING RETURNING ",
+                key_columns!()
+            ),
+            &[&id, &project, &label, &key, &fingerprint],
+        )
+        .await?;
+    Ok(row
+        .as_ref()
+        .map(key_from)
+        .ok_or_else(|| format!("the project has this key already ({fingerprint})")))
+}
+
+/// Changes a key's label or the key itself.
+pub async fn update_key(
+    tx: &mut Tx<'_>,
+    id: Uuid,
+    label: Option<&str>,
+    key: Option<(&str, &str)>,
+) -> Result<Option<SshKey>, BmdbError> {
+    let (k, f) = key.unzip();
+    Ok(tx
+        .query_opt(
+            concat!(
+                "UPDATE project_ssh_key SET label = COALESCE($2, label), key = COALESCE($3, key), \
+                     fingerprint = COALESCE($4, fingerprint), updated_at = now() \
+                 WHERE key_id = $1 RETURNING ",
+                key_columns!()
+            ),
+            &[&id, &label, &k, &f],
+        )
+        .await?
+        .as_ref()
+        .map(key_from))
+}
+
+pub async fn delete_key(tx: &mut Tx<'_>, id: Uuid) -> Result<bool, BmdbError> {
+    Ok(tx
+        .execute("DELETE FROM project_ssh_key WHERE key_id = $1", &[&id])
+        .await?
+        > 0)
+}

@@ -1,0 +1,94 @@
+//! The Equinix Metal API's device subset, served to tenants at
+//! `/metal/v1` on the admin server's listener (CONTRACTS.md §7), as
+//! `equinix-metal-openapi` describes it: what Terraform configurations,
+//! Cluster API providers and the official SDKs written against Equinix
+//! Metal need to get, run and give back machines of shepherd's own racks.
+//!
+//! - A request acts for the project of its `X-Auth-Token` (a project's
+//!   token: `bmdb::tenants`), or, with an operator's token (`admin.token`,
+//!   `admin.tokens`), for every project. Another project's device, event,
+//!   key or reservation is 404, never 403; a read-only token is 403 on
+//!   anything that writes.
+//! - Devices are `bmdb::devices`: a create claims an available machine of
+//!   the plan in the metro and asks its installation, in one transaction.
+//! - Answers are the Metal API's: its status codes, `{"errors": [...]}`,
+//!   its paging (`page`, `per_page`, `meta`), and no `null` anywhere (the
+//!   description allows none: an absent value is left out).
+//!
+//! Files: [`catalog`] (plans, operating systems, metros), `auth`,
+//! `json` (the representations), `handlers` (the routes' answers).
+
+pub mod catalog;
+
+mod auth;
+mod handlers;
+mod json;
+
+use actix_web::middleware::from_fn;
+use actix_web::web;
+
+pub use auth::{Caller, in_the_clear};
+pub use catalog::Catalog;
+pub use json::error as json_error;
+
+/// The routes under `/metal/v1`, for `App::configure` beside the admin's
+/// (they read `web::Data<Admin>`; without `Admin::metal` every path is 404).
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use handlers::*;
+    cfg.service(
+        web::scope("/metal/v1")
+            .wrap(from_fn(auth::require_caller))
+            .wrap(from_fn(crate::admin::routes::database_bound))
+            .app_data(web::PathConfig::default().error_handler(|_, _| {
+                actix_web::error::InternalError::from_response(
+                    "not found",
+                    json::error(actix_web::http::StatusCode::NOT_FOUND, "Not found"),
+                )
+                .into()
+            }))
+            .app_data(web::QueryConfig::default().error_handler(|e, _| {
+                let msg = format!("the query: {e}");
+                actix_web::error::InternalError::from_response(
+                    msg.clone(),
+                    json::error(actix_web::http::StatusCode::UNPROCESSABLE_ENTITY, &msg),
+                )
+                .into()
+            }))
+            .route("/user", web::get().to(user))
+            .route("/projects", web::get().to(projects))
+            .route("/projects/{id}", web::get().to(project))
+            .route("/projects/{id}/plans", web::get().to(project_plans))
+            .route("/projects/{id}/devices", web::get().to(project_devices))
+            .route("/projects/{id}/devices", web::post().to(create_device))
+            .route(
+                "/projects/{id}/hardware-reservations",
+                web::get().to(project_reservations),
+            )
+            .route("/projects/{id}/ssh-keys", web::get().to(project_keys))
+            .route(
+                "/projects/{id}/ssh-keys",
+                web::post().to(create_project_key),
+            )
+            .route("/projects/{id}/events", web::get().to(project_events))
+            .route("/plans", web::get().to(plans))
+            .route("/operating-systems", web::get().to(operating_systems))
+            .route("/locations/metros", web::get().to(metros))
+            .route("/locations/metros/{id}", web::get().to(metro))
+            .route("/devices/{id}", web::get().to(device))
+            .route("/devices/{id}", web::put().to(update_device))
+            .route("/devices/{id}", web::delete().to(delete_device))
+            .route("/devices/{id}/actions", web::post().to(device_action))
+            .route("/devices/{id}/events", web::get().to(device_events))
+            .route("/devices/{id}/ssh-keys", web::get().to(device_keys))
+            .route("/hardware-reservations/{id}", web::get().to(reservation))
+            .route("/ssh-keys", web::get().to(keys))
+            .route("/ssh-keys/{id}", web::get().to(key))
+            .route("/ssh-keys/{id}", web::put().to(update_key))
+            .route("/ssh-keys/{id}", web::delete().to(delete_key))
+            .route("/events", web::get().to(events))
+            .route("/events/{id}", web::get().to(event))
+            .default_service(web::to(|| async {
+                json::error(actix_web::http::StatusCode::NOT_FOUND, "Not found")
+            })),
+    );
+}

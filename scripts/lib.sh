@@ -55,6 +55,23 @@ need_python_packages() {
     python3 -m pip install -q $user --disable-pip-version-check --break-system-packages "${PYTHON_PACKAGES[@]}"
 }
 
+# Stoplight's Prism (npm), the validating proxy the Metal API's SDK test
+# runs every exchange through (against the shared OpenAPI description):
+# 5.14.2, the last release that runs on Node 20; installed once under
+# /var/tmp, its path exported as SHEPHERD_PRISM.
+PRISM_VERSION=5.14.2
+need_prism() {
+  local dir=${SHEPHERD_PRISM_DIR:-/var/tmp/shepherd-prism-$PRISM_VERSION-$(id -u)}
+  local bin=$dir/node_modules/.bin/prism
+  if [ ! -x "$bin" ]; then
+    need_package npm "Prism (the OpenAPI validating proxy) is installed with npm" command -v npm
+    echo "shepherd: installing @stoplight/prism-cli@$PRISM_VERSION (npm) into $dir" >&2
+    mkdir -p "$dir"
+    npm install --silent --no-audit --no-fund --prefix "$dir" "@stoplight/prism-cli@$PRISM_VERSION" >/dev/null
+  fi
+  export SHEPHERD_PRISM=$bin
+}
+
 # libvirt and QEMU, with libvirtd running (started by hand where nothing
 # else does, as Metal3's CI runs it), and VirtualBMC from PyPI (the IPMI
 # emulator Ironic's and Metal3's CI use) with libvirt's Python binding.

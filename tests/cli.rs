@@ -206,9 +206,17 @@ fn ill_typed_keys_are_named() {
         ),
         "admin.tokens.carol",
     );
-    // Named tokens alone are enough beyond loopback.
+    // Beyond loopback: HTTPS, and a token (named tokens are enough).
+    assert_rejected(
+        &check_config(
+            "[admin]\nlisten = \"0.0.0.0:9090\"\ntokens = { alice = { env = \"ALICE_TOKEN\" } }\n",
+            &[("ALICE_TOKEN", "alice-0123456789abcdef")],
+        ),
+        "admin.tls.enabled",
+    );
     let o = check_config(
-        "[admin]\nlisten = \"0.0.0.0:9090\"\ntokens = { alice = { env = \"ALICE_TOKEN\" } }\n",
+        "[admin]\nlisten = \"0.0.0.0:9090\"\ntokens = { alice = { env = \"ALICE_TOKEN\" } }\n\
+         [admin.tls]\nenabled = true\n",
         &[("ALICE_TOKEN", "alice-0123456789abcdef")],
     );
     assert!(o.status.success(), "{}", stderr(&o));

@@ -28,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
     &[
         "brake_watch",
         "deadlines",
+        "devices",
         "enroller",
         "netboot",
         "provisioner",
@@ -37,6 +38,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["status"],
     &["admin"],
+    &["metal"],
     &["supervisor"],
 ];
 

@@ -186,10 +186,18 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     cfg.validate()?;
 
     let running = shepherd::supervisor::start(cfg).await?;
-    let admin = shepherd::admin::serve(running.admin.clone(), opts.admin_listen).or_else(|_| {
-        shepherd::admin::serve(
+    let admin = shepherd::metal::serve(
+        running.admin.clone(),
+        running.metal.clone(),
+        opts.admin_listen,
+        None,
+    )
+    .or_else(|_| {
+        shepherd::metal::serve(
             running.admin.clone(),
+            running.metal.clone(),
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            None,
         )
     })?;
     println!("shepherd demo: {n} machines");

@@ -227,6 +227,33 @@ pub struct MachineDetailBody {
     pub hardware_check: Option<HardwareCheckBody>,
     pub operator_actions: Vec<Action>,
     pub installation: Option<InstallationBody>,
+    /// Its tenant: the project it is assigned to, the device on it
+    /// (the Metal API's, docs/src/tenants.md).
+    pub tenancy: Option<TenancyBody>,
+}
+
+/// A machine's tenant.
+#[derive(Serialize, ToSchema)]
+pub struct TenancyBody {
+    /// The project it is assigned to (absent: the shared pool).
+    pub assigned_to: Option<ProjectRef>,
+    pub device: Option<DeviceRef>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ProjectRef {
+    pub id: Uuid,
+    pub name: String,
+}
+
+/// A tenant's device on the machine.
+#[derive(Serialize, ToSchema)]
+pub struct DeviceRef {
+    pub id: Uuid,
+    pub project: ProjectRef,
+    pub hostname: String,
+    /// The Metal API's state (`active`, `provisioning`, …).
+    pub state: String,
 }
 
 /// The machine's tags in the BMDB.
@@ -508,6 +535,21 @@ impl From<&MachineDetail> for MachineDetailBody {
             }),
             operator_actions: d.actions.iter().map(Action::from).collect(),
             installation: d.installation.as_ref().map(InstallationBody::from),
+            tenancy: d.tenancy.as_ref().map(|t| TenancyBody {
+                assigned_to: t.assigned_to.as_ref().map(|(id, name)| ProjectRef {
+                    id: *id,
+                    name: name.clone(),
+                }),
+                device: t.device.as_ref().map(|d| DeviceRef {
+                    id: d.id,
+                    project: ProjectRef {
+                        id: d.project.0,
+                        name: d.project.1.clone(),
+                    },
+                    hostname: d.hostname.clone(),
+                    state: d.state.to_string(),
+                }),
+            }),
         }
     }
 }

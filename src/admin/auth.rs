@@ -40,6 +40,14 @@ pub fn token_name(admin: &Admin, given: &[u8]) -> Option<String> {
     found
 }
 
+/// Whether this request came over plain HTTP to an address beyond
+/// loopback: no token is taken there (an embedding application's server
+/// may listen anywhere; `shepherd run` serves HTTPS there, `admin.tls`).
+pub fn in_the_clear(req: &HttpRequest) -> bool {
+    let c = req.app_config();
+    !c.secure() && !c.local_addr().ip().is_loopback()
+}
+
 /// The token of an `Authorization: Bearer <token>` value; the scheme's
 /// name is case-insensitive (RFC 7235 §2.1), spaces around it are allowed.
 fn bearer_token(value: &str) -> Option<&str> {
@@ -56,7 +64,7 @@ pub fn identify(admin: &Admin, req: &HttpRequest) -> Option<Operator> {
         return Some(Operator("anonymous".into()));
     }
     // No token is taken where it crossed a network in the clear.
-    if crate::metal::in_the_clear(req) {
+    if in_the_clear(req) {
         return None;
     }
     let bearer = req

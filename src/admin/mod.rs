@@ -36,6 +36,6 @@ mod state;
 mod text;
 pub mod tls;
 
-pub use auth::token_name as operator_token;
-pub use routes::{routes, serve, serve_with};
+pub use auth::{in_the_clear, token_name as operator_token};
+pub use routes::{routes, serve};
 pub use state::{Admin, CsrfKey, Operator, RequestBudget};

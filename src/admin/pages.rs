@@ -711,6 +711,28 @@ pub(super) async fn machine_page(
                 .unwrap_or_default()
         );
     }
+    if let Some(t) = &d.tenancy {
+        let _ = write!(
+            b,
+            "<tr><th>project</th><td id=\"project\">{}</td></tr>",
+            t.assigned_to
+                .as_ref()
+                .map(|(id, name)| format!("{} ({id})", esc(name)))
+                .unwrap_or_else(|| "the shared pool".into())
+        );
+        if let Some(dev) = &t.device {
+            let _ = write!(
+                b,
+                "<tr><th>device</th><td id=\"device\">{} ({}) of project {}: {} \
+                 <span class=\"muted\">(reclaim: <code>shepherd devices reclaim {}</code>)</span></td></tr>",
+                esc(&dev.hostname),
+                dev.id,
+                esc(&dev.project.1),
+                dev.state,
+                dev.id
+            );
+        }
+    }
     b.push_str("</table>");
 
     let accept_csrf = operator.as_ref().map(|op| admin.csrf.token(op, &mid));

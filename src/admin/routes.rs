@@ -28,8 +28,6 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                     .add(("X-Content-Type-Options", "nosniff")),
             )
             .service(read_only("/healthz", healthz))
-            // The tenants' API: its own tokens (X-Auth-Token) and errors.
-            .configure(crate::metal::routes)
             .service(
                 web::resource("/login")
                     .route(web::get().to(auth::login_page))
@@ -142,9 +140,8 @@ pub(crate) async fn database_bound(
             // A probe every second would repeat this: the session's and
             // the pool's own warnings say the database is away.
             tracing::debug!(%path, "{message}; answered 503");
-            let answer = if path.contains("/metal/v1") {
-                crate::metal::json_error(StatusCode::SERVICE_UNAVAILABLE, &message)
-            } else if path.starts_with("/api/") {
+            // The Metal API's Error takes `error` as well as `errors`.
+            let answer = if path.starts_with("/api/") || path.starts_with("/metal/") {
                 error_response(StatusCode::SERVICE_UNAVAILABLE, &message)
             } else {
                 error_page(StatusCode::SERVICE_UNAVAILABLE, &message, &back)
@@ -232,17 +229,9 @@ where
 }
 
 /// Serves the admin routes on `listen` until the system stops. Returns the
-/// bound address (for port 0).
+/// bound address (for port 0). (`metal::serve` serves the Metal API's
+/// beside them, over HTTPS when asked.)
 pub fn serve(admin: Admin, listen: std::net::SocketAddr) -> std::io::Result<std::net::SocketAddr> {
-    serve_with(admin, listen, None)
-}
-
-/// [`serve`], over HTTPS with `tls` when given.
-pub fn serve_with(
-    admin: Admin,
-    listen: std::net::SocketAddr,
-    tls: Option<rustls::ServerConfig>,
-) -> std::io::Result<std::net::SocketAddr> {
     let data = web::Data::new(admin);
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()
@@ -250,11 +239,8 @@ pub fn serve_with(
             .configure(routes)
     })
     .workers(1)
-    .disable_signals();
-    let server = match tls {
-        Some(tls) => server.bind_rustls_0_23(listen, tls)?,
-        None => server.bind(listen)?,
-    };
+    .disable_signals()
+    .bind(listen)?;
     let addr = server.addrs()[0];
     actix_rt::spawn(server.run());
     Ok(addr)

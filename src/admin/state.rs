@@ -40,8 +40,6 @@ pub struct Admin {
     /// How long a route waits for the BMDB before it answers 503
     /// (`admin.database_timeout`).
     pub database_timeout: std::time::Duration,
-    /// The Metal API's catalog, when it is served (`metal.enabled`).
-    pub metal: Option<std::sync::Arc<crate::metal::Catalog>>,
 }
 
 impl Admin {
@@ -61,7 +59,6 @@ impl Admin {
             loops: None,
             images: None,
             database_timeout: std::time::Duration::from_secs(1),
-            metal: None,
         }
     }
 }

@@ -877,10 +877,17 @@ pub async fn advance(tx: &mut Tx<'_>) -> Result<Advanced, BmdbError> {
             }
             continue;
         }
-        let erased = f.deleting
-            && f.erase_generation
-                .is_some_and(|g| f.report.as_ref() == Some(&(g, "Success".to_string())));
-        if erased {
+        let succeeded = |g: i32| f.report.as_ref() == Some(&(g, "Success".to_string()));
+        let erased = f.deleting && f.erase_generation.is_some_and(succeeded);
+        // An operator's erasure of the machine under a device (a
+        // deprovisioning, not the device's delete) ends it too.
+        let reclaimed = !f.deleting
+            && f.install_generation.is_some_and(|asked| {
+                f.installation
+                    .as_ref()
+                    .is_some_and(|(g, kind)| *g > asked && kind == "erase" && succeeded(*g))
+            });
+        if erased || reclaimed {
             tx.execute(
                 "UPDATE device SET deleted_at = now(), last_state = 'deleted' WHERE device_id = $1",
                 &[&d.id],

@@ -408,6 +408,62 @@ pub struct MachineDetail {
     pub hardware_check: Option<super::hardware::HardwareCheck>,
     /// It enlisted itself by booting the provisioning network.
     pub discovery: Option<super::discovery::Discovery>,
+    /// The project it is assigned to, and the tenant's device on it.
+    pub tenancy: Option<Tenancy>,
+}
+
+/// A machine's tenant: the project it is assigned to (None: the shared
+/// pool), and the device on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenancy {
+    /// (ID, name) of the project it is assigned to.
+    pub assigned_to: Option<(Uuid, String)>,
+    /// The device on it: ID, project (ID, name), host name, Metal state.
+    pub device: Option<TenantDevice>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantDevice {
+    pub id: Uuid,
+    pub project: (Uuid, String),
+    pub hostname: String,
+    pub state: &'static str,
+}
+
+/// Its tenancy, if it has any.
+pub async fn tenancy(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<Tenancy>, BmdbError> {
+    let assigned_to = tx
+        .query_opt(
+            "SELECT p.project_id, p.name FROM machine_project mp JOIN project p USING (project_id) \
+             WHERE mp.machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1)));
+    let device = match super::devices::on_machine(tx, machine_id).await? {
+        Some(d) => {
+            let name: String = tx
+                .query_one(
+                    "SELECT name FROM project WHERE project_id = $1",
+                    &[&d.project_id],
+                )
+                .await?
+                .get(0);
+            Some(TenantDevice {
+                id: d.id,
+                project: (d.project_id, name),
+                hostname: d.hostname.clone(),
+                state: d.state(),
+            })
+        }
+        None => None,
+    };
+    Ok(
+        (assigned_to.is_some() || device.is_some()).then_some(Tenancy {
+            assigned_to,
+            device,
+        }),
+    )
 }
 
 const DETAIL: &str = "SELECT m.machine_created_at, \
@@ -489,6 +545,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         boot_request: super::bmc_boot::requested(tx, machine_id).await?,
         hardware_check,
         discovery: super::discovery::of(tx, machine_id).await?,
+        tenancy: tenancy(tx, machine_id).await?,
     }))
 }
 

@@ -382,14 +382,15 @@ pub fn token_digest(value: &str) -> Vec<u8> {
     sha2::Sha256::digest(value.trim().as_bytes()).to_vec()
 }
 
-/// Makes a token of `project`: its record and its value (shown once).
+/// Makes a token of `project`: its record and its value (shown once, to
+/// whoever asked; never logged).
 pub async fn create_token(
     tx: &mut Tx<'_>,
     project_id: Uuid,
     read_only: bool,
     description: Option<&str>,
     actor: &str,
-) -> Result<(TokenInfo, crate::secret::Secret), BmdbError> {
+) -> Result<(TokenInfo, String), BmdbError> {
     let id = Uuid::new_v4();
     let value = new_token_value();
     tx.execute(
@@ -423,7 +424,7 @@ pub async fn create_token(
         &tx.query_one(concat!(token_select!(), "WHERE t.token_id = $1"), &[&id])
             .await?,
     );
-    Ok((info, crate::secret::Secret::inline(value)))
+    Ok((info, value))
 }
 
 /// Every token (of one project, when given), newest last.

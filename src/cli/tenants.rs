@@ -242,7 +242,7 @@ pub async fn tokens(cfg: Config, cmd: TokensCommand) -> anyhow::Result<()> {
                 p.name,
                 if read_only { "read-only" } else { "read-write" }
             );
-            println!("{}", value.expose());
+            println!("{value}");
         }
         TokensCommand::List { project } => {
             let only = match project {

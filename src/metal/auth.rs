@@ -61,14 +61,6 @@ impl Caller {
     }
 }
 
-/// Whether this request came over plain HTTP to an address beyond
-/// loopback: no token is taken there (an embedding application's server
-/// may listen anywhere).
-pub fn in_the_clear(req: &actix_web::HttpRequest) -> bool {
-    let c = req.app_config();
-    !c.secure() && !c.local_addr().ip().is_loopback()
-}
-
 /// Middleware: the [`Caller`] into the request's extensions, or 401.
 pub async fn require_caller(
     req: ServiceRequest,
@@ -77,16 +69,6 @@ pub async fn require_caller(
     let Some(admin) = req.app_data::<web::Data<Admin>>().cloned() else {
         return next.call(req).await;
     };
-    if admin.metal.is_none() {
-        let (r, _) = req.into_parts();
-        return Ok(ServiceResponse::new(
-            r,
-            json::error(
-                StatusCode::NOT_FOUND,
-                "This shepherd does not serve the Metal API (metal.enabled)",
-            ),
-        ));
-    }
     let token = req
         .headers()
         .get("x-auth-token")
@@ -107,7 +89,7 @@ pub async fn require_caller(
             "Invalid authentication token: X-Auth-Token is required",
         );
     };
-    if in_the_clear(req.request()) {
+    if crate::admin::in_the_clear(req.request()) {
         return refuse(
             req,
             "Tokens are not taken over plain HTTP beyond loopback: use HTTPS",

@@ -1,8 +1,6 @@
 //! The Metal API's answers, route by route. Each reads or writes through
 //! `bmdb::tenants` and `bmdb::devices`; what a caller may not see is 404.
 
-use std::sync::Arc;
-
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
@@ -26,11 +24,10 @@ fn caller(req: &HttpRequest) -> Caller {
         .expect("the Metal API's routes run behind require_caller")
 }
 
-fn catalog(admin: &Admin) -> Arc<Catalog> {
-    admin
-        .metal
-        .clone()
-        .expect("require_caller answers 404 without the Metal API")
+fn catalog(req: &HttpRequest) -> web::Data<Catalog> {
+    req.app_data::<web::Data<Catalog>>()
+        .cloned()
+        .expect("the Metal API's routes are served with their catalog (metal::serve)")
 }
 
 /// A path's ID; anything but a UUID is no such thing (404).
@@ -207,8 +204,8 @@ pub struct PlansQuery {
     slug: Option<String>,
 }
 
-async fn plan_list(admin: &Admin, slug: Option<&str>) -> HttpResponse {
-    let c = catalog(admin);
+async fn plan_list(admin: &Admin, req: &HttpRequest, slug: Option<&str>) -> HttpResponse {
+    let c = catalog(req);
     let metros = attempt!(metro_codes(admin, &c).await);
     ok(json!({
         "plans": c.plans.iter()
@@ -219,19 +216,23 @@ async fn plan_list(admin: &Admin, slug: Option<&str>) -> HttpResponse {
 }
 
 /// `GET /plans`.
-pub async fn plans(admin: web::Data<Admin>, q: web::Query<PlansQuery>) -> HttpResponse {
-    plan_list(&admin, q.slug.as_deref()).await
+pub async fn plans(
+    admin: web::Data<Admin>,
+    req: HttpRequest,
+    q: web::Query<PlansQuery>,
+) -> HttpResponse {
+    plan_list(&admin, &req, q.slug.as_deref()).await
 }
 
 /// `GET /projects/{id}/plans`.
 pub async fn project_plans(admin: web::Data<Admin>, req: HttpRequest, pid: Id) -> HttpResponse {
     attempt!(visible_project(&admin, &caller(&req), &pid).await);
-    plan_list(&admin, None).await
+    plan_list(&admin, &req, None).await
 }
 
 /// `GET /operating-systems`.
-pub async fn operating_systems(admin: web::Data<Admin>) -> HttpResponse {
-    let c = catalog(&admin);
+pub async fn operating_systems(req: HttpRequest) -> HttpResponse {
+    let c = catalog(&req);
     ok(json!({
         "operating_systems": c.operating_systems.iter()
             .map(|o| json::operating_system(o, &c))
@@ -240,15 +241,15 @@ pub async fn operating_systems(admin: web::Data<Admin>) -> HttpResponse {
 }
 
 /// `GET /locations/metros`.
-pub async fn metros(admin: web::Data<Admin>) -> HttpResponse {
-    let c = catalog(&admin);
+pub async fn metros(admin: web::Data<Admin>, req: HttpRequest) -> HttpResponse {
+    let c = catalog(&req);
     let codes = attempt!(metro_codes(&admin, &c).await);
     ok(json!({ "metros": codes.iter().map(|m| json::metro(m)).collect::<Vec<_>>() }))
 }
 
 /// `GET /locations/metros/{id}`.
-pub async fn metro(admin: web::Data<Admin>, mid: Id) -> HttpResponse {
-    let c = catalog(&admin);
+pub async fn metro(admin: web::Data<Admin>, req: HttpRequest, mid: Id) -> HttpResponse {
+    let c = catalog(&req);
     let codes = attempt!(metro_codes(&admin, &c).await);
     match codes
         .iter()
@@ -277,7 +278,7 @@ pub async fn project_devices(
     pid: Id,
     q: web::Query<DevicesQuery>,
 ) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let p = attempt!(visible_project(&admin, &caller(&req), &pid).await);
     let (offset, limit, page) = attempt!(q.paging.window());
     let (all, _) = attempt!(
@@ -469,7 +470,7 @@ pub async fn create_device(
     pid: Id,
     raw: web::Bytes,
 ) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let who = caller(&req);
     let project = attempt!(visible_project(&admin, &who, &pid).await);
     attempt!(who.may_write());
@@ -657,7 +658,7 @@ pub async fn create_device(
 
 /// `GET /devices/{id}`.
 pub async fn device(admin: web::Data<Admin>, req: HttpRequest, did: Id) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let d = attempt!(visible_device(&admin, &caller(&req), &did).await);
     ok(json::device(&d, &c, d.reserved))
 }
@@ -682,7 +683,7 @@ pub async fn update_device(
     did: Id,
     raw: web::Bytes,
 ) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let who = caller(&req);
     let d = attempt!(visible_device(&admin, &who, &did).await);
     attempt!(who.may_write());
@@ -738,7 +739,7 @@ pub async fn delete_device(
     attempt!(who.may_write());
     let force = q.force_delete.unwrap_or(false) && matches!(who, Caller::Operator(_));
     let actor = who.actor();
-    let mode = catalog(&admin).erase_mode.clone();
+    let mode = catalog(&req).erase_mode.clone();
     let done = attempt!(
         write(&admin, async |tx| devices::delete(
             tx, d.id, &actor, force, &mode
@@ -777,7 +778,7 @@ pub async fn device_action(
     did: Id,
     raw: web::Bytes,
 ) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let who = caller(&req);
     let d = attempt!(visible_device(&admin, &who, &did).await);
     attempt!(who.may_write());
@@ -945,7 +946,7 @@ pub async fn project_reservations(
     pid: Id,
     q: web::Query<ReservationsQuery>,
 ) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let p = attempt!(visible_project(&admin, &caller(&req), &pid).await);
     let (offset, limit, page) = attempt!(q.paging.window());
     let all = attempt!(
@@ -972,7 +973,7 @@ pub async fn project_reservations(
 
 /// `GET /hardware-reservations/{id}`.
 pub async fn reservation(admin: web::Data<Admin>, req: HttpRequest, rid: Id) -> HttpResponse {
-    let c = catalog(&admin);
+    let c = catalog(&req);
     let who = caller(&req);
     let rid = attempt!(id(&rid));
     let found = attempt!(

@@ -27,12 +27,12 @@ mod json;
 use actix_web::middleware::from_fn;
 use actix_web::web;
 
-pub use auth::{Caller, in_the_clear};
+pub use auth::Caller;
 pub use catalog::Catalog;
-pub use json::error as json_error;
 
-/// The routes under `/metal/v1`, for `App::configure` beside the admin's
-/// (they read `web::Data<Admin>`; without `Admin::metal` every path is 404).
+/// The routes under `/metal/v1`, for `App::configure` before the
+/// admin's (`admin::routes`, whose pages take every other path); they
+/// read `web::Data<Admin>` and `web::Data<Catalog>`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     use handlers::*;
     cfg.service(
@@ -91,4 +91,34 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 json::error(actix_web::http::StatusCode::NOT_FOUND, "Not found")
             })),
     );
+}
+
+/// Serves the admin routes, and the Metal API's with `catalog`, on
+/// `listen` (over HTTPS with `tls`) until the system stops. Returns the
+/// bound address (for port 0).
+pub fn serve(
+    admin: crate::admin::Admin,
+    catalog: Option<Catalog>,
+    listen: std::net::SocketAddr,
+    tls: Option<rustls::ServerConfig>,
+) -> std::io::Result<std::net::SocketAddr> {
+    let data = web::Data::new(admin);
+    let catalog = catalog.map(web::Data::new);
+    let server = actix_web::HttpServer::new(move || {
+        let app = actix_web::App::new().app_data(data.clone());
+        let app = match &catalog {
+            Some(c) => app.app_data(c.clone()).configure(routes),
+            None => app,
+        };
+        app.configure(crate::admin::routes)
+    })
+    .workers(1)
+    .disable_signals();
+    let server = match tls {
+        Some(tls) => server.bind_rustls_0_23(listen, tls)?,
+        None => server.bind(listen)?,
+    };
+    let addr = server.addrs()[0];
+    actix_rt::spawn(server.run());
+    Ok(addr)
 }

@@ -18,6 +18,8 @@ use crate::enroller::BootMetrics;
 pub struct Running {
     pub supervisor: Addr<Supervisor>,
     pub admin: crate::admin::Admin,
+    /// The Metal API's catalog, when it is served (`metal.enabled`).
+    pub metal: Option<crate::metal::Catalog>,
     /// The agent callback server, when enabled.
     pub callback: Option<crate::callback::Callback>,
     /// The image server, when `installations.images_dir` is set.
@@ -182,10 +184,6 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
         tokens: cfg.admin.named_tokens(),
         database_timeout: cfg.admin.database_timeout,
-        metal: cfg
-            .metal
-            .enabled
-            .then(|| std::sync::Arc::new(crate::metal::Catalog::new(&cfg.metal))),
         equinix: parts.api.as_ref().map(|api| crate::admin::RequestBudget {
             metrics: api.metrics().clone(),
             interval: cfg.equinix.api_interval,
@@ -211,6 +209,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
         },
     );
     loops.extend(extra);
+    let (metal_enabled, metal_cfg) = (cfg.metal.enabled, cfg.metal.clone());
     let supervisor = Supervisor::new(cfg, parts, Registry::new(loops)).start();
     Ok(Running {
         admin: crate::admin::Admin {
@@ -220,6 +219,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             ..admin
         },
         supervisor,
+        metal: metal_enabled.then(|| crate::metal::Catalog::new(&metal_cfg)),
         callback,
         images,
         netboot,
@@ -248,8 +248,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             None
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let addr = crate::admin::serve_with(running.admin.clone(), admin_cfg.listen, tls)
-            .map_err(|e| anyhow::anyhow!("admin.listen {}: {e}", admin_cfg.listen))?;
+        let addr = crate::metal::serve(
+            running.admin.clone(),
+            running.metal.clone(),
+            admin_cfg.listen,
+            tls,
+        )
+        .map_err(|e| anyhow::anyhow!("admin.listen {}: {e}", admin_cfg.listen))?;
         tracing::info!("admin server: {scheme}://{addr}/");
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -10,7 +10,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'recovery_power_action', 'recovery_brake', 'machine_installation', \
      'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine', \
      'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', 'machine_boot_mac', 'netboot_lease', 'machine_discovered', 'machine_accepted_bmc', \
-     'machine_hardware_accepted')";
+     'machine_hardware_accepted', 'project', 'machine_project', 'api_token', 'project_ssh_key', \
+     'device', 'project_event', 'tenant_audit')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -36,14 +37,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V14__life_cycle",
             "V15__network_boot",
             "V16__discovery",
-            "V17__interruptions"
+            "V17__interruptions",
+            "V18__tenants"
         ]
     );
-    assert_eq!(first.version, Some(17));
-    assert_eq!(count(&bmdb, TABLES).await, 34);
+    assert_eq!(first.version, Some(18));
+    assert_eq!(count(&bmdb, TABLES).await, 41);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(17));
+    assert_eq!(again.version, Some(18));
 }
 
 #[actix_rt::test]
@@ -56,13 +58,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 17],
+        [0, 18],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 34);
+    assert_eq!(count(&a, TABLES).await, 41);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        17
+        18
     );
 }
 
@@ -103,7 +105,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V14__life_cycle",
             "V15__network_boot",
             "V16__discovery",
-            "V17__interruptions"
+            "V17__interruptions",
+            "V18__tenants"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -161,7 +164,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V14__life_cycle",
             "V15__network_boot",
             "V16__discovery",
-            "V17__interruptions"
+            "V17__interruptions",
+            "V18__tenants"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

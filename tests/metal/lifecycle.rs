@@ -64,7 +64,7 @@ fn seed_meta(disk: &std::path::Path) -> String {
     String::from_utf8_lossy(&meta.stdout).into_owned()
 }
 
-fn holds_image(rig: &Rig, disk: &std::path::Path) -> bool {
+pub fn holds_image(rig: &Rig, disk: &std::path::Path) -> bool {
     use std::os::unix::fs::FileExt;
     let Ok(f) = std::fs::File::open(disk) else {
         return false;

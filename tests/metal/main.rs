@@ -8,6 +8,7 @@
 mod concurrency;
 mod isolation;
 mod lifecycle;
+mod sdk;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

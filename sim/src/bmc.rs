@@ -41,6 +41,22 @@ pub struct BmcSim {
 }
 
 impl BmcSim {
+    /// A BMC on a free port of each simulated machine's address, which a
+    /// restart or a power-off of its system takes down (its resident agent
+    /// dies, as on real hardware); back after a second from a restart.
+    pub fn for_machines(machines: &crate::machine::MachineSim) -> std::io::Result<BmcSim> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let agents = machines.agents.clone();
+        BmcSim::start(
+            &machines.addresses,
+            port,
+            Duration::from_secs(1),
+            Arc::new(move |ip| agents.power_off(ip)),
+        )
+    }
+
     /// A BMC on `port` of each of `addresses` (loopback only).
     pub fn start(
         addresses: &[IpAddr],

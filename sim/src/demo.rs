@@ -113,13 +113,7 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
         // Owned hardware: an inventory of the machines, each with a BMC
         // (Redfish) on its own address; a restart kills the machine's agent.
         ProviderKind::Static => {
-            let agents = machines.agents.clone();
-            let bmcs = BmcSim::start(
-                &machines.addresses,
-                free_port()?,
-                Duration::from_secs(1),
-                std::sync::Arc::new(move |ip| agents.power_off(ip)),
-            )?;
+            let bmcs = BmcSim::for_machines(&machines)?;
             cfg.provider.kind = ProviderKind::Static;
             cfg.provider.inventory.machines = machines
                 .addresses

@@ -198,13 +198,7 @@ impl FleetSim {
             // Owned: a Redfish BMC per machine; a restart or a power-off
             // kills the machine's agent, as on real hardware.
             FleetProvider::Static => {
-                let agents = machines.agents.clone();
-                let bmcs = BmcSim::start(
-                    &machines.addresses,
-                    free_port()?,
-                    Duration::from_secs(1),
-                    std::sync::Arc::new(move |ip| agents.power_off(ip)),
-                )?;
+                let bmcs = BmcSim::for_machines(&machines)?;
                 (None, Some(bmcs))
             }
         };

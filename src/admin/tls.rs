@@ -50,13 +50,17 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, String> {
         .load_private_key(key_der)
         .map_err(|e| format!("{}: {e}", key.display()))?;
     let certified = CertifiedKey::new(certs, signer);
-    certified.keys_match().map_err(|e| {
-        format!(
-            "{} and {}: the key is not the certificate's ({e})",
-            cert.display(),
-            key.display()
-        )
-    })?;
+    match certified.keys_match() {
+        // Unknown: the key type cannot say; the handshake will.
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(e) => {
+            return Err(format!(
+                "{} and {}: the key is not the certificate's ({e})",
+                cert.display(),
+                key.display()
+            ));
+        }
+    }
     Ok(Arc::new(certified))
 }
 
@@ -184,4 +188,48 @@ pub fn issued(
     Ok(server_config(Arc::new(Fixed(Arc::new(CertifiedKey::new(
         chain, signer,
     ))))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (c, k) = (dir.join("admin.pem"), dir.join("admin.key"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k, cert.der().to_vec())
+    }
+
+    #[test]
+    fn a_renewed_certificate_is_served_and_a_broken_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key, first) = pair(dir.path(), "one.example");
+        let r = ReloadingCert::new(&cert, &key).unwrap();
+        assert_eq!(r.current().cert[0].as_ref(), first.as_slice());
+        // Renewed: served once the files are looked at again.
+        std::thread::sleep(LOOK_EVERY + Duration::from_millis(50));
+        let (_, _, second) = pair(dir.path(), "two.example");
+        std::thread::sleep(LOOK_EVERY + Duration::from_millis(50));
+        assert_eq!(r.current().cert[0].as_ref(), second.as_slice());
+        // A key that is not the certificate's: the last good pair stays.
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(&key, other.serialize_pem()).unwrap();
+        std::thread::sleep(LOOK_EVERY + Duration::from_millis(50));
+        assert_eq!(r.current().cert[0].as_ref(), second.as_slice());
+        // Naming the file and what is wrong.
+        let e = load_pair(&cert, &key).unwrap_err();
+        assert!(
+            e.contains("admin.key") && e.contains("not the certificate's"),
+            "{e}"
+        );
+        std::fs::write(&cert, "not pem").unwrap();
+        let e = load_pair(&cert, &key).unwrap_err();
+        assert!(e.contains("admin.pem"), "{e}");
+    }
 }

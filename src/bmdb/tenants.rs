@@ -202,6 +202,35 @@ pub enum Assigned {
     NotFound,
 }
 
+/// Locks the machine's row; false when there is no such machine.
+async fn lock_machine(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<bool, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE",
+            &[&machine_id],
+        )
+        .await?
+        .is_some())
+}
+
+/// The device running on the machine (of a project other than `except`):
+/// its ID and its project's name.
+async fn device_on(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    except: Option<Uuid>,
+) -> Result<Option<(Uuid, String)>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT d.device_id, p.name FROM device d JOIN project p USING (project_id) \
+             WHERE d.machine_id = $1 AND d.deleted_at IS NULL \
+               AND ($2::uuid IS NULL OR d.project_id <> $2)",
+            &[&machine_id, &except],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
 /// Assigns `machine` to `project` (its hardware reservation there).
 /// Refused while another project's device runs on it: reclaim that first.
 pub async fn assign(
@@ -210,25 +239,10 @@ pub async fn assign(
     machine_id: Uuid,
     actor: &str,
 ) -> Result<Assigned, BmdbError> {
-    if tx
-        .query_opt(
-            "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE",
-            &[&machine_id],
-        )
-        .await?
-        .is_none()
-    {
+    if !lock_machine(tx, machine_id).await? {
         return Ok(Assigned::NotFound);
     }
-    if let Some(r) = tx
-        .query_opt(
-            "SELECT d.device_id, p.name FROM device d JOIN project p USING (project_id) \
-             WHERE d.machine_id = $1 AND d.deleted_at IS NULL AND d.project_id <> $2",
-            &[&machine_id, &project_id],
-        )
-        .await?
-    {
-        let (device, name): (Uuid, String) = (r.get(0), r.get(1));
+    if let Some((device, name)) = device_on(tx, machine_id, Some(project_id)).await? {
         return Ok(Assigned::Refused(format!(
             "machine {machine_id} runs device {device} of project {name:?}: reclaim it first"
         )));
@@ -277,26 +291,12 @@ pub async fn unassign(
     machine_id: Uuid,
     actor: &str,
 ) -> Result<Assigned, BmdbError> {
-    if tx
-        .query_opt(
-            "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE",
-            &[&machine_id],
-        )
-        .await?
-        .is_none()
-    {
+    if !lock_machine(tx, machine_id).await? {
         return Ok(Assigned::NotFound);
     }
-    if let Some(r) = tx
-        .query_opt(
-            "SELECT device_id FROM device WHERE machine_id = $1 AND deleted_at IS NULL",
-            &[&machine_id],
-        )
-        .await?
-    {
-        let device: Uuid = r.get(0);
+    if let Some((device, name)) = device_on(tx, machine_id, None).await? {
         return Ok(Assigned::Refused(format!(
-            "machine {machine_id} runs device {device}: reclaim it first"
+            "machine {machine_id} runs device {device} of project {name:?}: reclaim it first"
         )));
     }
     let Some(r) = tx

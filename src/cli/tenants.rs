@@ -170,46 +170,49 @@ pub async fn projects(cfg: Config, cmd: ProjectsCommand) -> anyhow::Result<()> {
         }
         ProjectsCommand::Assign { project, machines } => {
             let p = find(&bmdb, &project).await?;
-            let mut failed = 0;
-            for m in machines {
-                match bmdb
-                    .transact(async |tx| tenants::assign(tx, p.id, m, "cli").await)
-                    .await?
-                {
-                    Assigned::Done(d) => println!("{d} (project {})", p.name),
-                    Assigned::Refused(why) => {
-                        failed += 1;
-                        eprintln!("shepherd: {why}");
-                    }
-                    Assigned::NotFound => {
-                        failed += 1;
-                        eprintln!("shepherd: machine {m} is not in the BMDB");
-                    }
-                }
-            }
-            anyhow::ensure!(failed == 0, "{failed} machines not assigned");
+            let suffix = format!(" (project {})", p.name);
+            each_machine(&bmdb, &machines, "assigned", &suffix, async |tx, m| {
+                tenants::assign(tx, p.id, m, "cli").await
+            })
+            .await?;
         }
         ProjectsCommand::Unassign { machines } => {
-            let mut failed = 0;
-            for m in machines {
-                match bmdb
-                    .transact(async |tx| tenants::unassign(tx, m, "cli").await)
-                    .await?
-                {
-                    Assigned::Done(d) => println!("{d}"),
-                    Assigned::Refused(why) => {
-                        failed += 1;
-                        eprintln!("shepherd: {why}");
-                    }
-                    Assigned::NotFound => {
-                        failed += 1;
-                        eprintln!("shepherd: machine {m} is not in the BMDB");
-                    }
-                }
-            }
-            anyhow::ensure!(failed == 0, "{failed} machines not unassigned");
+            each_machine(&bmdb, &machines, "unassigned", "", async |tx, m| {
+                tenants::unassign(tx, m, "cli").await
+            })
+            .await?;
         }
     }
+    Ok(())
+}
+
+/// Does `one` to each machine in a transaction of its own, printing what
+/// it did; an error when any was refused or unknown (`what`: the verb).
+async fn each_machine(
+    bmdb: &Bmdb,
+    machines: &[Uuid],
+    what: &str,
+    suffix: &str,
+    mut one: impl AsyncFnMut(
+        &mut shepherd::bmdb::Tx<'_>,
+        Uuid,
+    ) -> Result<Assigned, shepherd::bmdb::BmdbError>,
+) -> anyhow::Result<()> {
+    let mut failed = 0;
+    for &m in machines {
+        match bmdb.transact(async |tx| one(tx, m).await).await? {
+            Assigned::Done(d) => println!("{d}{suffix}"),
+            Assigned::Refused(why) => {
+                failed += 1;
+                eprintln!("shepherd: {why}");
+            }
+            Assigned::NotFound => {
+                failed += 1;
+                eprintln!("shepherd: machine {m} is not in the BMDB");
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} machines not {what}");
     Ok(())
 }
 

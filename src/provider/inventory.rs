@@ -17,7 +17,9 @@ use super::bmc::Bmcs;
 use super::{BmcRead, Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::inventory::read_file;
-use crate::config::{BootMethod, InventoryConfig, InventoryMachine, IpmiConfig, RedfishConfig};
+use crate::config::{
+    BmcConfig, BootMethod, InventoryConfig, InventoryMachine, IpmiConfig, RedfishConfig,
+};
 
 pub struct Inventory {
     listed: Vec<InventoryMachine>,
@@ -367,19 +369,10 @@ impl Provider for Inventory {
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()> {
         Box::pin(async move {
-            let host = self.host_now(provider_id).await.ok_or_else(|| {
-                ProviderError::Inventory(format!(
-                    "host {provider_id} is no longer in the inventory"
-                ))
-            })?;
-            let Some(bmc) = &host.bmc else {
-                return Err(ProviderError::Unsupported(format!(
-                    "host {provider_id} has no BMC in the inventory: it cannot be rebooted"
-                )));
-            };
+            let (host, bmc) = self.host_with_bmc(provider_id, "rebooted").await?;
             let how = self
                 .bmcs
-                .reboot(&host.id, bmc)
+                .reboot(&host.id, &bmc)
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))?;
             tracing::info!(host = %host.id, bmc = %bmc.url, reset = %how, "reboot accepted by the BMC");
@@ -389,21 +382,34 @@ impl Provider for Inventory {
 
     fn set_power<'a>(&'a self, provider_id: &'a str, on: bool) -> Fut<'a, String> {
         Box::pin(async move {
-            let host = self.host_now(provider_id).await.ok_or_else(|| {
-                ProviderError::Inventory(format!(
-                    "host {provider_id} is no longer in the inventory"
-                ))
-            })?;
-            let Some(bmc) = &host.bmc else {
-                return Err(ProviderError::Unsupported(format!(
-                    "host {provider_id} has no BMC in the inventory: it cannot be switched on or off"
-                )));
-            };
+            let (host, bmc) = self
+                .host_with_bmc(provider_id, "switched on or off")
+                .await?;
             self.bmcs
-                .set_power(&host.id, bmc, on)
+                .set_power(&host.id, &bmc, on)
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))
         })
+    }
+}
+
+impl Inventory {
+    /// The host and its BMC now; the error says it cannot be `done`
+    /// without one.
+    async fn host_with_bmc(
+        &self,
+        provider_id: &str,
+        done: &str,
+    ) -> Result<(InventoryMachine, BmcConfig), ProviderError> {
+        let host = self.host_now(provider_id).await.ok_or_else(|| {
+            ProviderError::Inventory(format!("host {provider_id} is no longer in the inventory"))
+        })?;
+        match host.bmc.clone() {
+            Some(bmc) => Ok((host, bmc)),
+            None => Err(ProviderError::Unsupported(format!(
+                "host {provider_id} has no BMC in the inventory: it cannot be {done}"
+            ))),
+        }
     }
 }
 

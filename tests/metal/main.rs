@@ -386,19 +386,5 @@ pub fn device_body(hostname: &str) -> Value {
 
 fn https_client(ca_pem: &[u8]) -> awc::Client {
     let der = pem::parse(ca_pem).unwrap().into_contents();
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from(der))
-        .unwrap();
-    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(std::sync::Arc::new(tls)))
-        .timeout(Duration::from_secs(30))
-        .finish()
+    shepherd_sim::testing::https_client(&der, Duration::from_secs(30))
 }

@@ -84,15 +84,9 @@ pub async fn fetch_as_bmc(
     fetch_as_bmc_with(ca_der, url, range, head, None).await
 }
 
-/// [`fetch_as_bmc`] with the user name and password `InsertMedia` gave the
-/// BMC (HTTP basic), as a BMC that takes them fetches.
-pub async fn fetch_as_bmc_with(
-    ca_der: &[u8],
-    url: &str,
-    range: Option<&str>,
-    head: bool,
-    basic: Option<(&str, &str)>,
-) -> (u16, Vec<u8>, Option<String>) {
+/// An HTTPS client trusting only the CA `ca_der` (shepherd's fleet CA,
+/// which issues its servers' certificates).
+pub fn https_client(ca_der: &[u8], timeout: Duration) -> awc::Client {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
@@ -104,10 +98,22 @@ pub async fn fetch_as_bmc_with(
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let client = awc::Client::builder()
+    awc::Client::builder()
         .connector(awc::Connector::new().rustls_0_23(std::sync::Arc::new(tls)))
-        .timeout(Duration::from_secs(20))
-        .finish();
+        .timeout(timeout)
+        .finish()
+}
+
+/// [`fetch_as_bmc`] with the user name and password `InsertMedia` gave the
+/// BMC (HTTP basic), as a BMC that takes them fetches.
+pub async fn fetch_as_bmc_with(
+    ca_der: &[u8],
+    url: &str,
+    range: Option<&str>,
+    head: bool,
+    basic: Option<(&str, &str)>,
+) -> (u16, Vec<u8>, Option<String>) {
+    let client = https_client(ca_der, Duration::from_secs(20));
     let mut req = if head {
         client.head(url)
     } else {

@@ -128,6 +128,10 @@ pub struct Machine {
     pub state: String,
     /// When its agent last called (RFC 3339).
     pub agent_heartbeat: Option<String>,
+    /// The tenant's project it is assigned to or runs a device of.
+    pub project: Option<String>,
+    /// The tenant's device on it (the Metal API's).
+    pub device: Option<Uuid>,
 }
 
 impl From<&MachineSummary> for Machine {
@@ -140,6 +144,8 @@ impl From<&MachineSummary> for Machine {
             provider_status: m.provider_status.map(|s| s.to_string()),
             state: m.state.as_str().to_string(),
             agent_heartbeat: m.agent_heartbeat.map(rfc3339),
+            project: None,
+            device: None,
         }
     }
 }
@@ -431,8 +437,17 @@ pub struct RebootRequest {
 
 impl From<&MachineDetail> for MachineDetailBody {
     fn from(d: &MachineDetail) -> Self {
+        let mut machine = Machine::from(&d.summary);
+        if let Some(t) = &d.tenancy {
+            machine.project = t
+                .device
+                .as_ref()
+                .map(|x| x.project.1.clone())
+                .or_else(|| t.assigned_to.as_ref().map(|(_, n)| n.clone()));
+            machine.device = t.device.as_ref().map(|x| x.id);
+        }
         MachineDetailBody {
-            machine: (&d.summary).into(),
+            machine,
             created_at: rfc3339(d.created_at),
             tags: Tags {
                 provided: d.provided.as_ref().map(|p| Provided {

@@ -266,6 +266,9 @@ pub async fn api_brake_release(
 /// A page of the fleet as the API and the fleet page show it.
 pub struct Listing {
     pub machines: Vec<MachineSummary>,
+    /// The machines' projects and devices (those that have any).
+    pub tenants:
+        std::collections::HashMap<uuid::Uuid, (Option<String>, Option<(uuid::Uuid, String)>)>,
     /// Machines the filter matches.
     pub matching: i64,
     pub counts: Vec<(MachineState, i64)>,
@@ -281,11 +284,14 @@ impl Listing {
         (limit, offset): (i64, i64),
     ) -> Result<Listing, crate::bmdb::BmdbError> {
         let (machines, matching) = machines::fleet_page(tx, filter, limit, offset).await?;
+        let ids: Vec<uuid::Uuid> = machines.iter().map(|m| m.machine_id).collect();
+        let tenants = machines::tenants_of(tx, &ids).await?;
         let counts = machines::fleet_counts(tx).await?;
         let (heartbeating, silent) =
             machines::agent_counts(tx, admin.heartbeat_stale_after).await?;
         Ok(Listing {
             machines,
+            tenants,
             matching,
             counts,
             heartbeating,
@@ -317,7 +323,18 @@ pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> Htt
         .await;
     match r {
         Ok(l) => HttpResponse::Ok().json(api::MachineList {
-            machines: l.machines.iter().map(api::Machine::from).collect(),
+            machines: l
+                .machines
+                .iter()
+                .map(|m| {
+                    let mut a = api::Machine::from(m);
+                    if let Some((project, device)) = l.tenants.get(&m.machine_id) {
+                        a.project = project.clone();
+                        a.device = device.as_ref().map(|(id, _)| *id);
+                    }
+                    a
+                })
+                .collect(),
             matching: l.matching,
             counts: api::MachineList::counts(&l.counts),
             agents: api::AgentCounts {

@@ -208,6 +208,7 @@ pub(super) async fn fleet_page(
     };
     let Listing {
         machines: list,
+        tenants,
         matching,
         counts,
         heartbeating,
@@ -280,7 +281,7 @@ pub(super) async fn fleet_page(
     );
 
     // The machines go last (they are long); the overview stays on top.
-    let machines_html = machines_section(&q, &filter, &list, matching, offset, limit)
+    let machines_html = machines_section(&q, &filter, &list, &tenants, matching, offset, limit)
         + &fleet_rollout_form(
             &admin,
             req_operator(&req).as_ref(),
@@ -447,6 +448,7 @@ fn machines_section(
     q: &Page,
     filter: &machines::FleetFilter,
     list: &[machines::MachineSummary],
+    tenants: &std::collections::HashMap<uuid::Uuid, (Option<String>, Option<(uuid::Uuid, String)>)>,
     matching: i64,
     offset: i64,
     limit: i64,
@@ -504,13 +506,14 @@ fn machines_section(
     }
     b.push_str(
         "</p><table id=\"machine-list\"><tr><th>machine</th><th>provider ID</th><th>address</th>\
-         <th>provider status</th><th>state</th><th>last heartbeat</th></tr>",
+         <th>provider status</th><th>state</th><th>last heartbeat</th><th>tenant</th></tr>",
     );
     for m in list {
         let _ = write!(
             b,
             "<tr class=\"machine{held}\" data-machine=\"{id}\"><td><a href=\"machines/{id}\">{id}</a></td>\
-             <td>{pid}</td><td>{addr}</td><td>{ps}</td><td class=\"state\">{st}</td><td>{hb}</td></tr>",
+             <td>{pid}</td><td>{addr}</td><td>{ps}</td><td class=\"state\">{st}</td><td>{hb}</td>\
+             <td class=\"tenant\">{tenant}</td></tr>",
             held = if m.state == MachineState::Held {
                 " held"
             } else {
@@ -525,6 +528,16 @@ fn machines_section(
                 .unwrap_or_else(|| "-".into()),
             st = m.state,
             hb = m.agent_heartbeat.map(ago).unwrap_or_else(|| "-".into()),
+            tenant = match tenants.get(&m.machine_id) {
+                None => "-".to_string(),
+                Some((project, device)) => {
+                    let p = esc(project.as_deref().unwrap_or("shared pool"));
+                    match device {
+                        Some((_, host)) => format!("{p}: {}", esc(host)),
+                        None => p,
+                    }
+                }
+            },
         );
     }
     b.push_str("</table></section>");

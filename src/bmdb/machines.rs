@@ -430,6 +430,34 @@ pub struct TenantDevice {
     pub state: &'static str,
 }
 
+/// The fleet page's tenancy column, for a page of machines: each one's
+/// project (assigned, or its device's) and its device's host name.
+pub async fn tenants_of(
+    tx: &mut Tx<'_>,
+    ids: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, (Option<String>, Option<(Uuid, String)>)>, BmdbError> {
+    let rows = tx
+        .query(
+            "SELECT m.machine_id, COALESCE(dp.name, ap.name), d.device_id, d.hostname \
+             FROM unnest($1::uuid[]) AS m (machine_id) \
+             LEFT JOIN machine_project mp ON mp.machine_id = m.machine_id \
+             LEFT JOIN project ap ON ap.project_id = mp.project_id \
+             LEFT JOIN device d ON d.machine_id = m.machine_id AND d.deleted_at IS NULL \
+             LEFT JOIN project dp ON dp.project_id = d.project_id \
+             WHERE mp.machine_id IS NOT NULL OR d.device_id IS NOT NULL",
+            &[&ids],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let device: Option<Uuid> = r.get(2);
+            let hostname: Option<String> = r.get(3);
+            (r.get(0), (r.get(1), device.zip(hostname)))
+        })
+        .collect())
+}
+
 /// Its tenancy, if it has any.
 pub async fn tenancy(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<Tenancy>, BmdbError> {
     let assigned_to = tx

@@ -52,6 +52,35 @@ async fn a_projects_token_sees_only_its_project_over_https() {
     let (s, events) = rig.get(&format!("/projects/{b}/events"), &b_rw).await;
     assert_eq!(s, 200, "{events}");
     let b_event = events["events"][0]["id"].as_str().unwrap().to_string();
+    // The operator sees whose it is, in the machine's detail and the list.
+    let (s, detail) = rig
+        .operator_get(&format!("/api/v1/machines/{b_machine}"))
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        detail["tenancy"]["assigned_to"]["name"], "tenant-b",
+        "{detail}"
+    );
+    assert_eq!(detail["tenancy"]["device"]["id"], json!(b_dev), "{detail}");
+    assert_eq!(detail["tenancy"]["device"]["hostname"], "b-one");
+    let (_, list) = rig.operator_get("/api/v1/machines").await;
+    let row = list["machines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["machine_id"] == json!(b_machine.to_string()))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (row["project"].clone(), row["device"].clone()),
+        (json!("tenant-b"), json!(b_dev)),
+        "{row}"
+    );
+    let page = rig.operator_text(&format!("/machines/{b_machine}")).await;
+    assert!(
+        page.contains("tenant-b") && page.contains("b-one"),
+        "{page}"
+    );
     // A's own device, from the shared pool (never B's assigned machines).
     let (s, a_dev) = rig.create(a, &a_rw, device_body("a-one")).await;
     assert_eq!(s, 201, "{a_dev}");

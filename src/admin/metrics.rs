@@ -124,6 +124,35 @@ pub fn fleet_samples(
     }
 }
 
+/// The tenants' series: projects, tokens, devices per Metal state.
+fn tenant_samples(p: &mut Scrape, t: &crate::bmdb::devices::TenantCounts) {
+    p.gauge(
+        "shepherd_projects",
+        "Tenants' projects (the Metal API's)",
+        t.projects,
+    );
+    p.gauges(
+        "shepherd_api_tokens",
+        "Projects' API tokens, live or revoked",
+        [
+            (labels(&[("status", "live")]), t.tokens_live),
+            (labels(&[("status", "revoked")]), t.tokens_revoked),
+        ],
+    );
+    p.gauges(
+        "shepherd_devices",
+        "Tenants' devices per Metal API state, as the devices round last saw them",
+        crate::bmdb::devices::METAL_STATES.iter().map(|s| {
+            let n = t
+                .devices
+                .iter()
+                .find(|(d, _)| d == s)
+                .map_or(0, |(_, n)| *n);
+            (labels(&[("state", s)]), n)
+        }),
+    );
+}
+
 pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
@@ -301,13 +330,14 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             };
             let endpoints = crate::bmdb::callback::endpoints(tx).await?;
             let oldest_boot = crate::bmdb::bmc_boot::oldest_request_age(tx).await?;
+            let tenants = crate::bmdb::devices::tenant_counts(tx).await?;
             Ok((
                 sessions,
                 backoffs,
                 counts,
                 agents,
                 brake,
-                (endpoints, oldest_boot),
+                (endpoints, oldest_boot, tenants),
             ))
         })
         .await;
@@ -354,8 +384,9 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             counts,
             (heartbeating, silent),
             brake,
-            (endpoints, oldest_boot),
+            (endpoints, oldest_boot, tenants),
         )) => {
+            tenant_samples(&mut p, &tenants);
             p.gauge(
                 "shepherd_boot_request_oldest_seconds",
                 "How long the oldest boot into the live agent through a BMC has been asked for and not done (held machines excepted; 0 when none is): machines stuck enrolling",

@@ -1001,3 +1001,55 @@ pub async fn locations(tx: &mut Tx<'_>) -> Result<Vec<String>, BmdbError> {
         .map(|r| r.get(0))
         .collect())
 }
+
+/// What `/metrics` says of tenants: projects, tokens live and revoked, and
+/// devices per Metal state as the devices round last saw them (a device
+/// it has not seen yet is `queued`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantCounts {
+    pub projects: i64,
+    pub tokens_live: i64,
+    pub tokens_revoked: i64,
+    pub devices: Vec<(String, i64)>,
+}
+
+pub async fn tenant_counts(tx: &mut Tx<'_>) -> Result<TenantCounts, BmdbError> {
+    let r = tx
+        .query_one(
+            "SELECT (SELECT count(*) FROM project), \
+                    (SELECT count(*) FROM api_token WHERE revoked_at IS NULL), \
+                    (SELECT count(*) FROM api_token WHERE revoked_at IS NOT NULL)",
+            &[],
+        )
+        .await?;
+    let devices = tx
+        .query(
+            "SELECT COALESCE(last_state, 'queued'), count(*) FROM device \
+             WHERE deleted_at IS NULL GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(TenantCounts {
+        projects: r.get(0),
+        tokens_live: r.get(1),
+        tokens_revoked: r.get(2),
+        devices,
+    })
+}
+
+/// Every Metal state a device may be in, for series that start at 0.
+pub const METAL_STATES: [&str; 10] = [
+    "queued",
+    "provisioning",
+    "deprovisioning",
+    "reinstalling",
+    "active",
+    "inactive",
+    "failed",
+    "powering_on",
+    "powering_off",
+    "deleted",
+];

@@ -213,6 +213,19 @@ async fn a_projects_token_sees_only_its_project_over_https() {
     let listed = rig.cli(&["tokens", "list"]);
     assert!(listed.contains(&a_rw_id.to_string()), "{listed}");
 
+    // The tenants' series.
+    let metrics = rig.operator_text("/metrics").await;
+    for series in [
+        "shepherd_projects 2",
+        "shepherd_api_tokens{status=\"revoked\"} 1",
+        "shepherd_api_tokens{status=\"live\"} 2",
+    ] {
+        assert!(metrics.contains(series), "{series} not in {metrics}");
+    }
+    assert!(
+        metrics.contains("shepherd_devices{state=\"active\"}"),
+        "{metrics}"
+    );
     // No value anywhere an operator or a scraper looks.
     let pages = [
         rig.operator_text("/").await,

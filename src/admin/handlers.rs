@@ -267,8 +267,7 @@ pub async fn api_brake_release(
 pub struct Listing {
     pub machines: Vec<MachineSummary>,
     /// The machines' projects and devices (those that have any).
-    pub tenants:
-        std::collections::HashMap<uuid::Uuid, (Option<String>, Option<(uuid::Uuid, String)>)>,
+    pub tenants: machines::Tenants,
     /// Machines the filter matches.
     pub matching: i64,
     pub counts: Vec<(MachineState, i64)>,
@@ -328,9 +327,9 @@ pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> Htt
                 .iter()
                 .map(|m| {
                     let mut a = api::Machine::from(m);
-                    if let Some((project, device)) = l.tenants.get(&m.machine_id) {
-                        a.project = project.clone();
-                        a.device = device.as_ref().map(|(id, _)| *id);
+                    if let Some(t) = l.tenants.get(&m.machine_id) {
+                        a.project = t.project.clone();
+                        a.device = t.device.as_ref().map(|(id, _)| *id);
                     }
                     a
                 })

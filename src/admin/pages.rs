@@ -448,7 +448,7 @@ fn machines_section(
     q: &Page,
     filter: &machines::FleetFilter,
     list: &[machines::MachineSummary],
-    tenants: &std::collections::HashMap<uuid::Uuid, (Option<String>, Option<(uuid::Uuid, String)>)>,
+    tenants: &machines::Tenants,
     matching: i64,
     offset: i64,
     limit: i64,
@@ -530,9 +530,9 @@ fn machines_section(
             hb = m.agent_heartbeat.map(ago).unwrap_or_else(|| "-".into()),
             tenant = match tenants.get(&m.machine_id) {
                 None => "-".to_string(),
-                Some((project, device)) => {
-                    let p = esc(project.as_deref().unwrap_or("shared pool"));
-                    match device {
+                Some(t) => {
+                    let p = esc(t.project.as_deref().unwrap_or("shared pool"));
+                    match &t.device {
                         Some((_, host)) => format!("{p}: {}", esc(host)),
                         None => p,
                     }

@@ -430,12 +430,19 @@ pub struct TenantDevice {
     pub state: &'static str,
 }
 
-/// The fleet page's tenancy column, for a page of machines: each one's
-/// project (assigned, or its device's) and its device's host name.
-pub async fn tenants_of(
-    tx: &mut Tx<'_>,
-    ids: &[Uuid],
-) -> Result<std::collections::HashMap<Uuid, (Option<String>, Option<(Uuid, String)>)>, BmdbError> {
+/// A machine's line in the fleet's tenant column: its project (assigned,
+/// or its device's) and its device (ID, host name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantLine {
+    pub project: Option<String>,
+    pub device: Option<(Uuid, String)>,
+}
+
+/// Tenant lines by machine (machines with neither are absent).
+pub type Tenants = std::collections::HashMap<Uuid, TenantLine>;
+
+/// The fleet page's tenancy column, for a page of machines.
+pub async fn tenants_of(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Tenants, BmdbError> {
     let rows = tx
         .query(
             "SELECT m.machine_id, COALESCE(dp.name, ap.name), d.device_id, d.hostname \
@@ -453,7 +460,13 @@ pub async fn tenants_of(
         .map(|r| {
             let device: Option<Uuid> = r.get(2);
             let hostname: Option<String> = r.get(3);
-            (r.get(0), (r.get(1), device.zip(hostname)))
+            (
+                r.get(0),
+                TenantLine {
+                    project: r.get(1),
+                    device: device.zip(hostname),
+                },
+            )
         })
         .collect())
 }

@@ -991,23 +991,11 @@ pub async fn reservation(admin: web::Data<Admin>, req: HttpRequest, rid: Id) -> 
     }
 }
 
-fn key_json(k: &tenants::SshKey) -> Value {
-    json::key(&json::Key {
-        id: k.id,
-        project_id: k.project_id,
-        label: k.label.clone(),
-        key: k.key.clone(),
-        fingerprint: k.fingerprint.clone(),
-        created_at: k.created_at,
-        updated_at: k.updated_at,
-    })
-}
-
 /// `GET /projects/{id}/ssh-keys`.
 pub async fn project_keys(admin: web::Data<Admin>, req: HttpRequest, pid: Id) -> HttpResponse {
     let p = attempt!(visible_project(&admin, &caller(&req), &pid).await);
     let keys = attempt!(read(&admin, async |tx| tenants::keys(tx, Some(p.id)).await).await);
-    ok(json!({ "ssh_keys": keys.iter().map(key_json).collect::<Vec<_>>() }))
+    ok(json!({ "ssh_keys": keys.iter().map(json::key).collect::<Vec<_>>() }))
 }
 
 #[derive(Deserialize)]
@@ -1056,7 +1044,7 @@ pub async fn create_project_key(
         .await
     );
     match added {
-        Ok(k) => json::answer(StatusCode::CREATED, key_json(&k)),
+        Ok(k) => json::answer(StatusCode::CREATED, json::key(&k)),
         Err(why) => unprocessable(&why),
     }
 }
@@ -1065,7 +1053,7 @@ pub async fn create_project_key(
 pub async fn keys(admin: web::Data<Admin>, req: HttpRequest) -> HttpResponse {
     let c = caller(&req);
     let keys = attempt!(read(&admin, async |tx| tenants::keys(tx, c.project()).await).await);
-    ok(json!({ "ssh_keys": keys.iter().map(key_json).collect::<Vec<_>>() }))
+    ok(json!({ "ssh_keys": keys.iter().map(json::key).collect::<Vec<_>>() }))
 }
 
 async fn visible_key(
@@ -1083,7 +1071,7 @@ async fn visible_key(
 /// `GET /ssh-keys/{id}`.
 pub async fn key(admin: web::Data<Admin>, req: HttpRequest, kid: Id) -> HttpResponse {
     let k = attempt!(visible_key(&admin, &caller(&req), &kid).await);
-    ok(key_json(&k))
+    ok(json::key(&k))
 }
 
 /// `PUT /ssh-keys/{id}`.
@@ -1118,7 +1106,7 @@ pub async fn update_key(
         .await
     );
     match updated {
-        Some(k) => ok(key_json(&k)),
+        Some(k) => ok(json::key(&k)),
         None => not_found(),
     }
 }
@@ -1146,7 +1134,7 @@ pub async fn device_keys(admin: web::Data<Admin>, req: HttpRequest, did: Id) -> 
     ok(json!({
         "ssh_keys": keys.iter()
             .filter(|k| d.ssh_keys.iter().any(|l| l.trim() == k.key.trim()))
-            .map(key_json)
+            .map(json::key)
             .collect::<Vec<_>>(),
     }))
 }

@@ -351,17 +351,7 @@ pub fn reservation(r: &Reservation, catalog: &Catalog) -> Value {
 }
 
 /// A project's SSH key.
-pub struct Key {
-    pub id: Uuid,
-    pub project_id: Uuid,
-    pub label: String,
-    pub key: String,
-    pub fingerprint: String,
-    pub created_at: SystemTime,
-    pub updated_at: SystemTime,
-}
-
-pub fn key(k: &Key) -> Value {
+pub fn key(k: &crate::bmdb::tenants::SshKey) -> Value {
     json!({
         "id": k.id,
         "href": format!("{BASE}/ssh-keys/{}", k.id),

@@ -285,9 +285,32 @@ async fn a_device_is_installed_powered_reinstalled_deleted_and_its_machine_erase
     );
     let (_, list) = rig.get(&format!("/projects/{p}/devices"), &token).await;
     assert_eq!(list["meta"]["total"], 0, "{list}");
-    // The next tenant gets the machine.
+    // The next tenant gets the machine; an operator reclaims it by
+    // deprovisioning the machine: the device ends once it is erased.
     let (s, again) = rig.create(p, &token, super::device_body("next")).await;
     assert_eq!(s, 201, "{again}");
+    let next = again["id"].as_str().unwrap().to_string();
+    rig.wait_device(&next, &token, &["active"]).await;
+    let url = format!("{}/api/v1/machines/{machine}/deprovision", rig.base);
+    let mut r = rig
+        .client
+        .post(&url)
+        .send_json(&json!({"mode": "discard", "reason": "reclaimed"}))
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.body().await);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rig.get(&format!("/devices/{next}"), &token).await.0 != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "not ended: {}",
+            rig.shepherd.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    rig.wait_available(1).await;
+    let (_, ev) = rig.get(&format!("/projects/{p}/events"), &token).await;
+    assert!(ev.to_string().contains("instance.deprovisioned"), "{ev}");
     assert!(
         !std::fs::read_to_string(rig.dir.path().join("shepherd.log"))
             .unwrap()

@@ -28,7 +28,7 @@ pub struct Rig {
     pub shepherd: ShepherdProcess,
     /// `https://127.0.0.1:PORT`.
     pub base: String,
-    client: awc::Client,
+    pub client: awc::Client,
     config: PathBuf,
     env: Vec<(&'static str, String)>,
     /// The OS image as it is written.

@@ -33,6 +33,7 @@ mod pages;
 mod request;
 pub mod routes;
 mod state;
+mod tenancy;
 mod text;
 pub mod tls;
 

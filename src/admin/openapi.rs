@@ -54,6 +54,8 @@ impl Modify for Security {
         super::installs::api_install,
         super::installs::api_deprovision,
         super::discovery::api_accept,
+        super::tenancy::api_assign,
+        super::tenancy::api_unassign,
         super::handlers::api_action,
         super::installs::api_rollouts,
         super::installs::api_rollout_create,
@@ -73,6 +75,7 @@ impl Modify for Security {
         (name = "machines", description = "The fleet and operators' actions"),
         (name = "installations", description = "Operating system installations and rollouts"),
         (name = "recovery", description = "The recovery brake"),
+        (name = "tenants", description = "Machines given to tenants' projects (the Metal API's hardware reservations)"),
         (name = "api", description = "This description"),
     )
 )]

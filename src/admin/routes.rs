@@ -75,6 +75,14 @@ fn bounded_by_the_database() -> actix_web::Scope<
             "/api/v1/machines/{id}/accept",
             super::discovery::api_accept,
         ))
+        .service(post_only(
+            "/api/v1/machines/{id}/assign",
+            super::tenancy::api_assign,
+        ))
+        .service(post_only(
+            "/api/v1/machines/{id}/unassign",
+            super::tenancy::api_unassign,
+        ))
         .service(post_only("/api/v1/machines/{id}/{action}", api_action))
         .service(read_and_post(
             "/api/v1/rollouts",

@@ -81,6 +81,53 @@ async fn a_projects_token_sees_only_its_project_over_https() {
         page.contains("tenant-b") && page.contains("b-one"),
         "{page}"
     );
+    // The operator moves machines in the API: one running B's device
+    // stays (409); B's other one goes to A and back to the shared pool.
+    let post = |path: String, body: serde_json::Value| {
+        let rig = &rig;
+        async move {
+            let mut r = rig
+                .client
+                .post(format!("{}{path}", rig.base))
+                .send_json(&body)
+                .await
+                .unwrap();
+            let b: serde_json::Value = serde_json::from_slice(&r.body().await.unwrap()).unwrap();
+            (r.status().as_u16(), b)
+        }
+    };
+    let (s, e) = post(
+        format!("/api/v1/machines/{b_machine}/assign"),
+        json!({"project": "tenant-a"}),
+    )
+    .await;
+    assert_eq!(s, 409, "{e}");
+    let other = machines[1].0;
+    let (s, moved) = post(
+        format!("/api/v1/machines/{other}/assign"),
+        json!({"project": a.to_string()}),
+    )
+    .await;
+    assert_eq!(s, 200, "{moved}");
+    assert!(
+        moved["detail"]
+            .as_str()
+            .unwrap()
+            .contains("moved from project"),
+        "{moved}"
+    );
+    let (_, r) = rig
+        .get(&format!("/projects/{a}/hardware-reservations"), &a_rw)
+        .await;
+    assert_eq!(r["meta"]["total"], 1, "{r}");
+    let (s, back) = post(format!("/api/v1/machines/{other}/unassign"), json!({})).await;
+    assert_eq!(s, 200, "{back}");
+    let (s, e) = post(
+        format!("/api/v1/machines/{other}/assign"),
+        json!({"project": "nobody"}),
+    )
+    .await;
+    assert_eq!(s, 404, "{e}");
     // A's own device, from the shared pool (never B's assigned machines).
     let (s, a_dev) = rig.create(a, &a_rw, device_body("a-one")).await;
     assert_eq!(s, 201, "{a_dev}");

@@ -17,7 +17,6 @@
 //! at 127.0.0.1:5432 (or its server binaries) and sfdisk.
 
 use std::net::Ipv4Addr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -107,27 +106,6 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
-fn os_image(path: &Path) {
-    std::fs::File::create(path)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    let mut child = std::process::Command::new("sfdisk")
-        .arg("--quiet")
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("sfdisk");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"label: gpt\nstart=2048, size=16384, type=L\n")
-        .unwrap();
-    assert!(child.wait().unwrap().success());
-}
-
 fn main() {
     let machines: usize = std::env::var("SHEPHERD_BENCH_MACHINES")
         .ok()
@@ -155,7 +133,7 @@ async fn run(n: usize) {
     );
     let images = dir.path().join("images");
     std::fs::create_dir(&images).unwrap();
-    os_image(&images.join("os.img"));
+    shepherd_sim::testing::gpt_image(&images.join("os.img"), 16 << 20);
     let config = dir.path().join("shepherd.toml");
     let mut text = std::fs::read_to_string(&fleet.config).unwrap();
     text.push_str(

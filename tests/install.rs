@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use shepherd::bmdb::Bmdb;
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb, gpt_image};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
@@ -779,24 +779,6 @@ async fn the_command_line_asks_installs_and_starts_follows_and_cancels_rollouts(
 
 /// A raw disk image with a GPT (one 8 MiB Linux partition) made by
 /// sfdisk, as images are.
-fn gpt_image(path: &Path, len: u64) {
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(len).unwrap();
-    let mut child = std::process::Command::new("sfdisk")
-        .arg("--quiet")
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("sfdisk");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"label: gpt\nstart=2048, size=16384, type=L\n")
-        .unwrap();
-    assert!(child.wait().unwrap().success());
-}
 
 #[actix_rt::test]
 async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_available_again() {

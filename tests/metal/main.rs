@@ -38,24 +38,7 @@ pub struct Rig {
 /// A GPT image (the first-boot volume goes into its free space) with
 /// recognizable bytes in its first partition.
 fn os_image(path: &Path) -> Vec<u8> {
-    let len = 16u64 << 20;
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(len).unwrap();
-    drop(f);
-    let mut child = std::process::Command::new("sfdisk")
-        .arg("--quiet")
-        .arg(path)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("sfdisk");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"label: gpt\nstart=2048, size=16384, type=L\n")
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    shepherd_sim::testing::gpt_image(path, 16 << 20);
     let mut bytes = std::fs::read(path).unwrap();
     for (i, b) in bytes[1 << 20..(1 << 20) + (4 << 20)].iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(31) ^ 0x5a;

@@ -134,3 +134,24 @@ pub async fn fetch_as_bmc_with(
     let body = r.body().limit(16 << 20).await.unwrap();
     (r.status().as_u16(), body.to_vec(), len)
 }
+
+/// A raw disk image of `len` bytes with a GPT and one Linux partition of
+/// 8 MiB from 1 MiB (room behind it for a first-boot volume), made with
+/// sfdisk.
+pub fn gpt_image(path: &std::path::Path, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+    let mut child = std::process::Command::new("sfdisk")
+        .arg("--quiet")
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("sfdisk");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"label: gpt\nstart=2048, size=16384, type=L\n")
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}

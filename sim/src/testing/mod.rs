@@ -28,7 +28,7 @@ mod sushy;
 
 pub use boot::{
     BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc,
-    fetch_as_bmc_with, https_client, live_agent,
+    fetch_as_bmc_with, gpt_image, https_client, live_agent,
 };
 pub use browser::browse;
 pub use db::{

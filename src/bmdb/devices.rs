@@ -705,6 +705,27 @@ pub async fn power(tx: &mut Tx<'_>, id: Uuid, power: &str, by: &str) -> Result<A
             "the device is {state}: power actions wait until it is active"
         )));
     }
+    // Switched through its BMC (read by the Updater), or rebooted through
+    // its provider's API: none of these, nothing can do it.
+    let reachable: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM machine_bmc_facts WHERE machine_id = $1) \
+                 OR ($2 AND EXISTS (SELECT 1 FROM machine_provided \
+                                    WHERE machine_id = $1 AND provider = 'Equinix'))",
+            &[&d.machine_id, &(power == "reboot")],
+        )
+        .await?
+        .get(0);
+    if !reachable {
+        return Ok(Acted::Refused(format!(
+            "the device's machine has no BMC shepherd reads: it cannot be {}",
+            if power == "reboot" {
+                "rebooted"
+            } else {
+                "switched on or off"
+            }
+        )));
+    }
     if d.facts.power_request.is_some() {
         return Ok(Acted::Refused(
             "a power action on the device is under way".into(),

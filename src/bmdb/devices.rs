@@ -37,6 +37,10 @@ pub struct Device {
     pub address: Option<String>,
     /// Its machine is assigned to the project (a hardware reservation).
     pub reserved: bool,
+    /// Who deleted it (`shepherd` before it is deleted) and how its
+    /// machine's disks are erased, for the devices round.
+    pub deleted_by: String,
+    pub erase_mode: String,
 }
 
 /// What a device's Metal state is derived from.
@@ -59,8 +63,6 @@ pub struct StateFacts {
     pub boot_request: Option<String>,
     /// A power action waiting: `reboot`, `off` or `on`.
     pub power_request: Option<String>,
-    /// The machine's state (`MachineState`).
-    pub machine_state: String,
     pub last_state: Option<String>,
 }
 
@@ -138,11 +140,11 @@ macro_rules! device_select {
                     d.install_generation, d.reinstalling, d.powered_off, d.deleting_at IS NOT NULL, \
                     d.deleted_at IS NOT NULL, d.erase_generation, \
                     i.generation, i.kind, rp.generation, rp.os_installation_result::text, \
-                    pr.generation, s.boot_request, rr.power, ",
-            crate::bmdb::lifecycle::state_column!(),
-            ", d.last_state, p.provider_ip_address, \
+                    pr.generation, s.boot_request, rr.power, d.last_state, \
+                    p.provider_ip_address, \
                     EXISTS (SELECT 1 FROM machine_project mp WHERE mp.machine_id = d.machine_id \
-                             AND mp.project_id = d.project_id) \
+                             AND mp.project_id = d.project_id), \
+                    COALESCE(d.deleted_by, 'shepherd'), COALESCE(d.erase_mode, 'overwrite') \
              FROM device d \
              JOIN machine_summary s ON s.machine_id = d.machine_id \
              LEFT JOIN machine_provided p ON p.machine_id = d.machine_id \
@@ -186,11 +188,12 @@ fn device_from(r: &tokio_postgres::Row) -> Device {
             progress: r.get(26),
             boot_request: r.get(27),
             power_request: r.get(28),
-            machine_state: r.get(29),
-            last_state: r.get(30),
+            last_state: r.get(29),
         },
-        address: r.get(31),
-        reserved: r.get(32),
+        address: r.get(30),
+        reserved: r.get(31),
+        deleted_by: r.get(32),
+        erase_mode: r.get(33),
     }
 }
 
@@ -277,8 +280,6 @@ pub struct Candidate {
     pub provider_id: String,
     pub location: Option<String>,
     pub hardware_report: Option<Vec<u8>>,
-    /// Assigned to the project (a hardware reservation), not shared.
-    pub reserved: bool,
 }
 
 /// Where a device would go on a candidate machine: its plan and metro
@@ -300,8 +301,7 @@ pub enum Claimed {
 }
 
 const CANDIDATES: &str = concat!(
-    "SELECT s.machine_id, p.provider_id, p.provider_location, hr.hardware_report_raw, \
-            mp.project_id IS NOT NULL, ",
+    "SELECT s.machine_id, p.provider_id, p.provider_location, hr.hardware_report_raw, ",
     crate::bmdb::lifecycle::state_column!(),
     " FROM machine_summary s \
      JOIN machine_provided p ON p.machine_id = s.machine_id \
@@ -372,13 +372,12 @@ pub async fn claim(
         .await?;
     let mut refusals = Vec::new();
     for row in &rows {
-        let state: String = row.get(5);
+        let state: String = row.get(4);
         let c = Candidate {
             machine_id: row.get(0),
             provider_id: row.get(1),
             location: row.get(2),
             hardware_report: row.get(3),
-            reserved: row.get(4),
         };
         if state != "available" {
             if new.reservation.is_some() {
@@ -882,15 +881,7 @@ pub async fn advance(tx: &mut Tx<'_>) -> Result<Advanced, BmdbError> {
         let d = device_from(r);
         let f = &d.facts;
         if f.deleting && f.erase_generation.is_none() {
-            let r = tx
-                .query_one(
-                    "SELECT COALESCE(deleted_by, 'shepherd'), COALESCE(erase_mode, 'overwrite') \
-                     FROM device WHERE device_id = $1",
-                    &[&d.id],
-                )
-                .await?;
-            let (by, mode): (String, String) = (r.get(0), r.get(1));
-            if ask_erasure(tx, d.id, d.machine_id, &by, &mode)
+            if ask_erasure(tx, d.id, d.machine_id, &d.deleted_by, &d.erase_mode)
                 .await?
                 .is_none()
             {
@@ -993,20 +984,36 @@ pub async fn reservations(
     machine: Option<Uuid>,
 ) -> Result<Vec<Reservation>, BmdbError> {
     let rows = tx.query(RESERVATIONS, &[&project, &machine]).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let machine_id: Uuid = r.get(0);
-        out.push(Reservation {
-            machine_id,
-            project_id: r.get(1),
-            assigned_at: r.get(2),
-            location: r.get(3),
-            hardware_report: r.get(4),
-            state: r.get(5),
-            device: on_machine(tx, machine_id).await?,
-        });
-    }
-    Ok(out)
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+    // The devices on them, in one query.
+    let sql = concat!(
+        device_select!(),
+        "WHERE d.machine_id = ANY($1) AND d.deleted_at IS NULL"
+    );
+    let mut devices: std::collections::HashMap<Uuid, Device> = tx
+        .query(sql, &[&ids])
+        .await?
+        .iter()
+        .map(|r| {
+            let d = device_from(r);
+            (d.machine_id, d)
+        })
+        .collect();
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let machine_id: Uuid = r.get(0);
+            Reservation {
+                machine_id,
+                project_id: r.get(1),
+                assigned_at: r.get(2),
+                location: r.get(3),
+                hardware_report: r.get(4),
+                state: r.get(5),
+                device: devices.remove(&machine_id),
+            }
+        })
+        .collect())
 }
 
 /// The metros machines are in: their distinct inventory locations.

@@ -312,7 +312,7 @@ pub async fn project_devices(
         .collect();
     let (items, total) = page_of(matching, offset, limit);
     ok(json!({
-        "devices": items.iter().map(|d| json::device(d, &c, d.reserved)).collect::<Vec<_>>(),
+        "devices": items.iter().map(|d| json::device(d, &c)).collect::<Vec<_>>(),
         "meta": json::meta(&format!("/projects/{}/devices", p.id), page, limit, total),
     }))
 }
@@ -639,7 +639,7 @@ pub async fn create_device(
         Claimed::Done(d) => {
             let d = *d;
             tracing::info!(device_id = %d.id, machine_id = %d.machine_id, project = %project.name, actor = %who.actor(), plan = %d.plan, "device created");
-            json::answer(StatusCode::CREATED, json::device(&d, &c, d.reserved))
+            json::answer(StatusCode::CREATED, json::device(&d, &c))
         }
         Claimed::NoCapacity(_) => unprocessable(&format!(
             "There aren't available servers in that metro: no {} server is available in {}",
@@ -660,7 +660,7 @@ pub async fn create_device(
 pub async fn device(admin: web::Data<Admin>, req: HttpRequest, did: Id) -> HttpResponse {
     let c = catalog(&req);
     let d = attempt!(visible_device(&admin, &caller(&req), &did).await);
-    ok(json::device(&d, &c, d.reserved))
+    ok(json::device(&d, &c))
 }
 
 #[derive(Deserialize)]
@@ -717,7 +717,7 @@ pub async fn update_device(
     };
     let updated = attempt!(write(&admin, async |tx| devices::update(tx, d.id, &u).await).await);
     match updated {
-        Some(d) => ok(json::device(&d, &c, d.reserved)),
+        Some(d) => ok(json::device(&d, &c)),
         None => not_found(),
     }
 }
@@ -914,23 +914,6 @@ pub async fn event(admin: web::Data<Admin>, req: HttpRequest, eid: Id) -> HttpRe
     }
 }
 
-fn reservation_json(r: &devices::Reservation, c: &Catalog) -> Value {
-    json::reservation(
-        &json::Reservation {
-            machine_id: r.machine_id,
-            project_id: r.project_id,
-            assigned_at: r.assigned_at,
-            plan: c
-                .plan_of_raw(r.hardware_report.as_deref())
-                .map(|p| p.slug.clone()),
-            metro: c.metro_of(r.location.as_deref()),
-            state: r.state.clone(),
-            device: r.device.clone(),
-        },
-        c,
-    )
-}
-
 #[derive(Deserialize)]
 pub struct ReservationsQuery {
     provisionable: Option<String>,
@@ -961,7 +944,7 @@ pub async fn project_reservations(
     let only = q.provisionable.as_deref() == Some("only");
     let shown: Vec<Value> = all
         .iter()
-        .map(|r| reservation_json(r, &c))
+        .map(|r| json::reservation(r, &c))
         .filter(|v| !only || v["provisionable"] == json!(true))
         .collect();
     let (items, total) = page_of(shown, offset, limit);
@@ -986,7 +969,7 @@ pub async fn reservation(admin: web::Data<Admin>, req: HttpRequest, rid: Id) -> 
         .await
     );
     match found.first() {
-        Some(r) if who.sees(r.project_id) => ok(reservation_json(r, &c)),
+        Some(r) if who.sees(r.project_id) => ok(json::reservation(r, &c)),
         _ => not_found(),
     }
 }

@@ -237,7 +237,7 @@ fn actions(state: &str) -> Vec<Value> {
         .collect()
 }
 
-pub fn device(d: &Device, catalog: &Catalog, reserved: bool) -> Value {
+pub fn device(d: &Device, catalog: &Catalog) -> Value {
     let state = d.state();
     let path = format!("/devices/{}", d.id);
     let ip = d
@@ -303,7 +303,7 @@ pub fn device(d: &Device, catalog: &Catalog, reserved: bool) -> Value {
         "operating_system": os,
         "project": href(format!("/projects/{}", d.project_id)),
         "project_lite": href(format!("/projects/{}", d.project_id)),
-        "hardware_reservation": reserved.then(|| json!({
+        "hardware_reservation": d.reserved.then(|| json!({
             "id": d.machine_id,
             "href": format!("{BASE}/hardware-reservations/{}", d.machine_id),
         })),
@@ -317,19 +317,12 @@ pub fn device(d: &Device, catalog: &Catalog, reserved: bool) -> Value {
     })
 }
 
-/// A hardware reservation: a machine assigned to a project.
-pub struct Reservation {
-    pub machine_id: Uuid,
-    pub project_id: Uuid,
-    pub assigned_at: SystemTime,
-    pub plan: Option<String>,
-    pub metro: String,
-    pub state: String,
-    pub device: Option<Device>,
-}
-
-pub fn reservation(r: &Reservation, catalog: &Catalog) -> Value {
-    let provisionable = r.device.is_none() && r.state == "available" && r.plan.is_some();
+/// A hardware reservation: a machine assigned to a project, of the plan
+/// its hardware report meets, in its metro.
+pub fn reservation(r: &crate::bmdb::devices::Reservation, catalog: &Catalog) -> Value {
+    let plan = catalog.plan_of_raw(r.hardware_report.as_deref());
+    let metro = catalog.metro_of(r.location.as_deref());
+    let provisionable = r.device.is_none() && r.state == "available" && plan.is_some();
     json!({
         "id": r.machine_id,
         "short_id": short_id(r.machine_id),
@@ -338,8 +331,8 @@ pub fn reservation(r: &Reservation, catalog: &Catalog) -> Value {
         "provisionable": provisionable,
         "spare": false,
         "need_of_service": matches!(r.state.as_str(), "install-failed" | "clean-failed" | "enroll-failed" | "recovery-backoff" | "backoff"),
-        "facility": facility(&r.metro),
-        "plan": r.plan.as_deref().and_then(|p| catalog.plan(p)).map(|p| plan(p, std::slice::from_ref(&r.metro))),
+        "facility": facility(&metro),
+        "plan": plan.map(|p| self::plan(p, std::slice::from_ref(&metro))),
         "project": href(format!("/projects/{}", r.project_id)),
         "device": r.device.as_ref().map(|d| json!({
             "id": d.id,

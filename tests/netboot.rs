@@ -107,6 +107,9 @@ struct Bed {
     snponly: Vec<u8>,
     kernel: Vec<u8>,
     initrd: Vec<u8>,
+    /// The stand-in signed chain beside the boot image.
+    shim: Vec<u8>,
+    grub: Vec<u8>,
 }
 
 /// The BMDB as the process in the namespace reaches it: PostgreSQL's unix
@@ -171,6 +174,10 @@ impl Bed {
         let initrd = random_bytes(500_003, 9);
         std::fs::write(dir.path().join("shepherd-boot.iso.vmlinuz"), &kernel).unwrap();
         std::fs::write(dir.path().join("shepherd-boot.iso.initrd"), &initrd).unwrap();
+        let shim = random_bytes(951_233, 11);
+        let grub = random_bytes(1_602_917, 13);
+        std::fs::write(dir.path().join("shepherd-boot.iso.shimx64.efi"), &shim).unwrap();
+        std::fs::write(dir.path().join("shepherd-boot.iso.grubnetx64.efi"), &grub).unwrap();
         let tftp_root = dir.path().join("ipxe");
         std::fs::create_dir(&tftp_root).unwrap();
         let undionly = random_bytes(74_213, 1);
@@ -234,6 +241,8 @@ impl Bed {
             snponly,
             kernel,
             initrd,
+            shim,
+            grub,
         };
         bed.wait_for_machine().await;
         Some(bed)
@@ -481,7 +490,7 @@ fn file_of(m: &Message) -> String {
 
 #[actix_rt::test]
 async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
-    let Some(mut bed) = Bed::start("proxy").await else {
+    let Some(mut bed) = Bed::start_with("proxy", "uefi = \"ipxe\"\n").await else {
         return;
     };
     bed.wait_for_service().await;
@@ -534,7 +543,8 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
         "a proxy offers no address"
     );
 
-    // An EFI PXE client asks the proxy on 4011 and gets snponly.efi.
+    // With `uefi = "ipxe"`, an EFI PXE client asks the proxy on 4011 and
+    // gets snponly.efi.
     let (xid, p) = request(Pose {
         kind: MessageType::Request,
         ..Pose::pxe(7)
@@ -1077,10 +1087,14 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
         ..Pose::pxe(7)
     };
 
-    // An unknown UEFI PXE client gets the iPXE binary, and becomes a
-    // discovered machine with one discovery boot.
+    // An unknown UEFI PXE client gets the signed chain's shim, and becomes
+    // a discovered machine with one discovery boot.
     let m = ask(&bed, stranger).expect("a discovery offer");
-    assert_eq!(file_of(&m), "snponly.efi");
+    let file = file_of(&m);
+    assert!(
+        file.starts_with("boot/") && file.ends_with("/shimx64.efi"),
+        "{file}"
+    );
     let (id, firmware, boots, accepted) = discovered(&bed.bmdb, STRANGER_TEXT)
         .await
         .expect("enlisted");
@@ -1248,5 +1262,224 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
     let log = std::fs::read_to_string(bed.dir.path().join("shepherd.log")).unwrap();
     assert!(!log.contains(PASSWORD), "the BMC password is in the log");
     assert!(!bed.metrics().contains(PASSWORD));
+    bed.assert_running();
+}
+
+/// What `curl` says of `url` from the client's side: the status and the
+/// body's length for a `GET`, and the status and `Content-Length` for a
+/// `HEAD`.
+fn get_and_head(bed: &Bed, url: &str) -> ((u16, usize), (u16, usize)) {
+    let get =
+        run(&mut bed
+            .client
+            .cmd(&["curl", "-s", "-o", "/dev/stderr", "-w", "%{http_code}", url]));
+    let status = |out: &[u8]| {
+        String::from_utf8_lossy(out)
+            .trim()
+            .parse::<u16>()
+            .unwrap_or(0)
+    };
+    let head = run(&mut bed.client.cmd(&["curl", "-s", "-I", url]));
+    let head_text = String::from_utf8_lossy(&head.stdout).to_string();
+    let head_status = head_text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let head_len = head_text
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(usize::MAX);
+    (
+        (status(&get.stdout), get.stderr.len()),
+        (head_status, head_len),
+    )
+}
+
+#[actix_rt::test]
+async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_get() {
+    let Some(mut bed) = Bed::start("proxy").await else {
+        return;
+    };
+    bed.wait_for_service().await;
+    let boot = bed.issue_boot().await;
+
+    // EDK2's PXE (architecture 7, on 4011) gets the boot's shim over TFTP.
+    let (xid, p) = request(Pose {
+        kind: MessageType::Request,
+        ..Pose::pxe(7)
+    });
+    let m = exchange(
+        &bed.client.0,
+        SocketAddr::from((SERVER_IP, 4011)),
+        vec![p],
+        xid,
+        Duration::from_secs(2),
+    )
+    .expect("an ack from port 4011");
+    assert_eq!(file_of(&m), format!("boot/{boot}/shimx64.efi"));
+    // UEFI HTTP boot gets the boot's ISO (booted as a RAM disk).
+    let m = ask(
+        &bed,
+        Pose {
+            http: true,
+            ..Pose::pxe(16)
+        },
+    )
+    .expect("an offer to UEFI HTTP boot");
+    let iso_url = format!("http://10.77.0.1:{}/boot/{boot}.iso", bed.http);
+    assert_eq!(file_of(&m), iso_url);
+    // BIOS keeps iPXE.
+    assert_eq!(file_of(&ask(&bed, Pose::pxe(0)).unwrap()), "undionly.kpxe");
+
+    // The chain over TFTP, as the firmware, shim and GRUB read it (curl's
+    // TFTP with GRUB's 1024-byte blocks).
+    let tftp = |name: &str| -> Vec<u8> {
+        let out = bed.dir.path().join("tftp.out");
+        let _ = std::fs::remove_file(&out);
+        ok(&mut bed.client.cmd(&[
+            "curl",
+            "-sf",
+            "--tftp-blksize",
+            "1024",
+            &format!("tftp://10.77.0.1/{name}"),
+            "-o",
+            out.to_str().unwrap(),
+        ]));
+        std::fs::read(&out).unwrap()
+    };
+    assert!(
+        tftp(&format!("boot/{boot}/shimx64.efi")) == bed.shim,
+        "shim"
+    );
+    assert!(
+        tftp(&format!("boot/{boot}/grubx64.efi")) == bed.grub,
+        "GRUB"
+    );
+    let shared = String::from_utf8(tftp("grub/grub.cfg")).unwrap();
+    assert!(shared.contains("source $cmdpath/grub.cfg"), "{shared}");
+    let own = String::from_utf8(tftp(&format!("boot/{boot}/grub.cfg"))).unwrap();
+    assert!(
+        own.contains(&format!(
+            "linux (tftp,10.77.0.1)/boot/{boot}/vmlinuz console="
+        )),
+        "{own}"
+    );
+    assert!(
+        own.contains(&format!("initrd (tftp,10.77.0.1)/boot/{boot}/initrd\n")),
+        "{own}"
+    );
+    assert!(
+        tftp(&format!("boot/{boot}/vmlinuz")) == bed.kernel,
+        "kernel"
+    );
+    let initrd = tftp(&format!("boot/{boot}/initrd"));
+    let base = bed.initrd.len();
+    assert!(initrd[..base] == bed.initrd[..], "the initramfs over TFTP");
+    use prost::Message as _;
+    let data = shepherd_proto::boot::BootData::decode(
+        boot_data_file(&initrd[base.div_ceil(4) * 4..]).as_slice(),
+    )
+    .unwrap();
+    assert_eq!(data.machine_id, bed.wait_for_machine().await.to_string());
+    // Over TFTP nothing but the chain: no script, no ISO, no other boot.
+    for name in [
+        format!("boot/{boot}.ipxe"),
+        format!("boot/{boot}.iso"),
+        format!("boot/{}/shimx64.efi", uuid::Uuid::new_v4()),
+        format!("boot/{boot}/../../shepherd.toml"),
+    ] {
+        let r = run(&mut bed.client.cmd(&[
+            "curl",
+            "-s",
+            &format!("tftp://10.77.0.1/{name}"),
+            "-o",
+            "/dev/null",
+        ]));
+        assert_eq!(r.status.code(), Some(68), "{name}: not found");
+    }
+
+    // HEAD and GET agree for every URL the network boot's HTTP serves.
+    let base_url = format!("http://10.77.0.1:{}", bed.http);
+    let urls: Vec<String> = [
+        format!("boot/{boot}.ipxe"),
+        format!("boot/{boot}.iso"),
+        format!("boot/{boot}/vmlinuz"),
+        format!("boot/{boot}/initrd"),
+        format!("boot/{boot}/shimx64.efi"),
+        format!("boot/{boot}/grubx64.efi"),
+        format!("boot/{boot}/grub.cfg"),
+        "grub/grub.cfg".to_string(),
+        "ipxe/snponly.efi".to_string(),
+        "ipxe/undionly.kpxe".to_string(),
+    ]
+    .iter()
+    .map(|p| format!("{base_url}/{p}"))
+    .collect();
+    for url in &urls {
+        let (get, head) = get_and_head(&bed, url);
+        assert_eq!(get.0, 200, "GET {url}");
+        assert_eq!(get, head, "GET and HEAD of {url}");
+    }
+    let (get, head) = get_and_head(&bed, &iso_url);
+    assert_eq!(
+        get.1,
+        std::fs::metadata(bed.dir.path().join("shepherd-boot.iso"))
+            .unwrap()
+            .len() as usize
+    );
+    assert_eq!(head, get);
+    let (get, _) = get_and_head(&bed, &format!("{base_url}/boot/{boot}/shimx64.efi"));
+    assert_eq!(get.1, bed.shim.len());
+    // What is not served is not served by either.
+    for url in [
+        format!("{base_url}/boot/{}/shimx64.efi", uuid::Uuid::new_v4()),
+        format!("{base_url}/boot/{boot}/mmx64.efi"),
+        format!("{base_url}/ipxe/secret.txt"),
+    ] {
+        let (get, head) = get_and_head(&bed, &url);
+        assert_eq!((get.0, head.0), (404, 404), "{url}");
+    }
+
+    // Once the boot is used, its chain is gone from both servers.
+    bed.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "UPDATE machine_boot_credential SET used_at = now() WHERE boot_id = $1",
+                &[&boot],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    for url in &urls[..7] {
+        let (get, head) = get_and_head(&bed, url);
+        assert_eq!((get.0, head.0), (404, 404), "a used boot's {url}");
+    }
+    let r = run(&mut bed.client.cmd(&[
+        "curl",
+        "-s",
+        &format!("tftp://10.77.0.1/boot/{boot}/shimx64.efi"),
+        "-o",
+        "/dev/null",
+    ]));
+    assert_eq!(r.status.code(), Some(68), "a used boot's shim over TFTP");
+    assert!(
+        bed.metric(
+            "shepherd_netboot_tftp_transfers_total",
+            "file=\"shim\",result=\"complete\""
+        ) >= 1.0
+    );
+    assert!(
+        bed.metric(
+            "shepherd_netboot_dhcp_answers_total",
+            "message=\"ack\",path=\"uefi-shim\""
+        ) >= 1.0
+    );
     bed.assert_running();
 }

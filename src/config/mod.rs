@@ -26,7 +26,7 @@ pub use error::ConfigError;
 pub use inventory::{BmcConfig, BmcProtocol, BmcTls, BootMethod, Firmware, InventoryMachine};
 pub use loops::{EnrollerLease, InitializerLease, LeaseDefaults, LeaseSettings, RecovererLease};
 pub use metal::{MetalConfig, OperatingSystemConfig, PlanConfig};
-pub use netboot::{AddressRange, IpmiConfig, NetbootConfig, NetbootMode};
+pub use netboot::{AddressRange, IpmiConfig, NetbootConfig, NetbootMode, UefiChain};
 
 /// Environment variables with this prefix override file keys:
 /// `SHEPHERD__BMDB__URL` is `bmdb.url`.

@@ -23,6 +23,20 @@ pub enum NetbootMode {
     Dhcp,
 }
 
+/// What x86-64 UEFI machines boot first from the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UefiChain {
+    /// The signed chain: shim, then the distribution's signed GRUB, then
+    /// its signed kernel (PXE), or the ISO whose EFI boot is that chain
+    /// (UEFI HTTP boot). Boots with Secure Boot on and off.
+    #[default]
+    Shim,
+    /// iPXE (`snponly.efi`), as on BIOS: a firmware with Secure Boot on
+    /// refuses it.
+    Ipxe,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetbootConfig {
@@ -69,6 +83,9 @@ pub struct NetbootConfig {
     /// here" (lifetime 0, no prefixes): iPXE otherwise waits ~15 s for an
     /// IPv6 router before it boots.
     pub answer_router_solicitations: bool,
+    /// What x86-64 UEFI machines boot first: `"shim"` (the signed chain,
+    /// with Secure Boot on or off) or `"ipxe"`.
+    pub uefi: UefiChain,
 }
 
 impl Default for NetbootConfig {
@@ -90,6 +107,7 @@ impl Default for NetbootConfig {
             discover_per_minute: 30,
             discover_ttl: Duration::from_secs(15 * 60),
             answer_router_solicitations: true,
+            uefi: UefiChain::Shim,
         }
     }
 }

@@ -29,6 +29,20 @@ pub struct NetbootFiles {
     pub kernel: PathBuf,
     pub initrd: PathBuf,
     pub cmdline: String,
+    /// The signed chain that loads them on UEFI (with Secure Boot on or
+    /// off), when the image has one beside it.
+    pub signed: Option<SignedChain>,
+}
+
+/// The first stages of a signed UEFI network boot, as `scripts/boot-image`
+/// writes them beside the ISO: shim (signed by the Microsoft UEFI CA,
+/// `<iso>.shimx64.efi`) and the network GRUB it verifies (signed by the
+/// distribution whose key shim carries, `<iso>.grubnetx64.efi`), which in
+/// turn has shim verify the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedChain {
+    pub shim: PathBuf,
+    pub grub: PathBuf,
 }
 
 /// The kernel's command line when the `.slot` file names none (as the
@@ -105,10 +119,15 @@ impl BootImage {
             p.push(ext);
             Some(PathBuf::from(p)).filter(|p| p.is_file())
         };
+        let signed = match (beside(".shimx64.efi"), beside(".grubnetx64.efi")) {
+            (Some(shim), Some(grub)) => Some(SignedChain { shim, grub }),
+            _ => None,
+        };
         let netboot = match (beside(".vmlinuz"), beside(".initrd")) {
             (Some(kernel), Some(initrd)) => Some(NetbootFiles {
                 kernel,
                 initrd,
+                signed,
                 cmdline: text
                     .lines()
                     .find_map(|l| l.strip_prefix("cmdline "))
@@ -163,6 +182,94 @@ impl BootImage {
         }
         Ok(())
     }
+}
+
+/// Bytes of a boot's copy read per step.
+const BOOT_PIECE: usize = 256 << 10;
+
+/// The answer to a `GET` or `HEAD` of one boot's copy of `image` (its slot
+/// holding `slot`): the whole, or the one range asked, streamed as read;
+/// a `HEAD` gets the same status and headers, and no body. Served to a
+/// BMC's virtual media (the image server) and to UEFI HTTP boot, which
+/// boots it as a RAM disk (the network boot's HTTP).
+pub fn copy_response(
+    image: &BootImage,
+    slot: Vec<u8>,
+    req: &actix_web::HttpRequest,
+    boot_id: uuid::Uuid,
+    machine_id: uuid::Uuid,
+) -> actix_web::HttpResponse {
+    use actix_web::http::{StatusCode, header};
+    use actix_web::{HttpResponse, web};
+    use std::sync::Arc;
+    let image = image.clone();
+    let len = image.len;
+    let ranged = range(
+        req.headers()
+            .get(header::RANGE)
+            .and_then(|v| v.to_str().ok()),
+        len,
+    );
+    let (status, first, last) = match ranged {
+        Ok(None) => (StatusCode::OK, 0, len.saturating_sub(1)),
+        Ok(Some((a, b))) => (StatusCode::PARTIAL_CONTENT, a, b),
+        Err(Unsatisfiable) => {
+            return HttpResponse::RangeNotSatisfiable()
+                .insert_header((header::CONTENT_RANGE, format!("bytes */{len}")))
+                .finish();
+        }
+    };
+    // A BMC streaming the image reads it in many ranges: one line at info
+    // per start, the rest at debug.
+    if first == 0 {
+        tracing::info!(boot = %boot_id, machine = %machine_id, last, method = %req.method(), "boot image served");
+    } else {
+        tracing::debug!(boot = %boot_id, machine = %machine_id, first, last, "boot image range served");
+    }
+    let mut res = HttpResponse::build(status);
+    res.insert_header((header::CONTENT_TYPE, "application/x-iso9660-image"))
+        .insert_header((header::ACCEPT_RANGES, "bytes"))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    if status == StatusCode::PARTIAL_CONTENT {
+        res.insert_header((header::CONTENT_RANGE, format!("bytes {first}-{last}/{len}")));
+    }
+    let count = if len == 0 { 0 } else { last - first + 1 };
+    if req.method() == actix_web::http::Method::HEAD {
+        // The length the GET would have (actix sends no body for a HEAD).
+        let none = futures::stream::empty::<Result<web::Bytes, std::io::Error>>();
+        return res.body(actix_web::body::SizedStream::new(count, none));
+    }
+    let file = match std::fs::File::open(&image.path) {
+        Ok(f) => Arc::new(f),
+        Err(e) => {
+            tracing::warn!(path = %image.path.display(), error = %e, "boot image: cannot open");
+            return HttpResponse::InternalServerError().body("the boot image cannot be read\n");
+        }
+    };
+    let slot = Arc::new(slot);
+    let image = Arc::new(image);
+    let end = first + count;
+    let body = futures::stream::unfold(first, move |at| {
+        let (file, slot, image) = (file.clone(), slot.clone(), image.clone());
+        async move {
+            if at >= end {
+                return None;
+            }
+            let n = (end - at).min(BOOT_PIECE as u64) as usize;
+            let read = web::block(move || {
+                let mut buf = vec![0u8; n];
+                image.read_at(&file, &slot, &mut buf, at).map(|()| buf)
+            })
+            .await;
+            let piece = match read {
+                Ok(Ok(buf)) => Ok(web::Bytes::from(buf)),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            Some((piece, at + n as u64))
+        }
+    });
+    res.body(actix_web::body::SizedStream::new(count, body))
 }
 
 /// One `newc` entry: header, name (NUL-ended, padded to 4), data (padded

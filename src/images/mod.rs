@@ -45,7 +45,7 @@ use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 pub mod boot;
 
-pub use boot::{BootImage, NetbootFiles};
+pub use boot::{BootImage, NetbootFiles, SignedChain};
 
 /// What an installation needs to fetch a served image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -520,9 +520,6 @@ fn media_auth_ok(req: &HttpRequest, credential: &[u8]) -> bool {
     sha2::Sha256::digest(&given) == want
 }
 
-/// Bytes of a boot's copy read per step.
-const BOOT_PIECE: usize = 256 << 10;
-
 /// `GET /boot/<boot>.iso`: the boot image with that boot's data in its
 /// slot, while the boot is unused and unexpired (CONTRACTS.md §5). The
 /// BMC fetches it without a client certificate: the boot's id is the
@@ -534,7 +531,7 @@ async fn boot_iso(
     req: HttpRequest,
     name: web::Path<String>,
 ) -> HttpResponse {
-    use actix_web::http::{StatusCode, header};
+    use actix_web::http::header;
     let not_found = || {
         HttpResponse::NotFound()
             .content_type("text/plain; charset=utf-8")
@@ -577,73 +574,7 @@ async fn boot_iso(
             return HttpResponse::InternalServerError().body(format!("{e}\n"));
         }
     };
-    let image = serving.image.clone();
-    let len = image.len;
-    let ranged = boot::range(
-        req.headers()
-            .get(header::RANGE)
-            .and_then(|v| v.to_str().ok()),
-        len,
-    );
-    let (status, first, last) = match ranged {
-        Ok(None) => (StatusCode::OK, 0, len.saturating_sub(1)),
-        Ok(Some((a, b))) => (StatusCode::PARTIAL_CONTENT, a, b),
-        Err(boot::Unsatisfiable) => {
-            return HttpResponse::RangeNotSatisfiable()
-                .insert_header((header::CONTENT_RANGE, format!("bytes */{len}")))
-                .finish();
-        }
-    };
-    // A BMC streaming the image reads it in many ranges: one line at info
-    // per start, the rest at debug.
-    if first == 0 {
-        tracing::info!(boot = %boot_id, machine = %issued.machine_id, last, "boot image served");
-    } else {
-        tracing::debug!(boot = %boot_id, machine = %issued.machine_id, first, last, "boot image range served");
-    }
-    let mut res = HttpResponse::build(status);
-    res.insert_header((header::CONTENT_TYPE, "application/x-iso9660-image"))
-        .insert_header((header::ACCEPT_RANGES, "bytes"))
-        .insert_header((header::CACHE_CONTROL, "no-store"));
-    if status == StatusCode::PARTIAL_CONTENT {
-        res.insert_header((header::CONTENT_RANGE, format!("bytes {first}-{last}/{len}")));
-    }
-    let count = if len == 0 { 0 } else { last - first + 1 };
-    if req.method() == actix_web::http::Method::HEAD {
-        // The length the GET would have (actix sends no body for a HEAD).
-        let none = futures::stream::empty::<Result<web::Bytes, std::io::Error>>();
-        return res.body(actix_web::body::SizedStream::new(count, none));
-    }
-    let file = match std::fs::File::open(&image.path) {
-        Ok(f) => Arc::new(f),
-        Err(e) => {
-            tracing::warn!(path = %image.path.display(), error = %e, "boot image: cannot open");
-            return HttpResponse::InternalServerError().body("the boot image cannot be read\n");
-        }
-    };
-    let slot = Arc::new(slot);
-    let end = first + count;
-    let body = futures::stream::unfold(first, move |at| {
-        let (file, slot, image) = (file.clone(), slot.clone(), image.clone());
-        async move {
-            if at >= end {
-                return None;
-            }
-            let n = (end - at).min(BOOT_PIECE as u64) as usize;
-            let read = web::block(move || {
-                let mut buf = vec![0u8; n];
-                image.read_at(&file, &slot, &mut buf, at).map(|()| buf)
-            })
-            .await;
-            let piece = match read {
-                Ok(Ok(buf)) => Ok(web::Bytes::from(buf)),
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(std::io::Error::other(e.to_string())),
-            };
-            Some((piece, at + n as u64))
-        }
-    });
-    res.body(actix_web::body::SizedStream::new(count, body))
+    boot::copy_response(&serving.image, slot, &req, boot_id, issued.machine_id)
 }
 
 /// Keeps the key of a client's certificate, if it showed one, with the

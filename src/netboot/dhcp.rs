@@ -173,9 +173,9 @@ pub fn read(bytes: &[u8]) -> Result<Request, Dropped> {
 /// What a machine with a boot is handed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BootFile {
-    /// A file of the TFTP root (an iPXE binary).
-    Tftp(&'static str),
-    /// A URL (iPXE's script; UEFI HTTP boot's EFI binary).
+    /// A file over TFTP (an iPXE binary, or a boot's shim).
+    Tftp(String),
+    /// A URL (iPXE's script; UEFI HTTP boot's ISO or EFI binary).
     Url(String),
 }
 
@@ -187,14 +187,21 @@ impl BootFile {
         }
     }
 
-    /// How the machine boots, for the metrics: `bios-pxe`, `uefi-pxe`,
-    /// `uefi-http`, `ipxe-script`.
+    /// How the machine boots, for the metrics: `bios-pxe`, `uefi-pxe`
+    /// (iPXE), `uefi-shim` (the signed chain), `uefi-http` (iPXE),
+    /// `uefi-http-iso` (the signed chain in the ISO), `ipxe-script`.
     pub fn path(&self, asker: Asker) -> &'static str {
-        match asker {
-            Asker::Ipxe { .. } => "ipxe-script",
-            Asker::Http { .. } => "uefi-http",
-            Asker::Pxe { arch: 0 } => "bios-pxe",
-            _ => "uefi-pxe",
+        let signed = match self {
+            BootFile::Tftp(f) => f.ends_with(SHIM),
+            BootFile::Url(u) => u.ends_with(".iso"),
+        };
+        match (asker, signed) {
+            (Asker::Ipxe { .. }, _) => "ipxe-script",
+            (Asker::Http { .. }, true) => "uefi-http-iso",
+            (Asker::Http { .. }, false) => "uefi-http",
+            (Asker::Pxe { arch: 0 }, _) => "bios-pxe",
+            (_, true) => "uefi-shim",
+            (_, false) => "uefi-pxe",
         }
     }
 }
@@ -209,17 +216,28 @@ pub fn ipxe_binary(arch: u16) -> Option<&'static str> {
     }
 }
 
+/// The signed chain's first stage, as its TFTP name ends.
+const SHIM: &str = "/shimx64.efi";
+
 /// The boot file for `asker` on boot `boot_id`; `http` is the network
-/// boot HTTP server's base (`http://10.0.0.1:8067`).
-pub fn boot_file(asker: Asker, boot_id: uuid::Uuid, http: &str) -> Option<BootFile> {
+/// boot HTTP server's base (`http://10.0.0.1:8067`); `signed`: x86-64
+/// UEFI machines get the signed chain (shim over TFTP; the ISO over HTTP)
+/// instead of iPXE.
+pub fn boot_file(asker: Asker, boot_id: uuid::Uuid, http: &str, signed: bool) -> Option<BootFile> {
+    use super::files::BootPart;
     match asker {
-        Asker::Ipxe { .. } => Some(BootFile::Url(format!("{http}/boot/{boot_id}.ipxe"))),
-        Asker::Pxe { arch } => ipxe_binary(arch).map(BootFile::Tftp),
-        Asker::Http { arch } => match arch {
-            16 => ipxe_binary(arch).map(|f| BootFile::Url(format!("{http}/ipxe/{f}"))),
-            _ => None,
-        },
-        Asker::Plain => None,
+        Asker::Ipxe { .. } => Some(BootFile::Url(format!(
+            "{http}/{}",
+            BootPart::Script.path(boot_id)
+        ))),
+        Asker::Pxe { arch: 7 | 9 } if signed => Some(BootFile::Tftp(BootPart::Shim.path(boot_id))),
+        Asker::Pxe { arch } => ipxe_binary(arch).map(|f| BootFile::Tftp(f.to_string())),
+        Asker::Http { arch: 16 } if signed => Some(BootFile::Url(format!(
+            "{http}/{}",
+            BootPart::Iso.path(boot_id)
+        ))),
+        Asker::Http { arch: 16 } => Some(BootFile::Url(format!("{http}/ipxe/snponly.efi"))),
+        Asker::Http { .. } | Asker::Plain => None,
     }
 }
 
@@ -379,20 +397,42 @@ mod tests {
     fn ipxe_gets_the_script_a_rom_the_binary_for_its_architecture() {
         let b = uuid::Uuid::nil();
         let base = "http://10.0.0.1:8067";
+        for signed in [false, true] {
+            assert_eq!(
+                boot_file(Asker::Ipxe { arch: 7 }, b, base, signed),
+                Some(BootFile::Url(format!("{base}/boot/{b}.ipxe")))
+            );
+            assert_eq!(
+                boot_file(Asker::Pxe { arch: 0 }, b, base, signed),
+                Some(BootFile::Tftp("undionly.kpxe".into()))
+            );
+            assert_eq!(boot_file(Asker::Pxe { arch: 11 }, b, base, signed), None);
+            assert_eq!(boot_file(Asker::Plain, b, base, signed), None);
+        }
         assert_eq!(
-            boot_file(Asker::Ipxe { arch: 7 }, b, base),
-            Some(BootFile::Url(format!("{base}/boot/{b}.ipxe")))
+            boot_file(Asker::Pxe { arch: 7 }, b, base, false),
+            Some(BootFile::Tftp("snponly.efi".into()))
         );
         assert_eq!(
-            boot_file(Asker::Pxe { arch: 0 }, b, base),
-            Some(BootFile::Tftp("undionly.kpxe"))
+            boot_file(Asker::Http { arch: 16 }, b, base, false),
+            Some(BootFile::Url(format!("{base}/ipxe/snponly.efi")))
         );
+    }
+
+    #[test]
+    fn uefi_machines_get_the_signed_chain_shim_over_tftp_the_iso_over_http() {
+        let b = uuid::Uuid::new_v4();
+        let base = "http://10.0.0.1:8067";
+        let pxe = boot_file(Asker::Pxe { arch: 7 }, b, base, true).unwrap();
+        assert_eq!(pxe, BootFile::Tftp(format!("boot/{b}/shimx64.efi")));
+        assert_eq!(pxe.path(Asker::Pxe { arch: 7 }), "uefi-shim");
+        let http = boot_file(Asker::Http { arch: 16 }, b, base, true).unwrap();
+        assert_eq!(http, BootFile::Url(format!("{base}/boot/{b}.iso")));
+        assert_eq!(http.path(Asker::Http { arch: 16 }), "uefi-http-iso");
         assert_eq!(
-            boot_file(Asker::Pxe { arch: 7 }, b, base),
-            Some(BootFile::Tftp("snponly.efi"))
+            BootFile::Tftp("snponly.efi".into()).path(Asker::Pxe { arch: 7 }),
+            "uefi-pxe"
         );
-        assert_eq!(boot_file(Asker::Pxe { arch: 11 }, b, base), None);
-        assert_eq!(boot_file(Asker::Plain, b, base), None);
     }
 
     #[test]
@@ -408,7 +448,7 @@ mod tests {
             server,
             MessageType::Offer,
             None,
-            Some(&BootFile::Tftp("undionly.kpxe")),
+            Some(&BootFile::Tftp("undionly.kpxe".into())),
         );
         let m = Message::from_bytes(&bytes).unwrap();
         assert_eq!(m.opcode(), Opcode::BootReply);

@@ -1,8 +1,10 @@
-//! The network boot's HTTP side (plain HTTP: iPXE trusts no certificate of
-//! ours): each boot's iPXE script, the kernel and the initramfs with that
-//! boot's data appended, and the iPXE binaries for UEFI HTTP boot. Every
-//! `/boot/…` URL is good while its boot is unused and unexpired, as the
-//! ISO's copy is (CONTRACTS.md §5); the boot's id is the capability.
+//! The network boot's HTTP side (plain HTTP: neither iPXE nor a UEFI
+//! firmware trusts a certificate of ours): each boot's files
+//! ([`files`](super::files): iPXE's script, the kernel, the initramfs with
+//! the boot's data appended, the signed chain, the ISO for UEFI HTTP boot)
+//! and the iPXE binaries. Every `/boot/…` URL is good while its boot is
+//! unused and unexpired, as the ISO's copy is (CONTRACTS.md §5); the
+//! boot's id is the capability. Every URL answers `HEAD` as its `GET`.
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use actix_web::http::header;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use uuid::Uuid;
 
+use super::files::{self, BootPart, Unserved};
 use super::metrics::NetbootMetrics;
 use crate::bmdb::Bmdb;
 use crate::images::BootServing;
@@ -25,16 +28,24 @@ pub struct Served {
     pub tftp_root: std::path::PathBuf,
     pub metrics: NetbootMetrics,
     pub timeout: std::time::Duration,
+    /// The TFTP server a boot's GRUB configuration names.
+    pub server: std::net::Ipv4Addr,
 }
 
-/// The script iPXE runs for one boot.
+/// The script iPXE runs for one boot. A firmware with Secure Boot on
+/// runs a NIC's iPXE ROM but refuses the kernel it loads: the script then
+/// leaves to the firmware, whose own PXE client asks next and gets the
+/// signed chain.
 pub fn script(base: &str, boot_id: Uuid, cmdline: &str) -> String {
     format!(
         "#!ipxe\n\
          echo shepherd: boot {boot_id}\n\
-         kernel {base}/boot/{boot_id}/vmlinuz initrd=initrd {cmdline}\n\
-         initrd --name initrd {base}/boot/{boot_id}/initrd\n\
-         boot\n"
+         kernel {base}/boot/{boot_id}/vmlinuz initrd=initrd {cmdline} || goto refused\n\
+         initrd --name initrd {base}/boot/{boot_id}/initrd || goto refused\n\
+         boot || goto refused\n\
+         :refused\n\
+         echo shepherd: this firmware did not start the kernel (Secure Boot?); back to the firmware\n\
+         exit 1\n"
     )
 }
 
@@ -45,13 +56,11 @@ fn text(status: actix_web::http::StatusCode, body: &str) -> HttpResponse {
         .body(format!("{body}\n"))
 }
 
-/// The boot, while it may be served; Err: the answer saying why not.
-async fn live_boot(
+/// The boot, while it may be served.
+pub(super) async fn live_boot(
     s: &Served,
     boot_id: Uuid,
-    what: &'static str,
-) -> Result<crate::bmdb::boot::IssuedBoot, HttpResponse> {
-    use actix_web::http::StatusCode;
+) -> Result<crate::bmdb::boot::IssuedBoot, Unserved> {
     let asked = tokio::time::timeout(
         s.timeout,
         s.bmdb
@@ -60,108 +69,143 @@ async fn live_boot(
     .await;
     match asked {
         Ok(Ok(Some(b))) => Ok(b),
-        Ok(Ok(None)) => {
-            s.metrics.http(what, "refused");
-            tracing::info!(boot = %boot_id, what, "network boot file refused: no such boot (used, expired or unknown)");
-            Err(text(
-                StatusCode::NOT_FOUND,
-                "no such boot (used, expired or unknown)",
-            ))
-        }
+        Ok(Ok(None)) => Err(Unserved::NoSuchBoot),
         Ok(Err(e)) => {
-            s.metrics.http(what, "unavailable");
             tracing::warn!(boot = %boot_id, error = %e, "the BMDB cannot tell whether this boot is served");
-            Err(text(
-                StatusCode::SERVICE_UNAVAILABLE,
+            Err(Unserved::Unavailable(
                 "the BMDB cannot tell now whether this boot is served; try again",
             ))
         }
-        Err(_) => {
-            s.metrics.http(what, "unavailable");
-            Err(text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the BMDB did not answer in time; try again",
-            ))
-        }
+        Err(_) => Err(Unserved::Unavailable(
+            "the BMDB did not answer in time; try again",
+        )),
     }
 }
 
-/// `GET /boot/{id}.ipxe`, `/boot/{id}/vmlinuz`, `/boot/{id}/initrd`.
+/// The answer saying why a part is not served, counted and logged.
+fn unserved(s: &Served, what: &'static str, boot_id: Uuid, why: Unserved) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let (status, result) = match &why {
+        Unserved::NoSuchBoot | Unserved::NotInImage(_) => (StatusCode::NOT_FOUND, "refused"),
+        Unserved::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        Unserved::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "failed"),
+    };
+    s.metrics.http(what, result);
+    tracing::info!(boot = %boot_id, what, why = %why, "network boot file not served");
+    text(status, &why.to_string())
+}
+
+/// `GET` and `HEAD` of a boot's files ([`files::name`]) and of the
+/// network GRUB's shared configuration. A `HEAD` is answered as the `GET`
+/// would be (status, type, length), with no body: EDK2's HTTP boot asks
+/// the size first.
 async fn boot_file(
     s: web::Data<Served>,
     req: HttpRequest,
     path: web::Path<String>,
 ) -> HttpResponse {
     use actix_web::http::StatusCode;
-    let path = path.into_inner();
-    let (id, what) = match path.split_once('/') {
-        Some((id, "vmlinuz")) => (id, "kernel"),
-        Some((id, "initrd")) => (id, "initrd"),
-        None => match path.strip_suffix(".ipxe") {
-            Some(id) => (id, "script"),
-            None => return text(StatusCode::NOT_FOUND, "no such file"),
-        },
-        Some(_) => return text(StatusCode::NOT_FOUND, "no such file"),
+    let (boot_id, part) = match files::name(&path) {
+        files::Named::Boot(id, part) => (id, part),
+        files::Named::SharedGrubConfig => {
+            s.metrics.http("grub-config", "served");
+            return bytes(
+                &req,
+                "text/plain; charset=utf-8",
+                files::shared_grub_config().into_bytes(),
+            );
+        }
+        files::Named::Nothing => return text(StatusCode::NOT_FOUND, "no such file"),
     };
-    let Ok(boot_id) = Uuid::parse_str(id) else {
-        return text(StatusCode::NOT_FOUND, "no such boot");
-    };
-    let Some(files) = s.boot.image.netboot.clone() else {
-        s.metrics.http(what, "refused");
-        return text(
-            StatusCode::NOT_FOUND,
-            "this boot image has no kernel and initramfs for network boot (scripts/boot-image writes them beside the ISO)",
-        );
-    };
-    let issued = match live_boot(&s, boot_id, what).await {
+    let what = part.as_str();
+    let issued = match live_boot(&s, boot_id).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(why) => return unserved(&s, what, boot_id, why),
     };
     let peer = req
         .peer_addr()
         .map(|a| a.ip().to_string())
         .unwrap_or_default();
-    match what {
-        "script" => {
-            s.metrics.http(what, "served");
-            tracing::info!(boot = %boot_id, machine = %issued.machine_id, %peer, "iPXE script served");
-            HttpResponse::Ok()
-                .content_type("text/plain; charset=utf-8")
-                .insert_header((header::CACHE_CONTROL, "no-store"))
-                .body(script(&s.base, boot_id, &files.cmdline))
+    if part == BootPart::Iso {
+        // A boot whose image is fetched with its own user name and password
+        // (virtual media) is not served here without them.
+        if issued.media_auth {
+            return unserved(&s, what, boot_id, Unserved::NoSuchBoot);
         }
-        "kernel" => send(&s, what, boot_id, &peer, &files.kernel, Vec::new()).await,
-        _ => {
-            let data =
-                crate::images::boot::boot_data(&issued, &s.boot.callback_endpoint, &s.ca_der);
-            match s.boot.image.slot(&data) {
-                Ok(slot) => send(&s, what, boot_id, &peer, &files.initrd, slot).await,
-                Err(e) => {
-                    s.metrics.http(what, "failed");
-                    tracing::warn!(boot = %boot_id, error = %e, "network boot: cannot make this boot's data");
-                    text(StatusCode::INTERNAL_SERVER_ERROR, &e)
-                }
+        let data = crate::images::boot::boot_data(&issued, &s.boot.callback_endpoint, &s.ca_der);
+        return match s.boot.image.slot(&data) {
+            Ok(slot) => {
+                s.metrics.http(what, "served");
+                crate::images::boot::copy_response(
+                    &s.boot.image,
+                    slot,
+                    &req,
+                    boot_id,
+                    issued.machine_id,
+                )
             }
-        }
+            Err(e) => unserved(&s, what, boot_id, Unserved::Failed(e)),
+        };
     }
+    let base = s.base.clone();
+    let source = files::source(
+        part,
+        &s.boot,
+        &issued,
+        &s.ca_der,
+        |cmdline| script(&base, boot_id, cmdline),
+        s.server,
+    );
+    match source {
+        Ok(files::Source::Bytes(b)) => {
+            s.metrics.http(what, "served");
+            tracing::info!(boot = %boot_id, machine = %issued.machine_id, %peer, what, method = %req.method(), "network boot file served");
+            bytes(&req, "text/plain; charset=utf-8", b)
+        }
+        Ok(files::Source::File { path, tail }) => {
+            send(&s, &req, what, boot_id, &peer, &path, tail).await
+        }
+        Err(why) => unserved(&s, what, boot_id, why),
+    }
+}
+
+/// `bytes` as the answer (none of them to a `HEAD`).
+fn bytes(req: &HttpRequest, content_type: &str, b: Vec<u8>) -> HttpResponse {
+    let mut res = HttpResponse::Ok();
+    res.content_type(content_type)
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    if req.method() == actix_web::http::Method::HEAD {
+        return res.body(actix_web::body::SizedStream::new(
+            b.len() as u64,
+            futures::stream::empty::<Result<web::Bytes, std::io::Error>>(),
+        ));
+    }
+    res.body(b)
 }
 
 /// The file at `path` (then `tail`) as boot `boot_id`'s `what`, counted
 /// and logged.
 async fn send(
     s: &Served,
+    req: &HttpRequest,
     what: &'static str,
     boot_id: Uuid,
     peer: &str,
     path: &std::path::Path,
     tail: Vec<u8>,
 ) -> HttpResponse {
-    match stream_file(path, tail).await {
+    let head = req.method() == actix_web::http::Method::HEAD;
+    match stream_file(path, tail, head).await {
         Ok((len, body)) => {
             s.metrics.http(what, "served");
-            tracing::info!(boot = %boot_id, %peer, bytes = len, what, "network boot file served");
+            tracing::info!(boot = %boot_id, %peer, bytes = len, what, method = %req.method(), "network boot file served");
+            let content_type = if path.extension().is_some_and(|e| e == "efi") {
+                "application/efi"
+            } else {
+                "application/octet-stream"
+            };
             HttpResponse::Ok()
-                .content_type("application/octet-stream")
+                .content_type(content_type)
                 .insert_header((header::CACHE_CONTROL, "no-store"))
                 .body(actix_web::body::SizedStream::new(len, body))
         }
@@ -176,8 +220,13 @@ async fn send(
     }
 }
 
-/// `GET /ipxe/{file}`: an iPXE binary, for UEFI HTTP boot.
-async fn ipxe_binary(s: web::Data<Served>, name: web::Path<String>) -> HttpResponse {
+/// `GET /ipxe/{file}`: an iPXE binary, for UEFI HTTP boot with
+/// `netboot.uefi = "ipxe"` (and `HEAD`, its size).
+async fn ipxe_binary(
+    s: web::Data<Served>,
+    req: HttpRequest,
+    name: web::Path<String>,
+) -> HttpResponse {
     use actix_web::http::StatusCode;
     let path = match super::tftp::served_file(&s.tftp_root, &name) {
         Ok(p) => p,
@@ -186,7 +235,8 @@ async fn ipxe_binary(s: web::Data<Served>, name: web::Path<String>) -> HttpRespo
             return text(StatusCode::NOT_FOUND, &r.message);
         }
     };
-    match stream_file(&path, Vec::new()).await {
+    let head = req.method() == actix_web::http::Method::HEAD;
+    match stream_file(&path, Vec::new(), head).await {
         Ok((len, body)) => {
             s.metrics.http("ipxe", "served");
             HttpResponse::Ok()
@@ -204,8 +254,12 @@ type Chunks = futures::stream::LocalBoxStream<'static, Result<web::Bytes, std::i
 
 /// The file, zero-padded to a multiple of 4 when `tail` follows (an
 /// initramfs's archives start 4-aligned), then `tail`: its length and
-/// its bytes as a stream.
-async fn stream_file(path: &std::path::Path, tail: Vec<u8>) -> std::io::Result<(u64, Chunks)> {
+/// its bytes as a stream (none for a `HEAD`: the length alone).
+async fn stream_file(
+    path: &std::path::Path,
+    tail: Vec<u8>,
+    head: bool,
+) -> std::io::Result<(u64, Chunks)> {
     use futures::StreamExt as _;
     use tokio::io::AsyncReadExt as _;
     let file = tokio::fs::File::open(path).await?;
@@ -218,6 +272,9 @@ async fn stream_file(path: &std::path::Path, tail: Vec<u8>) -> std::io::Result<(
     let mut tail_bytes = vec![0u8; pad as usize];
     tail_bytes.extend_from_slice(&tail);
     let total = len + tail_bytes.len() as u64;
+    if head {
+        return Ok((total, futures::stream::empty().boxed_local()));
+    }
     let body = futures::stream::unfold(Some((file, len)), |state| async move {
         let (mut file, left) = state?;
         if left == 0 {
@@ -248,8 +305,12 @@ pub fn start(
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
-            .route("/boot/{path:.*}", web::get().to(boot_file))
+            .route("/{path:boot/.*}", web::get().to(boot_file))
+            .route("/{path:boot/.*}", web::head().to(boot_file))
+            .route("/{path:grub/grub.cfg}", web::get().to(boot_file))
+            .route("/{path:grub/grub.cfg}", web::head().to(boot_file))
             .route("/ipxe/{name}", web::get().to(ipxe_binary))
+            .route("/ipxe/{name}", web::head().to(ipxe_binary))
     })
     .workers(1)
     .disable_signals()

@@ -59,7 +59,7 @@ impl NetbootMetrics {
         );
         registry.register(
             "shepherd_netboot_tftp_transfers",
-            "TFTP transfers by file and result (complete, aborted, timed_out, failed)",
+            "TFTP transfers by file (an iPXE binary, or a boot's shim, grub, grub-config, kernel, initrd) and result (complete, aborted, timed_out, failed)",
             self.tftp.clone(),
         );
         registry.register(
@@ -74,7 +74,7 @@ impl NetbootMetrics {
         );
         registry.register(
             "shepherd_netboot_http_requests",
-            "Network boot HTTP requests by what (script, kernel, initrd, ipxe) and result (served, refused, unavailable, failed)",
+            "Network boot HTTP requests (GET and HEAD) by what (script, kernel, initrd, shim, grub, grub-config, iso, ipxe) and result (served, refused, unavailable, failed)",
             self.http.clone(),
         );
     }
@@ -96,7 +96,11 @@ impl NetbootMetrics {
     }
 
     pub(super) fn tftp(&self, file: &str, result: &'static str) {
-        let file = if super::tftp::SERVED.contains(&file) {
+        let file = if super::tftp::SERVED.contains(&file)
+            || super::files::BootPart::ALL
+                .iter()
+                .any(|p| p.as_str() == file)
+        {
             file
         } else {
             "other"

@@ -22,6 +22,7 @@
 //! stops them when it stops.
 
 pub mod dhcp;
+pub mod files;
 pub mod http;
 mod metrics;
 pub mod ra;
@@ -94,9 +95,26 @@ struct Shared {
     netmask: Ipv4Addr,
     http_base: String,
     metrics: NetbootMetrics,
+    /// What the HTTP side serves, for the same files over TFTP.
+    served: http::Served,
     /// Packets handled at once; more are dropped (counted) until one ends.
     inflight: Arc<tokio::sync::Semaphore>,
     discovery: std::cell::RefCell<DiscoveryWindow>,
+}
+
+impl Shared {
+    /// Whether x86-64 UEFI machines get the signed chain: asked for
+    /// (`netboot.uefi = "shim"`) and in the boot image.
+    fn signed_chain(&self) -> bool {
+        self.cfg.uefi == crate::config::UefiChain::Shim
+            && self
+                .served
+                .boot
+                .image
+                .netboot
+                .as_ref()
+                .is_some_and(|n| n.signed.is_some())
+    }
 }
 
 /// The network boot service.
@@ -156,19 +174,26 @@ impl NetbootService {
         };
         let http_port = cfg.http_listen.port();
         let http_base = format!("http://{server}:{http_port}");
-        let http = http::start(
-            http::Served {
-                bmdb: bmdb.clone(),
-                boot,
-                ca_der: Arc::new(ca_der),
-                base: http_base.clone(),
-                tftp_root: cfg.tftp_root.clone(),
-                metrics: metrics.clone(),
-                timeout,
-            },
-            cfg.http_listen,
-        )
-        .map_err(|e| {
+        if cfg.uefi == crate::config::UefiChain::Shim
+            && boot
+                .image
+                .netboot
+                .as_ref()
+                .is_some_and(|n| n.signed.is_none())
+        {
+            tracing::warn!(image = %boot.image.path.display(), "netboot.uefi = \"shim\" but the boot image has no signed chain beside it (scripts/boot-image writes .shimx64.efi and .grubnetx64.efi): UEFI machines get iPXE, which a firmware with Secure Boot on refuses");
+        }
+        let served = http::Served {
+            bmdb: bmdb.clone(),
+            boot,
+            ca_der: Arc::new(ca_der),
+            base: http_base.clone(),
+            tftp_root: cfg.tftp_root.clone(),
+            metrics: metrics.clone(),
+            timeout,
+            server,
+        };
+        let http = http::start(served.clone(), cfg.http_listen).map_err(|e| {
             ConfigError::key("netboot.http_listen", format!("{}: {e}", cfg.http_listen))
         })?;
         for f in tftp::SERVED {
@@ -189,6 +214,7 @@ impl NetbootService {
                     netmask,
                     http_base,
                     metrics,
+                    served,
                     inflight: Arc::new(tokio::sync::Semaphore::new(64)),
                     discovery: Default::default(),
                 }),
@@ -428,7 +454,12 @@ async fn boot_for(shared: &Shared, req: &Request) -> Option<Option<BootFile>> {
         other => other,
     };
     match found {
-        MacLookup::Boot(b) => match dhcp::boot_file(req.asker, b.boot_id, &shared.http_base) {
+        MacLookup::Boot(b) => match dhcp::boot_file(
+            req.asker,
+            b.boot_id,
+            &shared.http_base,
+            shared.signed_chain(),
+        ) {
             Some(f) => {
                 tracing::info!(mac = %mac, machine = %b.machine_id, boot = %b.boot_id, file = %f.name(), "network boot answered");
                 Some(Some(f))
@@ -611,11 +642,56 @@ async fn tftp_loop(shared: Rc<Shared>, sock: Rc<UdpSocket>) {
         actix_rt::spawn(async move {
             let _permit = permit;
             let device = Some(shared.cfg.interface.as_str());
+            let resolve = |name: String| tftp_file(&shared, name);
             if let Some((ended, file)) =
-                tftp::serve_request(&shared.cfg.tftp_root, &packet, peer, local, device).await
+                tftp::serve_request(&packet, peer, local, device, resolve).await
             {
                 shared.metrics.tftp(&file, ended.as_str());
             }
         });
     }
+}
+
+/// The file a TFTP request names: an iPXE binary, the network GRUB's
+/// shared configuration, or a file of a boot being served (its name in
+/// the metrics, and its bytes).
+async fn tftp_file(shared: &Shared, name: String) -> Result<(String, Vec<u8>), tftp::Refusal> {
+    use files::{BootPart, Named, Unserved};
+    let (boot_id, part) = match files::name(&name) {
+        Named::Nothing => return tftp::ipxe_binary(&shared.cfg.tftp_root, &name).await,
+        Named::SharedGrubConfig => {
+            return Ok((
+                "grub-config".to_string(),
+                files::shared_grub_config().into_bytes(),
+            ));
+        }
+        Named::Boot(_, BootPart::Script | BootPart::Iso) => {
+            return Err(tftp::refuse(1, format!("{name}: served over HTTP only")));
+        }
+        Named::Boot(id, part) => (id, part),
+    };
+    let refused = |why: Unserved| {
+        let code = if matches!(why, Unserved::NoSuchBoot | Unserved::NotInImage(_)) {
+            1
+        } else {
+            0
+        };
+        tftp::refuse(code, why.to_string())
+    };
+    let s = &shared.served;
+    let issued = http::live_boot(s, boot_id).await.map_err(refused)?;
+    let source = files::source(
+        part,
+        &s.boot,
+        &issued,
+        &s.ca_der,
+        |_| String::new(),
+        shared.server,
+    )
+    .map_err(refused)?;
+    let data = files::read_whole(source)
+        .await
+        .map_err(|e| refused(Unserved::Failed(format!("{name}: {e}"))))?;
+    tracing::info!(boot = %boot_id, machine = %issued.machine_id, what = part.as_str(), bytes = data.len(), "network boot file sent over TFTP");
+    Ok((part.as_str().to_string(), data))
 }

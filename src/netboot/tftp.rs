@@ -1,4 +1,5 @@
-//! TFTP, read-only, for the iPXE binaries and nothing else (RFC 1350),
+//! TFTP, read-only, for the iPXE binaries and the signed chain's files of
+//! a boot being served ([`files`](super::files)), nothing else (RFC 1350),
 //! with the options every PXE ROM asks for: `blksize` (RFC 2348), `tsize`
 //! and `timeout` (RFC 2349) and `windowsize` (RFC 7440).
 //!
@@ -50,7 +51,7 @@ pub struct Refusal {
     pub message: String,
 }
 
-fn refuse(code: u16, message: impl Into<String>) -> Refusal {
+pub fn refuse(code: u16, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
         message: message.into(),
@@ -287,14 +288,20 @@ pub async fn transfer(sock: &UdpSocket, req: &ReadRequest, data: Arc<Vec<u8>>) -
 
 /// Answers `packet` from `peer`: a transfer on a new socket bound like
 /// `bind` (the server's address, port 0, on `device`), or an error.
-/// Returns how it ended and the file, None when nothing was sent.
-pub async fn serve_request(
-    root: &Path,
+/// `resolve` gives the file a request names: its bytes and its name in
+/// the metrics, or the refusal to answer. Returns how it ended and that
+/// name, None when nothing was sent.
+pub async fn serve_request<F, Fut>(
     packet: &[u8],
     peer: SocketAddr,
     local: SocketAddr,
     device: Option<&str>,
-) -> Option<(Ended, String)> {
+    resolve: F,
+) -> Option<(Ended, String)>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(String, Vec<u8>), Refusal>>,
+{
     let sock = match socket(local, device, peer) {
         Ok(s) => s,
         Err(e) => {
@@ -302,9 +309,8 @@ pub async fn serve_request(
             return None;
         }
     };
-    let req = parse_request(packet).and_then(|r| served_file(root, &r.file).map(|p| (r, p)));
-    let (req, path) = match req {
-        Ok(x) => x,
+    let req = match parse_request(packet) {
+        Ok(r) => r,
         Err(r) if r.code == 0 && r.message.is_empty() => return None,
         Err(r) => {
             tracing::info!(%peer, refused = %r.message, "TFTP request refused");
@@ -312,18 +318,29 @@ pub async fn serve_request(
             return Some((Ended::Failed, String::new()));
         }
     };
-    let data = match tokio::fs::read(&path).await {
-        Ok(d) => Arc::new(d),
-        Err(e) => {
-            let r = refuse(0, format!("{}: cannot be read", req.file));
-            tracing::warn!(path = %path.display(), error = %e, "TFTP: cannot read a served file");
+    let (label, data) = match resolve(req.file.clone()).await {
+        Ok(x) => x,
+        Err(r) => {
+            tracing::info!(%peer, file = %req.file, refused = %r.message, "TFTP request refused");
             let _ = sock.send(&error_packet(&r)).await;
-            return Some((Ended::Failed, req.file));
+            return Some((Ended::Failed, String::new()));
         }
     };
-    let ended = transfer(&sock, &req, data).await;
+    let ended = transfer(&sock, &req, Arc::new(data)).await;
     tracing::info!(%peer, file = %req.file, ended = ended.as_str(), "TFTP transfer");
-    Some((ended, req.file.trim_start_matches('/').to_string()))
+    Some((ended, label))
+}
+
+/// One of the iPXE binaries ([`SERVED`]) in `root`: its name and bytes.
+pub async fn ipxe_binary(root: &Path, name: &str) -> Result<(String, Vec<u8>), Refusal> {
+    let path = served_file(root, name)?;
+    match tokio::fs::read(&path).await {
+        Ok(d) => Ok((name.trim_start_matches('/').to_string(), d)),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "TFTP: cannot read a served file");
+            Err(refuse(0, format!("{name}: cannot be read")))
+        }
+    }
 }
 
 fn socket(local: SocketAddr, device: Option<&str>, peer: SocketAddr) -> std::io::Result<UdpSocket> {

@@ -236,6 +236,11 @@ async fn reports_are_stored_as_sent_and_requests_answered_until_reported() {
                 address_source: "dhcp".into(),
                 mac: vec![2, 0, 0, 0, 0, 0x41],
             }),
+            secure_boot: Some(shepherd_proto::api::SecureBoot {
+                state: shepherd_proto::api::secure_boot::State::On as i32,
+                setup_mode: false,
+                lockdown: "integrity".into(),
+            }),
         }),
         warning: vec!["no IPMI".into()],
     };
@@ -267,6 +272,11 @@ async fn reports_are_stored_as_sent_and_requests_answered_until_reported() {
         (lan.ipv4_address.as_str(), lan.mac.as_str()),
         ("10.0.0.41", "02:00:00:00:00:41")
     );
+    // How the agent's system booted, as operators see it.
+    let sb = summary
+        .secure_boot
+        .expect("Secure Boot as the agent read it");
+    assert_eq!(sb.to_string(), "on, kernel locked down (integrity)");
 
     // A pending request, with fields shepherd does not know: returned byte
     // for byte.

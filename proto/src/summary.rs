@@ -2,7 +2,7 @@
 //! operators: the service's pages, JSON and command line show it; the
 //! agent reads the report itself (`shepherd_agent::hardware`).
 
-use crate::api::{AgentHardwareReport, EfiSupport, block_device};
+use crate::api::{AgentHardwareReport, EfiSupport, block_device, secure_boot};
 
 /// A stored hardware report, decoded for operators (pages, JSON, CLI).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -20,7 +20,36 @@ pub struct HardwareSummary {
     /// The BMC's LAN channel, as the agent read it in-band.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bmc_lan: Option<BmcLanSummary>,
+    /// How the firmware booted the agent, as the agent read it (none: an
+    /// agent that does not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<SecureBootSummary>,
     pub warnings: Vec<String>,
+}
+
+/// Secure Boot as the agent's system booted.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SecureBootSummary {
+    /// `on`, `off` or `unknown`.
+    pub state: &'static str,
+    pub setup_mode: bool,
+    /// The kernel's lockdown (`none`, `integrity`, `confidentiality`;
+    /// empty: not said).
+    pub lockdown: String,
+}
+
+impl std::fmt::Display for SecureBootSummary {
+    /// `on, kernel locked down (integrity)`, `off`, `off (setup mode)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.state)?;
+        if self.setup_mode {
+            f.write_str(" (setup mode)")?;
+        }
+        match self.lockdown.as_str() {
+            "" | "none" => Ok(()),
+            l => write!(f, ", kernel locked down ({l})"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -126,6 +155,15 @@ pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
             ipv4_address: b.ipv4_address,
             address_source: b.address_source,
             mac: mac_text(&b.mac),
+        }),
+        secure_boot: n.secure_boot.map(|s| SecureBootSummary {
+            state: match secure_boot::State::try_from(s.state) {
+                Ok(secure_boot::State::On) => "on",
+                Ok(secure_boot::State::Off) => "off",
+                _ => "unknown",
+            },
+            setup_mode: s.setup_mode,
+            lockdown: s.lockdown,
         }),
         warnings: r.warning,
     })

@@ -406,6 +406,7 @@ pub fn simulated_hardware(ip: IpAddr) -> shepherd_agent::api::AgentHardwareRepor
             network_interface: vec![nic(0), nic(1)],
             efi_support: EfiSupport::Enabled as i32,
             bmc_lan: None,
+            secure_boot: None,
         }),
         warning: vec![],
     }

@@ -848,6 +848,13 @@ pub(super) async fn machine_page(
                 shepherd_proto::summary::bytes(h.memory_bytes),
                 esc(&h.efi)
             );
+            if let Some(sb) = &h.secure_boot {
+                let _ = write!(
+                    b,
+                    "<tr><th>Secure Boot</th><td id=\"secure-boot\">{}</td></tr>",
+                    esc(&sb.to_string())
+                );
+            }
             if let Some(l) = &h.bmc_lan {
                 let _ = write!(
                     b,

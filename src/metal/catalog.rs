@@ -122,6 +122,7 @@ mod tests {
             nics: Vec::new(),
             efi: String::new(),
             bmc_lan: None,
+            secure_boot: None,
             warnings: Vec::new(),
         }
     }

@@ -490,7 +490,7 @@ fn file_of(m: &Message) -> String {
 
 #[actix_rt::test]
 async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
-    let Some(mut bed) = Bed::start_with("proxy", "uefi = \"ipxe\"\n").await else {
+    let Some(mut bed) = Bed::start("proxy").await else {
         return;
     };
     bed.wait_for_service().await;
@@ -543,8 +543,8 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
         "a proxy offers no address"
     );
 
-    // With `uefi = "ipxe"`, an EFI PXE client asks the proxy on 4011 and
-    // gets snponly.efi.
+    // In proxy mode (`uefi` unset: iPXE), an EFI PXE client asks the proxy
+    // on 4011 and gets snponly.efi.
     let (xid, p) = request(Pose {
         kind: MessageType::Request,
         ..Pose::pxe(7)
@@ -571,7 +571,7 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
     .expect("an offer to iPXE");
     let script_url = format!("http://10.77.0.1:{}/boot/{boot}.ipxe", bed.http);
     assert_eq!(file_of(&m), script_url);
-    // UEFI HTTP boot gets the EFI binary's URL, as an HTTPClient.
+    // UEFI HTTP boot gets the boot's ISO, as an HTTPClient.
     let m = ask(
         &bed,
         Pose {
@@ -582,7 +582,7 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
     .expect("an offer to UEFI HTTP boot");
     assert_eq!(
         file_of(&m),
-        format!("http://10.77.0.1:{}/ipxe/snponly.efi", bed.http)
+        format!("http://10.77.0.1:{}/boot/{boot}.iso", bed.http)
     );
     assert!(
         matches!(m.opts().get(OptionCode::ClassIdentifier), Some(DhcpOption::ClassIdentifier(v)) if v == b"HTTPClient")
@@ -1087,14 +1087,10 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
         ..Pose::pxe(7)
     };
 
-    // An unknown UEFI PXE client gets the signed chain's shim, and becomes
-    // a discovered machine with one discovery boot.
+    // An unknown UEFI PXE client gets the iPXE binary (proxy mode's
+    // default), and becomes a discovered machine with one discovery boot.
     let m = ask(&bed, stranger).expect("a discovery offer");
-    let file = file_of(&m);
-    assert!(
-        file.starts_with("boot/") && file.ends_with("/shimx64.efi"),
-        "{file}"
-    );
+    assert_eq!(file_of(&m), "snponly.efi");
     let (id, firmware, boots, accepted) = discovered(&bed.bmdb, STRANGER_TEXT)
         .await
         .expect("enlisted");
@@ -1302,7 +1298,7 @@ fn get_and_head(bed: &Bed, url: &str) -> ((u16, usize), (u16, usize)) {
 
 #[actix_rt::test]
 async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_get() {
-    let Some(mut bed) = Bed::start("proxy").await else {
+    let Some(mut bed) = Bed::start_with("proxy", "uefi = \"shim\"\n").await else {
         return;
     };
     bed.wait_for_service().await;

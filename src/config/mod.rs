@@ -1577,6 +1577,24 @@ mod tests {
             (n.mode, n.dhcp_port, n.tftp_port, n.discover),
             (NetbootMode::Proxy, 67, 69, false)
         );
+        // What UEFI firmware PXE loads: iPXE in proxy mode, the signed
+        // chain when shepherd is the DHCP server (the next server GRUB
+        // reads), or as set.
+        assert_eq!(n.uefi_chain(), UefiChain::Ipxe);
+        let dhcp = load(
+            "[netboot]\ninterface = \"br0\"\nmode = \"dhcp\"\nrange = \"10.0.0.1-10.0.0.9\"\n",
+        )
+        .unwrap()
+        .netboot
+        .unwrap();
+        assert_eq!(dhcp.uefi_chain(), UefiChain::Shim);
+        let set = load("[netboot]\ninterface = \"br0\"\nuefi = \"shim\"\n")
+            .unwrap()
+            .netboot
+            .unwrap();
+        assert_eq!(set.uefi_chain(), UefiChain::Shim);
+        let e = load("[netboot]\ninterface = \"br0\"\nuefi = \"grub\"\n").unwrap_err();
+        assert_eq!(e.key_name(), Some("netboot.uefi"), "{e}");
         let e = load("[netboot]\ninterface = \"br0\"\ndiscover = true\ndiscover_per_minute = 0\n")
             .unwrap_err();
         assert_eq!(e.key_name(), Some("netboot.discover_per_minute"), "{e}");

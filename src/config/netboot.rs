@@ -23,14 +23,15 @@ pub enum NetbootMode {
     Dhcp,
 }
 
-/// What x86-64 UEFI machines boot first from the network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+/// What x86-64 UEFI machines' firmware PXE loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UefiChain {
-    /// The signed chain: shim, then the distribution's signed GRUB, then
-    /// its signed kernel (PXE), or the ISO whose EFI boot is that chain
-    /// (UEFI HTTP boot). Boots with Secure Boot on and off.
-    #[default]
+    /// The signed chain: shim, then the distribution's signed network
+    /// GRUB, then its signed kernel. Boots with Secure Boot on and off.
+    /// Debian's GRUB reads its configuration from the next server its
+    /// DHCP answer names: shepherd in `mode = "dhcp"`; in proxy mode the
+    /// site's DHCP server must name shepherd as next server (siaddr).
     Shim,
     /// iPXE (`snponly.efi`), as on BIOS: a firmware with Secure Boot on
     /// refuses it.
@@ -83,9 +84,12 @@ pub struct NetbootConfig {
     /// here" (lifetime 0, no prefixes): iPXE otherwise waits ~15 s for an
     /// IPv6 router before it boots.
     pub answer_router_solicitations: bool,
-    /// What x86-64 UEFI machines boot first: `"shim"` (the signed chain,
-    /// with Secure Boot on or off) or `"ipxe"`.
-    pub uefi: UefiChain,
+    /// What x86-64 UEFI machines' firmware PXE loads: `"shim"` (the
+    /// signed chain, with Secure Boot on or off) or `"ipxe"`. Unset:
+    /// `"shim"` in `mode = "dhcp"`, `"ipxe"` in proxy mode (see
+    /// [`UefiChain::Shim`]). UEFI HTTP boot gets the boot's ISO either way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uefi: Option<UefiChain>,
 }
 
 impl Default for NetbootConfig {
@@ -107,7 +111,7 @@ impl Default for NetbootConfig {
             discover_per_minute: 30,
             discover_ttl: Duration::from_secs(15 * 60),
             answer_router_solicitations: true,
-            uefi: UefiChain::Shim,
+            uefi: None,
         }
     }
 }
@@ -152,6 +156,15 @@ impl AddressRange {
 }
 
 impl NetbootConfig {
+    /// What UEFI machines' firmware PXE loads, the mode's default unless
+    /// set.
+    pub fn uefi_chain(&self) -> UefiChain {
+        self.uefi.unwrap_or(match self.mode {
+            NetbootMode::Dhcp => UefiChain::Shim,
+            NetbootMode::Proxy => UefiChain::Ipxe,
+        })
+    }
+
     /// The pool, in `mode = "dhcp"`.
     pub fn pool(&self) -> Option<AddressRange> {
         self.range

@@ -175,7 +175,7 @@ pub fn read(bytes: &[u8]) -> Result<Request, Dropped> {
 pub enum BootFile {
     /// A file over TFTP (an iPXE binary, or a boot's shim).
     Tftp(String),
-    /// A URL (iPXE's script; UEFI HTTP boot's ISO or EFI binary).
+    /// A URL (iPXE's script; UEFI HTTP boot's ISO).
     Url(String),
 }
 
@@ -188,17 +188,13 @@ impl BootFile {
     }
 
     /// How the machine boots, for the metrics: `bios-pxe`, `uefi-pxe`
-    /// (iPXE), `uefi-shim` (the signed chain), `uefi-http` (iPXE),
-    /// `uefi-http-iso` (the signed chain in the ISO), `ipxe-script`.
+    /// (iPXE), `uefi-shim` (the signed chain), `uefi-http` (the ISO),
+    /// `ipxe-script`.
     pub fn path(&self, asker: Asker) -> &'static str {
-        let signed = match self {
-            BootFile::Tftp(f) => f.ends_with(SHIM),
-            BootFile::Url(u) => u.ends_with(".iso"),
-        };
-        match (asker, signed) {
+        let shim = matches!(self, BootFile::Tftp(f) if f.ends_with(SHIM));
+        match (asker, shim) {
             (Asker::Ipxe { .. }, _) => "ipxe-script",
-            (Asker::Http { .. }, true) => "uefi-http-iso",
-            (Asker::Http { .. }, false) => "uefi-http",
+            (Asker::Http { .. }, _) => "uefi-http",
             (Asker::Pxe { arch: 0 }, _) => "bios-pxe",
             (_, true) => "uefi-shim",
             (_, false) => "uefi-pxe",
@@ -221,8 +217,10 @@ const SHIM: &str = "/shimx64.efi";
 
 /// The boot file for `asker` on boot `boot_id`; `http` is the network
 /// boot HTTP server's base (`http://10.0.0.1:8067`); `signed`: x86-64
-/// UEFI machines get the signed chain (shim over TFTP; the ISO over HTTP)
-/// instead of iPXE.
+/// UEFI firmware PXE gets the signed chain (shim over TFTP) instead of
+/// iPXE. UEFI HTTP boot always gets the boot's ISO, which the firmware
+/// boots as a RAM disk through the ISO's own signed chain (nothing of it
+/// depends on the DHCP answer's next server).
 pub fn boot_file(asker: Asker, boot_id: uuid::Uuid, http: &str, signed: bool) -> Option<BootFile> {
     use super::files::BootPart;
     match asker {
@@ -232,11 +230,10 @@ pub fn boot_file(asker: Asker, boot_id: uuid::Uuid, http: &str, signed: bool) ->
         ))),
         Asker::Pxe { arch: 7 | 9 } if signed => Some(BootFile::Tftp(BootPart::Shim.path(boot_id))),
         Asker::Pxe { arch } => ipxe_binary(arch).map(|f| BootFile::Tftp(f.to_string())),
-        Asker::Http { arch: 16 } if signed => Some(BootFile::Url(format!(
+        Asker::Http { arch: 16 } => Some(BootFile::Url(format!(
             "{http}/{}",
             BootPart::Iso.path(boot_id)
         ))),
-        Asker::Http { arch: 16 } => Some(BootFile::Url(format!("{http}/ipxe/snponly.efi"))),
         Asker::Http { .. } | Asker::Plain => None,
     }
 }
@@ -415,7 +412,7 @@ mod tests {
         );
         assert_eq!(
             boot_file(Asker::Http { arch: 16 }, b, base, false),
-            Some(BootFile::Url(format!("{base}/ipxe/snponly.efi")))
+            Some(BootFile::Url(format!("{base}/boot/{b}.iso")))
         );
     }
 
@@ -428,7 +425,7 @@ mod tests {
         assert_eq!(pxe.path(Asker::Pxe { arch: 7 }), "uefi-shim");
         let http = boot_file(Asker::Http { arch: 16 }, b, base, true).unwrap();
         assert_eq!(http, BootFile::Url(format!("{base}/boot/{b}.iso")));
-        assert_eq!(http.path(Asker::Http { arch: 16 }), "uefi-http-iso");
+        assert_eq!(http.path(Asker::Http { arch: 16 }), "uefi-http");
         assert_eq!(
             BootFile::Tftp("snponly.efi".into()).path(Asker::Pxe { arch: 7 }),
             "uefi-pxe"

@@ -49,7 +49,7 @@ impl NetbootMetrics {
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
         registry.register(
             "shepherd_netboot_dhcp_answers",
-            "DHCP answers sent by the network boot service, by message (offer, ack, nak) and boot path (bios-pxe, uefi-pxe, uefi-http, ipxe-script; none: an address only)",
+            "DHCP answers sent by the network boot service, by message (offer, ack, nak) and boot path (bios-pxe, uefi-pxe, uefi-shim, uefi-http, ipxe-script; none: an address only)",
             self.answers.clone(),
         );
         registry.register(
@@ -130,7 +130,14 @@ impl NetbootMetrics {
     pub fn answers_total(&self) -> u64 {
         let mut n = 0;
         for message in ["offer", "ack", "nak", "other"] {
-            for path in ["bios-pxe", "uefi-pxe", "uefi-http", "ipxe-script", "none"] {
+            for path in [
+                "bios-pxe",
+                "uefi-pxe",
+                "uefi-shim",
+                "uefi-http",
+                "ipxe-script",
+                "none",
+            ] {
                 n += self
                     .answers
                     .get_or_create(&AnswerLabel { message, path })

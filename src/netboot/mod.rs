@@ -103,10 +103,10 @@ struct Shared {
 }
 
 impl Shared {
-    /// Whether x86-64 UEFI machines get the signed chain: asked for
-    /// (`netboot.uefi = "shim"`) and in the boot image.
+    /// Whether x86-64 UEFI machines' firmware PXE gets the signed chain:
+    /// asked for (`netboot.uefi`) and in the boot image.
     fn signed_chain(&self) -> bool {
-        self.cfg.uefi == crate::config::UefiChain::Shim
+        self.cfg.uefi_chain() == crate::config::UefiChain::Shim
             && self
                 .served
                 .boot
@@ -174,7 +174,7 @@ impl NetbootService {
         };
         let http_port = cfg.http_listen.port();
         let http_base = format!("http://{server}:{http_port}");
-        if cfg.uefi == crate::config::UefiChain::Shim
+        if cfg.uefi_chain() == crate::config::UefiChain::Shim
             && boot
                 .image
                 .netboot

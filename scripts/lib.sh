@@ -88,8 +88,8 @@ need_virtualbmc() {
       python3 -m pip install -q $user --disable-pip-version-check --break-system-packages 'virtualbmc==3.3.0' 'libvirt-python==11.*'
   fi
   if [ "$(id -u)" = 0 ]; then
-    pgrep -x virtlogd >/dev/null || virtlogd -d
-    pgrep -x libvirtd >/dev/null || libvirtd -d
+    pgrep -x virtlogd >/dev/null || virtlogd -d 9>&-
+    pgrep -x libvirtd >/dev/null || libvirtd -d 9>&-
     local i
     for i in $(seq 50); do virsh -q list >/dev/null 2>&1 && break; sleep 0.2; done
   fi

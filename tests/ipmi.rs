@@ -150,6 +150,7 @@ impl Rig {
             password: Secret::inline(password),
             system: None,
             tls: BmcTls::Verify,
+            secure_boot: None,
         };
         b.validate().unwrap();
         b

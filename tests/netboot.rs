@@ -545,18 +545,7 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
 
     // In proxy mode (`uefi` unset: iPXE), an EFI PXE client asks the proxy
     // on 4011 and gets snponly.efi.
-    let (xid, p) = request(Pose {
-        kind: MessageType::Request,
-        ..Pose::pxe(7)
-    });
-    let m = exchange(
-        &bed.client.0,
-        SocketAddr::from((SERVER_IP, 4011)),
-        vec![p],
-        xid,
-        Duration::from_secs(2),
-    )
-    .expect("an ack from port 4011");
+    let m = ask_4011(&bed, Pose::pxe(7)).expect("an ack from port 4011");
     assert_eq!(m.opts().msg_type(), Some(MessageType::Ack));
     assert_eq!(file_of(&m), "snponly.efi");
 
@@ -647,17 +636,7 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
 
     // Once the boot is used (its agent called back), nothing is answered
     // and nothing is served: the machine boots its disk.
-    bed.bmdb
-        .transact(async |tx| {
-            tx.execute(
-                "UPDATE machine_boot_credential SET used_at = now() WHERE boot_id = $1",
-                &[&boot],
-            )
-            .await?;
-            Ok(())
-        })
-        .await
-        .unwrap();
+    use_boot(&bed, boot).await;
     assert!(ask(&bed, Pose::pxe(0)).is_none());
     assert!(
         ask(
@@ -1261,6 +1240,45 @@ async fn discovery_enlists_an_unknown_mac_and_accepting_it_makes_it_an_inventory
     bed.assert_running();
 }
 
+/// What the proxy's port 4011 answers a request posing as `pose`.
+fn ask_4011(bed: &Bed, pose: Pose) -> Option<Message> {
+    let (xid, p) = request(Pose {
+        kind: MessageType::Request,
+        ..pose
+    });
+    exchange(
+        &bed.client.0,
+        SocketAddr::from((SERVER_IP, 4011)),
+        vec![p],
+        xid,
+        Duration::from_secs(2),
+    )
+}
+
+/// curl's exit code for a TFTP read of `name` from the client's side (68:
+/// not found).
+fn tftp_exit(bed: &Bed, name: &str) -> Option<i32> {
+    let url = format!("tftp://10.77.0.1/{name}");
+    run(&mut bed.client.cmd(&["curl", "-s", &url, "-o", "/dev/null"]))
+        .status
+        .code()
+}
+
+/// The boot used, as its agent's enrollment leaves it.
+async fn use_boot(bed: &Bed, boot: uuid::Uuid) {
+    bed.bmdb
+        .transact(async |tx| {
+            tx.execute(
+                "UPDATE machine_boot_credential SET used_at = now() WHERE boot_id = $1",
+                &[&boot],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+}
+
 /// What `curl` says of `url` from the client's side: the status and the
 /// body's length for a `GET`, and the status and `Content-Length` for a
 /// `HEAD`.
@@ -1305,18 +1323,7 @@ async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_ge
     let boot = bed.issue_boot().await;
 
     // EDK2's PXE (architecture 7, on 4011) gets the boot's shim over TFTP.
-    let (xid, p) = request(Pose {
-        kind: MessageType::Request,
-        ..Pose::pxe(7)
-    });
-    let m = exchange(
-        &bed.client.0,
-        SocketAddr::from((SERVER_IP, 4011)),
-        vec![p],
-        xid,
-        Duration::from_secs(2),
-    )
-    .expect("an ack from port 4011");
+    let m = ask_4011(&bed, Pose::pxe(7)).expect("an ack from port 4011");
     assert_eq!(file_of(&m), format!("boot/{boot}/shimx64.efi"));
     // UEFI HTTP boot gets the boot's ISO (booted as a RAM disk).
     let m = ask(
@@ -1357,8 +1364,17 @@ async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_ge
         "GRUB"
     );
     let shared = String::from_utf8(tftp("grub/grub.cfg")).unwrap();
-    assert!(shared.contains("source $cmdpath/grub.cfg"), "{shared}");
-    let own = String::from_utf8(tftp(&format!("boot/{boot}/grub.cfg"))).unwrap();
+    assert!(
+        shared.contains("source $prefix/mac/${net_default_mac}.cfg"),
+        "{shared}"
+    );
+    // GRUB asks by its MAC (in proxy mode it does not know the boot file's
+    // directory), as GRUB spells it: the boot's own configuration.
+    let own = String::from_utf8(tftp("grub/mac/52:54:00:aa:00:01.cfg")).unwrap();
+    assert_eq!(
+        own,
+        String::from_utf8(tftp(&format!("boot/{boot}/grub.cfg"))).unwrap()
+    );
     assert!(
         own.contains(&format!(
             "linux (tftp,10.77.0.1)/boot/{boot}/vmlinuz console="
@@ -1388,15 +1404,9 @@ async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_ge
         format!("boot/{boot}.iso"),
         format!("boot/{}/shimx64.efi", uuid::Uuid::new_v4()),
         format!("boot/{boot}/../../shepherd.toml"),
+        "grub/mac/52:54:00:bb:00:02.cfg".to_string(),
     ] {
-        let r = run(&mut bed.client.cmd(&[
-            "curl",
-            "-s",
-            &format!("tftp://10.77.0.1/{name}"),
-            "-o",
-            "/dev/null",
-        ]));
-        assert_eq!(r.status.code(), Some(68), "{name}: not found");
+        assert_eq!(tftp_exit(&bed, &name), Some(68), "{name}: not found");
     }
 
     // HEAD and GET agree for every URL the network boot's HTTP serves.
@@ -1442,29 +1452,21 @@ async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_ge
     }
 
     // Once the boot is used, its chain is gone from both servers.
-    bed.bmdb
-        .transact(async |tx| {
-            tx.execute(
-                "UPDATE machine_boot_credential SET used_at = now() WHERE boot_id = $1",
-                &[&boot],
-            )
-            .await?;
-            Ok(())
-        })
-        .await
-        .unwrap();
+    use_boot(&bed, boot).await;
     for url in &urls[..7] {
         let (get, head) = get_and_head(&bed, url);
         assert_eq!((get.0, head.0), (404, 404), "a used boot's {url}");
     }
-    let r = run(&mut bed.client.cmd(&[
-        "curl",
-        "-s",
-        &format!("tftp://10.77.0.1/boot/{boot}/shimx64.efi"),
-        "-o",
-        "/dev/null",
-    ]));
-    assert_eq!(r.status.code(), Some(68), "a used boot's shim over TFTP");
+    assert_eq!(
+        tftp_exit(&bed, &format!("boot/{boot}/shimx64.efi")),
+        Some(68),
+        "a used boot's shim over TFTP"
+    );
+    assert_eq!(
+        tftp_exit(&bed, "grub/mac/52:54:00:aa:00:01.cfg"),
+        Some(68),
+        "no boot served to the MAC"
+    );
     assert!(
         bed.metric(
             "shepherd_netboot_tftp_transfers_total",

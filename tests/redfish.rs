@@ -147,6 +147,7 @@ async fn a_bmc_that_is_down_is_named_unreachable() {
         password: shepherd::secret::Secret::inline(PASSWORD),
         system: None,
         tls: Default::default(),
+        secure_boot: None,
     };
     let inv = inventory(vec![host("node-9", Some(bmc))]);
     let started = Instant::now();

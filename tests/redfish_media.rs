@@ -474,3 +474,82 @@ async fn the_bmc_fetches_the_image_with_the_boot_s_user_name_and_password() {
     iso.stop(true).await;
     refusing.handle.stop(true).await;
 }
+
+#[actix_rt::test]
+async fn secure_boot_is_read_and_set_as_the_host_asks_before_the_boot_s_reset() {
+    let sushy = Sushy::start(&["node-1", "node-2"], "admin", PASSWORD);
+    let bmcs = Bmcs::new(&config(Duration::from_secs(20)));
+    let secure_boot = |i: usize| {
+        let sushy = &sushy;
+        async move {
+            get(
+                sushy,
+                &format!("/redfish/v1/Systems/{}/SecureBoot", Sushy::uuid(i)),
+            )
+            .await
+        }
+    };
+    // What the BMC says goes into the facts.
+    let facts = redfish::system(&bmcs, "node-1", &sushy.bmc(0))
+        .await
+        .unwrap()
+        .facts
+        .secure_boot
+        .expect("the emulator's SecureBoot read");
+    assert_eq!(facts.enable, Some(false));
+    assert_eq!(facts.current_boot.as_deref(), Some("Disabled"));
+    assert_eq!(facts.mode.as_deref(), Some("DeployedMode"));
+    assert_eq!(facts.to_string(), "off (this boot: Disabled, DeployedMode)");
+
+    // A host that wants it on: set after the boot override, before the
+    // reset that starts the boot (an emulator resetting it with the boot
+    // mode would otherwise undo it), and said in the boot's account.
+    let mut bmc = sushy.bmc(0);
+    bmc.secure_boot = Some(true);
+    let (url, iso) = serve_iso("boot-sb.iso");
+    let boot = redfish::boot_from_media(&bmcs, "node-1", &bmc, &url)
+        .await
+        .unwrap();
+    assert_eq!(boot.reset, "Secure Boot set on, then ForceRestart");
+    assert_eq!(secure_boot(0).await["SecureBootEnable"], true);
+    let log = sushy.log();
+    let at = |what: &str| {
+        log.lines()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what} in {log}"))
+    };
+    let override_at = log
+        .lines()
+        .position(|l| l.contains("PATCH") && l.contains(&format!("Systems/{} ", Sushy::uuid(0))))
+        .unwrap_or_else(|| panic!("no boot override in {log}"));
+    let secure_at = at(&format!(
+        "PATCH /redfish/v1/Systems/{}/SecureBoot",
+        Sushy::uuid(0)
+    ));
+    assert!(
+        override_at < secure_at && secure_at < at("ComputerSystem.Reset"),
+        "{log}"
+    );
+    // Already on: nothing set, no word of it.
+    let boot = redfish::boot_from_network(&bmcs, "node-1", &bmc)
+        .await
+        .unwrap();
+    assert_eq!(boot, "ForceRestart");
+    // Off, through a network boot; the other system left alone.
+    bmc.secure_boot = Some(false);
+    let boot = redfish::boot_from_network(&bmcs, "node-1", &bmc)
+        .await
+        .unwrap();
+    assert_eq!(boot, "Secure Boot set off, then ForceRestart");
+    assert_eq!(secure_boot(0).await["SecureBootEnable"], false);
+    assert_eq!(secure_boot(1).await["SecureBootEnable"], false);
+    // Unset: left as it is.
+    bmc.secure_boot = None;
+    assert_eq!(
+        redfish::boot_from_network(&bmcs, "node-1", &bmc)
+            .await
+            .unwrap(),
+        "ForceRestart"
+    );
+    iso.stop(true).await;
+}

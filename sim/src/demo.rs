@@ -130,6 +130,7 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
                         password: Secret::inline(bmcs.password.clone()),
                         system: None,
                         tls: BmcTls::Verify,
+                        secure_boot: None,
                     }),
                     mac: None,
                     macs: Vec::new(),

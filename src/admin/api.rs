@@ -350,6 +350,14 @@ pub struct Bmc {
     pub processor_model: Option<String>,
     pub memory_gib: Option<f64>,
     pub health: Option<String>,
+    /// Redfish `SecureBoot.SecureBootEnable`: on at the next boot (null:
+    /// not read: an IPMI BMC, or none offered).
+    pub secure_boot_enable: Option<bool>,
+    /// `SecureBootCurrentBoot`: `Enabled` or `Disabled`.
+    pub secure_boot_current_boot: Option<String>,
+    /// `SecureBootMode`: `SetupMode`, `UserMode`, `AuditMode`,
+    /// `DeployedMode`.
+    pub secure_boot_mode: Option<String>,
     pub read_error: Option<String>,
     pub changed_at: Option<String>,
 }
@@ -371,6 +379,9 @@ impl From<&crate::bmdb::hardware::BmcFacts> for Bmc {
             processor_model: s.processor_model,
             memory_gib: s.memory_gib,
             health: s.health,
+            secure_boot_enable: s.secure_boot.as_ref().and_then(|b| b.enable),
+            secure_boot_current_boot: s.secure_boot.as_ref().and_then(|b| b.current_boot.clone()),
+            secure_boot_mode: s.secure_boot.as_ref().and_then(|b| b.mode.clone()),
             read_error: f.read_error.clone(),
             changed_at: f.changed_at.map(rfc3339),
         }

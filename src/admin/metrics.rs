@@ -331,13 +331,14 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             let endpoints = crate::bmdb::callback::endpoints(tx).await?;
             let oldest_boot = crate::bmdb::bmc_boot::oldest_request_age(tx).await?;
             let tenants = crate::bmdb::devices::tenant_counts(tx).await?;
+            let secure_boot = crate::bmdb::hardware::secure_boot_counts(tx).await?;
             Ok((
                 sessions,
                 backoffs,
                 counts,
                 agents,
                 brake,
-                (endpoints, oldest_boot, tenants),
+                (endpoints, oldest_boot, tenants, secure_boot),
             ))
         })
         .await;
@@ -384,9 +385,16 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             counts,
             (heartbeating, silent),
             brake,
-            (endpoints, oldest_boot, tenants),
+            (endpoints, oldest_boot, tenants, secure_boot),
         )) => {
             tenant_samples(&mut p, &tenants);
+            p.gauges(
+                "shepherd_machines_secure_boot",
+                "Machines whose BMC was read, by Secure Boot as the BMC says (on, off; unknown: an IPMI BMC, or none offered)",
+                secure_boot
+                    .iter()
+                    .map(|(state, n)| (labels(&[("state", state)]), *n)),
+            );
             p.gauge(
                 "shepherd_boot_request_oldest_seconds",
                 "How long the oldest boot into the live agent through a BMC has been asked for and not done (held machines excepted; 0 when none is): machines stuck enrolling",

@@ -28,6 +28,45 @@ pub struct SystemFacts {
     pub memory_gib: Option<f64>,
     /// `Status.Health`: `OK`, `Warning`, `Critical`.
     pub health: Option<String>,
+    /// Secure Boot, from the system's `SecureBoot` resource (None: not
+    /// read: an IPMI BMC, or none offered).
+    pub secure_boot: Option<SecureBootFacts>,
+}
+
+/// Redfish's `SecureBoot` of a ComputerSystem.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SecureBootFacts {
+    /// `SecureBootEnable`: whether it is on at the next boot.
+    pub enable: Option<bool>,
+    /// `SecureBootCurrentBoot`: `Enabled`, `Disabled` (this boot).
+    pub current_boot: Option<String>,
+    /// `SecureBootMode`: `SetupMode`, `UserMode`, `AuditMode`,
+    /// `DeployedMode`.
+    pub mode: Option<String>,
+}
+
+impl std::fmt::Display for SecureBootFacts {
+    /// `on (this boot: Enabled, DeployedMode)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.enable {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "unknown",
+        })?;
+        let more: Vec<String> = [
+            self.current_boot
+                .as_ref()
+                .map(|c| format!("this boot: {c}")),
+            self.mode.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !more.is_empty() {
+            write!(f, " ({})", more.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 /// A machine's out-of-band facts, from its BMC's Redfish ComputerSystem
@@ -85,13 +124,15 @@ impl BmcFacts {
         };
         add("processors", cpus);
         add("memory", s.memory_gib.map(|g| format!("{g} GiB")));
+        add("Secure Boot", s.secure_boot.as_ref().map(|b| b.to_string()));
         add("read error", self.read_error.clone());
         out
     }
 }
 
 const BMC_FACTS: &str = "SELECT bmc_url, system_path, power_state, manufacturer, model, serial_number, \
-     bios_version, processor_count, processor_model, memory_gib, health, read_error, changed_at \
+     bios_version, processor_count, processor_model, memory_gib, health, read_error, changed_at, \
+     secure_boot_enable, secure_boot_current_boot, secure_boot_mode \
      FROM machine_bmc_facts WHERE machine_id = $1";
 
 pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFacts>, BmdbError> {
@@ -111,10 +152,39 @@ pub async fn bmc_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<BmcFa
                 processor_model: r.get(8),
                 memory_gib: r.get(9),
                 health: r.get(10),
+                secure_boot: secure_boot_of(r.get(13), r.get(14), r.get(15)),
             },
             read_error: r.get(11),
             changed_at: r.get(12),
         }))
+}
+
+/// Machines whose BMC was read, by Secure Boot as it says: `on`, `off`,
+/// `unknown` (each present, 0 when none).
+pub async fn secure_boot_counts(tx: &mut Tx<'_>) -> Result<[(&'static str, i64); 3], BmdbError> {
+    let r = tx
+        .query_one(
+            "SELECT count(*) FILTER (WHERE secure_boot_enable), \
+                    count(*) FILTER (WHERE NOT secure_boot_enable), \
+                    count(*) FILTER (WHERE secure_boot_enable IS NULL) \
+               FROM machine_bmc_facts",
+            &[],
+        )
+        .await?;
+    Ok([("on", r.get(0)), ("off", r.get(1)), ("unknown", r.get(2))])
+}
+
+/// The Secure Boot facts of a row's three columns (None: none read).
+pub fn secure_boot_of(
+    enable: Option<bool>,
+    current_boot: Option<String>,
+    mode: Option<String>,
+) -> Option<SecureBootFacts> {
+    (enable.is_some() || current_boot.is_some() || mode.is_some()).then_some(SecureBootFacts {
+        enable,
+        current_boot,
+        mode,
+    })
 }
 
 /// Placeholders firmware puts where a serial number should be.

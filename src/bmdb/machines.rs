@@ -649,9 +649,10 @@ pub async fn update_provided(
 /// before and records the error. Returns the machines whose row changed.
 const BMC_FACTS_WRITE: &str = "INSERT INTO machine_bmc_facts AS f (machine_id, bmc_url, system_path, \
      power_state, manufacturer, model, serial_number, bios_version, processor_count, processor_model, \
-     memory_gib, health, read_error) \
+     memory_gib, health, read_error, secure_boot_enable, secure_boot_current_boot, secure_boot_mode) \
      SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-         $7::text[], $8::text[], $9::int4[], $10::text[], $11::float8[], $12::text[], $13::text[]) \
+         $7::text[], $8::text[], $9::int4[], $10::text[], $11::float8[], $12::text[], $13::text[], \
+         $14::bool[], $15::text[], $16::text[]) \
      ON CONFLICT (machine_id) DO UPDATE SET bmc_url = EXCLUDED.bmc_url, \
      system_path = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.system_path ELSE f.system_path END, \
      power_state = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.power_state ELSE f.power_state END, \
@@ -663,10 +664,13 @@ const BMC_FACTS_WRITE: &str = "INSERT INTO machine_bmc_facts AS f (machine_id, b
      processor_model = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.processor_model ELSE f.processor_model END, \
      memory_gib = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.memory_gib ELSE f.memory_gib END, \
      health = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.health ELSE f.health END, \
+     secure_boot_enable = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.secure_boot_enable ELSE f.secure_boot_enable END, \
+     secure_boot_current_boot = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.secure_boot_current_boot ELSE f.secure_boot_current_boot END, \
+     secure_boot_mode = CASE WHEN EXCLUDED.read_error IS NULL THEN EXCLUDED.secure_boot_mode ELSE f.secure_boot_mode END, \
      read_error = EXCLUDED.read_error, changed_at = now() \
      WHERE CASE WHEN EXCLUDED.read_error IS NULL \
-       THEN (f.bmc_url, f.system_path, f.power_state, f.manufacturer, f.model, f.serial_number, f.bios_version, f.processor_count, f.processor_model, f.memory_gib, f.health, f.read_error) \
-         IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.system_path, EXCLUDED.power_state, EXCLUDED.manufacturer, EXCLUDED.model, EXCLUDED.serial_number, EXCLUDED.bios_version, EXCLUDED.processor_count, EXCLUDED.processor_model, EXCLUDED.memory_gib, EXCLUDED.health, NULL) \
+       THEN (f.bmc_url, f.system_path, f.power_state, f.manufacturer, f.model, f.serial_number, f.bios_version, f.processor_count, f.processor_model, f.memory_gib, f.health, f.secure_boot_enable, f.secure_boot_current_boot, f.secure_boot_mode, f.read_error) \
+         IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.system_path, EXCLUDED.power_state, EXCLUDED.manufacturer, EXCLUDED.model, EXCLUDED.serial_number, EXCLUDED.bios_version, EXCLUDED.processor_count, EXCLUDED.processor_model, EXCLUDED.memory_gib, EXCLUDED.health, EXCLUDED.secure_boot_enable, EXCLUDED.secure_boot_current_boot, EXCLUDED.secure_boot_mode, NULL) \
        ELSE (f.bmc_url, f.read_error) IS DISTINCT FROM (EXCLUDED.bmc_url, EXCLUDED.read_error) END \
      RETURNING machine_id";
 
@@ -686,6 +690,10 @@ pub async fn write_bmc_facts(
     let urls: Vec<String> = rows.iter().map(|(_, f)| f.bmc_url.clone()).collect();
     let counts: Vec<Option<i32>> = rows.iter().map(|(_, f)| f.system.processor_count).collect();
     let memory: Vec<Option<f64>> = rows.iter().map(|(_, f)| f.system.memory_gib).collect();
+    let secure_enable: Vec<Option<bool>> = rows
+        .iter()
+        .map(|(_, f)| f.system.secure_boot.as_ref()?.enable)
+        .collect();
     let written = tx
         .query(
             BMC_FACTS_WRITE,
@@ -703,6 +711,9 @@ pub async fn write_bmc_facts(
                 &memory,
                 &col(|f| f.system.health.clone()),
                 &col(|f| f.read_error.clone()),
+                &secure_enable,
+                &col(|f| f.system.secure_boot.as_ref()?.current_boot.clone()),
+                &col(|f| f.system.secure_boot.as_ref()?.mode.clone()),
             ],
         )
         .await?;

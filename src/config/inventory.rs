@@ -159,6 +159,11 @@ pub struct BmcConfig {
     pub system: Option<String>,
     #[serde(default)]
     pub tls: BmcTls,
+    /// Secure Boot as shepherd sets it before each boot it makes through
+    /// this BMC (Redfish's `SecureBoot`): `true` on, `false` off; unset:
+    /// left as it is. An IPMI BMC cannot set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<bool>,
 }
 
 impl BmcConfig {
@@ -205,6 +210,14 @@ impl BmcConfig {
     /// `bmc` that is wrong (`url`, `username`, `password`) and why.
     pub fn validate(&mut self) -> Result<(), (&'static str, String)> {
         if self.url.starts_with("ipmi://") {
+            if let Some(on) = self.secure_boot {
+                return Err((
+                    "secure_boot",
+                    format!(
+                        "is {on}, but an IPMI BMC cannot set Secure Boot (Redfish's SecureBoot resource does): set it in the machine's firmware, or leave secure_boot unset"
+                    ),
+                ));
+            }
             if self.ipmi_target().is_none() {
                 return Err((
                     "url",
@@ -285,6 +298,7 @@ impl BmcConfig {
                 .filter(|s| !s.is_empty())
                 .map(String::from),
             tls: BmcTls::from_stored(tls),
+            secure_boot: None,
         };
         if password.is_empty() {
             return Err(("password", "must not be empty".into()));

@@ -1119,7 +1119,13 @@ impl ProviderConfig {
                 let mut macs = std::collections::HashMap::new();
                 for (i, m) in self.inventory.machines.iter_mut().enumerate() {
                     if let Some(bmc) = &mut m.bmc {
+                        let id = &m.id;
                         bmc.validate().map_err(|(k, e)| {
+                            let e = if k == "secure_boot" {
+                                format!("host {id}: {e}")
+                            } else {
+                                e
+                            };
                             ConfigError::key(format!("provider.inventory.machines[{i}].bmc.{k}"), e)
                         })?;
                     }
@@ -1561,6 +1567,30 @@ mod tests {
             Some(("10.0.0.7".to_string(), 623))
         );
         assert!(ok.netboot.is_none());
+        // Secure Boot asked of an IPMI BMC: refused at load, naming the
+        // host; a Redfish BMC takes it.
+        let e = load(
+            "[provider.inventory]\nmachines = [{ id = \"rack1-u7\", boot = \"network\", mac = \"52:54:00:12:34:56\", bmc = { url = \"ipmi://10.0.0.7\", username = \"admin\", password = \"pw\", secure_boot = true } }]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.key_name(),
+            Some("provider.inventory.machines[0].bmc.secure_boot"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("host rack1-u7"), "{e}");
+        let ok = load(
+            "[provider.inventory]\nmachines = [{ id = \"a\", boot = \"virtual-media\", bmc = { url = \"https://10.0.0.7\", username = \"admin\", password = \"pw\", secure_boot = false } }]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            ok.provider.inventory.machines[0]
+                .bmc
+                .as_ref()
+                .unwrap()
+                .secure_boot,
+            Some(false)
+        );
 
         let e = load("[netboot]\nmode = \"proxy\"\n").unwrap_err();
         assert_eq!(e.key_name(), Some("netboot.interface"), "{e}");

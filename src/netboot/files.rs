@@ -11,9 +11,11 @@
 //!   over TFTP (shim, signed by the Microsoft UEFI CA), which loads
 //!   `grubx64.efi` from the same directory (the distribution's network
 //!   GRUB, verified by shim). GRUB reads its prefix's `grub/grub.cfg`,
-//!   the same for every boot, which reads `grub.cfg` beside itself (the
-//!   boot's own), which loads the kernel (verified through shim) and the
-//!   initramfs over TFTP: Debian's signed network GRUB has no HTTP.
+//!   the same for every boot, which reads `grub/mac/<MAC>.cfg` (the
+//!   configuration of the boot the machine with that MAC is being served:
+//!   in proxy mode GRUB does not know the boot file's directory), which
+//!   loads the kernel (verified through shim) and the initramfs over
+//!   TFTP: Debian's signed network GRUB has no HTTP.
 //!   UEFI HTTP boot loads the boot's copy of the ISO, `boot/<id>.iso`, as
 //!   a RAM disk, whose EFI boot is the same shim and the ISO's GRUB.
 //!
@@ -93,6 +95,9 @@ pub enum Named {
     Boot(Uuid, BootPart),
     /// The network GRUB's configuration for every boot (`grub/grub.cfg`).
     SharedGrubConfig,
+    /// The configuration of the boot the machine with this MAC is being
+    /// served (`grub/mac/52:54:00:12:34:56.cfg`), if any.
+    MacGrubConfig(crate::mac::MacAddr),
     /// Nothing served.
     Nothing,
 }
@@ -107,6 +112,15 @@ pub fn name(path: &str) -> Named {
     let path = path.trim_start_matches('/');
     if path == SHARED_GRUB_CONFIG {
         return Named::SharedGrubConfig;
+    }
+    if let Some(mac) = path
+        .strip_prefix("grub/mac/")
+        .and_then(|m| m.strip_suffix(".cfg"))
+    {
+        return match mac.parse() {
+            Ok(mac) => Named::MacGrubConfig(mac),
+            Err(_) => Named::Nothing,
+        };
     }
     let Some(rest) = path.strip_prefix("boot/") else {
         return Named::Nothing;
@@ -130,16 +144,17 @@ pub fn name(path: &str) -> Named {
     }
 }
 
-/// The network GRUB's configuration for every boot: it reads the boot's
-/// own from beside the GRUB that runs (`$cmdpath`, the boot file's
-/// directory); a boot no longer served leaves the firmware to boot the
-/// next device.
+/// The network GRUB's configuration for every boot: it reads the
+/// configuration of the boot its machine's MAC is being served (GRUB
+/// knows its MAC, not the boot file's directory when a proxyDHCP named
+/// it); a machine with no boot served leaves the firmware to boot the next
+/// device.
 pub fn shared_grub_config() -> String {
     "# shepherd: the network GRUB's configuration for every boot; each\n\
-     # boot's own is read from beside its GRUB.\n\
+     # boot's own is read by the machine's MAC.\n\
      set timeout=0\n\
-     source $cmdpath/grub.cfg\n\
-     echo \"shepherd: this boot is not served (used, expired or unknown); back to the firmware\"\n\
+     source $prefix/mac/${net_default_mac}.cfg\n\
+     echo \"shepherd: no boot is served to ${net_default_mac} (used, expired or unknown); back to the firmware\"\n\
      exit 1\n"
         .to_string()
 }
@@ -259,8 +274,14 @@ mod tests {
             assert_eq!(name(&format!("/{}", part.path(id))), Named::Boot(id, part));
         }
         assert_eq!(name("/grub/grub.cfg"), Named::SharedGrubConfig);
+        assert_eq!(
+            name("/grub/mac/52:54:00:4e:00:03.cfg"),
+            Named::MacGrubConfig("52:54:00:4e:00:03".parse().unwrap())
+        );
         for other in [
             "grub/x86_64-efi/grub.cfg",
+            "grub/mac/nonsense.cfg",
+            "grub/mac/52:54:00:4e:00:03",
             "boot/not-a-uuid.ipxe",
             &format!("boot/{id}/../../etc/passwd"),
             &format!("boot/{id}/mmx64.efi"),
@@ -285,6 +306,6 @@ mod tests {
             cfg.contains(&format!("initrd (tftp,10.0.0.1)/boot/{id}/initrd\n")),
             "{cfg}"
         );
-        assert!(shared_grub_config().contains("source $cmdpath/grub.cfg\n"));
+        assert!(shared_grub_config().contains("source $prefix/mac/${net_default_mac}.cfg\n"));
     }
 }

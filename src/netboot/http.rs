@@ -115,7 +115,10 @@ async fn boot_file(
                 files::shared_grub_config().into_bytes(),
             );
         }
-        files::Named::Nothing => return text(StatusCode::NOT_FOUND, "no such file"),
+        // GRUB reads it over TFTP only.
+        files::Named::MacGrubConfig(_) | files::Named::Nothing => {
+            return text(StatusCode::NOT_FOUND, "no such file");
+        }
     };
     let what = part.as_str();
     let issued = match live_boot(&s, boot_id).await {

@@ -659,6 +659,22 @@ async fn tftp_file(shared: &Shared, name: String) -> Result<(String, Vec<u8>), t
     use files::{BootPart, Named, Unserved};
     let (boot_id, part) = match files::name(&name) {
         Named::Nothing => return tftp::ipxe_binary(&shared.cfg.tftp_root, &name).await,
+        Named::MacGrubConfig(mac) => {
+            let found = ask(shared, async |tx| {
+                crate::bmdb::netboot::lookup(tx, mac).await
+            })
+            .await
+            .ok_or_else(|| tftp::refuse(0, "the BMDB cannot answer now"))?;
+            match found {
+                MacLookup::Boot(b) => (b.boot_id, BootPart::GrubConfig),
+                _ => {
+                    return Err(tftp::refuse(
+                        1,
+                        format!("{mac}: no boot is served to this MAC"),
+                    ));
+                }
+            }
+        }
         Named::SharedGrubConfig => {
             return Ok((
                 "grub-config".to_string(),

@@ -201,6 +201,7 @@ fn accepted_host(a: &crate::bmdb::discovery::AcceptedHost) -> InventoryMachine {
             password: crate::secret::Secret::inline(b.password.clone()),
             system: b.system.clone(),
             tls: crate::config::inventory::BmcTls::from_stored(&b.tls),
+            secure_boot: None,
         }),
         boot: Some(BootMethod::Network),
         mac: Some(a.mac),

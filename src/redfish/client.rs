@@ -73,6 +73,8 @@ pub struct SystemInfo {
     pub managed_by: Vec<String>,
     /// `Boot.BootSourceOverrideMode` (`UEFI`, `Legacy`), when reported.
     pub boot_mode: Option<String>,
+    /// Its `SecureBoot` resource, if it has one.
+    pub secure_boot: Option<String>,
 }
 
 impl SystemInfo {
@@ -99,6 +101,7 @@ impl SystemInfo {
                 processor_model: s(&v["ProcessorSummary"]["Model"]),
                 memory_gib: v["MemorySummary"]["TotalSystemMemoryGiB"].as_f64(),
                 health: s(&v["Status"]["Health"]),
+                secure_boot: None,
             },
             reset_target: s(&reset["target"]),
             reset_types: reset["ResetType@Redfish.AllowableValues"]
@@ -111,7 +114,18 @@ impl SystemInfo {
                 .map(|a| a.iter().filter_map(|m| s(&m["@odata.id"])).collect())
                 .unwrap_or_default(),
             boot_mode: s(&v["Boot"]["BootSourceOverrideMode"]),
+            secure_boot: s(&v["SecureBoot"]["@odata.id"]),
         }
+    }
+}
+
+/// A `SecureBoot` resource's facts.
+fn secure_boot_facts(v: &Value) -> crate::bmdb::hardware::SecureBootFacts {
+    let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    crate::bmdb::hardware::SecureBootFacts {
+        enable: v["SecureBootEnable"].as_bool(),
+        current_boot: s(&v["SecureBootCurrentBoot"]),
+        mode: s(&v["SecureBootMode"]),
     }
 }
 
@@ -346,6 +360,60 @@ impl Conn {
         Ok(path)
     }
 
+    /// Sets `SecureBootEnable` to `on` where it differs (Redfish's
+    /// `SecureBoot` resource; it takes effect at the next reset). Ok(what
+    /// was done, for the boot's history), Err: the system has no
+    /// `SecureBoot`, or the BMC refused.
+    pub(super) async fn set_secure_boot(
+        &mut self,
+        info: &SystemInfo,
+        on: bool,
+    ) -> Result<Option<String>, BmcError> {
+        let Some(path) = info.secure_boot.clone() else {
+            return Err(self.err(BmcErrorKind::Protocol(format!(
+                "{} has no SecureBoot resource: Secure Boot cannot be set {} (bmc.secure_boot)",
+                info.path,
+                if on { "on" } else { "off" }
+            ))));
+        };
+        let now = self.call(Method::GET, &path, None, &path).await?;
+        if now["SecureBootEnable"].as_bool() == Some(on) {
+            return Ok(None);
+        }
+        let what = format!("SecureBootEnable = {on} on {path}");
+        self.call(
+            Method::PATCH,
+            &path,
+            Some(&serde_json::json!({ "SecureBootEnable": on })),
+            &what,
+        )
+        .await?;
+        Ok(Some(format!(
+            "Secure Boot set {}",
+            if on { "on" } else { "off" }
+        )))
+    }
+
+    /// The Secure Boot the host's configuration asks for
+    /// (`bmc.secure_boot`; None: leave it).
+    pub(super) fn desired_secure_boot(&self) -> Option<bool> {
+        self.cfg.secure_boot
+    }
+
+    /// Secure Boot as the configuration asks, before the reset that
+    /// starts a boot shepherd makes (after its boot override: some BMCs,
+    /// sushy-tools among them, reset Secure Boot when the boot mode is
+    /// set). Ok(what was done, when anything was).
+    pub(super) async fn secure_boot_as_asked(
+        &mut self,
+        info: &SystemInfo,
+    ) -> Result<Option<String>, BmcError> {
+        match self.desired_secure_boot() {
+            Some(on) => self.set_secure_boot(info, on).await,
+            None => Ok(None),
+        }
+    }
+
     pub(super) async fn get_system(
         &mut self,
         system: &Option<String>,
@@ -439,6 +507,9 @@ impl BmcClient {
 #[rtype(result = "Result<SystemInfo, BmcError>")]
 pub struct GetSystem {
     pub system: Option<String>,
+    /// Its `SecureBoot` resource read too, into the facts (a BMC that
+    /// answers it with an error leaves them without).
+    pub secure_boot: bool,
 }
 
 impl Handler<GetSystem> for BmcClient {
@@ -446,7 +517,17 @@ impl Handler<GetSystem> for BmcClient {
 
     fn handle(&mut self, msg: GetSystem, _: &mut Context<Self>) -> Self::Result {
         self.atomic(|mut c| async move {
-            let r = c.get_system(&msg.system).await;
+            let mut r = c.get_system(&msg.system).await;
+            if let (true, Ok(info)) = (msg.secure_boot, &mut r) {
+                if let Some(path) = info.secure_boot.clone() {
+                    match c.call(Method::GET, &path, None, &path).await {
+                        Ok(v) => info.facts.secure_boot = Some(secure_boot_facts(&v)),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "the BMC's SecureBoot resource did not read")
+                        }
+                    }
+                }
+            }
             (c, r)
         })
     }

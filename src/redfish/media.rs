@@ -149,7 +149,12 @@ impl Handler<BootFromNetwork> for BmcClient {
             let r = async {
                 let info = c.get_system(&msg.system).await?;
                 boot_once_from(&mut c, &info, "Pxe").await?;
-                power_boot(&mut c, &msg.system, &info, msg.power_timeout).await
+                let secure = c.secure_boot_as_asked(&info).await?;
+                let reset = power_boot(&mut c, &msg.system, &info, msg.power_timeout).await?;
+                Ok(match secure {
+                    Some(s) => format!("{s}, then {reset}"),
+                    None => reset,
+                })
             }
             .await;
             (c, r)
@@ -468,7 +473,12 @@ async fn boot_from_media(c: &mut Conn, msg: &BootFromMedia) -> Result<MediaBoot,
     };
     let plain_insert = insert(c, &cd, &msg.image_url, msg.credentials.as_ref()).await?;
     boot_once_from(c, &info, "Cd").await?;
+    let secure = c.secure_boot_as_asked(&info).await?;
     let reset = power_boot(c, &msg.system, &info, msg.power_timeout).await?;
+    let reset = match secure {
+        Some(s) => format!("{s}, then {reset}"),
+        None => reset,
+    };
     Ok(MediaBoot {
         media: cd.path,
         reset,

@@ -101,10 +101,14 @@ where
         .map_err(|e| mailbox(host, bmc, e))?
 }
 
-/// The system's state and facts.
+/// The system's state and facts (its Secure Boot read too).
 pub async fn system(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<SystemInfo, BmcError> {
     let system = bmc.system.clone();
-    ask(bmcs, host, bmc, GetSystem { system }).await
+    let msg = GetSystem {
+        system,
+        secure_boot: true,
+    };
+    ask(bmcs, host, bmc, msg).await
 }
 
 /// What a Redfish power state means to the Recoverer: `On` is running,

@@ -38,14 +38,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V15__network_boot",
             "V16__discovery",
             "V17__interruptions",
-            "V18__tenants"
+            "V18__tenants",
+            "V19__secure_boot"
         ]
     );
-    assert_eq!(first.version, Some(18));
+    assert_eq!(first.version, Some(19));
     assert_eq!(count(&bmdb, TABLES).await, 41);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(18));
+    assert_eq!(again.version, Some(19));
 }
 
 #[actix_rt::test]
@@ -58,13 +59,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 18],
+        [0, 19],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 41);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        18
+        19
     );
 }
 
@@ -106,7 +107,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V15__network_boot",
             "V16__discovery",
             "V17__interruptions",
-            "V18__tenants"
+            "V18__tenants",
+            "V19__secure_boot"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -165,7 +167,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V15__network_boot",
             "V16__discovery",
             "V17__interruptions",
-            "V18__tenants"
+            "V18__tenants",
+            "V19__secure_boot"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -129,6 +129,7 @@ impl Sushy {
             password: shepherd::secret::Secret::inline(self.password.clone()),
             system: Some(Self::uuid(i)),
             tls: shepherd::config::BmcTls::Verify,
+            secure_boot: None,
         }
     }
 }

@@ -245,7 +245,10 @@ fn reachable_data_dir(configured: &Path, user: &User) -> Result<PathBuf, BmdbErr
 }
 
 /// Removes an embedded server's data directory, and the relocated data a
-/// symbolic link there points to (the demo's wipe).
+/// symbolic link there points to (the demo's wipe). A server still
+/// shutting down there (it ends with the process that started it, a
+/// moment after) is waited for, up to 10 s, so that none of its last
+/// files lands in a directory being removed.
 pub fn remove_data_dir(path: &Path) -> std::io::Result<()> {
     if let Ok(target) = std::fs::read_link(path) {
         let target = match path.parent() {
@@ -253,14 +256,22 @@ pub fn remove_data_dir(path: &Path) -> std::io::Result<()> {
             _ => target,
         };
         if target.exists() {
-            std::fs::remove_dir_all(&target)?;
+            remove_after_server(&target)?;
         }
         return std::fs::remove_file(path);
     }
     if path.exists() {
-        std::fs::remove_dir_all(path)?;
+        remove_after_server(path)?;
     }
     Ok(())
+}
+
+fn remove_after_server(data_dir: &Path) -> std::io::Result<()> {
+    let until = Instant::now() + Duration::from_secs(10);
+    while running_postmaster(data_dir).is_some() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::remove_dir_all(data_dir)
 }
 
 /// The PID in `postmaster.pid`, if that process is alive.

@@ -229,6 +229,30 @@ pub fn differences(bmc: &BmcFacts, report: &HardwareSummary) -> Vec<String> {
             ));
         }
     }
+    // Secure Boot as the BMC says the running system booted, against how
+    // the agent's system booted (both known).
+    let bmc_booted = bmc
+        .system
+        .secure_boot
+        .as_ref()
+        .and_then(|b| b.current_boot.as_deref())
+        .and_then(|c| match c {
+            "Enabled" => Some("on"),
+            "Disabled" => Some("off"),
+            _ => None,
+        });
+    let agent_booted = report
+        .secure_boot
+        .as_ref()
+        .map(|s| s.state)
+        .filter(|s| *s != "unknown");
+    if let (Some(b), Some(a)) = (bmc_booted, agent_booted) {
+        if a != b {
+            out.push(format!(
+                "Secure Boot: the BMC says this boot has it {b}, the agent booted with it {a}"
+            ));
+        }
+    }
     out
 }
 
@@ -384,5 +408,36 @@ mod tests {
             .is_empty()
         );
         assert!(differences(&facts(Some("SER-1"), Some(8.0)), &report("", 0.0)).is_empty());
+    }
+
+    #[test]
+    fn secure_boot_said_by_the_bmc_and_seen_by_the_agent_must_agree() {
+        let with = |current: Option<&str>, agent: Option<&'static str>| {
+            let mut f = facts(None, None);
+            f.system.secure_boot = Some(SecureBootFacts {
+                enable: Some(true),
+                current_boot: current.map(String::from),
+                mode: None,
+            });
+            let mut r = report("", 8.0);
+            r.secure_boot = agent.map(|state| shepherd_proto::summary::SecureBootSummary {
+                state,
+                setup_mode: false,
+                lockdown: String::new(),
+            });
+            differences(&f, &r)
+        };
+        assert!(with(Some("Enabled"), Some("on")).is_empty());
+        assert!(with(Some("Disabled"), Some("off")).is_empty());
+        let d = with(Some("Enabled"), Some("off"));
+        assert_eq!(
+            d,
+            vec!["Secure Boot: the BMC says this boot has it on, the agent booted with it off"]
+        );
+        assert_eq!(with(Some("Disabled"), Some("on")).len(), 1);
+        // Unknown on either side: nothing to say.
+        assert!(with(None, Some("off")).is_empty());
+        assert!(with(Some("Enabled"), None).is_empty());
+        assert!(with(Some("Enabled"), Some("unknown")).is_empty());
     }
 }

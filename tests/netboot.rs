@@ -352,6 +352,14 @@ struct Pose {
 }
 
 impl Pose {
+    /// UEFI HTTP boot (`HTTPClient`, x86-64).
+    fn http() -> Pose {
+        Pose {
+            http: true,
+            ..Pose::pxe(16)
+        }
+    }
+
     fn pxe(arch: u16) -> Pose {
         Pose {
             kind: MessageType::Discover,
@@ -561,14 +569,7 @@ async fn proxy_dhcp_answers_only_a_pxe_client_whose_machine_has_a_boot() {
     let script_url = format!("http://10.77.0.1:{}/boot/{boot}.ipxe", bed.http);
     assert_eq!(file_of(&m), script_url);
     // UEFI HTTP boot gets the boot's ISO, as an HTTPClient.
-    let m = ask(
-        &bed,
-        Pose {
-            http: true,
-            ..Pose::pxe(16)
-        },
-    )
-    .expect("an offer to UEFI HTTP boot");
+    let m = ask(&bed, Pose::http()).expect("an offer to UEFI HTTP boot");
     assert_eq!(
         file_of(&m),
         format!("http://10.77.0.1:{}/boot/{boot}.iso", bed.http)
@@ -1326,14 +1327,7 @@ async fn uefi_machines_get_the_signed_chain_and_every_url_answers_head_as_its_ge
     let m = ask_4011(&bed, Pose::pxe(7)).expect("an ack from port 4011");
     assert_eq!(file_of(&m), format!("boot/{boot}/shimx64.efi"));
     // UEFI HTTP boot gets the boot's ISO (booted as a RAM disk).
-    let m = ask(
-        &bed,
-        Pose {
-            http: true,
-            ..Pose::pxe(16)
-        },
-    )
-    .expect("an offer to UEFI HTTP boot");
+    let m = ask(&bed, Pose::http()).expect("an offer to UEFI HTTP boot");
     let iso_url = format!("http://10.77.0.1:{}/boot/{boot}.iso", bed.http);
     assert_eq!(file_of(&m), iso_url);
     // BIOS keeps iPXE.

@@ -4,17 +4,15 @@
 //! /proc/meminfo's MemTotal is what the kernel can use, which gives the
 //! usable ratio), block devices and network interfaces from /sys (disk
 //! serials from the virtio `serial`, the NVMe controller, SCSI's unit
-//! serial number page or udev's database), EFI from /sys/firmware/efi and
-//! the BIOS's characteristics, Secure Boot from UEFI's variables and the
-//! kernel's lockdown. What cannot be read is left empty and said in a
-//! warning; reading never fails.
+//! serial number page or udev's database), EFI and Secure Boot as
+//! [`firmware`](crate::firmware) reads them. What cannot be read is left
+//! empty and said in a warning; reading never fails.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::api::{
-    AgentHardwareReport, BlockDevice, Cpu, EfiSupport, NetworkInterface, Node, SecureBoot,
-    block_device, cpu, secure_boot,
+    AgentHardwareReport, BlockDevice, Cpu, NetworkInterface, Node, block_device, cpu,
 };
 
 fn read(root: &Path, path: &str) -> Option<String> {
@@ -51,9 +49,9 @@ pub fn report_from(root: &Path) -> AgentHardwareReport {
         cpu: cpus(root, &mut warnings),
         block_device: block_devices(root),
         network_interface: nics(root),
-        efi_support: efi(root) as i32,
+        efi_support: crate::firmware::efi(root) as i32,
         bmc_lan: None,
-        secure_boot: Some(secure_boot(root)),
+        secure_boot: Some(crate::firmware::secure_boot(root)),
     };
     AgentHardwareReport {
         report: Some(node),
@@ -129,72 +127,6 @@ fn memory_device_bytes(raw: &[u8]) -> Option<i64> {
         }
         w if w & 0x8000 != 0 => Some((w & 0x7FFF) as i64 * 1024),
         w => Some(w as i64 * (1 << 20)),
-    }
-}
-
-/// EFI: booted by it (/sys/firmware/efi), else supported but unused when
-/// the BIOS says so (SMBIOS type 0, characteristics extension byte 2 bit 3,
-/// "UEFI is supported"), else a legacy BIOS: unsupported.
-fn efi(root: &Path) -> EfiSupport {
-    if root.join("sys/firmware/efi").is_dir() {
-        return EfiSupport::Enabled;
-    }
-    match std::fs::read(root.join("sys/firmware/dmi/entries/0-0/raw")) {
-        Ok(raw) if raw.first() == Some(&0) && raw.get(1).is_some_and(|l| *l >= 0x14) => {
-            if raw.get(0x13).is_some_and(|b| b & 0x08 != 0) {
-                EfiSupport::Supported
-            } else {
-                EfiSupport::Unsupported
-            }
-        }
-        // No BIOS information to read (not root, no DMI): booted without
-        // EFI, which is all that is known.
-        _ if root.join("sys/firmware").is_dir() || root.join("sys/class").is_dir() => {
-            EfiSupport::Unsupported
-        }
-        _ => EfiSupport::Unknown,
-    }
-}
-
-/// UEFI's global variables' GUID (SecureBoot, SetupMode).
-const EFI_GLOBAL: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
-
-/// A UEFI global variable's one-byte value (efivarfs: four bytes of
-/// attributes, then the value); None when it cannot be read.
-fn efi_flag(root: &Path, name: &str) -> Option<bool> {
-    let raw =
-        std::fs::read(root.join(format!("sys/firmware/efi/efivars/{name}-{EFI_GLOBAL}"))).ok()?;
-    raw.get(4).map(|b| *b == 1)
-}
-
-/// Secure Boot as this system booted: the firmware's SecureBoot and
-/// SetupMode variables, and the kernel's lockdown (the bracketed word of
-/// /sys/kernel/security/lockdown).
-fn secure_boot(root: &Path) -> SecureBoot {
-    let state = match efi_flag(root, "SecureBoot") {
-        Some(true) => secure_boot::State::On,
-        Some(false) => secure_boot::State::Off,
-        // Booted by UEFI without the variable: firmware with no Secure
-        // Boot at all.
-        None if root.join("sys/firmware/efi/efivars").is_dir()
-            && std::fs::read_dir(root.join("sys/firmware/efi/efivars"))
-                .is_ok_and(|mut d| d.next().is_some()) =>
-        {
-            secure_boot::State::Off
-        }
-        None => secure_boot::State::Unknown,
-    };
-    let lockdown = read(root, "/sys/kernel/security/lockdown")
-        .and_then(|l| {
-            let from = l.find('[')?;
-            let to = l[from..].find(']')? + from;
-            Some(l[from + 1..to].to_string())
-        })
-        .unwrap_or_default();
-    SecureBoot {
-        state: state as i32,
-        setup_mode: efi_flag(root, "SetupMode").unwrap_or(false),
-        lockdown,
     }
 }
 
@@ -427,6 +359,7 @@ pub use shepherd_proto::summary::{
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{EfiSupport, secure_boot};
 
     fn put(root: &Path, path: &str, text: &str) {
         let p = root.join(path.trim_start_matches('/'));
@@ -527,38 +460,6 @@ mod tests {
         let sb = n.secure_boot.unwrap();
         assert_eq!(sb.state, secure_boot::State::Unknown as i32);
         assert_eq!(sb.lockdown, "");
-    }
-
-    #[test]
-    fn secure_boot_is_read_from_uefi_s_variables_and_the_kernel_s_lockdown() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = dir.path();
-        let var = |name: &str| format!("/sys/firmware/efi/efivars/{name}-{EFI_GLOBAL}");
-        put_bytes(r, &var("SecureBoot"), &[6, 0, 0, 0, 1]);
-        put_bytes(r, &var("SetupMode"), &[6, 0, 0, 0, 0]);
-        put(
-            r,
-            "/sys/kernel/security/lockdown",
-            "none [integrity] confidentiality\n",
-        );
-        let sb = secure_boot(r);
-        assert_eq!(sb.state, secure_boot::State::On as i32);
-        assert!(!sb.setup_mode);
-        assert_eq!(sb.lockdown, "integrity");
-        put_bytes(r, &var("SecureBoot"), &[6, 0, 0, 0, 0]);
-        put_bytes(r, &var("SetupMode"), &[6, 0, 0, 0, 1]);
-        put(
-            r,
-            "/sys/kernel/security/lockdown",
-            "[none] integrity confidentiality\n",
-        );
-        let sb = secure_boot(r);
-        assert_eq!(sb.state, secure_boot::State::Off as i32);
-        assert!(sb.setup_mode);
-        assert_eq!(sb.lockdown, "none");
-        // UEFI firmware without Secure Boot: variables, none of them it.
-        std::fs::remove_file(r.join(var("SecureBoot").trim_start_matches('/'))).unwrap();
-        assert_eq!(secure_boot(r).state, secure_boot::State::Off as i32);
     }
 
     #[test]

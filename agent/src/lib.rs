@@ -23,6 +23,7 @@ pub use shepherd_proto::{api, files, takeover};
 
 pub mod bmc_lan;
 pub mod callback;
+pub mod firmware;
 pub mod hardware;
 pub mod install;
 pub mod program;

@@ -394,13 +394,8 @@ impl Conn {
         )))
     }
 
-    /// The Secure Boot the host's configuration asks for
-    /// (`bmc.secure_boot`; None: leave it).
-    pub(super) fn desired_secure_boot(&self) -> Option<bool> {
-        self.cfg.secure_boot
-    }
-
-    /// Secure Boot as the configuration asks, before the reset that
+    /// Secure Boot as the host's configuration asks (`bmc.secure_boot`;
+    /// unset: left as it is), before the reset that
     /// starts a boot shepherd makes (after its boot override: some BMCs,
     /// sushy-tools among them, reset Secure Boot when the boot mode is
     /// set). Ok(what was done, when anything was).
@@ -408,7 +403,7 @@ impl Conn {
         &mut self,
         info: &SystemInfo,
     ) -> Result<Option<String>, BmcError> {
-        match self.desired_secure_boot() {
+        match self.cfg.secure_boot {
             Some(on) => self.set_secure_boot(info, on).await,
             None => Ok(None),
         }

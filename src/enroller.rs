@@ -186,8 +186,12 @@ impl Record for Enrollment {
 /// Where the work stands on a machine when it begins.
 #[derive(Clone)]
 enum Resume {
-    /// Installed: restart it from its disk through the BMC (`reason`).
-    Disk { reason: Option<String> },
+    /// Installed: restart it from its disk through the BMC (`reason`),
+    /// Secure Boot as its device's plan asks (`secure_boot`).
+    Disk {
+        reason: Option<String>,
+        secure_boot: Option<bool>,
+    },
     /// A boot issued: have the BMC start it.
     Boot {
         cause: BootCause,
@@ -212,6 +216,7 @@ impl Enroller {
         if cause == BootCause::Disk {
             return Ok(Resume::Disk {
                 reason: request.reason,
+                secure_boot: crate::bmdb::devices::secure_boot_wanted(tx, mid).await?,
             });
         }
         Ok(match boot::latest(tx, mid).await? {
@@ -370,8 +375,15 @@ impl LeaseLoop for Enroller {
         };
         let (cause, boot_id, how) = match resume {
             // Installed: restarted from its disk, nothing to enroll.
-            Resume::Disk { reason } => {
-                return match self.provider.boot_from_disk(&m.provider_id).await {
+            Resume::Disk {
+                reason,
+                secure_boot,
+            } => {
+                return match self
+                    .provider
+                    .boot_from_disk(&m.provider_id, secure_boot)
+                    .await
+                {
                     Ok(reset) => Outcome::Finished(Enrollment::Enrolled {
                         detail: format!(
                             "disk: restarted from its disk through the BMC ({reset}){}",

@@ -305,7 +305,7 @@ async fn a_network_boot_through_an_ipmi_bmc_as_the_inventory_asks_it() {
     assert_eq!(rig.boot_dev(), "hd");
     // Installed: restarted from the disk, off then on.
     let how = bmcs
-        .boot_from_disk("rack2-u3", &bmc, BootMethod::Network, Firmware::Uefi)
+        .boot_from_disk("rack2-u3", &bmc, BootMethod::Network, Firmware::Uefi, None)
         .await
         .unwrap();
     assert_eq!(how, "boot device disk, power off, then power on");

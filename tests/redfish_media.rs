@@ -135,7 +135,7 @@ async fn an_installed_machine_is_restarted_from_its_disk_with_the_media_out() {
     // The agent installed the disk: the BMC ejects, clears the override
     // and restarts the system (a power cycle, which BMCs that apply media
     // changes only then need).
-    let reset = redfish::boot_from_disk(&bmcs, "node-1", &sushy.bmc(0), true)
+    let reset = redfish::boot_from_disk(&bmcs, "node-1", &sushy.bmc(0), true, None)
         .await
         .unwrap();
     assert_eq!(reset, "ForceRestart");
@@ -551,5 +551,20 @@ async fn secure_boot_is_read_and_set_as_the_host_asks_before_the_boot_s_reset() 
             .unwrap(),
         "ForceRestart"
     );
+    // A restart from the disk asked for it (a tenant's plan), over the
+    // host's unset: set before that reset too.
+    let reset = redfish::boot_from_disk(&bmcs, "node-1", &bmc, false, Some(true))
+        .await
+        .unwrap();
+    assert_eq!(reset, "Secure Boot set on, then ForceRestart");
+    assert_eq!(secure_boot(0).await["SecureBootEnable"], true);
+    // And left on by the next boot, which asks for nothing.
+    assert_eq!(
+        redfish::boot_from_network(&bmcs, "node-1", &bmc)
+            .await
+            .unwrap(),
+        "ForceRestart"
+    );
+    assert_eq!(secure_boot(0).await["SecureBootEnable"], true);
     iso.stop(true).await;
 }

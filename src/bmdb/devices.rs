@@ -280,11 +280,23 @@ pub struct Candidate {
     pub provider_id: String,
     pub location: Option<String>,
     pub hardware_report: Option<Vec<u8>>,
+    /// `SecureBootEnable` as its BMC says (None: its BMC has no Secure
+    /// Boot to set, or was not read).
+    pub bmc_secure_boot: Option<bool>,
 }
 
-/// Where a device would go on a candidate machine: its plan and metro
-/// there, or why not.
-pub type Placement<'a> = dyn Fn(&Candidate) -> Result<(String, String), String> + Sync + 'a;
+/// Where a device goes on a machine: its plan and metro, and the Secure
+/// Boot its plan asks for (set through the BMC before the machine starts
+/// the tenant's system).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub plan: String,
+    pub metro: String,
+    pub secure_boot: Option<bool>,
+}
+
+/// Where a device would go on a candidate machine, or why not.
+pub type Placement<'a> = dyn Fn(&Candidate) -> Result<Placed, String> + Sync + 'a;
 
 /// How a create ended.
 #[derive(Debug, Clone)]
@@ -303,10 +315,12 @@ pub enum Claimed {
 const CANDIDATES: &str = concat!(
     "SELECT s.machine_id, p.provider_id, p.provider_location, hr.hardware_report_raw, ",
     crate::bmdb::lifecycle::state_column!(),
-    " FROM machine_summary s \
+    ", f.secure_boot_enable \
+     FROM machine_summary s \
      JOIN machine_provided p ON p.machine_id = s.machine_id \
      LEFT JOIN machine_project mp ON mp.machine_id = s.machine_id \
      LEFT JOIN machine_hardware_report hr ON hr.machine_id = s.machine_id \
+     LEFT JOIN machine_bmc_facts f ON f.machine_id = s.machine_id \
      WHERE (mp.project_id = $1 OR (mp.project_id IS NULL AND $2)) \
        AND ($3::uuid IS NULL OR s.machine_id = $3) \
        AND NOT EXISTS (SELECT 1 FROM device d WHERE d.machine_id = s.machine_id \
@@ -378,6 +392,7 @@ pub async fn claim(
             provider_id: row.get(1),
             location: row.get(2),
             hardware_report: row.get(3),
+            bmc_secure_boot: row.get(5),
         };
         if state != "available" {
             if new.reservation.is_some() {
@@ -385,13 +400,29 @@ pub async fn claim(
             }
             continue;
         }
-        let (plan, metro) = match place(&c) {
-            Ok(pm) => pm,
+        let Placed {
+            plan,
+            metro,
+            secure_boot,
+        } = match place(&c) {
+            Ok(p) => p,
             Err(why) => {
                 refusals.push(why);
                 continue;
             }
         };
+        // Its BMC and its agent disagree (serial, memory, Secure Boot),
+        // not accepted: its installation would wait. Never a tenant's.
+        if let Some(check) = crate::bmdb::hardware::check(tx, c.machine_id).await? {
+            if check.blocks() {
+                refusals.push(format!(
+                    "machine {}: its BMC and its agent disagree ({})",
+                    c.machine_id,
+                    check.differences.join("; ")
+                ));
+                continue;
+            }
+        }
         // Taken by a racing create (locked, or claimed since this read):
         // the next.
         if tx
@@ -432,8 +463,8 @@ pub async fn claim(
         tx.execute(
             "INSERT INTO device (device_id, project_id, machine_id, hostname, description, tags, \
                  plan, metro, operating_system, userdata, customdata, ssh_keys, created_at, \
-                 created_by, updated_at, locked) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(), $13, now(), $14)",
+                 created_by, updated_at, locked, secure_boot) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(), $13, now(), $14, $15)",
             &[
                 &id,
                 &new.project_id,
@@ -449,6 +480,7 @@ pub async fn claim(
                 &new.ssh_keys,
                 &new.actor,
                 &new.locked,
+                &secure_boot,
             ],
         )
         .await?;
@@ -959,6 +991,8 @@ pub struct Reservation {
     pub assigned_at: SystemTime,
     pub location: Option<String>,
     pub hardware_report: Option<Vec<u8>>,
+    /// `SecureBootEnable` as its BMC says (None: nothing to set).
+    pub bmc_secure_boot: Option<bool>,
     /// The machine's state (`MachineState`).
     pub state: String,
     pub device: Option<Device>,
@@ -968,10 +1002,11 @@ const RESERVATIONS: &str = concat!(
     "SELECT mp.machine_id, mp.project_id, mp.assigned_at, p.provider_location, \
             hr.hardware_report_raw, ",
     crate::bmdb::lifecycle::state_column!(),
-    " FROM machine_project mp \
+    ", f.secure_boot_enable FROM machine_project mp \
      JOIN machine_summary s ON s.machine_id = mp.machine_id \
      LEFT JOIN machine_provided p ON p.machine_id = mp.machine_id \
      LEFT JOIN machine_hardware_report hr ON hr.machine_id = mp.machine_id \
+     LEFT JOIN machine_bmc_facts f ON f.machine_id = mp.machine_id \
      WHERE ($1::uuid IS NULL OR mp.project_id = $1) AND ($2::uuid IS NULL OR mp.machine_id = $2) \
      ORDER BY mp.assigned_at, mp.machine_id"
 );
@@ -1010,10 +1045,26 @@ pub async fn reservations(
                 location: r.get(3),
                 hardware_report: r.get(4),
                 state: r.get(5),
+                bmc_secure_boot: r.get(6),
                 device: devices.remove(&machine_id),
             }
         })
         .collect())
+}
+
+/// The Secure Boot the plan of the machine's open device asks for (None:
+/// no device, or a plan that leaves it to the host's configuration).
+pub async fn secure_boot_wanted(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+) -> Result<Option<bool>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT secure_boot FROM device WHERE machine_id = $1 AND deleted_at IS NULL",
+            &[&machine_id],
+        )
+        .await?
+        .and_then(|r| r.get(0)))
 }
 
 /// The metros machines are in: their distinct inventory locations.

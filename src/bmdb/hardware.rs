@@ -316,9 +316,16 @@ pub async fn judge(
     facts: &BmcFacts,
     raw: &[u8],
 ) -> Result<Option<HardwareCheck>, BmdbError> {
-    let Ok(report) = shepherd_proto::summary::summarize(raw) else {
+    let Ok(mut report) = shepherd_proto::summary::summarize(raw) else {
         return Ok(None);
     };
+    // Secure Boot is one boot's: the BMC's word is compared with the
+    // agent's only when the agent still heartbeat after the BMC's facts
+    // were last as they are. A system booted since (a tenant's, Secure
+    // Boot set as its plan asks) changes them, and is not the agent's.
+    if report.secure_boot.is_some() && !agent_heartbeat_since_facts(tx, machine_id).await? {
+        report.secure_boot = None;
+    }
     let mut c = HardwareCheck {
         differences: differences(facts, &report),
         accepted: None,
@@ -334,6 +341,20 @@ pub async fn judge(
             .map(|r| (r.get(0), r.get(1)));
     }
     Ok(Some(c))
+}
+
+/// Whether the machine's agent heartbeat at or after its BMC's facts last
+/// changed.
+async fn agent_heartbeat_since_facts(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<bool, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT h.agent_heartbeat_at >= f.changed_at FROM machine_bmc_facts f \
+             JOIN machine_agent_heartbeat h ON h.machine_id = f.machine_id WHERE f.machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .and_then(|r| r.get::<_, Option<bool>>(0))
+        .unwrap_or(false))
 }
 
 /// Accepts the machine's differences as they are now; Ok(None) when there

@@ -65,6 +65,14 @@ pub struct PlanConfig {
     /// Disks at least, each of `disk_gib_min` at least.
     pub disks_min: u32,
     pub disk_gib_min: f64,
+    /// Secure Boot for the tenant's system: `true` or `false` takes only
+    /// machines whose BMC can set it (Redfish's `SecureBoot`), or whose
+    /// agent booted that way, and sets it through the BMC before the
+    /// machine starts the tenant's system; unset: as the host's
+    /// configuration says. A machine whose BMC and agent disagree on it
+    /// is never given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<bool>,
 }
 
 /// An operating system: an image shepherd serves, by a slug.

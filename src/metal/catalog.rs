@@ -51,15 +51,26 @@ impl Catalog {
         self.operating_systems.iter().find(|o| o.slug == slug)
     }
 
-    /// The plan a machine with this report belongs to: the first it meets.
-    pub fn plan_of(&self, report: &HardwareSummary) -> Option<&PlanConfig> {
-        self.plans.iter().find(|p| meets(p, report))
+    /// The plan a machine with this report (and a BMC saying
+    /// `SecureBootEnable` so, when it does) belongs to: the first it meets.
+    pub fn plan_of(
+        &self,
+        report: &HardwareSummary,
+        bmc_secure_boot: Option<bool>,
+    ) -> Option<&PlanConfig> {
+        self.plans
+            .iter()
+            .find(|p| meets(p, report, bmc_secure_boot))
     }
 
     /// The plan of a machine by its raw report (none without one).
-    pub fn plan_of_raw(&self, raw: Option<&[u8]>) -> Option<&PlanConfig> {
+    pub fn plan_of_raw(
+        &self,
+        raw: Option<&[u8]>,
+        bmc_secure_boot: Option<bool>,
+    ) -> Option<&PlanConfig> {
         let report = shepherd_proto::summary::summarize(raw?).ok()?;
-        self.plan_of(&report)
+        self.plan_of(&report, bmc_secure_boot)
     }
 
     /// A machine's metro: its inventory location, else the default.
@@ -71,8 +82,22 @@ impl Catalog {
     }
 }
 
-/// Whether a report meets a plan's minimums.
-pub fn meets(p: &PlanConfig, r: &HardwareSummary) -> bool {
+/// Whether a machine can run the tenant's system with Secure Boot as the
+/// plan asks: its BMC can set it (it reads `SecureBootEnable`), or its
+/// agent booted that way.
+fn secure_boot_fits(p: &PlanConfig, r: &HardwareSummary, bmc_secure_boot: Option<bool>) -> bool {
+    match p.secure_boot {
+        None => true,
+        Some(want) => {
+            bmc_secure_boot.is_some()
+                || r.secure_boot.as_ref().map(|s| s.state) == Some(if want { "on" } else { "off" })
+        }
+    }
+}
+
+/// Whether a machine (its report, its BMC's `SecureBootEnable`) meets a
+/// plan: its minimums, and its Secure Boot.
+pub fn meets(p: &PlanConfig, r: &HardwareSummary, bmc_secure_boot: Option<bool>) -> bool {
     const GIB: f64 = (1u64 << 30) as f64;
     let threads: i64 = r
         .cpus
@@ -88,6 +113,7 @@ pub fn meets(p: &PlanConfig, r: &HardwareSummary) -> bool {
     threads >= i64::from(p.cpus_min)
         && memory_gib + 1e-9 >= p.memory_gib_min
         && disks >= p.disks_min as usize
+        && secure_boot_fits(p, r, bmc_secure_boot)
 }
 
 #[cfg(test)]
@@ -151,7 +177,7 @@ mod tests {
             max_devices_per_project: None,
             erase_mode: "overwrite".into(),
         };
-        let slug = |r: &HardwareSummary| c.plan_of(r).map(|p| p.slug.clone());
+        let slug = |r: &HardwareSummary| c.plan_of(r, None).map(|p| p.slug.clone());
         assert_eq!(slug(&report(64, 256, &[480, 480])).as_deref(), Some("big"));
         // One disk too small for big: small.
         assert_eq!(
@@ -163,5 +189,49 @@ mod tests {
         assert_eq!(c.metro_of(None), "sv");
         assert_eq!(stable_id("plan", "big"), stable_id("plan", "big"));
         assert_ne!(stable_id("plan", "big"), stable_id("metro", "big"));
+    }
+
+    #[test]
+    fn a_plan_asking_for_secure_boot_takes_machines_that_can_have_it() {
+        let c = Catalog {
+            plans: vec![
+                PlanConfig {
+                    secure_boot: Some(true),
+                    ..plan("secure", 8, 16.0, 1, 100.0)
+                },
+                plan("small", 8, 16.0, 1, 100.0),
+            ],
+            operating_systems: Vec::new(),
+            default_metro: "sv".into(),
+            max_devices_per_project: None,
+            erase_mode: "overwrite".into(),
+        };
+        let booted = |state: &'static str| {
+            let mut r = report(16, 32, &[200]);
+            r.secure_boot = Some(shepherd_proto::summary::SecureBootSummary {
+                state,
+                setup_mode: false,
+                lockdown: String::new(),
+            });
+            r
+        };
+        let slug =
+            |r: &HardwareSummary, bmc: Option<bool>| c.plan_of(r, bmc).map(|p| p.slug.clone());
+        // Its agent booted with it on: the plan's, whatever the BMC.
+        assert_eq!(slug(&booted("on"), None).as_deref(), Some("secure"));
+        // Off, or not said, and nothing to set it with: not the plan's.
+        assert_eq!(slug(&booted("off"), None).as_deref(), Some("small"));
+        assert_eq!(
+            slug(&report(16, 32, &[200]), None).as_deref(),
+            Some("small")
+        );
+        // A BMC that can set it (either way now): the plan's.
+        assert_eq!(slug(&booted("off"), Some(false)).as_deref(), Some("secure"));
+        assert_eq!(
+            slug(&report(16, 32, &[200]), Some(true)).as_deref(),
+            Some("secure")
+        );
+        // Too small for the plan: its Secure Boot does not make it fit.
+        assert_eq!(slug(&report(4, 8, &[]), Some(true)), None);
     }
 }

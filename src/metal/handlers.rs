@@ -615,14 +615,19 @@ pub async fn create_device(
     let chosen_metros = chosen.clone();
     let plan_slug = plan.slug.clone();
     let by_reservation = reservation.is_some();
-    let place = move |cand: &devices::Candidate| -> Result<(String, String), String> {
+    let place = move |cand: &devices::Candidate| -> Result<devices::Placed, String> {
         let metro = cat.metro_of(cand.location.as_deref());
-        let Some(of) = cat.plan_of_raw(cand.hardware_report.as_deref()) else {
+        let Some(of) = cat.plan_of_raw(cand.hardware_report.as_deref(), cand.bmc_secure_boot)
+        else {
             return Err(format!("machine {} meets no plan", cand.machine_id));
         };
         // A reservation is its machine, of its plan, where it is.
         if by_reservation || (of.slug == plan_slug && chosen_metros.contains(&metro)) {
-            Ok((of.slug.clone(), metro))
+            Ok(devices::Placed {
+                plan: of.slug.clone(),
+                metro,
+                secure_boot: of.secure_boot,
+            })
         } else {
             Err(format!(
                 "machine {} is a {} in {metro}",

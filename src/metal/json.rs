@@ -181,8 +181,13 @@ pub fn plan(p: &PlanConfig, metros: &[String]) -> Value {
         "slug": p.slug,
         "name": p.name.clone().unwrap_or_else(|| p.slug.clone()),
         "description": p.description.clone().unwrap_or_else(|| format!(
-            "{} CPU threads, {} GiB of memory, {} disks of {} GiB at least",
-            p.cpus_min, p.memory_gib_min, p.disks_min, p.disk_gib_min
+            "{} CPU threads, {} GiB of memory, {} disks of {} GiB at least{}",
+            p.cpus_min, p.memory_gib_min, p.disks_min, p.disk_gib_min,
+            match p.secure_boot {
+                Some(true) => "; Secure Boot on",
+                Some(false) => "; Secure Boot off",
+                None => "",
+            }
         )),
         "class": p.slug,
         "line": "baremetal",
@@ -320,7 +325,7 @@ pub fn device(d: &Device, catalog: &Catalog) -> Value {
 /// A hardware reservation: a machine assigned to a project, of the plan
 /// its hardware report meets, in its metro.
 pub fn reservation(r: &crate::bmdb::devices::Reservation, catalog: &Catalog) -> Value {
-    let plan = catalog.plan_of_raw(r.hardware_report.as_deref());
+    let plan = catalog.plan_of_raw(r.hardware_report.as_deref(), r.bmc_secure_boot);
     let metro = catalog.metro_of(r.location.as_deref());
     let provisionable = r.device.is_none() && r.state == "available" && plan.is_some();
     json!({

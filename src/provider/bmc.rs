@@ -181,18 +181,24 @@ impl Bmcs {
     }
 
     /// Restarts the machine from its disk (media ejected, override
-    /// cleared, or the boot device set to the disk); Ok(how).
+    /// cleared, or the boot device set to the disk); Ok(how). Through
+    /// Redfish, Secure Boot is set as `secure_boot` asks (a tenant's plan),
+    /// else as the host's `bmc.secure_boot` does, else left; IPMI has no
+    /// Secure Boot to set (a plan that asks for it takes only machines
+    /// already booting that way).
     pub async fn boot_from_disk(
         &self,
         host: &str,
         bmc: &BmcConfig,
         via: BootMethod,
         firmware: Firmware,
+        secure_boot: Option<bool>,
     ) -> Result<String, BmcError> {
         match bmc.protocol() {
             BmcProtocol::Redfish => {
                 let eject = via != BootMethod::Network;
-                let reset = redfish::boot_from_disk(&self.redfish, host, bmc, eject).await?;
+                let reset =
+                    redfish::boot_from_disk(&self.redfish, host, bmc, eject, secure_boot).await?;
                 Ok(if eject {
                     format!("media ejected, override cleared, {reset}")
                 } else {

@@ -341,7 +341,11 @@ impl Provider for Inventory {
         })
     }
 
-    fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
+    fn boot_from_disk<'a>(
+        &'a self,
+        provider_id: &'a str,
+        secure_boot: Option<bool>,
+    ) -> Fut<'a, String> {
         Box::pin(async move {
             let (host, bmc) = self
                 .with_bmc(provider_id, "restarted from its disk")
@@ -349,7 +353,13 @@ impl Provider for Inventory {
             let via = host.boot.unwrap_or(BootMethod::VirtualMedia);
             let reset = self
                 .bmcs
-                .boot_from_disk(&host.id, &bmc, via, host.firmware.unwrap_or_default())
+                .boot_from_disk(
+                    &host.id,
+                    &bmc,
+                    via,
+                    host.firmware.unwrap_or_default(),
+                    secure_boot,
+                )
                 .await
                 .map_err(|e| ProviderError::Bmc(e.to_string()))?;
             tracing::info!(host = %host.id, bmc = %bmc.url, %reset, "restarted from its disk through the BMC");

@@ -119,8 +119,15 @@ pub trait Provider {
     }
 
     /// Ends any boot into the agent and restarts the machine from its
-    /// disk through its BMC; Ok (the reset used).
-    fn boot_from_disk<'a>(&'a self, provider_id: &'a str) -> Fut<'a, String> {
+    /// disk through its BMC, Secure Boot set as `secure_boot` asks (a
+    /// tenant's plan; None: as the host's configuration does); Ok (the
+    /// reset used).
+    fn boot_from_disk<'a>(
+        &'a self,
+        provider_id: &'a str,
+        secure_boot: Option<bool>,
+    ) -> Fut<'a, String> {
+        let _ = secure_boot;
         Box::pin(async move {
             Err(ProviderError::Unsupported(format!(
                 "machine {provider_id}: this provider cannot boot machines through a BMC"

@@ -394,18 +394,40 @@ impl Conn {
         )))
     }
 
-    /// Secure Boot as the host's configuration asks (`bmc.secure_boot`;
-    /// unset: left as it is), before the reset that
-    /// starts a boot shepherd makes (after its boot override: some BMCs,
-    /// sushy-tools among them, reset Secure Boot when the boot mode is
-    /// set). Ok(what was done, when anything was).
+    /// `SecureBootEnable` now (None: the system has no `SecureBoot`, or it
+    /// cannot be read), read before a boot override: what "leave it"
+    /// restores.
+    pub(super) async fn secure_boot_now(&mut self, info: &SystemInfo) -> Option<bool> {
+        let path = info.secure_boot.clone()?;
+        match self.call(Method::GET, &path, None, &path).await {
+            Ok(v) => v["SecureBootEnable"].as_bool(),
+            Err(e) => {
+                tracing::debug!(bmc = %self.cfg.url, error = %e, "Secure Boot not read before the boot override");
+                None
+            }
+        }
+    }
+
+    /// Secure Boot as asked before the reset that starts a boot shepherd
+    /// makes, after its boot override: `wanted` (this boot's, e.g. a
+    /// tenant's plan), else the host's configuration (`bmc.secure_boot`),
+    /// else `before`, the state read before the override. Some BMCs,
+    /// sushy-tools among them, turn Secure Boot off when the override
+    /// names a boot mode; "leave it" puts it back. Ok(what was done, when
+    /// anything was).
     pub(super) async fn secure_boot_as_asked(
         &mut self,
         info: &SystemInfo,
+        wanted: Option<bool>,
+        before: Option<bool>,
     ) -> Result<Option<String>, BmcError> {
-        match self.cfg.secure_boot {
-            Some(on) => self.set_secure_boot(info, on).await,
-            None => Ok(None),
+        match (wanted.or(self.cfg.secure_boot), before) {
+            (Some(on), _) => self.set_secure_boot(info, on).await,
+            (None, Some(on)) => Ok(self
+                .set_secure_boot(info, on)
+                .await?
+                .map(|s| format!("{s} again (the boot override had changed it)"))),
+            (None, None) => Ok(None),
         }
     }
 

@@ -71,6 +71,9 @@ pub struct BootFromDisk {
     /// Whether there is virtual media to eject (false for a machine that
     /// boots the network: only the override is cleared).
     pub eject: bool,
+    /// Secure Boot for this boot (a tenant's plan), else the host's
+    /// `bmc.secure_boot`, else as it is.
+    pub secure_boot: Option<bool>,
 }
 
 /// Boots the system from the network: a one-time boot override to `Pxe`
@@ -133,7 +136,12 @@ impl Handler<BootFromDisk> for BmcClient {
                     clear_override(&mut c, &info).await?;
                 }
                 let info = c.get_system(&msg.system).await?;
-                power_boot(&mut c, &msg.system, &info, msg.power_timeout).await
+                let secure = c.secure_boot_as_asked(&info, msg.secure_boot, None).await?;
+                let reset = power_boot(&mut c, &msg.system, &info, msg.power_timeout).await?;
+                Ok(match secure {
+                    Some(s) => format!("{s}, then {reset}"),
+                    None => reset,
+                })
             }
             .await;
             (c, r)
@@ -148,8 +156,9 @@ impl Handler<BootFromNetwork> for BmcClient {
         self.atomic(|mut c| async move {
             let r = async {
                 let info = c.get_system(&msg.system).await?;
+                let before = c.secure_boot_now(&info).await;
                 boot_once_from(&mut c, &info, "Pxe").await?;
-                let secure = c.secure_boot_as_asked(&info).await?;
+                let secure = c.secure_boot_as_asked(&info, None, before).await?;
                 let reset = power_boot(&mut c, &msg.system, &info, msg.power_timeout).await?;
                 Ok(match secure {
                     Some(s) => format!("{s}, then {reset}"),
@@ -472,8 +481,9 @@ async fn boot_from_media(c: &mut Conn, msg: &BootFromMedia) -> Result<MediaBoot,
         None
     };
     let plain_insert = insert(c, &cd, &msg.image_url, msg.credentials.as_ref()).await?;
+    let before = c.secure_boot_now(&info).await;
     boot_once_from(c, &info, "Cd").await?;
-    let secure = c.secure_boot_as_asked(&info).await?;
+    let secure = c.secure_boot_as_asked(&info, None, before).await?;
     let reset = power_boot(c, &msg.system, &info, msg.power_timeout).await?;
     let reset = match secure {
         Some(s) => format!("{s}, then {reset}"),

@@ -287,17 +287,20 @@ pub async fn boot_from_media_with(
 }
 
 /// Ejects the system's virtual CD (`eject`), clears its boot override and
-/// restarts it from its disk; Ok(the reset used).
+/// restarts it from its disk, Secure Boot set as `secure_boot` asks (else
+/// as the host's configuration does); Ok(the reset used).
 pub async fn boot_from_disk(
     bmcs: &Bmcs,
     host: &str,
     bmc: &BmcConfig,
     eject: bool,
+    secure_boot: Option<bool>,
 ) -> Result<String, BmcError> {
     let msg = BootFromDisk {
         system: bmc.system.clone(),
         power_timeout: bmcs.power_timeout,
         eject,
+        secure_boot,
     };
     ask(bmcs, host, bmc, msg).await
 }

@@ -39,14 +39,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V16__discovery",
             "V17__interruptions",
             "V18__tenants",
-            "V19__secure_boot"
+            "V19__secure_boot",
+            "V20__device_secure_boot"
         ]
     );
-    assert_eq!(first.version, Some(19));
+    assert_eq!(first.version, Some(20));
     assert_eq!(count(&bmdb, TABLES).await, 41);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(19));
+    assert_eq!(again.version, Some(20));
 }
 
 #[actix_rt::test]
@@ -59,13 +60,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 19],
+        [0, 20],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 41);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        19
+        20
     );
 }
 
@@ -108,7 +109,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V16__discovery",
             "V17__interruptions",
             "V18__tenants",
-            "V19__secure_boot"
+            "V19__secure_boot",
+            "V20__device_secure_boot"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -168,7 +170,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V16__discovery",
             "V17__interruptions",
             "V18__tenants",
-            "V19__secure_boot"
+            "V19__secure_boot",
+            "V20__device_secure_boot"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

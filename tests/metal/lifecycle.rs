@@ -101,18 +101,30 @@ async fn a_device_is_installed_powered_reinstalled_deleted_and_its_machine_erase
         .iter()
         .map(|p| p["slug"].clone())
         .collect();
-    assert_eq!(slugs, vec![json!("c3.small.x86"), json!("m3.large.x86")]);
+    assert_eq!(
+        slugs,
+        vec![
+            json!("c3.small.sb"),
+            json!("c3.small.x86"),
+            json!("m3.large.x86")
+        ]
+    );
+    let described = plans["plans"][0]["description"].as_str().unwrap();
+    assert!(described.ends_with("; Secure Boot on"), "{described}");
     let (_, oses) = rig.get("/operating-systems", &token).await;
     assert_eq!(oses["operating_systems"][0]["slug"], "debian_12");
-    // No machine of the big plan: no capacity, nothing made.
-    let (s, none) = rig
-        .create(
-            p,
-            &token,
-            json!({"metro": "sv", "plan": "m3.large.x86", "operating_system": "debian_12"}),
-        )
-        .await;
-    assert_eq!(s, 422, "{none}");
+    // No machine of the big plan, none that can boot with Secure Boot:
+    // no capacity, nothing made.
+    for plan in ["m3.large.x86", "c3.small.sb"] {
+        let (s, none) = rig
+            .create(
+                p,
+                &token,
+                json!({"metro": "sv", "plan": plan, "operating_system": "debian_12"}),
+            )
+            .await;
+        assert_eq!(s, 422, "{plan}: {none}");
+    }
     // Bad input names what is wrong.
     for (body, named) in [
         (

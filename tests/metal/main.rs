@@ -82,6 +82,14 @@ impl Rig {
 [admin.tls]
 enabled = true
 
+# First: a machine meeting it belongs to it. None here can (no agent
+# booted with Secure Boot, no BMC to set it): they fall to the next.
+[[metal.plans]]
+slug = "c3.small.sb"
+cpus_min = 8
+memory_gib_min = 16
+secure_boot = true
+
 [[metal.plans]]
 slug = "c3.small.x86"
 cpus_min = 8

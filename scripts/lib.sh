@@ -135,3 +135,17 @@ content_key() {
   shift
   printf '%s\n' "$@" | sha256sum | cut -c1-16 | sed "s/^/$name-/"
 }
+
+# sushy-tools' libvirt driver's settings for OVMF's 4M builds: the Secure
+# Boot capable firmware (it needs SMM: the domain's <smm state='on'/>),
+# and the NVRAM templates Redfish's SecureBootEnable switches between
+# (Microsoft's keys enrolled, or none).
+sushy_ovmf_settings() {
+  cat <<'CONF'
+SUSHY_EMULATOR_BOOT_LOADER_MAP = {
+    'UEFI': {'x86_64': '/usr/share/OVMF/OVMF_CODE_4M.ms.fd'},
+    'Legacy': {'x86_64': None}}
+SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.ms.fd'
+SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.fd'
+CONF
+}

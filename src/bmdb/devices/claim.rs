@@ -169,18 +169,6 @@ pub async fn claim(
                 continue;
             }
         };
-        // Its BMC and its agent disagree (serial, memory, Secure Boot),
-        // not accepted: its installation would wait. Never a tenant's.
-        if let Some(check) = crate::bmdb::hardware::check(tx, c.machine_id).await? {
-            if check.blocks() {
-                refusals.push(format!(
-                    "machine {}: its BMC and its agent disagree ({})",
-                    c.machine_id,
-                    check.differences.join("; ")
-                ));
-                continue;
-            }
-        }
         // Taken by a racing create (locked, or claimed since this read):
         // the next.
         if tx

@@ -1,6 +1,10 @@
 //! The Recoverer: brings back machines whose agent went quiet, gently
 //! first. A [`LeaseLoop`] on the same lease runner as the Initializer.
 //!
+//! Long on purpose: the recovery ladder (reboot, then the provider's recreate
+//! or the BMC's boot into the agent) and the brake that limits it are one
+//! decision per machine, read in order.
+//!
 //! - Which machines: an operator's reboot request first, then "needs
 //!   recovery": no heartbeat `silent_after_start` after the agent started,
 //!   or the last one older than `heartbeat_stale_after`, and only while the

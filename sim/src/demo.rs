@@ -14,8 +14,8 @@
 //! machines through their life cycle: installed with first-boot data
 //! (an image shepherd serves), deprovisioned, available again.
 //!
-//! Long on purpose: the demo is a script in Rust (set up, run, watch,
-//! check), read from top to bottom.
+//! Long on purpose: the demo is a script in Rust (set up, run, watch, check),
+//! read from top to bottom.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -2,6 +2,9 @@
 //! benchmarks and the demo. Same paths (under `/metal/v1`), auth header,
 //! pagination and JSON shapes as the real API; state in memory.
 //!
+//! Long on purpose: the simulator serves every route of the API subset
+//! shepherd uses, with its faults, over one shared state.
+//!
 //! - A project with N hardware reservations generated from a seed.
 //! - Devices go queued → provisioning → active over `provisioning_delay`;
 //!   a reboot takes them through powering_off and powering_on.
@@ -12,9 +15,6 @@
 //! - Side endpoints under `/_sim/`: request counts per operation, peak
 //!   requests in flight, a timestamped request log, fault settings, and
 //!   levers for tests (take a reservation as another user, change a device).
-//!
-//! Long on purpose: the simulator serves every route of the API subset
-//! shepherd uses, with its faults, over one shared state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -1,5 +1,9 @@
 //! Machines and their tags: creating provided machines, setting tags,
 //! reading leases, backoffs and history.
+//!
+//! Long, not yet by job: machines, tags, leases, backoffs, history and the
+//! BMC facts' write share the machine's rows; the split by job (tags and
+//! history apart) is issue 49's.
 
 use std::time::SystemTime;
 

@@ -1,6 +1,9 @@
 //! Tenants: projects, the machines operators assign them, and their API
 //! tokens (CONTRACTS.md §7). A token is made here, shown once, and kept as
 //! its SHA-256 only; every change is in `tenant_audit`.
+//!
+//! Long, not yet by job: projects, their machines, tokens and SSH keys share
+//! `tenant_audit`; the split (tokens and keys apart) is issue 49's.
 
 use std::time::SystemTime;
 

@@ -1,5 +1,9 @@
 //! The lease runner: the life of work on one machine, written once.
 //!
+//! Long on purpose: the life of one lease (select, lease, prepare, work, then
+//! exactly one ending, each against the session's death) is read in order in
+//! one place; split, its steps would each need the others' invariants.
+//!
 //! A control loop ([`LeaseLoop`]) says which machine needs it (its
 //! selector, run inside the lease transaction, then its `prepare` step in
 //! the same transaction once the machine is leased), what its work on one

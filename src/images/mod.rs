@@ -4,6 +4,10 @@
 //! (which every agent already trusts, and which an installation request
 //! carries), with Range requests for resumed downloads (actix-files).
 //!
+//! Long on purpose: the catalog and the server share the one gate
+//! (`open_image`) and the per-file digest cache; split, each would reach into
+//! the other.
+//!
 //! It serves only what [`ImageCatalog::list`] lists: regular files inside
 //! the directory, nothing hidden, no directories, no device or pipe. A
 //! symlink is followed only when the file it opens is inside the
@@ -26,10 +30,6 @@
 //! [`ImageCatalog`] turns that into the URL agents fetch, the image's size
 //! and its SHA-256 digest (computed once per file version, on a blocking
 //! thread).
-//!
-//! Long on purpose: the catalog and the server share the one gate
-//! (`open_image`) and the per-file digest cache; split, each would reach
-//! into the other.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -33,7 +33,7 @@ pub struct BrakeSeen {
 impl Round for BrakeWatch {
     type Outcome = brake::BrakeState;
     type Counters = BrakeSeen;
-    const NAME: &'static str = "brake watch";
+    const NAME: &'static str = "brake-watch";
     const WARN_ON_FAILURE: bool = false;
 
     fn interval(&self) -> Duration {

@@ -38,7 +38,7 @@ pub struct DeadlinesSeen {
 impl Round for InstallationDeadline {
     type Outcome = Vec<TimedOut>;
     type Counters = DeadlinesSeen;
-    const NAME: &'static str = "installation deadline";
+    const NAME: &'static str = "deadlines";
 
     fn interval(&self) -> Duration {
         self.every

@@ -334,10 +334,6 @@ impl LeaseLoop for Enroller {
         Process::ShepherdAgentStart
     }
 
-    fn name(&self) -> &'static str {
-        "enroller"
-    }
-
     fn backoff(&self) -> &Backoff {
         &self.backoff
     }

@@ -103,10 +103,6 @@ impl LeaseLoop for Initializer {
         Process::ShepherdAgentStart
     }
 
-    fn name(&self) -> &'static str {
-        "initializer"
-    }
-
     fn backoff(&self) -> &Backoff {
         &self.backoff
     }

@@ -52,7 +52,7 @@ impl Provisioner {
 impl Round for Provisioner {
     type Outcome = RoundOutcome;
     type Counters = ProvisionerCounters;
-    const NAME: &'static str = "provisioning";
+    const NAME: &'static str = "provisioner";
     const DUTY: Option<Duty> = Some(Duty::Provisioning);
     const AT_SESSION: bool = true;
 

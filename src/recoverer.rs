@@ -38,20 +38,11 @@ use crate::bmdb::brake::{self, Judge};
 use crate::bmdb::installations;
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
+use crate::bmdb::{actions, heartbeats};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker, wait_until};
 use crate::provider::SharedProvider;
 use crate::ssh::HostKeyPolicy;
 use crate::takeover::TakeoverSettings;
-
-const DROP_AGENT_TAGS: &str = "WITH a AS (DELETE FROM machine_agent_started WHERE machine_id = $1), \
-     r AS (DELETE FROM machine_reboot_request WHERE machine_id = $1) \
-     DELETE FROM machine_agent_heartbeat WHERE machine_id = $1";
-const DROP_REBOOT_REQUEST: &str = "DELETE FROM machine_reboot_request WHERE machine_id = $1";
-/// Whether the agent called after `$2` (its restart, or the power action).
-const CALLED_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM machine_agent_heartbeat \
-     WHERE machine_id = $1 AND agent_heartbeat_at > $2)";
-const DB_NOW: &str = "SELECT now()";
-const REQUESTED_POWER: &str = "SELECT power FROM machine_reboot_request WHERE machine_id = $1";
 
 /// How a reboot is waited for.
 #[derive(Debug, Clone)]
@@ -246,7 +237,7 @@ impl Record for Recovered {
     async fn write(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<(), BmdbError> {
         match self.step {
             Step::taken_over_again => {
-                tx.execute(DROP_AGENT_TAGS, &[&mid]).await?;
+                heartbeats::forget_agent(tx, mid).await?;
                 // A machine booted through its BMC is taken back that way:
                 // a boot into the live agent is asked (the Enroller's).
                 bmc_boot::request_if(
@@ -265,7 +256,7 @@ impl Record for Recovered {
             | Step::rebooted
             | Step::rehomed
             | Step::powered
-            | Step::power_cycled => tx.execute(DROP_REBOOT_REQUEST, &[&mid]).await.map(|_| ()),
+            | Step::power_cycled => actions::drop_reboot_request(tx, mid).await,
             Step::braked | Step::failed => Ok(()),
         }
     }
@@ -279,10 +270,6 @@ impl LeaseLoop for Recoverer {
 
     fn process(&self) -> Process {
         Process::ShepherdRecovery
-    }
-
-    fn name(&self) -> &'static str {
-        "recoverer"
     }
 
     fn backoff(&self) -> &Backoff {
@@ -347,11 +334,7 @@ impl LeaseLoop for Recoverer {
     ) -> Result<Recovery, BmdbError> {
         r.interrupted = installations::in_hand(tx, mid).await?;
         if r.requested {
-            r.power = tx
-                .query_opt(REQUESTED_POWER, &[&mid])
-                .await?
-                .map(|row| row.get::<_, String>(0))
-                .filter(|p| p != "reboot");
+            r.power = actions::requested_power(tx, mid).await?;
         }
         Ok(r)
     }
@@ -476,7 +459,7 @@ impl Recoverer {
         let allowed = session
             .transact(async |tx| {
                 let r = brake::take_power_action(tx, judge, mid, requested).await?;
-                let now: SystemTime = tx.query_one(DB_NOW, &[]).await?.get(0);
+                let now = heartbeats::now(tx).await?;
                 Ok((r, now))
             })
             .await;
@@ -543,7 +526,7 @@ async fn restart_agent(
     let started_at: SystemTime = session
         .transact(async |tx| {
             crate::takeover::record_agent(tx, mid, &taken, &t.endpoint, record_host_key).await?;
-            Ok(tx.query_one(DB_NOW, &[]).await?.get(0))
+            heartbeats::now(tx).await
         })
         .await
         .map_err(|e| format!("recording the restarted agent: {e}"))?;
@@ -569,8 +552,7 @@ async fn called_since(
     let deadline = Instant::now() + within;
     let poll = (within / 20).clamp(Duration::from_millis(100), Duration::from_secs(2));
     let called = wait_until(session, poll, deadline, async |tx| {
-        let called: bool = tx.query_one(CALLED_SINCE, &[&mid, &since]).await?.get(0);
-        Ok(called.then_some(()))
+        Ok(heartbeats::heard_since(tx, mid, since).await?.then_some(()))
     })
     .await?;
     Ok(called.is_some())

@@ -30,7 +30,7 @@ impl RolloutDriver {
 impl Round for RolloutDriver {
     type Outcome = u64;
     type Counters = RolloutCounters;
-    const NAME: &'static str = "rollout";
+    const NAME: &'static str = "rollouts";
     const AT_SESSION: bool = true;
 
     fn interval(&self) -> std::time::Duration {

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use crate::bmdb::{BmdbError, Tx, machines};
 use crate::config::{Config, ConfigError, UploadMethod};
 use crate::ssh::{self, SshIdentity, SshSettings};
-use shepherd_proto as agent;
+use shepherd_proto::takeover::{AGENT_KEY_LEN, check_reply, init_message};
 
 /// Everything a takeover needs, shared by all workers.
 pub struct TakeoverSettings {
@@ -130,7 +130,7 @@ pub fn default_agent_binary() -> Option<PathBuf> {
 /// A successful takeover.
 #[derive(Debug, Clone)]
 pub struct TakenOver {
-    pub agent_key: [u8; agent::AGENT_KEY_LEN],
+    pub agent_key: [u8; AGENT_KEY_LEN],
     pub warnings: Vec<String>,
     /// The host key presented, OpenSSH format.
     pub host_key: String,
@@ -165,7 +165,7 @@ pub async fn take_over(
             .await
             .map_err(|e| e.to_string())?;
         step = "run agent";
-        let init = agent::init_message(machine_id, &s.endpoint, s.ca_certificate.as_deref());
+        let init = init_message(machine_id, &s.endpoint, s.ca_certificate.as_deref());
         let out = conn
             .run(&ssh::shell_quote(&path), &init.encode_to_vec(), &s.ssh)
             .await
@@ -196,7 +196,7 @@ pub async fn take_over(
             }
         }
         step = "agent reply";
-        agent::check_reply(&init, &out.stdout).map_err(|e| format!("agent reply: {e}"))
+        check_reply(&init, &out.stdout).map_err(|e| format!("agent reply: {e}"))
     };
     let result = tokio::time::timeout(s.exchange_timeout, exchange).await;
     match result {

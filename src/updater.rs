@@ -38,7 +38,7 @@ impl Updater {
 impl Round for Updater {
     type Outcome = u64;
     type Counters = UpdaterCounters;
-    const NAME: &'static str = "update";
+    const NAME: &'static str = "updater";
     const DUTY: Option<Duty> = Some(Duty::ProviderUpdates);
 
     fn interval(&self) -> std::time::Duration {

@@ -97,7 +97,7 @@ async fn a_loop_registered_once_gets_a_session_status_metrics_and_the_drain() {
     let sessions = Rc::new(std::cell::RefCell::new(Vec::new()));
     let (r, s) = (rounds.clone(), sessions.clone());
     // The whole of what adding a loop takes: one registration.
-    let toy = Registration::round("toy", move || Toy {
+    let toy = Registration::round(move || Toy {
         rounds: r.clone(),
         sessions: s.clone(),
     });

@@ -117,6 +117,7 @@ impl Rig {
         let backoff =
             Backoff::exponential(Duration::from_secs(300), Duration::from_secs(4 * 3600), 1.2);
         let mailbox = WorkMailbox::new(
+            "initializer",
             Initializer::new(Provider::Equinix, std::rc::Rc::new(settings), backoff, None),
             parallelism,
             Duration::from_millis(50),

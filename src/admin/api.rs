@@ -13,7 +13,7 @@ use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use crate::bmdb::actions::Audit;
-use crate::bmdb::installations::Installation;
+use crate::bmdb::installations::{Installation, Kind};
 use crate::bmdb::machines::{Heartbeat, MachineDetail, MachineState, MachineSummary};
 use crate::bmdb::rollouts::{Member, Rollout};
 use crate::bmdb::{Process, ProviderStatus};
@@ -592,8 +592,8 @@ pub struct InstallationBody {
     /// `installing`, `installed` or `install-failed`; for an erasure
     /// (deprovisioning) `cleaning`, `available` or `clean-failed`.
     pub state: String,
-    /// `install`, or `erase` (deprovisioning; no image).
-    pub kind: String,
+    /// `erase`: a deprovisioning, no image.
+    pub kind: Kind,
     /// An erasure's mode: `metadata`, `discard`, `secure`, `overwrite`.
     pub erase_mode: Option<String>,
     /// The first-boot data: the volume, each file's name, size and
@@ -643,7 +643,7 @@ impl From<&Installation> for InstallationBody {
             requested_at: rfc3339(i.requested_at),
             rollout_id: i.rollout_id,
             state: i.state.clone(),
-            kind: i.kind.clone(),
+            kind: i.kind,
             erase_mode: i.erase_mode.clone(),
             first_boot: i.first_boot.clone(),
             progress: i.progress.as_ref().map(|(p, at)| Progress {

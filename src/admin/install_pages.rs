@@ -20,6 +20,7 @@ use super::installs::{self, DiskBody, ImageBody, InstallBody, RolloutBody};
 use super::request::internal;
 use super::state::{Admin, Operator};
 use super::text::rfc3339;
+use crate::bmdb::installations::Kind;
 use crate::bmdb::machines::MachineDetail;
 
 /// What the rollouts' forms' CSRF tokens are bound to.
@@ -79,7 +80,7 @@ pub(super) fn machine_section(
     match &d.installation {
         None => b.push_str("<p class=\"muted\" id=\"install-none\">No installation asked yet.</p>"),
         Some(i) => {
-            let what = if i.kind == "erase" {
+            let what = if i.kind == Kind::Erase {
                 format!(
                     "erase ({})",
                     esc(i.erase_mode.as_deref().unwrap_or("metadata"))
@@ -105,7 +106,7 @@ pub(super) fn machine_section(
                  <tr><th>asked by</th><td id=\"install-by\">{} at {}{}</td></tr>\
                  <tr><th>state</th><td id=\"install-state\">{}</td></tr>",
                 i.generation,
-                if i.kind == "erase" {
+                if i.kind == Kind::Erase {
                     "deprovisioning"
                 } else {
                     "image"

@@ -397,19 +397,25 @@ impl DeprovisionBody {
     }
 }
 
-/// The erase modes, as the API names them.
-#[derive(utoipa::ToSchema)]
-#[schema(as = EraseModeName)]
-#[allow(dead_code)]
-pub enum EraseModeName {
-    #[schema(rename = "metadata")]
-    Metadata,
-    #[schema(rename = "discard")]
-    Discard,
-    #[schema(rename = "secure")]
-    Secure,
-    #[schema(rename = "overwrite")]
-    Overwrite,
+/// The erase modes, as the API names them: the protocol's list
+/// (`shepherd_proto::names::ERASE_MODES`), not a copy of it.
+pub struct EraseModeName;
+
+impl utoipa::PartialSchema for EraseModeName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(
+                shepherd_proto::names::ERASE_MODES.map(|(name, _)| name),
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for EraseModeName {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "EraseModeName".into()
+    }
 }
 
 /// The erasure a [`DeprovisionBody`] asks for, or a 400's message.

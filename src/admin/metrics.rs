@@ -12,6 +12,7 @@ use super::api;
 use super::handlers::status;
 use super::request::internal;
 use super::state::Admin;
+use crate::bmdb::Process;
 use crate::bmdb::machines::{self, MachineState};
 use crate::control::{LoopKind, LoopStatus};
 
@@ -55,7 +56,7 @@ impl Scrape {
 pub fn fleet_samples(
     p: &mut Scrape,
     sessions: i64,
-    backoffs: &[(String, i64)],
+    backoffs: &[(Process, i64)],
     counts: &[(MachineState, i64)],
     heartbeating: i64,
     silent: i64,
@@ -70,14 +71,14 @@ pub fn fleet_samples(
         "shepherd_active_backoffs",
         "Machines backed off now, per process",
         // The processes that back off, at 0 when none is.
-        ["ShepherdAgentStart", "ShepherdRecovery"]
+        Process::SHEPHERD
             .into_iter()
             .filter(|p| !backoffs.iter().any(|(b, _)| b == p))
-            .map(|p| (labels(&[("process", p)]), 0))
+            .map(|p| (labels(&[("process", p.as_str())]), 0))
             .chain(
                 backoffs
                     .iter()
-                    .map(|(process, n)| (labels(&[("process", process)]), *n)),
+                    .map(|(process, n)| (labels(&[("process", process.as_str())]), *n)),
             ),
     );
     p.gauges(
@@ -301,10 +302,6 @@ pub fn loop_samples(p: &mut Scrape, loops: &[LoopStatus]) {
     }
 }
 
-pub const SESSIONS_ALIVE: &str = "SELECT count(*) FROM sessions WHERE session_deadline > now()";
-pub const ACTIVE_BACKOFFS: &str =
-    "SELECT process::text, count(*) FROM work_backoff WHERE until > now() GROUP BY process";
-
 /// OpenMetrics text for Prometheus.
 #[utoipa::path(get, path = "/metrics", tag = "health",
     responses(
@@ -315,13 +312,8 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     let db = admin
         .bmdb
         .snapshot(async |tx| {
-            let sessions: i64 = tx.query_one(SESSIONS_ALIVE, &[]).await?.get(0);
-            let backoffs: Vec<(String, i64)> = tx
-                .query(ACTIVE_BACKOFFS, &[])
-                .await?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+            let sessions = crate::bmdb::overview::sessions_alive(tx).await?;
+            let backoffs = crate::bmdb::overview::active_backoffs(tx).await?;
             let counts = machines::fleet_counts(tx).await?;
             let agents = machines::agent_counts(tx, admin.heartbeat_stale_after).await?;
             let brake = match &admin.judge {

@@ -172,9 +172,8 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
     // sees a lease committed while the lock was awaited).
     let working: Option<Process> = tx
         .query_opt(
-            "SELECT process FROM work WHERE machine_id = $1 \
-               AND process IN ('ShepherdAccess', 'ShepherdAgentStart', 'ShepherdRecovery')",
-            &[&req.machine_id],
+            "SELECT process FROM work WHERE machine_id = $1 AND process = ANY($2)",
+            &[&req.machine_id, &&Process::SHEPHERD[..]],
         )
         .await?
         .map(|r| r.get(0));
@@ -443,6 +442,32 @@ pub async fn reboot_request(
         )
         .await?
         .map(|r| (r.get(0), r.get(1))))
+}
+
+/// The power action asked with a machine's reboot request (`on`, `off`,
+/// `cycle`), None for a plain reboot or no request.
+pub async fn requested_power(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+) -> Result<Option<String>, BmdbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT power FROM machine_reboot_request WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| r.get::<_, String>(0))
+        .filter(|p| p != "reboot"))
+}
+
+/// A machine's reboot request answered: dropped.
+pub async fn drop_reboot_request(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "DELETE FROM machine_reboot_request WHERE machine_id = $1",
+        &[&machine_id],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Every held machine (the Provisioner and the Updater leave them alone).

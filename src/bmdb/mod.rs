@@ -21,6 +21,7 @@ pub mod duty;
 pub mod embedded;
 pub mod error;
 pub mod hardware;
+pub mod heartbeats;
 pub mod installations;
 pub mod lifecycle;
 pub mod machines;
@@ -339,6 +340,11 @@ impl Bmdb {
     ) -> Result<Vec<tokio_postgres::Row>, BmdbError> {
         self.retrying(async |conn| conn.query_alone(sql, params).await)
             .await
+    }
+
+    /// Whether the BMDB answers a query (readiness), retried like any.
+    pub async fn ping(&self) -> Result<(), BmdbError> {
+        self.query_idempotent("SELECT 1", &[]).await.map(|_| ())
     }
 
     /// Runs `f` in a transaction outside any session (reads, fixtures,

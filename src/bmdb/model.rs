@@ -77,6 +77,15 @@ impl Process {
         Process::ShepherdRecovery,
     ];
 
+    /// The processes shepherd's own loops work under (the rest are the
+    /// schema's test processes): the one list the pages, `/metrics` and
+    /// the operators' actions go by.
+    pub const SHEPHERD: [Process; 3] = [
+        Process::ShepherdAccess,
+        Process::ShepherdAgentStart,
+        Process::ShepherdRecovery,
+    ];
+
     /// The schema's spelling (`ShepherdAgentStart`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -114,3 +114,27 @@ pub async fn sessions(tx: &mut Tx<'_>) -> Result<Vec<SessionView>, BmdbError> {
     }
     Ok(out)
 }
+
+/// Sessions alive now, of every shepherd.
+pub async fn sessions_alive(tx: &mut Tx<'_>) -> Result<i64, BmdbError> {
+    Ok(tx
+        .query_one(
+            "SELECT count(*) FROM sessions WHERE session_deadline > now()",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Machines backed off now, per process (only the processes some are).
+pub async fn active_backoffs(tx: &mut Tx<'_>) -> Result<Vec<(Process, i64)>, BmdbError> {
+    Ok(tx
+        .query(
+            "SELECT process, count(*) FROM work_backoff WHERE until > now() GROUP BY process",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}

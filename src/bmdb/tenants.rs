@@ -25,6 +25,10 @@ pub struct Project {
     pub machines: i64,
     /// Its devices now (not deleted).
     pub devices: i64,
+    /// Those devices' IDs, oldest first.
+    pub device_ids: Vec<Uuid>,
+    /// Its SSH keys' IDs, oldest first.
+    pub key_ids: Vec<Uuid>,
 }
 
 macro_rules! project_select {
@@ -32,7 +36,11 @@ macro_rules! project_select {
         "SELECT p.project_id, p.name, p.created_at, p.created_by, p.max_devices, p.shared_pool, \
              (SELECT count(*) FROM machine_project mp WHERE mp.project_id = p.project_id), \
              (SELECT count(*) FROM device d WHERE d.project_id = p.project_id \
-               AND d.deleted_at IS NULL) \
+               AND d.deleted_at IS NULL), \
+             ARRAY(SELECT d.device_id FROM device d WHERE d.project_id = p.project_id \
+               AND d.deleted_at IS NULL ORDER BY d.created_at, d.device_id), \
+             ARRAY(SELECT k.key_id FROM project_ssh_key k WHERE k.project_id = p.project_id \
+               ORDER BY k.created_at, k.key_id) \
          FROM project p "
     };
 }
@@ -47,6 +55,8 @@ fn project_from(r: &tokio_postgres::Row) -> Project {
         shared_pool: r.get(5),
         machines: r.get(6),
         devices: r.get(7),
+        device_ids: r.get(8),
+        key_ids: r.get(9),
     }
 }
 

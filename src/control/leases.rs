@@ -46,9 +46,6 @@ pub trait LeaseLoop: 'static {
 
     fn process(&self) -> Process;
 
-    /// For logs and status: `initializer`, `recoverer`.
-    fn name(&self) -> &'static str;
-
     /// The backoff a failure earns the machine.
     fn backoff(&self) -> &Backoff;
 
@@ -326,16 +323,23 @@ pub struct WorkMailbox<L: LeaseLoop> {
     in_lease: bool,
     poll_timer: Option<SpawnHandle>,
     draining: bool,
-    /// Told when this mailbox stops by itself, under this name.
-    supervisor: Option<(&'static str, Recipient<LoopStopped>)>,
+    /// Told when this mailbox stops by itself.
+    supervisor: Option<Recipient<LoopStopped>>,
 }
 
 impl<L: LeaseLoop> WorkMailbox<L> {
-    pub fn new(control: L, parallelism: usize, poll_interval: Duration) -> Self {
+    /// The mailbox of the loop `name` (its one name: the registry's, the
+    /// logs', the status').
+    pub fn new(
+        name: &'static str,
+        control: L,
+        parallelism: usize,
+        poll_interval: Duration,
+    ) -> Self {
         let parallelism = parallelism.max(1);
         WorkMailbox {
             status: MailboxStatus {
-                name: control.name(),
+                name,
                 parallelism,
                 ..MailboxStatus::default()
             },
@@ -350,9 +354,9 @@ impl<L: LeaseLoop> WorkMailbox<L> {
         }
     }
 
-    /// Tells `supervisor` when this mailbox stops by itself, as `name`.
-    pub fn supervised_by(mut self, name: &'static str, supervisor: Recipient<LoopStopped>) -> Self {
-        self.supervisor = Some((name, supervisor));
+    /// Tells `supervisor` when this mailbox stops by itself.
+    pub fn supervised_by(mut self, supervisor: Recipient<LoopStopped>) -> Self {
+        self.supervisor = Some(supervisor);
         self
     }
 
@@ -453,8 +457,10 @@ impl<L: LeaseLoop> Actor for WorkMailbox<L> {
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         // A drained loop's stop is its supervisor's doing.
-        if let Some((name, s)) = self.supervisor.as_ref().filter(|_| !self.draining) {
-            s.do_send(LoopStopped { name });
+        if let Some(s) = self.supervisor.as_ref().filter(|_| !self.draining) {
+            s.do_send(LoopStopped {
+                name: self.status.name,
+            });
         }
     }
 }
@@ -526,7 +532,7 @@ impl<L: LeaseLoop> Handler<GetLoopStatus> for WorkMailbox<L> {
     fn handle(&mut self, _: GetLoopStatus, _: &mut Context<Self>) -> Self::Result {
         let s = &self.status;
         MessageResult(LoopStatus {
-            name: self.supervisor.as_ref().map(|(n, _)| *n).unwrap_or(s.name),
+            name: s.name,
             kind: LoopKind::Lease,
             process: Some(self.control.process().as_str()),
             shares_process: L::SHARES_PROCESS,

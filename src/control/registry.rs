@@ -86,26 +86,22 @@ impl Registration {
             kind: LoopKind::Lease,
             start: Box::new(move |stopped| {
                 LoopHandle::of(
-                    WorkMailbox::new(make(), parallelism, poll_interval)
-                        .supervised_by(name, stopped)
+                    WorkMailbox::new(name, make(), parallelism, poll_interval)
+                        .supervised_by(stopped)
                         .start(),
                 )
             }),
         }
     }
 
-    /// A loop on the round runner; `make` builds it (with its interval)
-    /// each time it starts.
-    pub fn round<R: Round>(name: &'static str, make: impl Fn() -> R + 'static) -> Registration {
+    /// A loop on the round runner, named [`Round::NAME`]; `make` builds
+    /// it (with its interval) each time it starts.
+    pub fn round<R: Round>(make: impl Fn() -> R + 'static) -> Registration {
         Registration {
-            name,
+            name: R::NAME,
             kind: LoopKind::Round,
             start: Box::new(move |stopped| {
-                LoopHandle::of(
-                    RoundRunner::new(make())
-                        .supervised_by(name, stopped)
-                        .start(),
-                )
+                LoopHandle::of(RoundRunner::new(make()).supervised_by(stopped).start())
             }),
         }
     }

@@ -28,7 +28,8 @@ pub trait Round: 'static {
     /// What the rounds add up to, for status pages and `/metrics`.
     type Counters: Clone + Default + std::fmt::Debug + Unpin + Send + Sync + 'static;
 
-    /// The round's noun in logs: "provisioning round failed".
+    /// The loop's one name: in the registry, the logs ("provisioner
+    /// round failed"), the pages, the API and `/metrics`.
     const NAME: &'static str;
     /// The fleet duty a round needs: only the shepherd holding it works.
     const DUTY: Option<Duty> = None;
@@ -106,8 +107,8 @@ pub struct RoundRunner<R: Round> {
     in_round: bool,
     draining: bool,
     status: RoundStatus<R::Counters>,
-    /// Told when this runner stops by itself, under this name.
-    supervisor: Option<(&'static str, Recipient<LoopStopped>)>,
+    /// Told when this runner stops by itself.
+    supervisor: Option<Recipient<LoopStopped>>,
 }
 
 impl<R: Round> RoundRunner<R> {
@@ -125,9 +126,9 @@ impl<R: Round> RoundRunner<R> {
         }
     }
 
-    /// Tells `supervisor` when this runner stops by itself, as `name`.
-    pub fn supervised_by(mut self, name: &'static str, supervisor: Recipient<LoopStopped>) -> Self {
-        self.supervisor = Some((name, supervisor));
+    /// Tells `supervisor` when this runner stops by itself.
+    pub fn supervised_by(mut self, supervisor: Recipient<LoopStopped>) -> Self {
+        self.supervisor = Some(supervisor);
         self
     }
 
@@ -190,8 +191,8 @@ impl<R: Round> Actor for RoundRunner<R> {
 
     fn stopped(&mut self, _: &mut Context<Self>) {
         // A drained loop's stop is its supervisor's doing.
-        if let Some((name, s)) = self.supervisor.as_ref().filter(|_| !self.draining) {
-            s.do_send(LoopStopped { name });
+        if let Some(s) = self.supervisor.as_ref().filter(|_| !self.draining) {
+            s.do_send(LoopStopped { name: R::NAME });
         }
     }
 }
@@ -235,7 +236,7 @@ impl<R: Round> Handler<GetLoopStatus> for RoundRunner<R> {
     fn handle(&mut self, _: GetLoopStatus, _: &mut Context<Self>) -> Self::Result {
         let s = &self.status;
         MessageResult(LoopStatus {
-            name: self.supervisor.as_ref().map(|(n, _)| *n).unwrap_or(R::NAME),
+            name: R::NAME,
             kind: LoopKind::Round,
             process: None,
             shares_process: false,

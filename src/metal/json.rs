@@ -132,11 +132,15 @@ pub fn project(p: &Project) -> Value {
         "tags": [],
         "max_devices": p.max_devices.map(|m| json!({ "total": m })).unwrap_or(json!({})),
         "organization": href(format!("/organizations/{}", stable_id("organization", &p.id.to_string()))),
-        "devices": [],
+        "devices": p.device_ids.iter()
+            .map(|d| href(format!("/devices/{d}")))
+            .collect::<Vec<_>>(),
         "members": [],
         "memberships": [],
         "invitations": [],
-        "ssh_keys": [],
+        "ssh_keys": p.key_ids.iter()
+            .map(|k| href(format!("/ssh-keys/{k}")))
+            .collect::<Vec<_>>(),
         "volumes": [],
     })
 }

@@ -38,7 +38,7 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
     let mut loops = Vec::new();
 
     let (p, c) = (provider.clone(), cfg.provisioner.clone());
-    loops.push(Registration::round("provisioner", move || {
+    loops.push(Registration::round(move || {
         Provisioner::new(p.clone(), c.clone())
     }));
 
@@ -118,33 +118,27 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
             .rehoming_after(rehome)
         }));
         let every = r.lease.poll_interval;
-        loops.push(Registration::round("brake-watch", move || {
+        loops.push(Registration::round(move || {
             BrakeWatch::new(judge.clone(), every)
         }));
     }
 
     if cfg.updater.enabled {
         let (p, every) = (provider.clone(), cfg.updater.interval);
-        loops.push(Registration::round("updater", move || {
-            Updater::new(p.clone(), every)
-        }));
+        loops.push(Registration::round(move || Updater::new(p.clone(), every)));
     }
 
     let every = cfg.installations.rollout_interval;
-    loops.push(Registration::round("rollouts", move || {
-        RolloutDriver::new(every)
-    }));
+    loops.push(Registration::round(move || RolloutDriver::new(every)));
 
     let (deadline, allowance) = (cfg.installations.deadline, cfg.recoverer.callback_grace);
-    loops.push(Registration::round("deadlines", move || {
+    loops.push(Registration::round(move || {
         InstallationDeadline::new(deadline, allowance)
     }));
 
     if cfg.metal.enabled {
         let every = cfg.metal.interval;
-        loops.push(Registration::round("devices", move || {
-            DeviceRound::new(every)
-        }));
+        loops.push(Registration::round(move || DeviceRound::new(every)));
     }
     loops
 }

@@ -234,7 +234,7 @@ async fn what_did_not_move_for_the_deadline_is_failed_with_its_cause_once() {
 fn the_cause_says_what_was_last_seen() {
     assert_eq!(
         installations::stalled_cause(
-            "install",
+            installations::Kind::Install,
             Duration::from_secs(5400),
             None,
             None,

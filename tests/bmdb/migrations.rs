@@ -260,3 +260,35 @@ async fn the_heartbeat_summary_follows_every_kind_of_write() {
         0
     );
 }
+
+/// The SQL's names of the installation phases (`installation_phase_name`,
+/// which the history's and the deadline's words use) are the agent
+/// protocol's (`shepherd_proto::names::phase_name`), for every phase and
+/// for numbers that are none.
+#[actix_rt::test]
+async fn the_sql_names_the_phases_as_the_protocol_does() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let numbers: Vec<i32> = (-1..=12).collect();
+    let sql: Vec<String> = bmdb
+        .transact(async |tx| {
+            let mut out = Vec::new();
+            for p in &numbers {
+                out.push(
+                    tx.query_one("SELECT installation_phase_name($1)", &[p])
+                        .await?
+                        .get(0),
+                );
+            }
+            Ok(out)
+        })
+        .await
+        .unwrap();
+    let proto: Vec<&str> = numbers
+        .iter()
+        .map(|p| shepherd_proto::names::phase_name(*p))
+        .collect();
+    // (`phase_name` matches every phase of the protocol's enum: a new
+    // phase gets its name there, and this test then asks it of the SQL.)
+    assert_eq!(sql, proto);
+}

@@ -16,11 +16,14 @@ the operations done. Exit status 0 only if the whole life went as asked.
 """
 
 import json
+import ssl
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import equinix.services.metalv1 as metal
-from equinix.services.metalv1.exceptions import NotFoundException
+from equinix.services.metalv1.exceptions import ApiException, NotFoundException
 
 TIMEOUT = 240
 
@@ -63,7 +66,8 @@ def main():
     assert "debian_12" in [o.slug for o in os_list.operating_systems]
     step("operating systems")
     metro_list = metros.find_metros()
-    assert "sv" in [m.code for m in metro_list.metros]
+    # Only metros with machines (the rig's are all in sv).
+    assert [m.code for m in metro_list.metros] == ["sv"], metro_list
     step("metros")
 
     # A project key, which the device gets.
@@ -72,7 +76,35 @@ def main():
     )
     assert created_key.fingerprint.startswith("SHA256:"), created_key
     assert [k.id for k in keys.find_project_ssh_keys(project).ssh_keys] == [created_key.id]
+    # The project names its keys.
+    hrefs = [k.href for k in projects.find_project_by_id(project).ssh_keys]
+    assert hrefs == [f"/metal/v1/ssh-keys/{created_key.id}"], hrefs
     step("ssh key")
+
+    # Refusals a tenant can read: a host name too long is not echoed back.
+    try:
+        devices.create_device(project, metal.CreateDeviceRequest(metal.DeviceCreateInMetroInput(
+            metro=metal.MetroInputMetro("sv"), plan="c3.small.x86",
+            operating_system="debian_12", hostname="h" * 300)))
+        raise AssertionError("a 300-character host name was accepted")
+    except ApiException as e:
+        assert e.status == 422, e
+        assert "300 characters" in e.body and "h" * 64 not in e.body, e.body
+    if len(sys.argv) > 5:
+        # A body that is not JSON says where it stops being JSON (sent
+        # as a client would that builds its JSON by hand; Prism, in the
+        # other run, would refuse it itself).
+        req = urllib.request.Request(
+            f"{url}/projects/{project}/devices", data=b'{1: "sv"}', method="POST",
+            headers={"X-Auth-Token": token, "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, context=ssl.create_default_context(cafile=sys.argv[5]))
+            raise AssertionError("a body that is not JSON was accepted")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            assert e.code == 422, (e.code, text)
+            assert "not JSON" in text and "line 1 column 2" in text and "?" not in text, text
+    step("refusals")
 
     # The device.
     body = metal.DeviceCreateInMetroInput(
@@ -115,6 +147,9 @@ def main():
     assert active.userdata.startswith("#cloud-config")
     step("active")
 
+    # The project names its device.
+    hrefs = [d.href for d in projects.find_project_by_id(project).devices]
+    assert hrefs == [f"/metal/v1/devices/{device_id}"], hrefs
     listed = devices.find_project_devices(project)
     assert [str(d.id) for d in listed.devices] == [device_id]
     assert listed.meta.total == 1 and listed.meta.next is None
@@ -159,6 +194,7 @@ def main():
         assert time.monotonic() < deadline, f"device {device_id} not gone"
         time.sleep(0.5)
     assert devices.find_project_devices(project).meta.total == 0
+    assert projects.find_project_by_id(project).devices == []
     step("delete")
 
     print(json.dumps({"device": device_id, "states": seen, "done": done}))

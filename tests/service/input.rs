@@ -49,7 +49,7 @@ async fn a_bad_inventory_file_adopts_the_good_hosts_and_reports_each_bad_one_onc
             "{problem} must be reported once:\n{log}"
         );
     }
-    assert!(!log.contains("provisioning round failed"), "{log}");
+    assert!(!log.contains("provisioner round failed"), "{log}");
     s.terminate().await;
 }
 

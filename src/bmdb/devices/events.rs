@@ -135,7 +135,7 @@ pub async fn advance(tx: &mut Tx<'_>) -> Result<Advanced, BmdbError> {
             && f.install_generation.is_some_and(|asked| {
                 f.installation
                     .as_ref()
-                    .is_some_and(|(g, kind)| *g > asked && kind == "erase" && succeeded(*g))
+                    .is_some_and(|(g, kind)| *g > asked && *kind == Kind::Erase && succeeded(*g))
             });
         if erased || reclaimed {
             tx.execute(

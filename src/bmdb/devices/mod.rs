@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
+use super::installations::Kind;
 use super::{BmdbError, Tx};
 
 /// A device, with what its state is derived from.
@@ -51,7 +52,7 @@ pub struct StateFacts {
     pub deleted: bool,
     pub erase_generation: Option<i32>,
     /// The machine's installation row: generation and kind.
-    pub installation: Option<(i32, String)>,
+    pub installation: Option<(i32, Kind)>,
     /// The machine's last report: generation and `Success` or `Error`.
     pub report: Option<(i32, String)>,
     /// The generation the agent reported progress of.
@@ -100,7 +101,7 @@ pub fn metal_state(f: &StateFacts) -> &'static str {
     // An operator's newer request on the machine is followed: an erasure
     // is the device going, an installation its new system.
     let generation = match &f.installation {
-        Some((g, kind)) if *g > asked && kind == "erase" => return "deprovisioning",
+        Some((g, Kind::Erase)) if *g > asked => return "deprovisioning",
         Some((g, _)) if *g > asked => *g,
         _ => asked,
     };
@@ -155,7 +156,7 @@ macro_rules! device_select {
 }
 
 fn device_from(r: &tokio_postgres::Row) -> Device {
-    let installation: (Option<i32>, Option<String>) = (r.get(22), r.get(23));
+    let installation: (Option<i32>, Option<Kind>) = (r.get(22), r.get(23));
     let report: (Option<i32>, Option<String>) = (r.get(24), r.get(25));
     Device {
         id: r.get(0),
@@ -380,13 +381,14 @@ pub async fn secure_boot_wanted(
         .and_then(|r| r.get(0)))
 }
 
-/// The metros machines are in: their distinct inventory locations.
-pub async fn locations(tx: &mut Tx<'_>) -> Result<Vec<String>, BmdbError> {
+/// The metros machines are in: their distinct inventory locations, and
+/// `default` for the machines that have none (none: no machine, no metro).
+pub async fn metros(tx: &mut Tx<'_>, default: &str) -> Result<Vec<String>, BmdbError> {
     Ok(tx
         .query(
-            "SELECT DISTINCT provider_location FROM machine_provided \
-             WHERE provider_location IS NOT NULL AND provider_location <> '' ORDER BY 1",
-            &[],
+            "SELECT DISTINCT COALESCE(NULLIF(btrim(provider_location), ''), $1) \
+             FROM machine_provided ORDER BY 1",
+            &[&default],
         )
         .await?
         .iter()

@@ -10,6 +10,7 @@ use shepherd_proto::api::{
 };
 use uuid::Uuid;
 
+use super::Kind;
 use super::request::{erase_mode_name, fill_first_boot, first_boot_summary};
 use crate::bmdb::actions::{AUDIT_BY_ID, AUDIT_INSERT, Audit, audit_from};
 use crate::bmdb::{BmdbError, Tx};
@@ -245,10 +246,7 @@ async fn standing(
     let r = tx.query_one(CURRENT, &[&machine_id]).await?;
     let (requested, reported): (Option<i32>, Option<i32>) = (r.get(0), r.get(1));
     let (by, at): (Option<String>, Option<SystemTime>) = (r.get(2), r.get(3));
-    let pending = match r.get::<_, Option<String>>(5).as_deref() {
-        Some("erase") => "erasing",
-        _ => "installing",
-    };
+    let pending = r.get::<_, Option<Kind>>(5).unwrap_or(Kind::Install).doing();
     if r.get::<_, bool>(4) {
         return Ok(Standing::Refused(format!(
             "machine {machine_id} is held; release it first"
@@ -419,8 +417,8 @@ async fn record(
     reached: Reached,
 ) -> Result<Asked, BmdbError> {
     let (kind, event) = match work {
-        Work::Install(_) => ("install", "requested"),
-        Work::Erase(_) => ("erase", "erase-requested"),
+        Work::Install(_) => (Kind::Install, "requested"),
+        Work::Erase(_) => (Kind::Erase, "erase-requested"),
     };
     tx.execute(
         PUT_INSTALLATION,
@@ -432,7 +430,7 @@ async fn record(
             &asker.actor,
             &asker.rollout_id,
             &b.reboot_by_bmc,
-            &kind,
+            &kind.as_str(),
             &b.erase_mode,
             &b.first_boot,
         ],

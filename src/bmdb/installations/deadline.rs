@@ -19,6 +19,7 @@ use prost::Message as _;
 use shepherd_proto::api::{OsInstallationReport, os_installation_report};
 use uuid::Uuid;
 
+use super::Kind;
 use crate::bmdb::{BmdbError, Tx};
 
 /// Follows `machine_os_installation_request rq`: the generation it asks
@@ -40,8 +41,7 @@ macro_rules! in_hand {
 pub struct TimedOut {
     pub machine_id: Uuid,
     pub generation: i32,
-    /// `install` or `erase`.
-    pub kind: String,
+    pub kind: Kind,
     /// What the report and the history say.
     pub cause: String,
 }
@@ -97,13 +97,13 @@ pub async fn fail_stalled(
     for r in rows {
         let machine_id: Uuid = r.get(0);
         let generation: i32 = r.get(1);
-        let kind: String = r.get(2);
+        let kind: Kind = r.get(2);
         let phase: Option<String> = r.get(3);
         let written: Option<i64> = r.get(4);
         let since: String = r.get(5);
         let last_failure: Option<String> = r.get(6);
         let cause = stalled_cause(
-            &kind,
+            kind,
             deadline,
             phase.as_deref(),
             written,
@@ -136,18 +136,14 @@ pub async fn fail_stalled(
 /// The words of a deadline's failure: what was asked, what was last seen
 /// and since when.
 pub fn stalled_cause(
-    kind: &str,
+    kind: Kind,
     deadline: Duration,
     phase: Option<&str>,
     written: Option<i64>,
     since: &str,
     last_failure: Option<&str>,
 ) -> String {
-    let what = if kind == "erase" {
-        "the erasure"
-    } else {
-        "the installation"
-    };
+    let what = kind.noun();
     let seen = match (phase, written) {
         (Some(p), Some(w)) => {
             format!("its agent's last progress was {p}, {w} bytes written, at {since}")
@@ -158,7 +154,7 @@ pub fn stalled_cause(
         .map(|f| format!("; the last failure on the machine: {f}"))
         .unwrap_or_default();
     format!(
-        "shepherd: {what} did not move for {} (installations.deadline): {seen}{failure}",
+        "shepherd: the {what} did not move for {} (installations.deadline): {seen}{failure}",
         humantime::format_duration(deadline)
     )
 }
@@ -171,13 +167,9 @@ pub async fn in_hand(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<String>
     let Some(r) = tx.query_opt(IN_HAND, &[&machine_id]).await? else {
         return Ok(None);
     };
-    let kind: String = r.get(0);
+    let kind: Kind = r.get(0);
     let generation: i32 = r.get(1);
-    let what = if kind == "erase" {
-        "erasing"
-    } else {
-        "installing"
-    };
+    let what = kind.doing();
     let progress: Option<String> = r.get(2);
     Ok(Some(match progress {
         Some(p) => format!("{what} (generation {generation}): {p}"),

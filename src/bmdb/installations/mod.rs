@@ -8,6 +8,7 @@
 //! - `ask.rs`: asking for an installation or a deprovisioning, in steps;
 //! - `request.rs`: what a request holds and how it is checked (the image,
 //!   the first-boot data filled per machine);
+//! - `kind.rs`: an installation or an erasure, the one word for each;
 //! - `view.rs`: an installation read back, with its progress and history;
 //! - `download.rs`: which agent may download which served image;
 //! - `deadline.rs`: an unanswered generation on which nothing moved for
@@ -16,12 +17,14 @@
 mod ask;
 mod deadline;
 mod download;
+mod kind;
 mod request;
 mod view;
 
 pub use ask::{Asked, Asker, ErasureOfAccepted, Work, ask, ask_for, deprovision, erase_accepted};
 pub use deadline::{TimedOut, fail_stalled, in_hand, stalled_cause};
 pub use download::{DownloadGrant, download_grant, served_name};
+pub use kind::Kind;
 pub use request::{
     MAX_FIRST_BOOT, check_erasure, check_first_boot_path, check_image, erase_mode_name,
     fill_first_boot, first_boot_summary,

@@ -21,8 +21,7 @@ pub struct Installation {
     /// `installing`, `installed` or `install-failed`; for an erasure
     /// `cleaning`, `available` or `clean-failed`.
     pub state: String,
-    /// `install` or `erase`.
-    pub kind: String,
+    pub kind: super::Kind,
     /// An erasure's mode.
     pub erase_mode: Option<String>,
     /// The first-boot data, as digests ([`first_boot_summary`]).

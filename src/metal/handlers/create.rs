@@ -50,11 +50,22 @@ pub struct CreateDevice {
 /// A host name: 1 to 253 of letters, digits, `-` and `.`, in labels of
 /// at most 63.
 pub(super) fn check_hostname(h: &str) -> Result<(), String> {
+    // Never echoed whole when long: an error names what is wrong with it.
+    if h.len() > 253 {
+        return Err(format!(
+            "hostname: {} characters is too long (at most 253)",
+            h.chars().count()
+        ));
+    }
+    if let Some(l) = h.split('.').find(|l| l.len() > 63) {
+        return Err(format!(
+            "hostname: a label of {} characters is too long (at most 63 between dots)",
+            l.chars().count()
+        ));
+    }
     let ok = !h.is_empty()
-        && h.len() <= 253
         && h.split('.').all(|l| {
             !l.is_empty()
-                && l.len() <= 63
                 && !l.starts_with('-')
                 && !l.ends_with('-')
                 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')

@@ -4,6 +4,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
+use serde_json::error::Category;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -71,7 +72,8 @@ pub use events::*;
 pub use keys::*;
 pub use reservations::*;
 
-/// A JSON body: objects only, parse errors a 422 naming the field.
+/// A JSON body: objects only, parse errors a 422 naming the field (or,
+/// for a body that is not JSON, where it stops being JSON).
 fn body<T: serde::de::DeserializeOwned>(req: &HttpRequest, raw: &[u8]) -> Result<T, HttpResponse> {
     let json_type = req
         .headers()
@@ -96,10 +98,15 @@ fn body<T: serde::de::DeserializeOwned>(req: &HttpRequest, raw: &[u8]) -> Result
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if path == "." || path.is_empty() {
-            unprocessable(&format!("the body: {inner}"))
-        } else {
-            unprocessable(&format!("{path}: {inner}"))
+        match inner.classify() {
+            // Not JSON at all: where it stops being JSON, not a field.
+            Category::Syntax | Category::Eof | Category::Io => {
+                unprocessable(&format!("the body is not JSON: {inner}"))
+            }
+            Category::Data if path == "." || path.is_empty() || path.contains('?') => {
+                unprocessable(&format!("the body: {inner}"))
+            }
+            Category::Data => unprocessable(&format!("{path}: {inner}")),
         }
     })
 }
@@ -138,11 +145,10 @@ async fn visible_device(
 
 /// The metros: the default and every machine's location.
 async fn metro_codes(admin: &Admin, c: &Catalog) -> Result<Vec<String>, HttpResponse> {
-    let mut codes = read(admin, async |tx| devices::locations(tx).await).await?;
-    if !codes.contains(&c.default_metro) {
-        codes.insert(0, c.default_metro.clone());
-    }
-    Ok(codes)
+    read(admin, async |tx| {
+        devices::metros(tx, &c.default_metro).await
+    })
+    .await
 }
 
 fn page_of<T>(all: Vec<T>, offset: i64, limit: i64) -> (Vec<T>, i64) {

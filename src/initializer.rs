@@ -13,12 +13,13 @@ use uuid::Uuid;
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{Backoff, BmdbError, Process, Provider, Tx, Work, machines};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker};
+use crate::provider::ProviderError;
 use crate::ssh::HostKeyPolicy;
 use crate::takeover::{TakenOver, TakeoverSettings, parse_host_key, record_agent, take_over};
 
 /// Asks the provider for a machine's address when the BMDB has none.
 pub type AddressLookup =
-    Rc<dyn Fn(ProvidedMachine) -> LocalBoxFuture<'static, Result<Option<IpAddr>, String>>>;
+    Rc<dyn Fn(ProvidedMachine) -> LocalBoxFuture<'static, Result<Option<IpAddr>, ProviderError>>>;
 
 pub type InitializerWorker = Worker<Initializer>;
 
@@ -154,6 +155,13 @@ impl LeaseLoop for Initializer {
                     Ok(Some(a)) => (a, true),
                     Ok(None) => {
                         return failed("the provider has no address for the machine".into());
+                    }
+                    // The provider's API away is not the machine's fault:
+                    // the lease goes back, no backoff.
+                    Err(e) if e.is_transient() => {
+                        return Outcome::GiveBack(format!(
+                            "asking the provider for the address: {e}"
+                        ));
                     }
                     Err(e) => return failed(format!("asking the provider for the address: {e}")),
                 },

@@ -3,9 +3,12 @@
 //! modules of a lower layer (so there is no circle among them); the files
 //! of one module (its `mod.rs` included) form no circle; nothing in the
 //! service reaches the simulated floor (`shepherd-sim`) or the agent's
-//! program (`shepherd-agent`), and `bmdb` only `config` and `backoff`; the
-//! service links no simulator and no disk writer; what ships has no test
-//! fault mode; the agent's crate links nothing of the service.
+//! program (`shepherd-agent`), and `bmdb` only `config`, `backoff` and
+//! `mac`; the service links no simulator and no disk writer; what ships
+//! has no test fault mode; the agent's crate links nothing of the
+//! service. And ARCHITECTURE.md shows these layers, and every name it
+//! writes in backquotes (a path, a Rust item, a table, a key, a metric, a
+//! command) exists.
 //!
 //!     cargo test --test house -- --nocapture
 //!
@@ -24,12 +27,13 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["bmdb", "equinix", "ssh", "telemetry"],
     &["redfish", "ipmi", "callback", "control", "takeover"],
-    &["provider", "initializer", "images"],
+    &["provider", "images"],
     &[
         "brake_watch",
         "deadlines",
         "devices",
         "enroller",
+        "initializer",
         "netboot",
         "provisioner",
         "recoverer",
@@ -572,6 +576,722 @@ fn every_path_architecture_md_names_exists() {
         missing.is_empty(),
         "ARCHITECTURE.md names paths that do not exist: {missing:?}"
     );
+}
+
+// Every name ARCHITECTURE.md writes in backquotes exists, each by its kind:
+// a path (`src/control/leases.rs`), a Rust item (`bmdb::Session::lease`,
+// `Supervisor`), a SQL name (`work`, `machine_summary`), a configuration
+// key (`netboot.uefi`), a metric (`shepherd_loop_up`), a package or
+// binary (`fleet-sim`), a command (`shepherd machines install`). What no
+// rule can check (`cargo tree`, `"erase"`, `0600`) is skipped by a rule
+// of its own, and `--nocapture` lists it.
+
+/// Declaration keywords: `fn name`, `struct Name`, `macro_rules! name`.
+const DECLARING: &[&str] = &[
+    "fn",
+    "struct",
+    "enum",
+    "trait",
+    "type",
+    "const",
+    "static",
+    "mod",
+    "union",
+    "macro_rules",
+];
+
+/// What a path ends with (a span with none and no `/` is not a path).
+const EXTENSIONS: &[&str] = &[
+    ".rs", ".sql", ".toml", ".md", ".proto", ".sh", ".py", ".yml", ".yaml", ".json", ".service",
+];
+
+fn is_ident(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn is_lower_ident(s: &str) -> bool {
+    is_ident(s) && !s.chars().any(|c| c.is_ascii_uppercase())
+}
+
+fn ok_if(ok: bool, why: &str) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(why.to_string()) }
+}
+
+/// The names a file's code (comments and strings out) declares: after a
+/// declaring keyword; an enum variant (a line `Name,`, `Name(…`,
+/// `Name {…`); what a `pub use` brings in.
+fn declarations(code: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let b = code.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < b.len() {
+        if !ident(b[i]) || (i > 0 && ident(b[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && ident(b[i]) {
+            i += 1;
+        }
+        let word = &code[start..i];
+        if !DECLARING.contains(&word) {
+            continue;
+        }
+        let mut j = i;
+        if word == "macro_rules" && b.get(j) == Some(&b'!') {
+            j += 1;
+        }
+        let space = j;
+        while j < b.len() && (b[j] == b' ' || b[j] == b'\t' || b[j] == b'\n') {
+            j += 1;
+        }
+        let name = j;
+        while j < b.len() && ident(b[j]) {
+            j += 1;
+        }
+        if name > space && j > name {
+            names.insert(code[name..j].to_string());
+        }
+    }
+    for line in code.lines() {
+        let t = line.trim_start();
+        if !t.starts_with(|c: char| c.is_ascii_uppercase()) {
+            continue;
+        }
+        let end = t
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(t.len());
+        let rest = &t[end..];
+        if rest.is_empty() || rest.starts_with([',', '(', '{']) || rest.starts_with(" {") {
+            names.insert(t[..end].to_string());
+        }
+    }
+    for prefix in ["pub use ", "pub(crate) use "] {
+        for (at, _) in code.match_indices(prefix) {
+            if at > 0 && ident(b[at - 1]) {
+                continue;
+            }
+            let from = at + prefix.len();
+            let to = code[from..].find(';').map_or(code.len(), |e| from + e);
+            let rest = &code[from..to];
+            let r = rest.as_bytes();
+            let mut k = 0;
+            while k < r.len() {
+                if !ident(r[k]) || (k > 0 && ident(r[k - 1])) {
+                    k += 1;
+                    continue;
+                }
+                let start = k;
+                while k < r.len() && ident(r[k]) {
+                    k += 1;
+                }
+                // `a::b::{C, d}`: C and d, not the modules on the way.
+                if !rest[k..].starts_with("::") {
+                    names.insert(rest[start..k].to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The next word after `words[i]`, past `IF NOT EXISTS` and `ONLY`.
+fn sql_word_after<'a>(words: &[&'a str], i: usize) -> &'a str {
+    let mut j = i + 1;
+    while j < words.len() && ["IF", "NOT", "EXISTS", "ONLY"].contains(&words[j]) {
+        j += 1;
+    }
+    words.get(j).copied().unwrap_or("")
+}
+
+/// The schema's names (tables, views, indexes, types, triggers,
+/// functions, columns) and each table's columns, from the migrations.
+fn sql_schema(sql: &str) -> (BTreeSet<String>, BTreeMap<String, BTreeSet<String>>) {
+    let text: Vec<&str> = sql
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or(""))
+        .collect();
+    let text = text.join("\n");
+    let mut names = BTreeSet::new();
+    let mut columns: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for stmt in text.split(';') {
+        let words: Vec<&str> = stmt
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        for (i, w) in words.iter().enumerate() {
+            let named = [
+                "TABLE", "VIEW", "INDEX", "TYPE", "TRIGGER", "FUNCTION", "COLUMN",
+            ];
+            if named.contains(w) && (i == 0 || words[i - 1] != "DROP") {
+                let name = sql_word_after(&words, i);
+                if is_lower_ident(name) {
+                    names.insert(name.to_string());
+                }
+            }
+        }
+        if words.len() >= 3 && words[0] == "CREATE" && words[1] == "TABLE" {
+            // One column a line, each line's first word.
+            let table = sql_word_after(&words, 1).to_string();
+            let cols = columns.entry(table).or_default();
+            for line in stmt.trim().lines().skip(1) {
+                if let Some(first) = line.split_whitespace().next() {
+                    let c = first.trim_matches('"');
+                    if is_lower_ident(c) {
+                        cols.insert(c.to_string());
+                    }
+                }
+            }
+        }
+        if words.len() >= 3 && words[0] == "ALTER" && words[1] == "TABLE" {
+            let table = sql_word_after(&words, 1).to_string();
+            for (i, w) in words.iter().enumerate().skip(1) {
+                if *w == "COLUMN" && words[i - 1] == "ADD" {
+                    let c = sql_word_after(&words, i);
+                    if is_lower_ident(c) {
+                        columns
+                            .entry(table.clone())
+                            .or_default()
+                            .insert(c.to_string());
+                    }
+                }
+            }
+        }
+    }
+    for cols in columns.values() {
+        names.extend(cols.iter().cloned());
+    }
+    (names, columns)
+}
+
+/// config/shepherd.toml's sections and keys, commented out or not:
+/// `netboot`, `uefi`, `netboot.uefi`.
+fn config_keys(lines: &[String]) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    let mut section = String::new();
+    for l in lines {
+        if l.starts_with('[') {
+            section = l.trim_matches(['[', ']', ' ']).to_string();
+            keys.insert(section.clone());
+        } else if let Some((k, _)) = l.split_once('=') {
+            let k = k.trim();
+            if is_lower_ident(k) {
+                keys.insert(k.to_string());
+                if !section.is_empty() {
+                    keys.insert(format!("{section}.{k}"));
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Each backquoted span of a Markdown text with its line, fenced blocks
+/// left out; `None` for a backquote left open on its line.
+fn md_spans(text: &str) -> Vec<(usize, Option<String>)> {
+    let mut out = Vec::new();
+    let mut fence = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        let parts: Vec<&str> = line.split('`').collect();
+        let mut closed = parts.len();
+        if parts.len() % 2 == 0 {
+            out.push((i + 1, None));
+            closed -= 1;
+        }
+        for part in parts.iter().take(closed).skip(1).step_by(2) {
+            out.push((i + 1, Some(part.to_string())));
+        }
+    }
+    out
+}
+
+/// Why a span is no name to check, if it is none.
+fn skip_reason(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        return Some("empty");
+    }
+    if s.contains(char::is_whitespace) && !s.starts_with("shepherd ") {
+        return Some("words: a command line or prose");
+    }
+    if s.contains(['"', '\'', '=']) || s == "true" || s == "false" {
+        return Some("a literal value");
+    }
+    if s.starts_with('-') {
+        return Some("an option");
+    }
+    if s.starts_with('/') {
+        return Some("an absolute path, or a URL's");
+    }
+    if s.starts_with(|c: char| c.is_ascii_digit()) {
+        return Some("a number or an address");
+    }
+    if s.contains('*') || s.contains('…') {
+        return Some("a pattern");
+    }
+    if s.starts_with('.') && !s.contains('/') {
+        return Some("a file name's extension");
+    }
+    None
+}
+
+/// `take_over()` → `take_over`, `in_hand!` → `in_hand`, `Work<T>` → `Work`.
+fn normalize(s: &str) -> String {
+    let mut s = s.strip_suffix("()").unwrap_or(s);
+    s = s.strip_suffix('!').unwrap_or(s);
+    if s.ends_with('>') {
+        if let Some(i) = s.find('<') {
+            s = &s[..i];
+        }
+    }
+    s.to_string()
+}
+
+/// `check-config` → `CheckConfig`.
+fn camel(kebab: &str) -> String {
+    let mut out = String::new();
+    for part in kebab.split('-') {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            out.push(first.to_ascii_uppercase());
+            out.push_str(chars.as_str());
+        }
+    }
+    out
+}
+
+/// The file of module `seg` under `dir` (`seg.rs` or `seg/mod.rs`), and
+/// the directory of its own modules.
+fn module_file(dir: &Path, seg: &str) -> Option<(PathBuf, PathBuf)> {
+    let flat = dir.join(format!("{seg}.rs"));
+    let nested = dir.join(seg).join("mod.rs");
+    let file = if flat.is_file() {
+        flat
+    } else if nested.is_file() {
+        nested
+    } else {
+        return None;
+    };
+    Some((file, dir.join(seg)))
+}
+
+/// The tree as the names' check reads it.
+struct Tree {
+    root: PathBuf,
+    /// Every Rust file of the four crates, and the names it declares.
+    decls: BTreeMap<PathBuf, BTreeSet<String>>,
+    /// Their code, comments and strings out.
+    code: BTreeMap<PathBuf, String>,
+    /// Their text as written (for string literals), and lower-cased.
+    sources: String,
+    sources_lower: String,
+    /// The service's text as written (metric names).
+    service: String,
+    protos: String,
+    sql: String,
+    sql_names: BTreeSet<String>,
+    sql_columns: BTreeMap<String, BTreeSet<String>>,
+    /// config/shepherd.toml's lines, trimmed, a comment's `#` off.
+    toml_lines: Vec<String>,
+    config_keys: BTreeSet<String>,
+    /// The workspace's Cargo.toml files.
+    manifests: String,
+}
+
+impl Tree {
+    fn load(root: &Path) -> Tree {
+        let mut files = Vec::new();
+        for dir in ["src", "proto/src", "agent/src", "sim/src"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        let mut decls = BTreeMap::new();
+        let mut code = BTreeMap::new();
+        let mut sources = String::new();
+        let mut service = String::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let c = code_only(&text);
+            decls.insert(f.clone(), declarations(&c));
+            if f.starts_with(root.join("src")) {
+                service.push_str(&text);
+            }
+            sources.push_str(&text);
+            code.insert(f, c);
+        }
+        let texts = |dir: &str, ext: &str| -> String {
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
+                .collect();
+            paths.sort();
+            let all: Vec<String> = paths
+                .iter()
+                .map(|p| std::fs::read_to_string(p).unwrap())
+                .collect();
+            all.join("\n")
+        };
+        let protos = texts("proto", "proto");
+        let sql = texts("migrations", "sql");
+        let (sql_names, sql_columns) = sql_schema(&sql);
+        let toml_lines: Vec<String> = std::fs::read_to_string(root.join("config/shepherd.toml"))
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().trim_start_matches('#').trim().to_string())
+            .collect();
+        let config_keys = config_keys(&toml_lines);
+        let manifests: Vec<String> = [
+            "Cargo.toml",
+            "proto/Cargo.toml",
+            "agent/Cargo.toml",
+            "sim/Cargo.toml",
+        ]
+        .iter()
+        .filter_map(|m| std::fs::read_to_string(root.join(m)).ok())
+        .collect();
+        let sources_lower = sources.to_lowercase();
+        Tree {
+            root: root.to_path_buf(),
+            decls,
+            code,
+            sources,
+            sources_lower,
+            service,
+            protos,
+            sql,
+            sql_names,
+            sql_columns,
+            toml_lines,
+            config_keys,
+            manifests: manifests.join("\n"),
+        }
+    }
+
+    fn rel(&self, f: &Path) -> String {
+        f.strip_prefix(&self.root)
+            .unwrap_or(f)
+            .display()
+            .to_string()
+    }
+
+    /// The files that declare `name`.
+    fn declared_anywhere(&self, name: &str) -> Vec<&PathBuf> {
+        self.decls
+            .iter()
+            .filter(|(_, d)| d.contains(name))
+            .map(|(f, _)| f)
+            .collect()
+    }
+
+    /// A `message`, `enum`, `service` or `rpc` of the .proto files.
+    fn proto_declares(&self, name: &str) -> bool {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        ["message", "enum", "service", "rpc"].iter().any(|kw| {
+            let pat = format!("{kw} {name}");
+            self.protos.match_indices(&pat).any(|(at, _)| {
+                let before = self.protos[..at].chars().next_back();
+                let after = self.protos[at + pat.len()..].chars().next();
+                before.is_none_or(|c| !ident(c)) && after.is_none_or(|c| !ident(c))
+            })
+        })
+    }
+
+    /// What kind of name `s` is, and whether it exists.
+    fn check(&self, s: &str) -> (&'static str, Result<(), String>) {
+        if let Some(args) = s.strip_prefix("shepherd ") {
+            return ("command", self.check_command(args));
+        }
+        if s.starts_with('[') {
+            let found = self.toml_lines.iter().any(|l| l == s)
+                || self.manifests.lines().any(|l| l.trim() == s);
+            let why = "no such section in config/shepherd.toml or a Cargo.toml";
+            return ("config", ok_if(found, why));
+        }
+        if !s.contains("::") && (s.contains('/') || EXTENSIONS.iter().any(|e| s.ends_with(e))) {
+            let found = self.root.join(s).exists();
+            return ("path", ok_if(found, "no such file or directory"));
+        }
+        if s.contains("::") {
+            return ("rust", self.check_rust_path(s));
+        }
+        if s.contains('.') && s.split('.').all(is_lower_ident) {
+            let parts: Vec<&str> = s.split('.').collect();
+            if parts.len() == 2 {
+                if let Some(cols) = self.sql_columns.get(parts[0]) {
+                    let why = "no such column of that table in migrations/";
+                    return ("sql", ok_if(cols.contains(parts[1]), why));
+                }
+            }
+            let why = "no such key in config/shepherd.toml";
+            return ("config", ok_if(self.config_keys.contains(s), why));
+        }
+        if s.starts_with("shepherd_") && is_lower_ident(s) {
+            let quoted = |n: &str| self.service.contains(&format!("\"{n}\""));
+            let found = quoted(s) || s.strip_suffix("_total").is_some_and(quoted);
+            return ("metric", ok_if(found, "no metric of that name in src/"));
+        }
+        if s.contains('-') && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            let found = self.manifests.contains(&format!("name = \"{s}\""))
+                || self
+                    .sources_lower
+                    .contains(&format!("\"{}\"", s.to_lowercase()))
+                || self.sql.contains(&format!("'{s}'"))
+                || !self.declared_anywhere(&camel(s)).is_empty();
+            let why = "no package, binary, string or variant of that name";
+            return ("name", ok_if(found, why));
+        }
+        if is_ident(s) && s.starts_with(|c: char| c.is_ascii_uppercase()) {
+            let upper = s.len() > 1 && !s.chars().any(|c| c.is_ascii_lowercase());
+            let found = !self.declared_anywhere(s).is_empty()
+                || self.proto_declares(s)
+                || self.sql.contains(&format!("'{s}'"))
+                || (upper && self.sources.contains(&format!("\"{s}\"")));
+            return ("rust", ok_if(found, "declared in no .rs or .proto file"));
+        }
+        if is_lower_ident(s) {
+            if module_file(&self.root.join("src"), s).is_some() {
+                return ("rust", Ok(()));
+            }
+            if self.manifests.contains(&format!("name = \"{s}\"")) {
+                return ("name", Ok(()));
+            }
+            if self.sql_names.contains(s) || self.sql.contains(&format!("'{s}'")) {
+                return ("sql", Ok(()));
+            }
+            if self.config_keys.contains(s) {
+                return ("config", Ok(()));
+            }
+            let why = "no module, SQL name, configuration key or Rust item of that name";
+            return ("rust", ok_if(!self.declared_anywhere(s).is_empty(), why));
+        }
+        let why = "not a name this test knows how to check: write it so that it can be";
+        ("unknown", Err(why.to_string()))
+    }
+
+    /// `shepherd machines install`: each word a command of src/main.rs
+    /// or src/cli/ (`Machines(…)`, `Install(…)`), up to the first that
+    /// is not one (`ID`, `--config`).
+    fn check_command(&self, args: &str) -> Result<(), String> {
+        let main = self.root.join("src/main.rs");
+        let cli_dir = self.root.join("src/cli");
+        let mut commands = BTreeSet::new();
+        for (f, d) in &self.decls {
+            if *f == main || f.starts_with(&cli_dir) {
+                commands.extend(d.iter().cloned());
+            }
+        }
+        let mut checked = 0;
+        for w in args.split_whitespace() {
+            if !w.chars().all(|c| c.is_ascii_lowercase() || c == '-') {
+                break;
+            }
+            if !commands.contains(&camel(w)) {
+                return Err(format!("no command `{w}` in src/main.rs or src/cli/"));
+            }
+            checked += 1;
+        }
+        ok_if(checked > 0, "names no command")
+    }
+
+    /// `bmdb::Session::lease`, `shepherd_proto::takeover::check_reply`,
+    /// `Outcome::GiveBack`: the modules as files, then the first item
+    /// declared in the last module's file and the last one in it or in
+    /// its module's files; a path that starts with a type
+    /// (`Registration::lease`), the member beside the type.
+    fn check_rust_path(&self, s: &str) -> Result<(), String> {
+        let mut segs: Vec<&str> = s.split("::").collect();
+        let krate = match segs[0] {
+            "crate" | "shepherd" => Some("src"),
+            "shepherd_proto" => Some("proto/src"),
+            "shepherd_agent" => Some("agent/src"),
+            "shepherd_sim" => Some("sim/src"),
+            _ => None,
+        };
+        if krate.is_some() {
+            segs.remove(0);
+        }
+        if segs.is_empty() || !segs.iter().copied().all(is_ident) {
+            return Err("not a Rust path".to_string());
+        }
+        let mut dir = self.root.join(krate.unwrap_or("src"));
+        let mut file = dir.join("lib.rs");
+        let mut consumed = 0;
+        while consumed < segs.len() {
+            match module_file(&dir, segs[consumed]) {
+                Some((f, d)) => {
+                    file = f;
+                    dir = d;
+                    consumed += 1;
+                }
+                None => break,
+            }
+        }
+        if consumed == segs.len() {
+            return Ok(());
+        }
+        let first = segs[consumed];
+        let last = segs[segs.len() - 1];
+        if consumed == 0 && krate.is_none() {
+            if !first.starts_with(|c: char| c.is_ascii_uppercase()) {
+                return Err(format!("no module src/{first}.rs or src/{first}/mod.rs"));
+            }
+            let owners = self.declared_anywhere(first);
+            if owners.is_empty() {
+                return Err(format!("`{first}` is declared nowhere"));
+            }
+            let beside = owners.iter().any(|o| {
+                self.decls
+                    .iter()
+                    .any(|(f, d)| f.parent() == o.parent() && d.contains(last))
+            });
+            return ok_if(beside, &format!("`{last}` is declared beside no `{first}`"));
+        }
+        let declared_here = self.decls.get(&file).is_some_and(|d| d.contains(first));
+        if !declared_here {
+            return Err(format!("`{first}` is not declared in {}", self.rel(&file)));
+        }
+        if consumed + 1 == segs.len() {
+            return Ok(());
+        }
+        let in_module = self
+            .decls
+            .iter()
+            .any(|(f, d)| (*f == file || f.starts_with(&dir)) && d.contains(last));
+        // `shepherd_proto::api::TakeoverInit`: generated from a .proto.
+        let generated = self
+            .code
+            .get(&file)
+            .is_some_and(|c| c.contains(&format!("mod {first} {{")))
+            && self.proto_declares(last);
+        let why = format!(
+            "`{last}` is not declared in {} or its module's files",
+            self.rel(&file)
+        );
+        ok_if(in_module || generated, &why)
+    }
+}
+
+#[test]
+fn every_item_architecture_md_names_exists() {
+    let tree = Tree::load(&root());
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    let mut skipped = Vec::new();
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for (line, span) in md_spans(&text) {
+        let Some(raw) = span else {
+            missing.push(format!("ARCHITECTURE.md:{line}: a backquote left open"));
+            continue;
+        };
+        let s = raw.trim();
+        if let Some(why) = skip_reason(s) {
+            skipped.push(format!("`{s}` ({why})"));
+            continue;
+        }
+        let (kind, found) = tree.check(&normalize(s));
+        *kinds.entry(kind).or_default() += 1;
+        if let Err(why) = found {
+            missing.push(format!("ARCHITECTURE.md:{line}: `{raw}`: {why}"));
+        }
+    }
+    let checked: usize = kinds
+        .iter()
+        .filter(|(k, _)| **k != "unknown")
+        .map(|(_, n)| n)
+        .sum();
+    let by_kind: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    println!(
+        "ARCHITECTURE.md: {checked} names in backquotes checked ({}), {} skipped:",
+        by_kind.join(", "),
+        skipped.len()
+    );
+    for s in &skipped {
+        println!("  {s}");
+    }
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names what does not exist:\n{}",
+        missing.join("\n")
+    );
+    assert!(checked > 100, "only {checked} names checked");
+    let rust = kinds.get("rust").copied().unwrap_or(0);
+    assert!(rust > 40, "only {rust} Rust items checked");
+}
+
+#[test]
+fn the_names_check_reads_them_as_written() {
+    // Declarations, and what only looks like one.
+    let d = declarations(&code_only(
+        "pub type InitializerWorker = Worker<Initializer>;\n\
+         pub enum Outcome {\n    Finished(R),\n    Failed { cause: String },\n    GiveBack(String),\n}\n\
+         pub use leases::{LeaseLoop, wait_until};\n\
+         macro_rules! in_hand { () => {} }\n\
+         fn run() { loop {} }\n\
+         // fn commented() {}\n\
+         const S: &str = \"fn quoted\";\n",
+    ));
+    for n in [
+        "InitializerWorker",
+        "Outcome",
+        "Finished",
+        "Failed",
+        "GiveBack",
+        "LeaseLoop",
+        "wait_until",
+        "in_hand",
+        "run",
+        "S",
+    ] {
+        assert!(d.contains(n), "{n} is declared: {d:?}");
+    }
+    for n in ["Initializer", "leases", "loop", "commented", "quoted"] {
+        assert!(!d.contains(n), "{n} is not declared: {d:?}");
+    }
+    // The schema: names, and each table's columns; comments are not schema.
+    let (names, columns) = sql_schema(
+        "CREATE TABLE work (\n    machine_id uuid NOT NULL,\n    \"timestamp\" timestamptz,\n    \
+         UNIQUE (machine_id)\n);\n-- CREATE TABLE gone (x int);\n\
+         ALTER TABLE work ADD COLUMN detail text;\n\
+         CREATE UNIQUE INDEX work_one ON work (machine_id);\n",
+    );
+    assert!(names.contains("work") && names.contains("work_one") && !names.contains("gone"));
+    let work: Vec<&str> = columns["work"].iter().map(String::as_str).collect();
+    assert_eq!(work, ["detail", "machine_id", "timestamp"]);
+    // Spans: not in a fenced block; one left open is found.
+    let spans = md_spans("a `x` b\n```\n`inside`\n```\n`open\n");
+    assert_eq!(spans, [(1, Some("x".to_string())), (5, None)]);
+    // Skipped by a rule, or checked.
+    for s in [
+        "cargo tree",
+        "\"erase\"",
+        "0600",
+        "true",
+        "/metrics",
+        "machine_*",
+    ] {
+        assert!(skip_reason(s).is_some(), "{s} is skipped");
+    }
+    for s in [
+        "shepherd run",
+        "src/control/",
+        "bmdb::Work",
+        "fleet-sim",
+        "netboot.uefi",
+    ] {
+        assert!(skip_reason(s).is_none(), "{s} is checked");
+    }
+    assert_eq!(normalize("WorkMailbox<L>"), "WorkMailbox");
+    assert_eq!(normalize("take_over()"), "take_over");
+    assert_eq!(camel("check-config"), "CheckConfig");
 }
 
 #[test]

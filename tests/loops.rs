@@ -171,6 +171,21 @@ async fn a_loop_registered_once_gets_a_session_status_metrics_and_the_drain() {
     ] {
         assert!(metrics.contains(family), "{family} in\n{metrics}");
     }
+    // How long its rounds took: a histogram counting every round, ok or
+    // failed, read as Prometheus would.
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{metrics}"))
+    };
+    let count = sample("shepherd_loop_duration_seconds_count{loop=\"toy\",kind=\"round\"}");
+    assert!(count >= 3.0, "{count} rounds timed");
+    assert_eq!(
+        sample("shepherd_loop_duration_seconds_bucket{le=\"+Inf\",loop=\"toy\",kind=\"round\"}"),
+        count
+    );
+    assert!(sample("shepherd_loop_duration_seconds_sum{loop=\"toy\",kind=\"round\"}") >= 0.0);
 
     // And a row on the fleet page.
     let (st, page) = get(&format!("{base}/")).await;

@@ -1,10 +1,12 @@
 //! The `/metrics` scrape: the process's own series (its registry) and the
 //! fleet's, read from the BMDB and the supervisor at each scrape.
 
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
 
 use actix_web::{HttpResponse, web};
 
@@ -14,18 +16,57 @@ use super::request::internal;
 use super::state::Admin;
 use crate::bmdb::Process;
 use crate::bmdb::machines::{self, MachineState};
-use crate::control::{LoopKind, LoopStatus};
+use crate::control::{DURATION_BUCKETS, Durations, LoopKind, LoopStatus};
 
 pub type Labels = Vec<(&'static str, String)>;
 
 /// Series read at scrape time, registered into a registry of the scrape's.
 pub struct Scrape(Registry);
 
+/// A histogram some runner kept ([`Durations`]), as of the scrape.
+#[derive(Debug, Default)]
+struct KeptHistogram(std::sync::Mutex<Durations>);
+
+impl TypedMetric for KeptHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for KeptHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let d = self.0.lock().map_err(|_| std::fmt::Error)?;
+        let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(d.buckets)
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(d.sum, d.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
 impl Scrape {
     fn gauge(&mut self, name: &str, help: &str, value: i64) {
         let g: Gauge = Gauge::default();
         g.set(value);
         self.0.register(name, help, g);
+    }
+
+    fn histograms(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Unit,
+        values: impl IntoIterator<Item = (Labels, Durations)>,
+    ) {
+        let f: Family<Labels, KeptHistogram> = Family::default();
+        for (l, v) in values {
+            *f.get_or_create(&l).0.lock().unwrap() = v;
+        }
+        self.0.register_with_unit(name, help, unit, f);
     }
 
     fn gauges(&mut self, name: &str, help: &str, values: impl IntoIterator<Item = (Labels, i64)>) {
@@ -246,6 +287,13 @@ pub fn loop_samples(p: &mut Scrape, loops: &[LoopStatus]) {
         p.gauges(name, help, loops.iter().map(|l| (loop_label(l), value(l))));
     }
 
+    p.histograms(
+        "shepherd_loop_duration",
+        "How long each control loop's work took (a lease loop: one machine's, from its worker's start to its end; a round loop: a round) (this process)",
+        Unit::Seconds,
+        loops.iter().map(|l| (loop_label(l), l.durations.clone())),
+    );
+
     let leases = || loops.iter().filter(|l| l.kind == LoopKind::Lease);
     loop_counters(
         p,
@@ -282,24 +330,6 @@ pub fn loop_samples(p: &mut Scrape, loops: &[LoopStatus]) {
             ]
         },
     );
-    for (name, help, value) in [
-        (
-            "shepherd_mailbox_running",
-            "Workers running now, per control loop",
-            (|l: &LoopStatus| l.running) as fn(&LoopStatus) -> usize,
-        ),
-        (
-            "shepherd_mailbox_parallelism",
-            "Workers allowed at once, per control loop",
-            |l: &LoopStatus| l.parallelism,
-        ),
-    ] {
-        p.gauges(
-            name,
-            help,
-            leases().map(|l| (lease_labels(l), value(l) as i64)),
-        );
-    }
 }
 
 /// OpenMetrics text for Prometheus.

@@ -392,133 +392,59 @@ impl Operation {
         }
     }
 
-    /// The states this operation is allowed in.
-    pub fn allowed(self) -> &'static [MachineState] {
+    /// Whether this operation is allowed in `state`: the table
+    /// docs/src/lifecycle.md shows ([`markdown_table`]).
+    pub fn allows(self, state: MachineState) -> bool {
         match self {
             // Clears backoffs: anywhere but where work is in hand or
             // there is no machine.
-            Operation::Retry => &[
-                Pending,
-                Backoff,
-                Leased,
-                Held,
-                AgentStarted,
-                Enrolling,
-                Inspecting,
-                EnrollFailed,
-                Available,
-                RecoveryBackoff,
-                Installed,
-                InstallFailed,
-                CleanFailed,
-            ],
+            Operation::Retry => !matches!(state, Installing | Cleaning | Unprovided | Discovered),
             // Drops the agent: not while it writes or erases a disk, nor
             // while a shepherd works on it or its BMC boots it.
-            Operation::Retakeover => &[
-                Pending,
-                Backoff,
-                Held,
-                AgentStarted,
-                EnrollFailed,
-                Available,
-                RecoveryBackoff,
-                Installed,
-                InstallFailed,
-                CleanFailed,
-            ],
+            Operation::Retakeover => !matches!(
+                state,
+                Leased | Enrolling | Inspecting | Installing | Cleaning | Unprovided | Discovered
+            ),
             // A reboot kills what the agent writes: not then, nor while
-            // its BMC boots it.
-            Operation::Reboot => &[
-                Pending,
-                Backoff,
-                Leased,
-                AgentStarted,
-                EnrollFailed,
-                Available,
-                RecoveryBackoff,
-                Installed,
-                InstallFailed,
-                CleanFailed,
-            ],
-            Operation::Hold => &[
-                Pending,
-                Backoff,
-                Leased,
-                AgentStarted,
-                Enrolling,
-                Inspecting,
-                EnrollFailed,
-                Available,
-                RecoveryBackoff,
-                Installing,
-                Installed,
-                InstallFailed,
-                Cleaning,
-                CleanFailed,
-                Unprovided,
-            ],
+            // its BMC boots it (nor a held machine).
+            Operation::Reboot => !matches!(
+                state,
+                Held | Enrolling | Inspecting | Installing | Cleaning | Unprovided | Discovered
+            ),
+            Operation::Hold => !matches!(state, Held | Discovered),
             // A hold shows as `held` unless work in hand shows first.
-            Operation::Release => &[Held, Leased, Enrolling, Inspecting],
-            Operation::Inspect => &[
-                Pending,
-                Backoff,
-                Leased,
-                AgentStarted,
-                Enrolling,
-                EnrollFailed,
-                Available,
-                RecoveryBackoff,
-                Installed,
-                InstallFailed,
-                CleanFailed,
-            ],
-            Operation::AcceptHardware => &[
-                Discovered,
-                Pending,
-                Backoff,
-                Leased,
-                Held,
-                AgentStarted,
-                Enrolling,
-                Inspecting,
-                EnrollFailed,
-                Available,
-                RecoveryBackoff,
-                Installing,
-                Installed,
-                InstallFailed,
-                Cleaning,
-                CleanFailed,
-            ],
+            Operation::Release => matches!(state, Held | Leased | Enrolling | Inspecting),
+            Operation::Inspect => !matches!(
+                state,
+                Held | Inspecting | Installing | Cleaning | Unprovided | Discovered
+            ),
+            Operation::AcceptHardware => state != Unprovided,
             // Waits for the agent of a machine not taken over yet; an
             // installed system's BMC boots the agent again; never onto
             // disks that failed their erasure, nor while the BMC boots it.
-            Operation::Install => &[
-                Pending,
-                Backoff,
-                Leased,
-                AgentStarted,
-                Available,
-                Installed,
-                InstallFailed,
-            ],
+            Operation::Install => matches!(
+                state,
+                Pending | Backoff | Leased | AgentStarted | Available | Installed | InstallFailed
+            ),
             // From an agent that answers, or an installed system whose
             // agent comes back (through the BMC, or taken over again).
-            Operation::Deprovision => &[
-                AgentStarted,
-                Available,
-                Installed,
-                InstallFailed,
-                CleanFailed,
-            ],
+            Operation::Deprovision => matches!(
+                state,
+                AgentStarted | Available | Installed | InstallFailed | CleanFailed
+            ),
             // Only what enlisted itself (again while its erasure waits: a BMC
             // given wrong is given anew).
-            Operation::Accept => &[Discovered],
+            Operation::Accept => state == Discovered,
         }
     }
 
-    pub fn allows(self, state: MachineState) -> bool {
-        self.allowed().contains(&state)
+    /// The states this operation is allowed in, in [`MachineState::ALL`]'s
+    /// order.
+    pub fn allowed(self) -> Vec<MachineState> {
+        MachineState::ALL
+            .into_iter()
+            .filter(|s| self.allows(*s))
+            .collect()
     }
 }
 

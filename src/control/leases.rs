@@ -19,14 +19,14 @@
 
 use std::future::Future;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use super::messages::{
-    Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
+    Drain, Durations, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
 };
 use crate::bmdb::{Backoff, BmdbError, Process, Session, Tx, Work};
 
@@ -288,6 +288,8 @@ pub enum WorkOutcome {
 pub struct WorkerDone {
     pub machine_id: Uuid,
     pub outcome: WorkOutcome,
+    /// From the worker's start to its end.
+    pub took: Duration,
 }
 
 #[derive(Message)]
@@ -319,6 +321,7 @@ pub struct WorkMailbox<L: LeaseLoop> {
     poll_interval: Duration,
     session: Option<Session>,
     status: MailboxStatus,
+    durations: Durations,
     /// A lease transaction is under way.
     in_lease: bool,
     poll_timer: Option<SpawnHandle>,
@@ -344,6 +347,7 @@ impl<L: LeaseLoop> WorkMailbox<L> {
                 ..MailboxStatus::default()
             },
             control: Rc::new(control),
+            durations: Durations::default(),
             parallelism,
             poll_interval,
             session: None,
@@ -494,6 +498,7 @@ impl<L: LeaseLoop> Handler<WorkerDone> for WorkMailbox<L> {
 
     fn handle(&mut self, msg: WorkerDone, ctx: &mut Context<Self>) {
         self.status.running = self.status.running.saturating_sub(1);
+        self.durations.observe(msg.took);
         match &msg.outcome {
             WorkOutcome::Finished => self.status.finished += 1,
             WorkOutcome::Failed(cause) => {
@@ -550,6 +555,7 @@ impl<L: LeaseLoop> Handler<GetLoopStatus> for WorkMailbox<L> {
             conflicts: s.conflicts,
             duty: None,
             last_error: s.last_error.clone(),
+            durations: self.durations.clone(),
             own: None,
         })
     }
@@ -574,6 +580,7 @@ pub struct Worker<L: LeaseLoop> {
     machine_id: Uuid,
     done: Recipient<WorkerDone>,
     outcome: WorkOutcome,
+    started: Instant,
     _loop: std::marker::PhantomData<fn() -> L>,
 }
 
@@ -588,6 +595,7 @@ impl<L: LeaseLoop> Worker<L> {
             machine_id,
             done,
             outcome: WorkOutcome::Aborted,
+            started: Instant::now(),
             _loop: std::marker::PhantomData,
         }
         .start()
@@ -609,6 +617,7 @@ impl<L: LeaseLoop> Actor for Worker<L> {
         self.done.do_send(WorkerDone {
             machine_id: self.machine_id,
             outcome: self.outcome.clone(),
+            took: self.started.elapsed(),
         });
     }
 }

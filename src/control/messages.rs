@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use actix::Message;
 use uuid::Uuid;
@@ -41,6 +41,38 @@ impl LoopKind {
     }
 }
 
+/// The upper bounds, in seconds, of [`Durations`]' buckets: from a
+/// lease's quick refusal to an hour's installation watch.
+pub const DURATION_BUCKETS: [f64; 12] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// How long a loop's works (a lease loop: one machine's; a round loop: a
+/// round) took, as a histogram its runner keeps (controller-runtime's
+/// reconcile time).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Durations {
+    /// Seconds, all works together.
+    pub sum: f64,
+    pub count: u64,
+    /// Works per bucket of [`DURATION_BUCKETS`] (not cumulative), the
+    /// last one above them all.
+    pub buckets: [u64; DURATION_BUCKETS.len() + 1],
+}
+
+impl Durations {
+    pub fn observe(&mut self, took: Duration) {
+        let s = took.as_secs_f64();
+        self.sum += s;
+        self.count += 1;
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.buckets[i] += 1;
+    }
+}
+
 /// What a loop says about itself, the same for every loop.
 #[derive(Debug, Clone, Default)]
 pub struct LoopStatus {
@@ -74,6 +106,8 @@ pub struct LoopStatus {
     pub duty: Option<Holder>,
     /// The last failure: when, and its cause.
     pub last_error: Option<(SystemTime, String)>,
+    /// How long its works took (given back ones too).
+    pub durations: Durations,
     /// The loop's own counters (a round's `Counters`), for a view that
     /// knows their type ([`LoopStatus::counters`]).
     pub own: Option<Arc<dyn Any + Send + Sync>>,

@@ -51,7 +51,8 @@ pub use leases::{
     WorkerDone, wait_until,
 };
 pub use messages::{
-    Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, NudgeLoop, RunRound, SetSession,
+    DURATION_BUCKETS, Drain, Durations, GetLoopStatus, LoopKind, LoopStatus, LoopStopped,
+    NudgeLoop, RunRound, SetSession,
 };
 pub use registry::{Registration, Registry};
 pub use rounds::{Pace, Round, RoundRunner, RoundStatus};

@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::messages::{
-    Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
+    Drain, Durations, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
 };
 use crate::bmdb::Session;
 use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
@@ -107,6 +107,7 @@ pub struct RoundRunner<R: Round> {
     in_round: bool,
     draining: bool,
     status: RoundStatus<R::Counters>,
+    durations: Durations,
     /// Told when this runner stops by itself.
     supervisor: Option<Recipient<LoopStopped>>,
 }
@@ -122,6 +123,7 @@ impl<R: Round> RoundRunner<R> {
                 name: R::NAME,
                 ..RoundStatus::default()
             },
+            durations: Durations::default(),
             supervisor: None,
         }
     }
@@ -140,6 +142,7 @@ impl<R: Round> RoundRunner<R> {
             return;
         };
         self.in_round = true;
+        let started = std::time::Instant::now();
         let round = self.round.clone();
         let counters = self.status.counters.clone();
         let work = async move {
@@ -149,18 +152,20 @@ impl<R: Round> RoundRunner<R> {
                 None => one.await.map(Turn::Done),
             }
         };
-        ctx.spawn(work.into_actor(self).map(|r, act, _| {
+        ctx.spawn(work.into_actor(self).map(move |r, act, _| {
             act.in_round = false;
             match r {
                 Ok(Turn::StandBy(holder)) => act.note_duty(Holder::Other(holder)),
                 Ok(Turn::Done(outcome)) => {
                     act.note_duty(Holder::Us);
                     act.status.rounds += 1;
+                    act.durations.observe(started.elapsed());
                     act.round.tally(&mut act.status.counters, outcome);
                 }
                 Err(e) => {
                     act.status.rounds += 1;
                     act.status.failed_rounds += 1;
+                    act.durations.observe(started.elapsed());
                     act.status.last_error = Some((std::time::SystemTime::now(), e.clone()));
                     // A round cut short by a shutdown or a lost session is
                     // not worth a warning.
@@ -252,6 +257,7 @@ impl<R: Round> Handler<GetLoopStatus> for RoundRunner<R> {
             conflicts: 0,
             duty: s.duty,
             last_error: s.last_error.clone(),
+            durations: self.durations.clone(),
             own: Some(std::sync::Arc::new(s.counters.clone())),
         })
     }

@@ -83,6 +83,13 @@ impl EquinixError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, EquinixError::NotFound { .. })
     }
+
+    /// The API or the way to it failed, not the request: the client
+    /// retried for its whole call deadline, or could not send at all.
+    /// Asking again later may succeed, and says nothing of the machine.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, EquinixError::GaveUp { .. } | EquinixError::Client(_))
+    }
 }
 
 /// What one HTTP exchange came to.

@@ -11,30 +11,24 @@ pub struct Href {
 }
 
 /// Pagination metadata of a list response.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first: Option<Href>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last: Option<Href>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<Href>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Href>,
-    #[serde(rename = "self", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "self")]
     pub self_: Option<Href>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_page: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_page: Option<i64>,
 }
 
 /// The error body of 4xx and 5xx responses: `error` or `errors`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
@@ -48,80 +42,63 @@ impl ErrorBody {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IpAssignment {
     pub address: String,
     /// 4 or 6.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_family: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub management: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cidr: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netmask: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub href: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// The device the address is assigned to (Equinix's SDKs require it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assigned_to: Option<Href>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Metro {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub code: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub country: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Facility {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub code: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slug: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatingSystem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slug: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
 /// A device's reference to its hardware reservation: an href, or the whole
 /// object when included.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReservationRef {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub href: Option<String>,
 }
 
@@ -143,12 +120,11 @@ pub enum DeviceState {
     Unknown,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Device {
     pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub short_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub href: Option<String>,
     #[serde(default)]
     pub hostname: String,
@@ -157,23 +133,14 @@ pub struct Device {
     pub tags: Vec<String>,
     #[serde(default)]
     pub ip_addresses: Vec<IpAssignment>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metro: Option<Metro>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facility: Option<Facility>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operating_system: Option<OperatingSystem>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware_reservation: Option<ReservationRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locked: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spot_instance: Option<bool>,
 }
 
@@ -207,28 +174,21 @@ impl Device {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HardwareReservation {
     pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub short_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub href: Option<String>,
     #[serde(default)]
     pub provisionable: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spare: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub need_of_service: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facility: Option<Facility>,
     /// The device occupying the reservation. Without `include=device` the
     /// real API may give only an href, which reads as a device without state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceOrHref>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
 }
 
@@ -255,22 +215,18 @@ impl HardwareReservation {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SshKey {
     pub id: String,
     pub label: String,
     pub key: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub href: Option<String>,
     #[serde(default)]
     pub tags: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entity: Option<Href>,
 }
 
@@ -290,26 +246,25 @@ pub struct HardwareReservationList {
     pub meta: Meta,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SshKeyList {
     #[serde(default)]
     pub ssh_keys: Vec<SshKey>,
     /// Not in the OpenAPI description, but honoured when a server pages.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Meta>,
 }
 
 /// `POST /projects/{id}/devices` body (DeviceCreateInMetroInput /
 /// DeviceCreateInFacilityInput).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceCreateRequest {
     pub hostname: String,
     pub plan: String,
     pub operating_system: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metro: Option<String>,
     /// Deprecated by the API in favour of metro, still accepted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facility: Option<Vec<String>>,
     pub hardware_reservation_id: String,
     #[serde(default)]
@@ -320,13 +275,11 @@ pub struct DeviceCreateRequest {
 
 /// `POST /projects/{id}/ssh-keys` (SSHKeyCreateInput) and
 /// `PUT /ssh-keys/{id}` (SSHKeyInput).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SshKeyInput {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<Vec<String>>,
 }
 

@@ -60,6 +60,17 @@ pub enum ProviderError {
     MediaAuthRefused(String),
 }
 
+impl ProviderError {
+    /// The provider's API was away, not the machine at fault: work that
+    /// needed it is given back, not failed (no backoff earned).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ProviderError::Api(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}
+
 type Fut<'a, T> = LocalBoxFuture<'a, Result<T, ProviderError>>;
 
 /// Object-safe, so one `Rc<dyn Provider>` serves every actor.

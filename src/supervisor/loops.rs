@@ -153,7 +153,6 @@ fn address_lookup(provider: SharedProvider) -> AddressLookup {
                 .get_machine(&m.provider_id)
                 .await
                 .map(|found| found.and_then(|f| f.address))
-                .map_err(|e| e.to_string())
         })
     })
 }

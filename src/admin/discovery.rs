@@ -124,11 +124,8 @@ pub async fn accept(
     responses(
         (status = 200, description = "accepted: the audit row", body = super::api::ActionDone),
         (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
-        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
         (status = 404, description = "no such machine", body = super::api::ErrorBody),
         (status = 409, description = "the machine is not discovered (named state), or the host ID is taken", body = super::api::ErrorBody),
-        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
         (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_accept(
     admin: web::Data<Admin>,

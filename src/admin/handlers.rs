@@ -32,8 +32,7 @@ pub async fn status(admin: &Admin) -> SupervisorStatus {
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "ready", body = api::Readiness),
-        (status = 503, description = "not ready: the body says why", body = api::Readiness),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody)))]
+        (status = 503, description = "not ready: the body says why", body = api::Readiness)))]
 pub async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     // One deadline for everything it asks: a probe never hangs, whatever
     // the database does (a BMDB away is retried for the failover window).
@@ -108,8 +107,7 @@ pub async fn brake_state(
 /// tells it (what the fleet page's loop table shows).
 #[utoipa::path(get, path = "/api/v1/loops", tag = "health",
     responses(
-        (status = 200, description = "this process's session and control loops", body = api::Loops),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody)))]
+        (status = 200, description = "this process's session and control loops", body = api::Loops)))]
 pub async fn api_loops(admin: web::Data<Admin>) -> HttpResponse {
     let st = status(&admin).await;
     HttpResponse::Ok().json(api::Loops {
@@ -123,7 +121,6 @@ pub async fn api_loops(admin: web::Data<Admin>) -> HttpResponse {
 #[utoipa::path(get, path = "/api/v1/brake", tag = "recovery",
     responses(
         (status = 200, description = "the brake, the callback endpoints served, the last fleet-wide actions", body = api::BrakeBody),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
         (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
@@ -229,10 +226,7 @@ pub async fn release_brake(
     responses(
         (status = 200, description = "released: the audit row", body = api::ActionDone),
         (status = 400, description = "a field is wrong (named)", body = api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
-        (status = 403, description = "sent from another site", body = api::ErrorBody),
         (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
-        (status = 415, description = "not Content-Type: application/json", body = api::ErrorBody),
         (status = 503, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_brake_release(
     admin: web::Data<Admin>,
@@ -299,7 +293,6 @@ impl Listing {
     responses(
         (status = 200, description = "a page of the fleet", body = api::MachineList),
         (status = 400, description = "a parameter is wrong (named)", body = api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
         (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
@@ -367,7 +360,6 @@ pub async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpR
     responses(
         (status = 200, description = "the machine", body = api::MachineDetailBody),
         (status = 400, description = "the ID is not a UUID", body = api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
         (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 404, description = "no such machine", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
@@ -471,11 +463,8 @@ pub async fn run_action(
     responses(
         (status = 200, description = "done: the audit row", body = api::ActionDone),
         (status = 400, description = "a field is wrong (named)", body = api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
-        (status = 403, description = "sent from another site", body = api::ErrorBody),
         (status = 404, description = "no such machine or action", body = api::ErrorBody),
         (status = 409, description = "refused: it would not do what it says (the reason)", body = api::ErrorBody),
-        (status = 415, description = "not Content-Type: application/json", body = api::ErrorBody),
         (status = 503, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_action(
     admin: web::Data<Admin>,

@@ -336,7 +336,6 @@ pub fn loop_samples(p: &mut Scrape, loops: &[LoopStatus]) {
 #[utoipa::path(get, path = "/metrics", tag = "health",
     responses(
         (status = 200, description = "the series", body = String, content_type = "application/openmetrics-text"),
-        (status = 401, description = "a bearer token is required", body = api::ErrorBody),
         (status = 500, description = "encoding failed", body = api::ErrorBody)))]
 pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
     let db = admin

@@ -7,8 +7,8 @@
 use std::sync::OnceLock;
 
 use actix_web::HttpResponse;
-use utoipa::openapi::ServerBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder, ServerBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::api::ActionName;
@@ -33,6 +33,50 @@ impl Modify for Security {
             ),
         );
         openapi.servers = Some(vec![ServerBuilder::new().url("/").build()]);
+    }
+}
+
+/// The refusals every operation answers alike, said here once instead of
+/// in each route's annotation: a 401 without a valid token (every
+/// operation but the open ones, `security(())`), and for every POST a 403
+/// (sent from another site) and a 415 (not `application/json`).
+struct Refusals;
+
+impl Modify for Refusals {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let error = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let posts = item.post.iter_mut().map(|op| (true, op));
+            for (post, op) in item.get.iter_mut().map(|op| (false, op)).chain(posts) {
+                let open = op.security.as_ref().is_some_and(|s| {
+                    s.iter()
+                        .all(|r| serde_json::to_value(r).is_ok_and(|v| v == serde_json::json!({})))
+                });
+                let mut add = |code: &str, description: &str| {
+                    op.responses
+                        .responses
+                        .entry(code.to_string())
+                        .or_insert_with(|| error(description).into());
+                };
+                if !open {
+                    add("401", "a bearer token is required");
+                }
+                if post {
+                    add("403", "sent from another site");
+                    add("415", "not Content-Type: application/json");
+                }
+            }
+        }
     }
 }
 
@@ -68,7 +112,7 @@ impl Modify for Security {
         openapi_json,
     ),
     components(schemas(ActionName)),
-    modifiers(&Security),
+    modifiers(&Security, &Refusals),
     security(("bearer" = [])),
     tags(
         (name = "health", description = "Liveness, readiness, metrics, the control loops"),
@@ -94,8 +138,7 @@ pub fn document() -> &'static str {
 /// This API's OpenAPI description.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "api",
     responses(
-        (status = 200, description = "the OpenAPI 3.1 description", content_type = "application/json", body = Object),
-        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody)))]
+        (status = 200, description = "the OpenAPI 3.1 description", content_type = "application/json", body = Object)))]
 pub async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")

@@ -59,11 +59,8 @@ fn machine_id(raw: &str) -> Result<Uuid, HttpResponse> {
     responses(
         (status = 200, description = "assigned, or moved from another project", body = TenancyChanged),
         (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
-        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
         (status = 404, description = "no such machine or project", body = super::api::ErrorBody),
         (status = 409, description = "another project's device runs on it: reclaim it first", body = super::api::ErrorBody),
-        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
         (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_assign(
     admin: web::Data<Admin>,
@@ -113,11 +110,8 @@ pub async fn api_assign(
     responses(
         (status = 200, description = "back in the shared pool", body = TenancyChanged),
         (status = 400, description = "the ID is not a UUID, or the body is not empty JSON", body = super::api::ErrorBody),
-        (status = 401, description = "a bearer token is required", body = super::api::ErrorBody),
-        (status = 403, description = "sent from another site", body = super::api::ErrorBody),
         (status = 404, description = "no such machine", body = super::api::ErrorBody),
         (status = 409, description = "a device runs on it: reclaim it first", body = super::api::ErrorBody),
-        (status = 415, description = "not Content-Type: application/json", body = super::api::ErrorBody),
         (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_unassign(
     admin: web::Data<Admin>,

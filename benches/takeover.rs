@@ -60,7 +60,7 @@ fn child(machines: usize, parallelism: usize, agent: std::path::PathBuf) {
         };
         let backoff = Backoff::constant(Duration::from_secs(3600));
         let mailbox =
-            WorkMailbox::new("initializer", Initializer::new(Provider::Equinix, std::rc::Rc::new(settings), backoff, None), parallelism, Duration::from_millis(50))
+            WorkMailbox::new("initializer", Initializer::new(Provider::Equinix, std::rc::Rc::new(settings), None), backoff, parallelism, Duration::from_millis(50))
                 .start();
         let session = BmdbSession::open(&bmdb, "bench").await.unwrap();
         let t = Instant::now();

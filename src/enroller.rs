@@ -26,7 +26,7 @@ use uuid::Uuid;
 use crate::bmdb::bmc_boot::{self, BootCause};
 use crate::bmdb::boot::{self, LatestBoot};
 use crate::bmdb::selectors::{self, ProvidedMachine};
-use crate::bmdb::{Backoff, BmdbError, Process, Tx, Work};
+use crate::bmdb::{BmdbError, Process, Tx, Work};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, wait_until};
 use crate::provider::SharedProvider;
 
@@ -129,7 +129,6 @@ impl BootMetrics {
 pub struct Enroller {
     provider: SharedProvider,
     boot_url: BootUrl,
-    backoff: Backoff,
     waits: BootWaits,
     metrics: BootMetrics,
 }
@@ -138,14 +137,12 @@ impl Enroller {
     pub fn new(
         provider: SharedProvider,
         boot_url: BootUrl,
-        backoff: Backoff,
         waits: BootWaits,
         metrics: BootMetrics,
     ) -> Self {
         Enroller {
             provider,
             boot_url,
-            backoff,
             waits,
             metrics,
         }
@@ -330,13 +327,7 @@ impl LeaseLoop for Enroller {
     const SHARES_PROCESS: bool = true;
     const WORK: &'static str = "boot";
 
-    fn process(&self) -> Process {
-        Process::ShepherdAgentStart
-    }
-
-    fn backoff(&self) -> &Backoff {
-        &self.backoff
-    }
+    const PROCESS: Process = Process::ShepherdAgentStart;
 
     async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, ProvidedMachine)>, BmdbError> {
         let mut m = selectors::needs_bmc_boot(tx, self.provider.kind(), 1).await?;

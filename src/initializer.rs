@@ -11,7 +11,7 @@ use futures::future::LocalBoxFuture;
 use uuid::Uuid;
 
 use crate::bmdb::selectors::{self, ProvidedMachine};
-use crate::bmdb::{Backoff, BmdbError, Process, Provider, Tx, Work, machines};
+use crate::bmdb::{BmdbError, Process, Provider, Tx, Work, machines};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker};
 use crate::provider::ProviderError;
 use crate::ssh::HostKeyPolicy;
@@ -27,7 +27,6 @@ pub type InitializerWorker = Worker<Initializer>;
 pub struct Initializer {
     provider: Provider,
     takeover: Rc<TakeoverSettings>,
-    backoff: Backoff,
     address_lookup: Option<AddressLookup>,
 }
 
@@ -35,13 +34,11 @@ impl Initializer {
     pub fn new(
         provider: Provider,
         takeover: Rc<TakeoverSettings>,
-        backoff: Backoff,
         address_lookup: Option<AddressLookup>,
     ) -> Self {
         Initializer {
             provider,
             takeover,
-            backoff,
             address_lookup,
         }
     }
@@ -100,13 +97,7 @@ impl LeaseLoop for Initializer {
     type Record = Takeover;
     const WORK: &'static str = "takeover";
 
-    fn process(&self) -> Process {
-        Process::ShepherdAgentStart
-    }
-
-    fn backoff(&self) -> &Backoff {
-        &self.backoff
-    }
+    const PROCESS: Process = Process::ShepherdAgentStart;
 
     async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, ProvidedMachine)>, BmdbError> {
         let mut m = selectors::needs_agent_start(tx, self.provider, 1).await?;

@@ -15,6 +15,18 @@
 //! never depends on); everything simulated, and the test support, in
 //! `shepherd_sim`, which only the tests, the benchmarks and the demo use.
 
+/// The value of a `Result<T, HttpResponse>`, or, for its `Err`, that
+/// response returned at once: the web handlers' early answer (the admin
+/// API and pages, the Metal API).
+macro_rules! attempt {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(r) => return r,
+        }
+    };
+}
+
 pub mod admin;
 pub mod backoff;
 pub mod bmc;

@@ -37,7 +37,7 @@ use crate::bmdb::bmc_boot;
 use crate::bmdb::brake::{self, Judge};
 use crate::bmdb::installations;
 use crate::bmdb::selectors::{self, ProvidedMachine};
-use crate::bmdb::{Backoff, BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
+use crate::bmdb::{BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
 use crate::bmdb::{actions, heartbeats};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker, wait_until};
 use crate::provider::SharedProvider;
@@ -161,7 +161,6 @@ pub type RecovererWorker = Worker<Recoverer>;
 pub struct Recoverer {
     provider: SharedProvider,
     judge: Judge,
-    backoff: Backoff,
     wait: RebootWait,
     waits: AgentWaits,
     /// How to restart an agent over SSH (None: no endpoint, no takeovers;
@@ -183,7 +182,6 @@ impl Recoverer {
     pub fn new(
         provider: SharedProvider,
         judge: Judge,
-        backoff: Backoff,
         wait: RebootWait,
         waits: AgentWaits,
         takeover: Option<Rc<TakeoverSettings>>,
@@ -192,7 +190,6 @@ impl Recoverer {
         Recoverer {
             provider,
             judge,
-            backoff,
             wait,
             waits,
             takeover,
@@ -268,13 +265,7 @@ impl LeaseLoop for Recoverer {
     type Record = Recovered;
     const WORK: &'static str = "recovery";
 
-    fn process(&self) -> Process {
-        Process::ShepherdRecovery
-    }
-
-    fn backoff(&self) -> &Backoff {
-        &self.backoff
-    }
+    const PROCESS: Process = Process::ShepherdRecovery;
 
     async fn select(&self, tx: &mut Tx<'_>) -> Result<Option<(Uuid, Recovery)>, BmdbError> {
         let j = &self.judge;

@@ -118,7 +118,8 @@ impl Rig {
             Backoff::exponential(Duration::from_secs(300), Duration::from_secs(4 * 3600), 1.2);
         let mailbox = WorkMailbox::new(
             "initializer",
-            Initializer::new(Provider::Equinix, std::rc::Rc::new(settings), backoff, None),
+            Initializer::new(Provider::Equinix, std::rc::Rc::new(settings), None),
+            backoff,
             parallelism,
             Duration::from_millis(50),
         )

@@ -133,10 +133,7 @@ pub async fn api_accept(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (parsed, op) = match super::installs::api_post::<AcceptBody>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (parsed, op) = attempt!(super::installs::api_post::<AcceptBody>(&req, &body));
     match accept(&admin, &op, &id, parsed).await {
         Ok(a) => HttpResponse::Ok().json(super::api::ActionDone {
             action: (&a).into(),
@@ -177,11 +174,9 @@ pub(super) async fn accept_form(
     id: web::Path<String>,
     form: web::Bytes,
 ) -> HttpResponse {
-    let (form, operator, back) =
-        match super::auth::machine_form::<AcceptForm>(&admin, &req, &form, &id) {
-            Ok(v) => v,
-            Err(r) => return r,
-        };
+    let (form, operator, back) = attempt!(super::auth::machine_form::<AcceptForm>(
+        &admin, &req, &form, &id
+    ));
     let some = |s: String| Some(s).filter(|s| !s.trim().is_empty());
     let body = AcceptBody {
         bmc_url: form.bmc_url,

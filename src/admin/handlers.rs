@@ -237,10 +237,7 @@ pub async fn api_brake_release(
     if let Err(r) = json_post(&req, &body) {
         return r;
     }
-    let parsed: ReleaseBody = match json_body(&body) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let parsed: ReleaseBody = attempt!(json_body(&body));
     let Some(operator) = req.extensions().get::<Operator>().cloned() else {
         return error_response(StatusCode::UNAUTHORIZED, "a bearer token is required");
     };
@@ -296,14 +293,8 @@ impl Listing {
         (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
-    let filter = match q.filter(&admin) {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let (limit, offset) = match q.window(100) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+    let filter = attempt!(q.filter(&admin));
+    let (limit, offset) = attempt!(q.window(100));
     let r = admin
         .bmdb
         .snapshot(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
@@ -477,10 +468,7 @@ pub async fn api_action(
     if let Err(r) = json_post(&req, &body) {
         return r;
     }
-    let parsed: ActionBody = match json_body(&body) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let parsed: ActionBody = attempt!(json_body(&body));
     let Some(operator) = req.extensions().get::<Operator>().cloned() else {
         return err(
             StatusCode::UNAUTHORIZED,

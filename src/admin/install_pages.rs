@@ -346,10 +346,8 @@ pub(super) async fn install_form(
     id: web::Path<String>,
     form: web::Bytes,
 ) -> HttpResponse {
-    let (form, operator, back) = match auth::machine_form::<ImageForm>(&admin, &req, &form, &id) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (form, operator, back) =
+        attempt!(auth::machine_form::<ImageForm>(&admin, &req, &form, &id));
     let image = match form.image() {
         Ok(i) => i,
         Err(e) => return error_page(StatusCode::BAD_REQUEST, &e, &back),
@@ -389,11 +387,9 @@ pub(super) async fn deprovision_form(
     id: web::Path<String>,
     form: web::Bytes,
 ) -> HttpResponse {
-    let (form, operator, back) =
-        match auth::machine_form::<DeprovisionForm>(&admin, &req, &form, &id) {
-            Ok(v) => v,
-            Err(r) => return r,
-        };
+    let (form, operator, back) = attempt!(auth::machine_form::<DeprovisionForm>(
+        &admin, &req, &form, &id
+    ));
     let body = installs::DeprovisionBody {
         mode: some(&form.mode),
         reason: some(&form.reason),
@@ -447,11 +443,13 @@ pub(super) async fn rollout_form(
     form: web::Bytes,
 ) -> HttpResponse {
     let back = "./".to_string();
-    let (form, operator) =
-        match auth::checked_form::<ImageForm>(&admin, &req, &form, ROLLOUT_FORMS, &back) {
-            Ok(v) => v,
-            Err(r) => return r,
-        };
+    let (form, operator) = attempt!(auth::checked_form::<ImageForm>(
+        &admin,
+        &req,
+        &form,
+        ROLLOUT_FORMS,
+        &back
+    ));
     let image = match form.image() {
         Ok(i) => i,
         Err(e) => return error_page(StatusCode::BAD_REQUEST, &e, &back),
@@ -618,11 +616,13 @@ pub(super) async fn cancel_form(
     form: web::Bytes,
 ) -> HttpResponse {
     let back = format!("../{}", esc(&id));
-    let (_, operator) =
-        match auth::checked_form::<CancelForm>(&admin, &req, &form, ROLLOUT_FORMS, &back) {
-            Ok(v) => v,
-            Err(r) => return r,
-        };
+    let (_, operator) = attempt!(auth::checked_form::<CancelForm>(
+        &admin,
+        &req,
+        &form,
+        ROLLOUT_FORMS,
+        &back
+    ));
     match installs::cancel_rollout(&admin, &operator, &id).await {
         Ok(r) => HttpResponse::SeeOther()
             .insert_header((

@@ -327,10 +327,7 @@ pub async fn api_install(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (parsed, op) = match api_post::<InstallBody>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (parsed, op) = attempt!(api_post::<InstallBody>(&req, &body));
     answer_asked(install(&admin, &op, &id, parsed).await)
 }
 
@@ -478,10 +475,7 @@ pub async fn api_deprovision(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (parsed, op) = match api_post::<DeprovisionBody>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (parsed, op) = attempt!(api_post::<DeprovisionBody>(&req, &body));
     answer_asked(deprovision(&admin, &op, &id, parsed).await)
 }
 
@@ -643,10 +637,7 @@ pub async fn api_rollout_create(
     req: HttpRequest,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (parsed, op) = match api_post::<RolloutBody>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (parsed, op) = attempt!(api_post::<RolloutBody>(&req, &body));
     match create_rollout(&admin, &op, parsed).await {
         Ok(r) => HttpResponse::Created().json(super::api::RolloutOne {
             rollout: (&r).into(),
@@ -765,10 +756,7 @@ pub async fn api_rollout_cancel(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (_, op) = match api_post::<super::api::Empty>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (_, op) = attempt!(api_post::<super::api::Empty>(&req, &body));
     match cancel_rollout(&admin, &op, &id).await {
         Ok(r) => HttpResponse::Ok().json(super::api::RolloutOne {
             rollout: (&r).into(),

@@ -156,11 +156,9 @@ pub(super) async fn brake_form(
     form: web::Bytes,
 ) -> HttpResponse {
     let back = "../".to_string();
-    let (form, operator) =
-        match auth::checked_form::<BrakeForm>(&admin, &req, &form, BRAKE_FORM, &back) {
-            Ok(v) => v,
-            Err(r) => return r,
-        };
+    let (form, operator) = attempt!(auth::checked_form::<BrakeForm>(
+        &admin, &req, &form, BRAKE_FORM, &back
+    ));
     let body = ReleaseBody {
         reason: Some(form.reason),
         for_: Some(form.for_),
@@ -179,14 +177,8 @@ pub(super) async fn fleet_page(
     req: HttpRequest,
     Query(q): Query<Page>,
 ) -> HttpResponse {
-    let filter = match q.filter(&admin) {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let (limit, offset) = match q.window(PAGE_SIZE) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+    let filter = attempt!(q.filter(&admin));
+    let (limit, offset) = attempt!(q.window(PAGE_SIZE));
     let r = admin
         .bmdb
         .snapshot(async |tx| {
@@ -627,10 +619,7 @@ pub(super) async fn machine_page(
     req: HttpRequest,
     id: web::Path<String>,
 ) -> HttpResponse {
-    let d = match load_detail(&admin, &id).await {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
+    let d = attempt!(load_detail(&admin, &id).await);
     let operator = req.extensions().get::<Operator>().cloned();
     let mut b = String::new();
     let s = &d.summary;
@@ -996,10 +985,8 @@ pub(super) async fn form_action(
     form: web::Bytes,
 ) -> HttpResponse {
     let (id, action) = path.into_inner();
-    let (form, operator, back) = match auth::machine_form::<ActionForm>(&admin, &req, &form, &id) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+    let (form, operator, back) =
+        attempt!(auth::machine_form::<ActionForm>(&admin, &req, &form, &id));
     let body = ActionBody {
         reason: Some(form.reason),
         process: Some(form.process),

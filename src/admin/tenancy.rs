@@ -68,14 +68,8 @@ pub async fn api_assign(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (b, op) = match api_post::<AssignBody>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let m = match machine_id(&id) {
-        Ok(m) => m,
-        Err(r) => return r,
-    };
+    let (b, op) = attempt!(api_post::<AssignBody>(&req, &body));
+    let m = attempt!(machine_id(&id));
     let Some(project) = b
         .project
         .filter(|p| !p.trim().is_empty() && !p.contains('\0'))
@@ -119,14 +113,8 @@ pub async fn api_unassign(
     id: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let (_, op) = match api_post::<super::api::Empty>(&req, &body) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let m = match machine_id(&id) {
-        Ok(m) => m,
-        Err(r) => return r,
-    };
+    let (_, op) = attempt!(api_post::<super::api::Empty>(&req, &body));
+    let m = attempt!(machine_id(&id));
     let r = admin
         .bmdb
         .transact(async |tx| tenants::unassign(tx, m, &op.0).await)

@@ -44,10 +44,8 @@ pub trait LeaseLoop: 'static {
     /// beside the Initializer): its metric series then name the loop too.
     const SHARES_PROCESS: bool = false;
 
-    fn process(&self) -> Process;
-
-    /// The backoff a failure earns the machine.
-    fn backoff(&self) -> &Backoff;
+    /// The BMDB process its leases are taken under.
+    const PROCESS: Process;
 
     /// Picks one machine, inside the lease transaction.
     fn select(
@@ -120,7 +118,11 @@ impl Record for () {
 
 /// A worker's life: the work against its session's death, then its outcome
 /// recorded. Every way out ends the lease, or leaves it to its dead session.
-pub async fn run<L: LeaseLoop>(control: Rc<L>, mut work: Work<L::Item>) -> WorkOutcome {
+pub async fn run<L: LeaseLoop>(
+    control: Rc<L>,
+    backoff: Rc<Backoff>,
+    mut work: Work<L::Item>,
+) -> WorkOutcome {
     let session = work.session().clone();
     let outcome = tokio::select! {
         o = control.work(&work) => o,
@@ -143,13 +145,13 @@ pub async fn run<L: LeaseLoop>(control: Rc<L>, mut work: Work<L::Item>) -> WorkO
                 // the backoff.
                 Err(e) => {
                     let cause = format!("recording the {}: {e}", L::WORK);
-                    fail(&*control, &mut work, cause, None).await
+                    fail::<L>(&backoff, &mut work, cause, None).await
                 }
             };
             (record, ended)
         }
         Outcome::Failed { cause, record } => {
-            let ended = fail(&*control, &mut work, cause, Some(&record)).await;
+            let ended = fail::<L>(&backoff, &mut work, cause, Some(&record)).await;
             (record, ended)
         }
         Outcome::GiveBack(cause) => {
@@ -171,7 +173,7 @@ pub async fn run<L: LeaseLoop>(control: Rc<L>, mut work: Work<L::Item>) -> WorkO
 /// recorded with its record is recorded without it; one that cannot be
 /// recorded at all cancels the lease, naming the cause.
 async fn fail<L: LeaseLoop>(
-    control: &L,
+    backoff: &Backoff,
     work: &mut Work<L::Item>,
     cause: String,
     record: Option<&L::Record>,
@@ -180,7 +182,7 @@ async fn fail<L: LeaseLoop>(
     let mut record = record;
     loop {
         let r = work
-            .fail_with(control.backoff(), &cause, async |tx| match record {
+            .fail_with(backoff, &cause, async |tx| match record {
                 Some(r) => r.write(tx, mid).await,
                 None => Ok(()),
             })
@@ -217,21 +219,18 @@ async fn fail<L: LeaseLoop>(
 /// its own (its preparation was refused inside the lease that picked it,
 /// which then rolled back).
 async fn fail_preparation<L: LeaseLoop>(
-    control: &L,
+    backoff: &Backoff,
     session: &Session,
     machine_id: Uuid,
     cause: &str,
 ) {
     let leased = session
-        .lease(control.process(), async move |_: &mut Tx<'_>| {
+        .lease(L::PROCESS, async move |_: &mut Tx<'_>| {
             Ok(Some((machine_id, ())))
         })
         .await;
     match leased {
-        Ok(Some(mut w)) => match w
-            .fail_with(control.backoff(), cause, async |_| Ok(()))
-            .await
-        {
+        Ok(Some(mut w)) => match w.fail_with(backoff, cause, async |_| Ok(())).await {
             Ok(wait) => {
                 tracing::warn!(%machine_id, %cause, retry_in_s = wait.as_secs(), "{} failed", L::WORK)
             }
@@ -317,6 +316,8 @@ pub struct MailboxStatus {
 
 pub struct WorkMailbox<L: LeaseLoop> {
     control: Rc<L>,
+    /// What a failure earns the machine (the loop's section's).
+    backoff: Rc<Backoff>,
     parallelism: usize,
     poll_interval: Duration,
     session: Option<Session>,
@@ -336,6 +337,7 @@ impl<L: LeaseLoop> WorkMailbox<L> {
     pub fn new(
         name: &'static str,
         control: L,
+        backoff: Backoff,
         parallelism: usize,
         poll_interval: Duration,
     ) -> Self {
@@ -347,6 +349,7 @@ impl<L: LeaseLoop> WorkMailbox<L> {
                 ..MailboxStatus::default()
             },
             control: Rc::new(control),
+            backoff: Rc::new(backoff),
             durations: Durations::default(),
             parallelism,
             poll_interval,
@@ -381,7 +384,7 @@ impl<L: LeaseLoop> WorkMailbox<L> {
         }
         self.in_lease = true;
         let control = self.control.clone();
-        let process = control.process();
+        let process = L::PROCESS;
         let lease = async move {
             session
                 .lease_prepared(
@@ -402,7 +405,7 @@ impl<L: LeaseLoop> WorkMailbox<L> {
                     let span = act.control.span(work.machine_id(), work.item());
                     Worker::<L>::start(
                         work.machine_id(),
-                        run(act.control.clone(), work).instrument(span),
+                        run(act.control.clone(), act.backoff.clone(), work).instrument(span),
                         ctx.address().recipient(),
                     );
                     act.fill(ctx);
@@ -425,11 +428,11 @@ impl<L: LeaseLoop> WorkMailbox<L> {
                         let cause = format!("preparing the {}: {e}", L::WORK);
                         act.note_error(format!("machine {machine_id}: {cause}"));
                         act.status.failed += 1;
-                        let (control, session) = (act.control.clone(), act.session.clone());
+                        let (backoff, session) = (act.backoff.clone(), act.session.clone());
                         ctx.spawn(
                             async move {
                                 if let Some(s) = session {
-                                    fail_preparation(&*control, &s, machine_id, &cause).await;
+                                    fail_preparation::<L>(&backoff, &s, machine_id, &cause).await;
                                 }
                             }
                             .into_actor(act)
@@ -539,7 +542,7 @@ impl<L: LeaseLoop> Handler<GetLoopStatus> for WorkMailbox<L> {
         MessageResult(LoopStatus {
             name: s.name,
             kind: LoopKind::Lease,
-            process: Some(self.control.process().as_str()),
+            process: Some(L::PROCESS.as_str()),
             shares_process: L::SHARES_PROCESS,
             session: s.session,
             active: self.session.is_some() && !self.draining,

@@ -19,7 +19,7 @@ use super::messages::{
     Drain, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
 };
 use super::rounds::{Round, RoundRunner};
-use crate::bmdb::Session;
+use crate::bmdb::{Backoff, Session};
 use crate::config::{LeaseDefaults, LeaseSettings};
 
 /// A running loop, as its supervisor reaches it.
@@ -60,23 +60,26 @@ pub struct Registration {
 
 impl Registration {
     /// A loop on the lease runner, named after its configuration section,
-    /// with that section's parallelism and poll interval; `make` builds
-    /// it (with its backoff) each time it starts.
+    /// with that section's backoff, parallelism and poll interval; `make`
+    /// builds it each time it starts.
     pub fn lease<L: LeaseLoop, D: LeaseDefaults>(
         settings: &LeaseSettings<D>,
         make: impl Fn() -> L + 'static,
     ) -> Registration {
         Registration::lease_named(
             D::SECTION,
+            settings.backoff(),
             settings.parallelism as usize,
             settings.poll_interval,
             make,
         )
     }
 
-    /// A loop on the lease runner, named `name`.
+    /// A loop on the lease runner, named `name`, its failures earning
+    /// `backoff`.
     pub fn lease_named<L: LeaseLoop>(
         name: &'static str,
+        backoff: Backoff,
         parallelism: usize,
         poll_interval: Duration,
         make: impl Fn() -> L + 'static,
@@ -86,7 +89,7 @@ impl Registration {
             kind: LoopKind::Lease,
             start: Box::new(move |stopped| {
                 LoopHandle::of(
-                    WorkMailbox::new(name, make(), parallelism, poll_interval)
+                    WorkMailbox::new(name, make(), backoff.clone(), parallelism, poll_interval)
                         .supervised_by(stopped)
                         .start(),
                 )

@@ -46,22 +46,13 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
         (Some(boot_url), true) => {
             let e = &cfg.enroller;
             let (p, url, metrics) = (provider.clone(), boot_url.clone(), x.boot_metrics);
-            let (backoff, waits) = (
-                e.lease.backoff(),
-                BootWaits {
-                    credential_ttl: e.credential_ttl,
-                    callback_timeout: e.callback_timeout,
-                    poll: std::time::Duration::from_millis(500),
-                },
-            );
+            let waits = BootWaits {
+                credential_ttl: e.credential_ttl,
+                callback_timeout: e.callback_timeout,
+                poll: std::time::Duration::from_millis(500),
+            };
             loops.push(Registration::lease(&e.lease, move || {
-                Enroller::new(
-                    p.clone(),
-                    url.clone(),
-                    backoff.clone(),
-                    waits,
-                    metrics.clone(),
-                )
+                Enroller::new(p.clone(), url.clone(), waits, metrics.clone())
             }));
         }
         (None, true) if kind == crate::bmdb::Provider::None => tracing::info!(
@@ -71,14 +62,9 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
     }
 
     if let Some(takeover) = x.takeover.clone() {
-        let (p, backoff) = (provider.clone(), cfg.initializer.lease.backoff());
+        let p = provider.clone();
         loops.push(Registration::lease(&cfg.initializer.lease, move || {
-            Initializer::new(
-                kind,
-                takeover.clone(),
-                backoff.clone(),
-                Some(address_lookup(p.clone())),
-            )
+            Initializer::new(kind, takeover.clone(), Some(address_lookup(p.clone())))
         }));
     }
 
@@ -92,8 +78,7 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
             x.takeover.clone(),
             x.recovery_metrics,
         );
-        let (backoff, reboot, agent, rehome) = (
-            r.lease.backoff(),
+        let (reboot, agent, rehome) = (
             RebootWait {
                 timeout: r.reboot_timeout,
                 poll: r.reboot_poll,
@@ -109,7 +94,6 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
             Recoverer::new(
                 p.clone(),
                 j.clone(),
-                backoff.clone(),
                 reboot.clone(),
                 agent,
                 takeover.clone(),

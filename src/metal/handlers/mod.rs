@@ -51,16 +51,7 @@ async fn write<T>(
     admin.bmdb.transact(f).await.map_err(unavailable)
 }
 
-macro_rules! attempt {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(r) => return r,
-        }
-    };
-}
-
-// The rooms, after the macro they use.
+// The rooms.
 mod create;
 mod device;
 mod events;

@@ -7,12 +7,12 @@
 //! password is kept in the BMDB for the inventory, and never shown or
 //! logged.
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::html::{back_to_machine, error_page, esc};
+use super::request::ApiError;
 use super::request::check_reason;
 use super::state::{Admin, Operator};
 use crate::bmdb::actions::{self, Action, Audit, Outcome};
@@ -87,8 +87,8 @@ pub async fn accept(
     operator: &Operator,
     machine: &str,
     body: AcceptBody,
-) -> Result<Audit, (StatusCode, String)> {
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+) -> Result<Audit, ApiError> {
+    let bad = ApiError::Invalid;
     let machine_id: Uuid = machine
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
@@ -108,12 +108,11 @@ pub async fn accept(
             tracing::info!(%machine_id, actor = %a.actor, detail = %a.detail, "discovered machine accepted");
             Ok(a)
         }
-        Ok(Outcome::Refused(why)) => Err((StatusCode::CONFLICT, why)),
-        Ok(Outcome::NotFound) => Err((
-            StatusCode::NOT_FOUND,
-            format!("machine {machine_id} is not in the BMDB"),
-        )),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+        Ok(Outcome::Refused(why)) => Err(ApiError::Refused(why)),
+        Ok(Outcome::NotFound) => Err(ApiError::NotFound(format!(
+            "machine {machine_id} is not in the BMDB"
+        ))),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -138,7 +137,7 @@ pub async fn api_accept(
         Ok(a) => HttpResponse::Ok().json(super::api::ActionDone {
             action: (&a).into(),
         }),
-        Err((status, msg)) => super::request::error_response(status, &msg),
+        Err(e) => e.answer(),
     }
 }
 
@@ -190,7 +189,7 @@ pub(super) async fn accept_form(
     };
     match accept(&admin, &operator, &id, body).await {
         Ok(a) => back_to_machine(&req, "accept", a.id, "history"),
-        Err((status, msg)) => error_page(status, &msg, &back),
+        Err(e) => error_page(e.status(), &e.to_string(), &back),
     }
 }
 

@@ -5,6 +5,7 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 
 use super::api;
+use super::request::ApiError;
 use super::request::{
     Page, Query, bad_request, check_reason, error_response, internal, json_body, json_post,
 };
@@ -177,11 +178,9 @@ pub async fn release_brake(
     admin: &Admin,
     operator: &Operator,
     body: ReleaseBody,
-) -> Result<actions::Audit, (actix_web::http::StatusCode, String)> {
-    use actix_web::http::StatusCode;
+) -> Result<actions::Audit, ApiError> {
     if admin.judge.is_none() {
-        return Err((
-            StatusCode::NOT_FOUND,
+        return Err(ApiError::NotFound(
             "this server does not run the Recoverer".into(),
         ));
     }
@@ -195,14 +194,13 @@ pub async fn release_brake(
         Some(s) => match humantime::parse_duration(s) {
             Ok(d) if !d.is_zero() && d <= std::time::Duration::from_secs(7 * 86400) => d,
             _ => {
-                return Err((
-                    StatusCode::BAD_REQUEST,
+                return Err(ApiError::Invalid(
                     "for: not a duration from 1s to 7d (e.g. 30m, 2h)".into(),
                 ));
             }
         },
     };
-    let reason = check_reason(body.reason).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let reason = check_reason(body.reason).map_err(ApiError::Invalid)?;
     let id = body.request_id.unwrap_or_else(uuid::Uuid::new_v4);
     match admin
         .bmdb
@@ -215,7 +213,7 @@ pub async fn release_brake(
             tracing::warn!(actor = %a.actor, detail = %a.detail, "operator action: recovery brake released");
             Ok(a)
         }
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -245,7 +243,7 @@ pub async fn api_brake_release(
         Ok(a) => HttpResponse::Ok().json(api::ActionDone {
             action: (&a).into(),
         }),
-        Err((status, msg)) => error_response(status, &msg),
+        Err(e) => e.answer(),
     }
 }
 
@@ -384,9 +382,8 @@ pub async fn run_action(
     id: &str,
     action: &str,
     body: ActionBody,
-) -> Result<actions::Audit, (actix_web::http::StatusCode, String)> {
-    use actix_web::http::StatusCode;
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+) -> Result<actions::Audit, ApiError> {
+    let bad = ApiError::Invalid;
     let machine_id: uuid::Uuid = id
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
@@ -395,13 +392,10 @@ pub async fn run_action(
             .iter()
             .map(|a| a.as_str())
             .collect();
-        return Err((
-            StatusCode::NOT_FOUND,
-            format!(
-                "not an action: the path's action must be one of {}",
-                all.join(", ")
-            ),
-        ));
+        return Err(ApiError::NotFound(format!(
+            "not an action: the path's action must be one of {}",
+            all.join(", ")
+        )));
     };
     let process = match body.process.as_deref() {
         None | Some("") => None,
@@ -434,12 +428,11 @@ pub async fn run_action(
             tracing::info!(%machine_id, action = %a.action, actor = %a.actor, detail = %a.detail, "operator action");
             Ok(a)
         }
-        Ok(actions::Outcome::Refused(why)) => Err((StatusCode::CONFLICT, why)),
-        Ok(actions::Outcome::NotFound) => Err((
-            StatusCode::NOT_FOUND,
-            format!("machine {machine_id} is not in the BMDB"),
-        )),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+        Ok(actions::Outcome::Refused(why)) => Err(ApiError::Refused(why)),
+        Ok(actions::Outcome::NotFound) => Err(ApiError::NotFound(format!(
+            "machine {machine_id} is not in the BMDB"
+        ))),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -480,6 +473,6 @@ pub async fn api_action(
         Ok(a) => HttpResponse::Ok().json(api::ActionDone {
             action: (&a).into(),
         }),
-        Err((status, msg)) => err(status, msg),
+        Err(e) => e.answer(),
     }
 }

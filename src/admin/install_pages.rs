@@ -359,7 +359,7 @@ pub(super) async fn install_form(
     };
     match installs::install(&admin, &operator, &id, body).await {
         Ok((_, a)) => back_to_machine(&req, "install", a.id, "installation"),
-        Err((status, msg)) => error_page(status, &msg, &back),
+        Err(e) => error_page(e.status(), &e.to_string(), &back),
     }
 }
 
@@ -397,7 +397,7 @@ pub(super) async fn deprovision_form(
     };
     match installs::deprovision(&admin, &operator, &id, body).await {
         Ok((_, a)) => back_to_machine(&req, "deprovision", a.id, "installation"),
-        Err((status, msg)) => error_page(status, &msg, &back),
+        Err(e) => error_page(e.status(), &e.to_string(), &back),
     }
 }
 
@@ -489,7 +489,7 @@ pub(super) async fn rollout_form(
                 format!("{}/{}", req.path().trim_end_matches('/'), r.id),
             ))
             .finish(),
-        Err((status, msg)) => error_page(status, &msg, &back),
+        Err(e) => error_page(e.status(), &e.to_string(), &back),
     }
 }
 

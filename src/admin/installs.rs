@@ -10,6 +10,7 @@ use serde::Deserialize;
 use shepherd_proto::api::{DiskHints, ImageInstallation};
 use uuid::Uuid;
 
+use super::request::ApiError;
 use super::request::{
     Page, bad_request, check_reason, error_response, internal, json_body, json_post, no_nul,
 };
@@ -134,15 +135,11 @@ impl From<&str> for ImageError {
     }
 }
 
-impl ImageError {
-    /// The status and message to answer with.
-    pub fn answer(self) -> (StatusCode, String) {
-        match self {
-            ImageError::Field(m) => (StatusCode::BAD_REQUEST, m),
-            ImageError::Hashing(h) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("image.served: {h}"),
-            ),
+impl From<ImageError> for ApiError {
+    fn from(e: ImageError) -> ApiError {
+        match e {
+            ImageError::Field(m) => ApiError::Invalid(m),
+            ImageError::Hashing(h) => ApiError::Unavailable(format!("image.served: {h}")),
         }
     }
 }
@@ -239,8 +236,8 @@ pub async fn install(
     operator: &Operator,
     machine: &str,
     body: InstallBody,
-) -> Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)> {
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+) -> Result<(i32, crate::bmdb::actions::Audit), ApiError> {
+    let bad = ApiError::Invalid;
     let machine_id: Uuid = machine
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
@@ -248,8 +245,7 @@ pub async fn install(
         admin,
         body.image.ok_or_else(|| bad("image: required".into()))?,
     )
-    .await
-    .map_err(ImageError::answer)?;
+    .await?;
     ask_one(
         admin,
         operator,
@@ -270,8 +266,8 @@ async fn ask_one(
     reason: Option<String>,
     request_id: Option<Uuid>,
     work: installations::Work<'_>,
-) -> Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)> {
-    let reason = check_reason(reason).map_err(|m| (StatusCode::BAD_REQUEST, m))?;
+) -> Result<(i32, crate::bmdb::actions::Audit), ApiError> {
+    let reason = check_reason(reason).map_err(ApiError::Invalid)?;
     let asker = Asker {
         actor: &operator.0,
         action_id: request_id.unwrap_or_else(Uuid::new_v4),
@@ -287,12 +283,11 @@ async fn ask_one(
             tracing::info!(%machine_id, generation, action = %audit.action, detail = %audit.detail, actor = %operator.0, "asked");
             Ok((generation, audit))
         }
-        Ok(Asked::Refused(why)) => Err((StatusCode::CONFLICT, why)),
-        Ok(Asked::NotFound) => Err((
-            StatusCode::NOT_FOUND,
-            format!("machine {machine_id} is not in the BMDB"),
-        )),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}"))),
+        Ok(Asked::Refused(why)) => Err(ApiError::Refused(why)),
+        Ok(Asked::NotFound) => Err(ApiError::NotFound(format!(
+            "machine {machine_id} is not in the BMDB"
+        ))),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -333,15 +328,13 @@ pub async fn api_install(
 
 /// An asking route's answer: the generation asked and the audit row, or
 /// the error with its status.
-fn answer_asked(
-    asked: Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)>,
-) -> HttpResponse {
+fn answer_asked(asked: Result<(i32, crate::bmdb::actions::Audit), ApiError>) -> HttpResponse {
     match asked {
         Ok((generation, a)) => HttpResponse::Ok().json(super::api::InstallAsked {
             generation,
             action: (&a).into(),
         }),
-        Err((status, msg)) => error_response(status, &msg),
+        Err(e) => e.answer(),
     }
 }
 
@@ -441,8 +434,8 @@ pub async fn deprovision(
     operator: &Operator,
     machine: &str,
     body: DeprovisionBody,
-) -> Result<(i32, crate::bmdb::actions::Audit), (StatusCode, String)> {
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+) -> Result<(i32, crate::bmdb::actions::Audit), ApiError> {
+    let bad = ApiError::Invalid;
     let machine_id: Uuid = machine
         .parse()
         .map_err(|_| bad("the path's machine ID is not a UUID".into()))?;
@@ -514,8 +507,8 @@ pub async fn create_rollout(
     admin: &Admin,
     operator: &Operator,
     body: RolloutBody,
-) -> Result<Rollout, (StatusCode, String)> {
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+) -> Result<Rollout, ApiError> {
+    let bad = ApiError::Invalid;
     let max_parallel = body.max_parallel.unwrap_or(1);
     if !(1..=10_000).contains(&max_parallel) {
         return Err(bad(format!(
@@ -533,10 +526,7 @@ pub async fn create_rollout(
             ));
         }
         (None, None) => return Err(bad("image: required (or deprovision)".into())),
-        (Some(i), None) => (
-            image_request(admin, i).await.map_err(ImageError::answer)?,
-            None,
-        ),
+        (Some(i), None) => (image_request(admin, i).await?, None),
         (None, Some(d)) => (
             ImageInstallation::default(),
             Some(erasure_request(d).map_err(|e| bad(format!("deprovision.{e}")))?),
@@ -617,7 +607,7 @@ pub async fn create_rollout(
             .await
         })
         .await
-        .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, format!("BMDB: {e}")))?;
+        .map_err(ApiError::from)?;
     tracing::info!(rollout = %r.id, machines = r.counts.waiting, image = %r.image_url, actor = %operator.0, %selection, "rollout created");
     if let Some(loops) = &admin.loops {
         loops.do_send(crate::control::NudgeLoop("rollouts"));
@@ -642,7 +632,7 @@ pub async fn api_rollout_create(
         Ok(r) => HttpResponse::Created().json(super::api::RolloutOne {
             rollout: (&r).into(),
         }),
-        Err((status, msg)) => error_response(status, &msg),
+        Err(e) => e.answer(),
     }
 }
 

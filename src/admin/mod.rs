@@ -38,5 +38,6 @@ mod text;
 pub mod tls;
 
 pub use auth::{in_the_clear, token_name as operator_token};
+pub use request::ApiError;
 pub use routes::{routes, serve};
 pub use state::{Admin, CsrfKey, Operator, RequestBudget};

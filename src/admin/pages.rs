@@ -168,7 +168,7 @@ pub(super) async fn brake_form(
         Ok(_) => HttpResponse::SeeOther()
             .insert_header(("Location", "../#brake"))
             .finish(),
-        Err((status, msg)) => error_page(status, &msg, &back),
+        Err(e) => error_page(e.status(), &e.to_string(), &back),
     }
 }
 
@@ -998,6 +998,6 @@ pub(super) async fn form_action(
     match run_action(&admin, &operator, &id, &action, body).await {
         // Back to the machine page, wherever the routes are mounted.
         Ok(a) => back_to_machine(&req, &action, a.id, "history"),
-        Err((status, msg)) => error_page(status, &msg, &back),
+        Err(e) => error_page(e.status(), &e.to_string(), &back),
     }
 }

@@ -36,6 +36,49 @@ pub fn json_error(e: impl std::fmt::Display + std::fmt::Debug + 'static) -> acti
     actix_web::error::InternalError::from_response(e, body).into()
 }
 
+/// Why an operator's request was not done, by kind: the status it is
+/// answered with comes from the kind, not from the words (a refusal is
+/// not an outage).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// A field of the request is wrong (named): 400.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such machine, project or route: 404.
+    #[error("{0}")]
+    NotFound(String),
+    /// Not allowed now (the machine's state, a hold, work in hand): 409.
+    #[error("{0}")]
+    Refused(String),
+    /// The BMDB failed or did not answer, or what was asked is not ready
+    /// (ask again): 503.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> actix_web::http::StatusCode {
+        use actix_web::http::StatusCode;
+        match self {
+            ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Refused(_) => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The JSON answer: `{"error": …}` with [`ApiError::status`].
+    pub fn answer(&self) -> HttpResponse {
+        error_response(self.status(), &self.to_string())
+    }
+}
+
+impl From<crate::bmdb::BmdbError> for ApiError {
+    fn from(e: crate::bmdb::BmdbError) -> Self {
+        ApiError::Unavailable(format!("BMDB: {e}"))
+    }
+}
+
 /// A JSON error body, `{"error": msg}`, with `<`, `>` and `&` written as
 /// `\u` escapes: a message naming a field of the request can carry its
 /// text, and no reader (a browser sniffing it) may take that for markup.

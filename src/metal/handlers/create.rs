@@ -2,6 +2,7 @@
 //! and installation made, a machine claimed.
 
 use super::*;
+use crate::admin::ApiError;
 
 /// A new device's SSH key: `{"key": …, "label": …}`.
 #[derive(Deserialize, Default)]
@@ -149,13 +150,10 @@ pub(super) async fn installation(
     };
     crate::admin::installs::image_request(admin, body)
         .await
-        .map_err(|e| {
-            let (status, msg) = e.answer();
-            if status == StatusCode::SERVICE_UNAVAILABLE {
-                json::error(status, &msg)
-            } else {
-                unprocessable(&msg)
-            }
+        .map_err(|e| match ApiError::from(e) {
+            // The Metal API's refusal of a field is a 422, as Equinix's.
+            ApiError::Invalid(m) => unprocessable(&m),
+            other => json::error(other.status(), &other.to_string()),
         })
 }
 

@@ -1036,7 +1036,12 @@ impl Tree {
         }
         if s.starts_with("shepherd_") && is_lower_ident(s) {
             let quoted = |n: &str| self.service.contains(&format!("\"{n}\""));
-            let found = quoted(s) || s.strip_suffix("_total").is_some_and(quoted);
+            // Counters get `_total`, and series registered with a unit its
+            // name (`Unit::Seconds`: `_seconds`) when encoded.
+            let found = quoted(s)
+                || ["_total", "_seconds", "_bytes"]
+                    .iter()
+                    .any(|x| s.strip_suffix(x).is_some_and(quoted));
             return ("metric", ok_if(found, "no metric of that name in src/"));
         }
         if s.contains('-') && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {

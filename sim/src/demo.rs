@@ -1,4 +1,7 @@
 //! `shepherd demo`: the whole system on one machine with no configuration.
+//! Long on purpose: a script in Rust (set up, run, watch, check), read
+//! from top to bottom.
+//!
 //! An embedded PostgreSQL (in `var/demo`, wiped first), the Equinix Metal
 //! simulator with N hardware reservations whose devices get 127.0.1.x
 //! addresses, N simulated machines answering SSH there, and shepherd
@@ -13,9 +16,6 @@
 //! simulated BMCs, rebooted through Redfish. With `--cycle N` it takes N
 //! machines through their life cycle: installed with first-boot data
 //! (an image shepherd serves), deprovisioned, available again.
-//!
-//! Long on purpose: the demo is a script in Rust (set up, run, watch, check),
-//! read from top to bottom.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -20,8 +20,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, UnixT
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
-/// The ed25519 public key length.
-pub const KEY_LEN: usize = 32;
+/// The ed25519 public key length: the agent protocol's.
+pub use shepherd_proto::takeover::AGENT_KEY_LEN as KEY_LEN;
 
 pub use shepherd_proto::callback::TlsError;
 use shepherd_proto::callback::tls_err;

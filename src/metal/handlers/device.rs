@@ -88,8 +88,7 @@ pub async fn update_device(
 ) -> HttpResponse {
     let c = catalog(&req);
     let who = caller(&req);
-    let d = attempt!(visible_device(&admin, &who, &did).await);
-    attempt!(who.may_write());
+    let d = attempt!(writable_device(&admin, &who, &did).await);
     let b: UpdateDevice = attempt!(body(&req, &raw));
     if b.always_pxe == Some(true) || b.ipxe_script_url.as_deref().is_some_and(|u| !u.is_empty()) {
         return unprocessable("always_pxe and ipxe_script_url: custom iPXE is not offered here");
@@ -138,8 +137,7 @@ pub async fn delete_device(
     q: web::Query<DeleteQuery>,
 ) -> HttpResponse {
     let who = caller(&req);
-    let d = attempt!(visible_device(&admin, &who, &did).await);
-    attempt!(who.may_write());
+    let d = attempt!(writable_device(&admin, &who, &did).await);
     let force = q.force_delete.unwrap_or(false) && matches!(who, Caller::Operator(_));
     let actor = who.actor();
     let mode = catalog(&req).erase_mode.clone();
@@ -183,8 +181,7 @@ pub async fn device_action(
 ) -> HttpResponse {
     let c = catalog(&req);
     let who = caller(&req);
-    let d = attempt!(visible_device(&admin, &who, &did).await);
-    attempt!(who.may_write());
+    let d = attempt!(writable_device(&admin, &who, &did).await);
     let b: ActionInput = attempt!(body(&req, &raw));
     let actor = who.actor();
     let kind = b.kind.unwrap_or_default();

@@ -117,6 +117,17 @@ async fn visible_project(
         .ok_or_else(not_found)
 }
 
+/// The device a change is asked of, if the caller sees it and may write.
+async fn writable_device(
+    admin: &Admin,
+    caller: &Caller,
+    raw: &str,
+) -> Result<devices::Device, HttpResponse> {
+    let d = visible_device(admin, caller, raw).await?;
+    caller.may_write()?;
+    Ok(d)
+}
+
 /// The device, if the caller sees it.
 async fn visible_device(
     admin: &Admin,

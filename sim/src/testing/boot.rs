@@ -61,15 +61,27 @@ pub fn live_agent(dir: &std::path::Path, boot_data: &[u8]) -> std::process::Chil
     std::fs::write(dir.join("takeover-agent.disks"), "").unwrap();
     let file = dir.join("boot-data");
     std::fs::write(&file, boot_data).unwrap();
-    std::process::Command::new(&exe)
-        .arg("--live")
-        .arg(&file)
-        .env("TAKEOVER_AGENT_REBOOT", "0")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
+    let mut tries = 0;
+    loop {
+        let spawned = std::process::Command::new(&exe)
+            .arg("--live")
+            .arg(&file)
+            .env("TAKEOVER_AGENT_REBOOT", "0")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        match spawned {
+            // The copy's write descriptor may live on for a moment in a
+            // child another test thread forked meanwhile (until its exec
+            // closes it): "text file busy". It passes; try again.
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.unwrap(),
+        }
+    }
 }
 
 /// GETs (or HEADs) `url` as a BMC fetches a boot image: trusting the

@@ -149,3 +149,38 @@ SUSHY_EMULATOR_SECURE_BOOT_ENABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.ms.fd'
 SUSHY_EMULATOR_SECURE_BOOT_DISABLED_NVRAM = '/usr/share/OVMF/OVMF_VARS_4M.fd'
 CONF
 }
+
+# libvirt's daemons for the guests, started here when not running, and
+# its `default` storage pool (sushy-tools keeps inserted media there).
+# QEMU's seccomp sandbox is turned off: the guests' forwards spawn socat.
+start_libvirt() {
+  local pool=${POOL:-/var/lib/libvirt/images} n
+  if ! grep -q '^seccomp_sandbox = 0' /etc/libvirt/qemu.conf 2>/dev/null; then
+    echo "shepherd: libvirt: seccomp_sandbox = 0 in /etc/libvirt/qemu.conf (the forwards spawn socat)" >&2
+    echo 'seccomp_sandbox = 0' >> /etc/libvirt/qemu.conf
+    # Stopped, and gone, before it is started again.
+    if pkill -x libvirtd 2>/dev/null; then
+      for n in $(seq 50); do pgrep -x libvirtd >/dev/null || break; sleep 0.2; done
+    fi
+  fi
+  # Without the lock's descriptor: a daemon left running must not hold it.
+  pgrep -x virtlogd >/dev/null || virtlogd -d 9>&-
+  pgrep -x libvirtd >/dev/null || libvirtd -d 9>&-
+  for n in $(seq 50); do virsh -q list >/dev/null 2>&1 && break; sleep 0.2; done
+  virsh -q list >/dev/null
+  if ! virsh -q pool-info default >/dev/null 2>&1; then
+    mkdir -p "$pool"
+    virsh -q pool-define-as default dir --target "$pool" >/dev/null
+  fi
+  virsh -q pool-start default >/dev/null 2>&1 || true
+}
+
+# A guest stopped and gone with every NVRAM it had: sushy-tools keeps one
+# file per Secure Boot state (`_VARS.secboot.fd`, `_VARS.nosecboot.fd`)
+# and `undefine --nvram` removes the current one only; a file left from
+# an earlier run would be this run's firmware settings.
+remove_domain() {
+  virsh -q destroy "$1" >/dev/null 2>&1 || true
+  virsh -q undefine --nvram "$1" >/dev/null 2>&1 || true
+  rm -f /var/lib/libvirt/qemu/nvram/"$1"_VARS*.fd
+}

@@ -2,6 +2,72 @@
 //! [`crate::ipmi`]): the error an operator reads, naming the host, the BMC
 //! and what it said.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use actix::{Actor, Addr, Context, Handler, Message};
+
+use crate::config::BmcConfig;
+
+/// The actors of one BMC protocol, by BMC URL: each made on first use,
+/// and made again when its host's BMC settings change or it stopped.
+pub struct ByUrl<A: Actor> {
+    actors: RefCell<HashMap<String, (BmcConfig, Addr<A>)>>,
+}
+
+impl<A: Actor<Context = Context<A>>> Default for ByUrl<A> {
+    fn default() -> Self {
+        ByUrl {
+            actors: RefCell::new(HashMap::new()),
+        }
+    }
+}
+
+impl<A: Actor<Context = Context<A>>> ByUrl<A> {
+    /// The actor for `bmc`; `make` builds a new one (Err: what is wrong
+    /// with the settings). `host` names the machine in errors.
+    pub fn get(
+        &self,
+        host: &str,
+        bmc: &BmcConfig,
+        make: impl FnOnce() -> Result<A, String>,
+    ) -> Result<Addr<A>, BmcError> {
+        let mut actors = self.actors.borrow_mut();
+        if let Some((cfg, addr)) = actors.get(&bmc.url) {
+            if cfg == bmc && addr.connected() {
+                return Ok(addr.clone());
+            }
+        }
+        let addr = make()
+            .map_err(|e| BmcError::of(host, bmc, BmcErrorKind::Config(e)))?
+            .start();
+        actors.insert(bmc.url.clone(), (bmc.clone(), addr.clone()));
+        Ok(addr)
+    }
+
+    /// `msg` to `host`'s BMC's actor (made by `make` if needed); its answer.
+    pub async fn ask<M, T>(
+        &self,
+        host: &str,
+        bmc: &BmcConfig,
+        make: impl FnOnce() -> Result<A, String>,
+        msg: M,
+    ) -> Result<T, BmcError>
+    where
+        M: Message<Result = Result<T, BmcError>> + Send + 'static,
+        T: Send + 'static,
+        A: Handler<M>,
+    {
+        self.get(host, bmc, make)?.send(msg).await.map_err(|e| {
+            BmcError::of(
+                host,
+                bmc,
+                BmcErrorKind::Unreachable(format!("the BMC's client stopped: {e}")),
+            )
+        })?
+    }
+}
+
 /// What went wrong talking to a BMC, for an operator: `host node-1: BMC
 /// https://10.0.0.5: …`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +101,16 @@ pub enum BmcErrorKind {
     Protocol(String),
     #[error("{0}")]
     Config(String),
+}
+
+impl BmcError {
+    pub fn of(host: &str, bmc: &BmcConfig, kind: BmcErrorKind) -> BmcError {
+        BmcError {
+            host: host.to_string(),
+            bmc: bmc.url.clone(),
+            kind,
+        }
+    }
 }
 
 fn detail(m: &str) -> String {

@@ -23,12 +23,24 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use uuid::Uuid;
 
+use crate::bmc::BmcErrorKind;
 use crate::bmdb::bmc_boot::{self, BootCause};
 use crate::bmdb::boot::{self, LatestBoot};
 use crate::bmdb::selectors::{self, ProvidedMachine};
 use crate::bmdb::{BmdbError, Process, Tx, Work};
 use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, wait_until};
-use crate::provider::SharedProvider;
+use crate::provider::{ProviderError, SharedProvider};
+
+/// Why the BMC was not brought to boot the agent.
+#[derive(Debug, thiserror::Error)]
+enum BootError {
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The BMC refused the image's credentials; asking without them needs
+    /// the boot recorded as open first.
+    #[error("recording an open boot image: {0}")]
+    Record(BmdbError),
+}
 
 /// Where the BMC fetches a boot's copy of the boot image.
 pub type BootUrl = Rc<dyn Fn(Uuid) -> String>;
@@ -255,7 +267,7 @@ impl Enroller {
         work: &Work<Boot>,
         issued: &boot::IssuedBoot,
         url: &str,
-    ) -> Result<String, crate::provider::ProviderError> {
+    ) -> Result<String, BootError> {
         let m = &work.item().machine;
         let credentials = issued
             .media_auth
@@ -265,21 +277,17 @@ impl Enroller {
             .boot_agent(&m.provider_id, url, credentials)
             .await
         {
-            Err(crate::provider::ProviderError::MediaAuthRefused(e)) => {
+            Err(ProviderError::Bmc(e)) if matches!(e.kind, BmcErrorKind::MediaAuthRefused(_)) => {
                 tracing::warn!(boot = %issued.boot_id, error = %e, "the BMC refused the boot image's user name and password: asking without them (the image's URL is then open until the agent enrolls)");
                 self.metrics.media_auth_refused.inc();
                 let boot_id = issued.boot_id;
                 work.session()
                     .transact(async |tx| boot::set_media_auth(tx, boot_id, false).await)
                     .await
-                    .map_err(|e| {
-                        crate::provider::ProviderError::Bmc(format!(
-                            "recording an open boot image: {e}"
-                        ))
-                    })?;
-                self.provider.boot_agent(&m.provider_id, url, None).await
+                    .map_err(BootError::Record)?;
+                Ok(self.provider.boot_agent(&m.provider_id, url, None).await?)
             }
-            other => other,
+            other => Ok(other?),
         }
     }
 

@@ -433,10 +433,15 @@ const RECOVERIES: &str =
 async fn one_of_several_shepherds_dies(n: usize, subnet: u8) {
     // Agents call every 2 s: silence is 10 s (fleet-sim's configuration).
     let (rig, addrs) = Rig::behind_one_name(30, subnet, "2s", n).await;
+    let admins: Vec<String> = addrs
+        .iter()
+        .map(|_| format!("127.0.0.1:{}", Sshd::free_port()))
+        .collect();
     let mut shepherds: Vec<ShepherdProcess> = addrs
         .iter()
+        .zip(&admins)
         .enumerate()
-        .map(|(i, a)| rig.shepherd_at(&format!("s{i}"), a, "127.0.0.1:0", &[]))
+        .map(|(i, (a, admin))| rig.shepherd_at(&format!("s{i}"), a, admin, &[]))
         .collect();
     {
         let mut running: Vec<&mut ShepherdProcess> = shepherds.iter_mut().collect();
@@ -466,10 +471,12 @@ async fn one_of_several_shepherds_dies(n: usize, subnet: u8) {
         }
     };
     eprintln!("{n} shepherds, one killed: every agent heard from again within {moved:?}");
-    // Three times the threshold with one shepherd down: nothing recovered.
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    for s in shepherds.iter_mut() {
-        s.assert_running();
+    // Past the threshold (10 s) and its grace (4 s) since the kill, and
+    // the survivors' Recoverers have looked since: nothing recovered.
+    {
+        let mut running: Vec<&mut ShepherdProcess> = shepherds.iter_mut().collect();
+        let survivors = &admins[..n - 1];
+        until_recoverers_looked(survivors, killed_at, Duration::from_secs(15), &mut running).await;
     }
     assert_eq!(
         rig.fresh(4.0).await,
@@ -499,25 +506,36 @@ async fn when_one_of_three_shepherds_dies_its_agents_call_the_others_and_nothing
 async fn a_shepherd_stopped_for_three_thresholds_reboots_nothing_on_its_return() {
     let (rig, listen) = Rig::behind_one_name(30, 26, "2s", 1).await;
     let listen = listen[0].as_str();
-    let mut a = rig.shepherd_at("a", listen, "127.0.0.1:0", &[]);
+    let admin = format!("127.0.0.1:{}", Sshd::free_port());
+    let mut a = rig.shepherd_at("a", listen, &admin, &[]);
     rig.wait_fresh(30, 4.0, Duration::from_secs(180), &mut [&mut a])
         .await;
     assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
-    // Down for three times the 10 s threshold.
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(
-        rig.fresh(10.0).await,
-        0,
-        "every agent silent while it was down"
-    );
-    let mut a = rig.shepherd_at("a-again", listen, "127.0.0.1:0", &[]);
+    // Down until no agent was heard from for three times the 10 s
+    // threshold.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rig.fresh(30.0).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "agents heard from while it was down"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut a = rig.shepherd_at("a-again", listen, &admin, &[]);
+    let returned = Instant::now();
     let back = rig
         .wait_fresh(30, 4.0, Duration::from_secs(60), &mut [&mut a])
         .await;
     eprintln!("every agent heard from again {back:?} after the restart");
-    // Past the threshold and the grace after the return: nothing recovered.
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    a.assert_running();
+    // Past the threshold and its grace after the return, and its
+    // Recoverer has looked since: nothing recovered.
+    until_recoverers_looked(
+        std::slice::from_ref(&admin),
+        returned,
+        Duration::from_secs(15),
+        &mut [&mut a],
+    )
+    .await;
     assert_eq!(rig.fresh(4.0).await, 30);
     assert_eq!(rig.count(RECOVERIES).await, 0, "no machine recovered");
     assert_eq!(rig.reboots().await, 0, "no machine rebooted");
@@ -543,6 +561,56 @@ async fn get_text(url: String) -> String {
     let mut r = awc::Client::default().get(&url).send().await.unwrap();
     assert!(r.status().is_success(), "{url}: {}", r.status());
     String::from_utf8_lossy(&r.body().limit(16 << 20).await.unwrap()).into_owned()
+}
+
+/// How many times the Recoverer of the shepherd whose admin server is
+/// `admin` has looked for silent machines (its lease selections: leased,
+/// nothing, lost), from its `/metrics`.
+async fn recoverer_looks(admin: &str) -> u64 {
+    let text = get_text(format!("http://{admin}/metrics")).await;
+    text.lines()
+        .filter(|l| {
+            l.starts_with("shepherd_lease_selections_total{")
+                && l.contains("process=\"ShepherdRecovery\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Waits until `window` has passed since `from` (silence past the
+/// threshold and its grace: a machine silent by then is one a Recoverer
+/// would take), then until the Recoverer of every shepherd at `admins`
+/// has looked for silent machines twice more. "Nothing recovered" then
+/// says the Recoverers looked and found nothing, not that a time went by.
+async fn until_recoverers_looked(
+    admins: &[String],
+    from: Instant,
+    window: Duration,
+    running: &mut [&mut ShepherdProcess],
+) {
+    while from.elapsed() < window {
+        keep_waiting(running, true, format_args!("the threshold"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut before = Vec::new();
+    for a in admins {
+        before.push(recoverer_looks(a).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    'wait: loop {
+        keep_waiting(
+            running,
+            Instant::now() < deadline,
+            format_args!("the Recoverers to look twice (at {admins:?})"),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (a, b) in admins.iter().zip(&before) {
+            if recoverer_looks(a).await < b + 2 {
+                continue 'wait;
+            }
+        }
+        return;
+    }
 }
 
 #[actix_rt::test]
@@ -571,7 +639,14 @@ async fn a_partition_engages_the_brake_and_releasing_it_resumes_power_actions() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(brake["brake"]["limit"], 3, "{brake}");
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The Recoverer has looked at the silent machines again, braked.
+    until_recoverers_looked(
+        std::slice::from_ref(&admin),
+        Instant::now(),
+        Duration::ZERO,
+        &mut [&mut a],
+    )
+    .await;
     let braked = rig.reboots().await;
     assert!(braked <= 3, "{braked} power cycles with the brake on");
     let metrics = get_text(format!("http://{admin}/metrics")).await;

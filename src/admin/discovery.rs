@@ -122,10 +122,7 @@ pub async fn accept(
     request_body(content = AcceptBody, content_type = "application/json"),
     responses(
         (status = 200, description = "accepted: the audit row", body = super::api::ActionDone),
-        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
-        (status = 404, description = "no such machine", body = super::api::ErrorBody),
-        (status = 409, description = "the machine is not discovered (named state), or the host ID is taken", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 409, description = "the machine is not discovered (named state), or the host ID is taken", body = super::api::ErrorBody)))]
 pub async fn api_accept(
     admin: web::Data<Admin>,
     req: HttpRequest,

@@ -122,7 +122,6 @@ pub async fn api_loops(admin: web::Data<Admin>) -> HttpResponse {
 #[utoipa::path(get, path = "/api/v1/brake", tag = "recovery",
     responses(
         (status = 200, description = "the brake, the callback endpoints served, the last fleet-wide actions", body = api::BrakeBody),
-        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_brake(admin: web::Data<Admin>) -> HttpResponse {
@@ -223,9 +222,7 @@ pub async fn release_brake(
     request_body(content = Option<ReleaseBody>, content_type = "application/json", description = "may be empty"),
     responses(
         (status = 200, description = "released: the audit row", body = api::ActionDone),
-        (status = 400, description = "a field is wrong (named)", body = api::ErrorBody),
-        (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = api::ErrorBody)))]
+        (status = 404, description = "this server does not run the Recoverer", body = api::ErrorBody)))]
 pub async fn api_brake_release(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -288,7 +285,6 @@ impl Listing {
     responses(
         (status = 200, description = "a page of the fleet", body = api::MachineList),
         (status = 400, description = "a parameter is wrong (named)", body = api::ErrorBody),
-        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> HttpResponse {
     let filter = attempt!(q.filter(&admin));
@@ -349,8 +345,6 @@ pub async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpR
     responses(
         (status = 200, description = "the machine", body = api::MachineDetailBody),
         (status = 400, description = "the ID is not a UUID", body = api::ErrorBody),
-        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = api::ErrorBody),
-        (status = 404, description = "no such machine", body = api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
     match load_detail(&admin, &id).await {
@@ -446,10 +440,8 @@ pub async fn run_action(
     request_body(content = Option<ActionBody>, content_type = "application/json", description = "may be empty"),
     responses(
         (status = 200, description = "done: the audit row", body = api::ActionDone),
-        (status = 400, description = "a field is wrong (named)", body = api::ErrorBody),
         (status = 404, description = "no such machine or action", body = api::ErrorBody),
-        (status = 409, description = "refused: it would not do what it says (the reason)", body = api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = api::ErrorBody)))]
+        (status = 409, description = "refused: it would not do what it says (the reason)", body = api::ErrorBody)))]
 pub async fn api_action(
     admin: web::Data<Admin>,
     req: HttpRequest,

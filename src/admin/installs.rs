@@ -312,8 +312,6 @@ pub(super) fn api_post<T: serde::de::DeserializeOwned + Default>(
     request_body(content = InstallBody, content_type = "application/json"),
     responses(
         (status = 200, description = "asked: the generation and the audit row", body = super::api::InstallAsked),
-        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
-        (status = 404, description = "no such machine", body = super::api::ErrorBody),
         (status = 409, description = "the previous installation is unanswered, the machine is held, or its BMC and its agent's report disagree (not accepted)", body = super::api::ErrorBody),
         (status = 503, description = "the BMDB failed or did not answer within admin.database_timeout, or the served image is new and still being hashed (ask again)", body = super::api::ErrorBody)))]
 pub async fn api_install(
@@ -458,10 +456,7 @@ pub async fn deprovision(
         description = "optional: without a body, every disk but the boot disk has its metadata erased"),
     responses(
         (status = 200, description = "asked: the generation and the audit row", body = super::api::InstallAsked),
-        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
-        (status = 404, description = "no such machine", body = super::api::ErrorBody),
-        (status = 409, description = "not allowed in the machine's state (named), held, or its previous request is unanswered", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 409, description = "not allowed in the machine's state (named), held, or its previous request is unanswered", body = super::api::ErrorBody)))]
 pub async fn api_deprovision(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -620,7 +615,6 @@ pub async fn create_rollout(
     request_body(content = RolloutBody, content_type = "application/json"),
     responses(
         (status = 201, description = "the rollout, started", body = super::api::RolloutOne),
-        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
         (status = 503, description = "the BMDB failed or did not answer within admin.database_timeout, or the served image is new and still being hashed (ask again)", body = super::api::ErrorBody)))]
 pub async fn api_rollout_create(
     admin: web::Data<Admin>,
@@ -640,7 +634,6 @@ pub async fn api_rollout_create(
 #[utoipa::path(get, path = "/api/v1/rollouts", tag = "installations",
     responses(
         (status = 200, description = "the latest 100 rollouts", body = super::api::RolloutList),
-        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = super::api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollouts(admin: web::Data<Admin>) -> HttpResponse {
     match admin
@@ -688,7 +681,6 @@ pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Membe
     responses(
         (status = 200, description = "the rollout and its machines", body = super::api::RolloutDetail),
         (status = 400, description = "the ID is not a UUID", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = super::api::ErrorBody),
         (status = 404, description = "no such rollout", body = super::api::ErrorBody),
         (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
 pub async fn api_rollout(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
@@ -738,8 +730,7 @@ pub async fn cancel_rollout(
     responses(
         (status = 200, description = "canceled (or already ended): the rollout", body = super::api::RolloutOne),
         (status = 400, description = "the ID is not a UUID, or the body is not empty", body = super::api::ErrorBody),
-        (status = 404, description = "no such rollout", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 404, description = "no such rollout", body = super::api::ErrorBody)))]
 pub async fn api_rollout_cancel(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -759,7 +750,6 @@ pub async fn api_rollout_cancel(
 #[utoipa::path(get, path = "/api/v1/images", tag = "installations",
     responses(
         (status = 200, description = "the images this shepherd serves", body = super::api::ImageList),
-        (status = 503, description = "the BMDB did not answer within admin.database_timeout", body = super::api::ErrorBody),
         (status = 404, description = "this shepherd serves no images", body = super::api::ErrorBody),
         (status = 500, description = "the image directory cannot be read", body = super::api::ErrorBody)))]
 pub async fn api_images(admin: web::Data<Admin>) -> HttpResponse {

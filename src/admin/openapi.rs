@@ -37,9 +37,14 @@ impl Modify for Security {
 }
 
 /// The refusals every operation answers alike, said here once instead of
-/// in each route's annotation: a 401 without a valid token (every
-/// operation but the open ones, `security(())`), and for every POST a 403
-/// (sent from another site) and a 415 (not `application/json`).
+/// in each route's annotation (a route's own answer for a code wins):
+/// - a 401 without a valid token (every operation but the open ones,
+///   `security(())`);
+/// - for every POST a 400 (a field is wrong, named), a 403 (sent from
+///   another site) and a 415 (not `application/json`);
+/// - a 404 where the path names a machine (`/machines/{id}`);
+/// - a 503 from every operation on the fleet (all tags but `health` and
+///   `api`): the BMDB failed or did not answer in time.
 struct Refusals;
 
 impl Modify for Refusals {
@@ -55,9 +60,14 @@ impl Modify for Refusals {
                 )
                 .build()
         };
-        for item in openapi.paths.paths.values_mut() {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let machine = path.contains("/machines/{id}");
             let posts = item.post.iter_mut().map(|op| (true, op));
             for (post, op) in item.get.iter_mut().map(|op| (false, op)).chain(posts) {
+                let fleet = op
+                    .tags
+                    .as_ref()
+                    .is_some_and(|t| t.iter().all(|t| t != "health" && t != "api"));
                 let open = op.security.as_ref().is_some_and(|s| {
                     s.iter()
                         .all(|r| serde_json::to_value(r).is_ok_and(|v| v == serde_json::json!({})))
@@ -72,8 +82,18 @@ impl Modify for Refusals {
                     add("401", "a bearer token is required");
                 }
                 if post {
+                    add("400", "a field is wrong (named)");
                     add("403", "sent from another site");
                     add("415", "not Content-Type: application/json");
+                }
+                if machine {
+                    add("404", "no such machine");
+                }
+                if fleet {
+                    add(
+                        "503",
+                        "the BMDB failed or did not answer within admin.database_timeout",
+                    );
                 }
             }
         }

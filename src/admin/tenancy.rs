@@ -58,10 +58,8 @@ fn machine_id(raw: &str) -> Result<Uuid, HttpResponse> {
     request_body(content = AssignBody, content_type = "application/json"),
     responses(
         (status = 200, description = "assigned, or moved from another project", body = TenancyChanged),
-        (status = 400, description = "a field is wrong (named)", body = super::api::ErrorBody),
         (status = 404, description = "no such machine or project", body = super::api::ErrorBody),
-        (status = 409, description = "another project's device runs on it: reclaim it first", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 409, description = "another project's device runs on it: reclaim it first", body = super::api::ErrorBody)))]
 pub async fn api_assign(
     admin: web::Data<Admin>,
     req: HttpRequest,
@@ -104,9 +102,7 @@ pub async fn api_assign(
     responses(
         (status = 200, description = "back in the shared pool", body = TenancyChanged),
         (status = 400, description = "the ID is not a UUID, or the body is not empty JSON", body = super::api::ErrorBody),
-        (status = 404, description = "no such machine", body = super::api::ErrorBody),
-        (status = 409, description = "a device runs on it: reclaim it first", body = super::api::ErrorBody),
-        (status = 503, description = "the BMDB failed", body = super::api::ErrorBody)))]
+        (status = 409, description = "a device runs on it: reclaim it first", body = super::api::ErrorBody)))]
 pub async fn api_unassign(
     admin: web::Data<Admin>,
     req: HttpRequest,

@@ -75,9 +75,7 @@ impl SshConfig {
         if self.port == 0 {
             return Err(ConfigError::key("ssh.port", "must be 1 to 65535"));
         }
-        if self.connect_timeout.is_zero() {
-            return Err(ConfigError::key("ssh.connect_timeout", "must be positive"));
-        }
+        ConfigError::positive("ssh.connect_timeout", self.connect_timeout)?;
         if self.exchange_timeout < self.connect_timeout {
             return Err(ConfigError::key(
                 "ssh.exchange_timeout",
@@ -185,12 +183,7 @@ impl Default for EnrollerConfig {
 impl EnrollerConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         self.lease.validate()?;
-        if self.callback_timeout.is_zero() {
-            return Err(ConfigError::key(
-                "enroller.callback_timeout",
-                "must be positive",
-            ));
-        }
+        ConfigError::positive("enroller.callback_timeout", self.callback_timeout)?;
         if self.credential_ttl <= self.callback_timeout {
             return Err(ConfigError::key(
                 "enroller.credential_ttl",
@@ -232,21 +225,9 @@ impl Default for RedfishConfig {
 
 impl RedfishConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=4096).contains(&self.max_concurrent) {
-            return Err(ConfigError::key(
-                "redfish.max_concurrent",
-                "must be within 1 and 4096",
-            ));
-        }
-        if self.timeout.is_zero() {
-            return Err(ConfigError::key("redfish.timeout", "must be positive"));
-        }
-        if self.power_timeout.is_zero() {
-            return Err(ConfigError::key(
-                "redfish.power_timeout",
-                "must be positive",
-            ));
-        }
+        ConfigError::within("redfish.max_concurrent", self.max_concurrent, 1..=4096)?;
+        ConfigError::positive("redfish.timeout", self.timeout)?;
+        ConfigError::positive("redfish.power_timeout", self.power_timeout)?;
         Ok(())
     }
 }

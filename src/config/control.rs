@@ -128,17 +128,13 @@ impl RecovererConfig {
             ("recoverer.brake_window", self.brake_window),
             ("recoverer.brake_release", self.brake_release),
         ] {
-            if d.is_zero() {
-                return Err(ConfigError::key(k, "must be positive"));
-            }
+            ConfigError::positive(k, d)?;
         }
-        if !(0.0..=1.0).contains(&self.brake_max_silent_share) {
-            return Err(ConfigError::key(
-                "recoverer.brake_max_silent_share",
-                "must be within 0 and 1",
-            ));
-        }
-        Ok(())
+        ConfigError::within(
+            "recoverer.brake_max_silent_share",
+            self.brake_max_silent_share,
+            0.0..=1.0,
+        )
     }
 }
 

@@ -69,12 +69,7 @@ impl InstallationsConfig {
     }
 
     pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
-        if self.rollout_interval.is_zero() {
-            return Err(ConfigError::key(
-                "installations.rollout_interval",
-                "must be positive",
-            ));
-        }
+        ConfigError::positive("installations.rollout_interval", self.rollout_interval)?;
         if self.deadline < Duration::from_secs(60) {
             return Err(ConfigError::key(
                 "installations.deadline",

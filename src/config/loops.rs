@@ -110,15 +110,8 @@ impl<D: LeaseDefaults> LeaseSettings<D> {
     /// Checks the settings, naming the key that is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let key = |k: &str| format!("{}.{k}", D::SECTION);
-        if !(1..=1024).contains(&self.parallelism) {
-            return Err(ConfigError::key(
-                key("parallelism"),
-                "must be within 1 and 1024",
-            ));
-        }
-        if self.poll_interval.is_zero() {
-            return Err(ConfigError::key(key("poll_interval"), "must be positive"));
-        }
+        ConfigError::within(key("parallelism"), self.parallelism, 1..=1024)?;
+        ConfigError::positive(key("poll_interval"), self.poll_interval)?;
         self.backoff()
             .validate()
             .map_err(|m| ConfigError::key(key("backoff"), m))

@@ -149,9 +149,7 @@ impl MetalConfig {
                 ("memory_gib_min", p.memory_gib_min),
                 ("disk_gib_min", p.disk_gib_min),
             ] {
-                if !(0.0..=1e6).contains(&v) {
-                    return Err(ConfigError::key(key(k), "must be within 0 and 1000000"));
-                }
+                ConfigError::within(key(k), v, 0.0..=1e6)?;
             }
         }
         for (i, o) in self.operating_systems.iter().enumerate() {

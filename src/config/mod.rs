@@ -178,12 +178,8 @@ impl Config {
         if b.pool_size == 0 {
             return Err(ConfigError::key("bmdb.pool_size", "must be at least 1"));
         }
-        if b.connect_timeout.is_zero() {
-            return Err(ConfigError::key("bmdb.connect_timeout", "must be positive"));
-        }
-        if b.acquire_timeout.is_zero() {
-            return Err(ConfigError::key("bmdb.acquire_timeout", "must be positive"));
-        }
+        ConfigError::positive("bmdb.connect_timeout", b.connect_timeout)?;
+        ConfigError::positive("bmdb.acquire_timeout", b.acquire_timeout)?;
         if b.session_interval < Duration::from_secs(1)
             || b.session_interval.subsec_nanos() != 0
             || b.session_interval > Duration::from_secs(i32::MAX as u64)
@@ -202,20 +198,13 @@ impl Config {
                 "must not be empty",
             ));
         }
-        if b.embedded.start_timeout.is_zero() {
-            return Err(ConfigError::key(
-                "bmdb.embedded.start_timeout",
-                "must be positive",
-            ));
-        }
+        ConfigError::positive("bmdb.embedded.start_timeout", b.embedded.start_timeout)?;
         self.equinix.validate()?;
         self.ssh.validate()?;
         self.initializer.validate()?;
         self.enroller.validate()?;
         self.provider.validate(&self.equinix)?;
-        if self.provisioner.interval.is_zero() {
-            return Err(ConfigError::key("provisioner.interval", "must be positive"));
-        }
+        ConfigError::positive("provisioner.interval", self.provisioner.interval)?;
         if self.provisioner.chunk_size == 0 {
             return Err(ConfigError::key(
                 "provisioner.chunk_size",
@@ -237,9 +226,7 @@ impl Config {
                 ));
             }
         }
-        if self.updater.interval.is_zero() {
-            return Err(ConfigError::key("updater.interval", "must be positive"));
-        }
+        ConfigError::positive("updater.interval", self.updater.interval)?;
         self.installations.validate()?;
         self.metal.validate()?;
         if !self.metal.operating_systems.is_empty() && self.installations.images_dir.is_none() {
@@ -248,12 +235,10 @@ impl Config {
                 "are images shepherd serves: set installations.images_dir",
             ));
         }
-        if self.supervisor.restart_backoff.is_zero() {
-            return Err(ConfigError::key(
-                "supervisor.restart_backoff",
-                "must be positive",
-            ));
-        }
+        ConfigError::positive(
+            "supervisor.restart_backoff",
+            self.supervisor.restart_backoff,
+        )?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::key(
                 "log.level",

@@ -271,12 +271,7 @@ impl IpmiConfig {
         if self.timeout < Duration::from_secs(1) {
             return Err(ConfigError::key("ipmi.timeout", "must be at least 1s"));
         }
-        if !(1..=4096).contains(&self.max_concurrent) {
-            return Err(ConfigError::key(
-                "ipmi.max_concurrent",
-                "must be within 1 and 4096",
-            ));
-        }
+        ConfigError::within("ipmi.max_concurrent", self.max_concurrent, 1..=4096)?;
         Ok(())
     }
 }

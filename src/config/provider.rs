@@ -92,12 +92,7 @@ impl EquinixConfig {
                 "must be at least 1",
             ));
         }
-        if self.request_timeout.is_zero() {
-            return Err(ConfigError::key(
-                "equinix.request_timeout",
-                "must be positive",
-            ));
-        }
+        ConfigError::positive("equinix.request_timeout", self.request_timeout)?;
         if self.call_deadline < self.request_timeout {
             return Err(ConfigError::key(
                 "equinix.call_deadline",
@@ -110,12 +105,7 @@ impl EquinixConfig {
                 "must be positive and not above equinix.retry_max",
             ));
         }
-        if !(1..=1000).contains(&self.per_page) {
-            return Err(ConfigError::key(
-                "equinix.per_page",
-                "must be within 1 and 1000",
-            ));
-        }
+        ConfigError::within("equinix.per_page", self.per_page, 1..=1000)?;
         Ok(())
     }
 

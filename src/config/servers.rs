@@ -55,18 +55,12 @@ impl BmaasConfig {
                 ));
             }
         }
-        if !(1..=100_000).contains(&self.max_batch) {
-            return Err(ConfigError::key(
-                "bmaas.max_batch",
-                "must be within 1 and 100000",
-            ));
-        }
-        if !(1..=64).contains(&self.max_writes_in_flight) {
-            return Err(ConfigError::key(
-                "bmaas.max_writes_in_flight",
-                "must be within 1 and 64",
-            ));
-        }
+        ConfigError::within("bmaas.max_batch", self.max_batch, 1..=100_000)?;
+        ConfigError::within(
+            "bmaas.max_writes_in_flight",
+            self.max_writes_in_flight,
+            1..=64,
+        )?;
         Ok(())
     }
 }

@@ -15,8 +15,6 @@
 //! Cipher suite 17 (SHA-256) is asked for first; a BMC that refuses it is
 //! asked with 3 (SHA-1), and remembered.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +22,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::io::AsyncWriteExt as _;
 
-use crate::bmc::{BmcError, BmcErrorKind};
+use crate::bmc::{BmcError, BmcErrorKind, ByUrl};
 use crate::bmdb::hardware::SystemFacts;
 use crate::config::{BmcConfig, IpmiConfig};
 
@@ -495,7 +493,7 @@ impl Handler<SetPower> for IpmiClient {
 pub struct Ipmis {
     cfg: IpmiConfig,
     limit: Arc<tokio::sync::Semaphore>,
-    by_url: RefCell<HashMap<String, (BmcConfig, Addr<IpmiClient>)>>,
+    clients: ByUrl<IpmiClient>,
 }
 
 impl Ipmis {
@@ -503,28 +501,8 @@ impl Ipmis {
         Ipmis {
             cfg: cfg.clone(),
             limit: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent as usize)),
-            by_url: RefCell::new(HashMap::new()),
+            clients: ByUrl::default(),
         }
-    }
-
-    /// The actor for `bmc` (made now if there is none or its settings
-    /// changed).
-    pub fn get(&self, host: &str, bmc: &BmcConfig) -> Result<Addr<IpmiClient>, BmcError> {
-        let mut by_url = self.by_url.borrow_mut();
-        if let Some((cfg, addr)) = by_url.get(&bmc.url) {
-            if cfg == bmc && addr.connected() {
-                return Ok(addr.clone());
-            }
-        }
-        let client = IpmiClient::new(host, bmc.clone(), self.cfg.clone(), self.limit.clone())
-            .map_err(|e| BmcError {
-                host: host.to_string(),
-                bmc: bmc.url.clone(),
-                kind: BmcErrorKind::Config(e),
-            })?;
-        let addr = client.start();
-        by_url.insert(bmc.url.clone(), (bmc.clone(), addr.clone()));
-        Ok(addr)
     }
 
     /// `msg` to `host`'s BMC; its answer.
@@ -534,11 +512,8 @@ impl Ipmis {
         T: Send + 'static,
         IpmiClient: Handler<M>,
     {
-        self.get(host, bmc)?.send(msg).await.map_err(|e| BmcError {
-            host: host.to_string(),
-            bmc: bmc.url.clone(),
-            kind: BmcErrorKind::Unreachable(format!("IPMI client stopped: {e}")),
-        })?
+        let make = || IpmiClient::new(host, bmc.clone(), self.cfg.clone(), self.limit.clone());
+        self.clients.ask(host, bmc, make, msg).await
     }
 }
 

@@ -255,11 +255,7 @@ impl Provider for Inventory {
             };
             let mut m = machine(&host);
             if let Some(bmc) = &host.bmc {
-                let system = self
-                    .bmcs
-                    .system(&host.id, bmc)
-                    .await
-                    .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+                let system = self.bmcs.system(&host.id, bmc).await?;
                 m.status = crate::redfish::provider_status(system.power());
                 self.power.borrow_mut().insert(host.id.clone(), m.status);
             }
@@ -329,13 +325,7 @@ impl Provider for Inventory {
                     image_url,
                     credentials,
                 )
-                .await
-                .map_err(|e| match e.kind {
-                    crate::bmc::BmcErrorKind::MediaAuthRefused(_) => {
-                        ProviderError::MediaAuthRefused(e.to_string())
-                    }
-                    _ => ProviderError::Bmc(e.to_string()),
-                })?;
+                .await?;
             tracing::info!(host = %host.id, bmc = %bmc.url, via = via.as_str(), how = %how, "booting into the agent through the BMC");
             Ok(how)
         })
@@ -360,8 +350,7 @@ impl Provider for Inventory {
                     host.firmware.unwrap_or_default(),
                     secure_boot,
                 )
-                .await
-                .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+                .await?;
             tracing::info!(host = %host.id, bmc = %bmc.url, %reset, "restarted from its disk through the BMC");
             Ok(reset)
         })
@@ -374,18 +363,14 @@ impl Provider for Inventory {
             self.bmcs
                 .end_agent_boot(&host.id, &bmc, via, host.firmware.unwrap_or_default())
                 .await
-                .map_err(|e| ProviderError::Bmc(e.to_string()))
+                .map_err(ProviderError::from)
         })
     }
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()> {
         Box::pin(async move {
             let (host, bmc) = self.host_with_bmc(provider_id, "rebooted").await?;
-            let how = self
-                .bmcs
-                .reboot(&host.id, &bmc)
-                .await
-                .map_err(|e| ProviderError::Bmc(e.to_string()))?;
+            let how = self.bmcs.reboot(&host.id, &bmc).await?;
             tracing::info!(host = %host.id, bmc = %bmc.url, reset = %how, "reboot accepted by the BMC");
             Ok(())
         })
@@ -399,7 +384,7 @@ impl Provider for Inventory {
             self.bmcs
                 .set_power(&host.id, &bmc, on)
                 .await
-                .map_err(|e| ProviderError::Bmc(e.to_string()))
+                .map_err(ProviderError::from)
         })
     }
 }

@@ -52,12 +52,11 @@ pub enum ProviderError {
     Unsupported(String),
     #[error("{0}")]
     Inventory(String),
-    /// From a host's BMC: names the host, the BMC and Redfish's message.
+    /// From a host's BMC: names the host, the BMC and what it said (its
+    /// kind tells an outage from a refusal, e.g. a user name and password
+    /// for the boot image's URL refused).
     #[error("{0}")]
-    Bmc(String),
-    /// The BMC refused a user name and password for the boot image's URL.
-    #[error("{0}")]
-    MediaAuthRefused(String),
+    Bmc(#[from] crate::bmc::BmcError),
 }
 
 impl ProviderError {
@@ -102,8 +101,8 @@ pub trait Provider {
     /// Boots the machine into the live agent through its BMC, as it is
     /// listed: from the boot image at `image_url` (virtual media) or from
     /// the provisioning network. `credentials`: a user name and password
-    /// for the image's URL, given to the BMC (`MediaAuthRefused` when it
-    /// refuses them). Ok (how it was started) once it is on.
+    /// for the image's URL, given to the BMC (a
+    /// [`crate::bmc::BmcErrorKind::MediaAuthRefused`] when it refuses them). Ok (how it was started) once it is on.
     fn boot_agent<'a>(
         &'a self,
         provider_id: &'a str,

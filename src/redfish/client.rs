@@ -529,26 +529,16 @@ pub struct GetSystem {
     pub secure_boot: bool,
 }
 
-impl Handler<GetSystem> for BmcClient {
-    type Result = AtomicResponse<Self, Result<SystemInfo, BmcError>>;
-
-    fn handle(&mut self, msg: GetSystem, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let mut r = c.get_system(&msg.system).await;
-            if let (true, Ok(info)) = (msg.secure_boot, &mut r) {
-                if let Some(path) = info.secure_boot.clone() {
-                    match c.call(Method::GET, &path, None, &path).await {
-                        Ok(v) => info.facts.secure_boot = Some(secure_boot_facts(&v)),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "the BMC's SecureBoot resource did not read")
-                        }
-                    }
-                }
-            }
-            (c, r)
-        })
+sequence!(GetSystem => SystemInfo, |c, msg| {
+    let mut info = c.get_system(&msg.system).await?;
+    if let (true, Some(path)) = (msg.secure_boot, info.secure_boot.clone()) {
+        match c.call(Method::GET, &path, None, &path).await {
+            Ok(v) => info.facts.secure_boot = Some(secure_boot_facts(&v)),
+            Err(e) => tracing::debug!(error = %e, "the BMC's SecureBoot resource did not read"),
+        }
     }
-}
+    Ok(info)
+});
 
 /// `ComputerSystem.Reset` with this `ResetType`, at `target` (the action's
 /// target from a `GetSystem` just made; None: look it up).
@@ -560,16 +550,7 @@ pub struct Reset {
     pub reset_type: String,
 }
 
-impl Handler<Reset> for BmcClient {
-    type Result = AtomicResponse<Self, Result<(), BmcError>>;
-
-    fn handle(&mut self, msg: Reset, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = c.reset(&msg.system, msg.target, &msg.reset_type).await;
-            (c, r)
-        })
-    }
-}
+sequence!(Reset => (), |c, msg| c.reset(&msg.system, msg.target, &msg.reset_type).await);
 
 fn http_client(tls: &BmcTls, timeout: Duration) -> Result<awc::Client, String> {
     let connector = awc::Connector::new().timeout(timeout.min(Duration::from_secs(10)));

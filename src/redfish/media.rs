@@ -112,104 +112,37 @@ pub struct GetVirtualCd {
     pub system: Option<String>,
 }
 
-impl Handler<BootFromMedia> for BmcClient {
-    type Result = AtomicResponse<Self, Result<MediaBoot, BmcError>>;
+sequence!(BootFromMedia => MediaBoot, |c, msg| boot_from_media(&mut c, &msg).await);
 
-    fn handle(&mut self, msg: BootFromMedia, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = boot_from_media(&mut c, &msg).await;
-            (c, r)
-        })
+sequence!(BootFromDisk => String, |c, msg| {
+    if msg.eject {
+        end_media_boot(&mut c, &msg.system).await?;
+    } else {
+        let info = c.get_system(&msg.system).await?;
+        clear_override(&mut c, &info).await?;
     }
-}
+    let info = c.get_system(&msg.system).await?;
+    secure_then_power(&mut c, &msg.system, &info, msg.secure_boot, None, msg.power_timeout).await
+});
 
-impl Handler<BootFromDisk> for BmcClient {
-    type Result = AtomicResponse<Self, Result<String, BmcError>>;
+sequence!(BootFromNetwork => String, |c, msg| {
+    let info = c.get_system(&msg.system).await?;
+    let before = c.secure_boot_now(&info).await;
+    boot_once_from(&mut c, &info, "Pxe").await?;
+    secure_then_power(&mut c, &msg.system, &info, None, before, msg.power_timeout).await
+});
 
-    fn handle(&mut self, msg: BootFromDisk, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = async {
-                if msg.eject {
-                    end_media_boot(&mut c, &msg.system).await?;
-                } else {
-                    let info = c.get_system(&msg.system).await?;
-                    clear_override(&mut c, &info).await?;
-                }
-                let info = c.get_system(&msg.system).await?;
-                let secure = c.secure_boot_as_asked(&info, msg.secure_boot, None).await?;
-                let reset = power_boot(&mut c, &msg.system, &info, msg.power_timeout).await?;
-                Ok(match secure {
-                    Some(s) => format!("{s}, then {reset}"),
-                    None => reset,
-                })
-            }
-            .await;
-            (c, r)
-        })
-    }
-}
+sequence!(ClearBootOverride => (), |c, msg| {
+    let info = c.get_system(&msg.system).await?;
+    clear_override(&mut c, &info).await
+});
 
-impl Handler<BootFromNetwork> for BmcClient {
-    type Result = AtomicResponse<Self, Result<String, BmcError>>;
+sequence!(EndMediaBoot => bool, |c, msg| end_media_boot(&mut c, &msg.system).await);
 
-    fn handle(&mut self, msg: BootFromNetwork, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = async {
-                let info = c.get_system(&msg.system).await?;
-                let before = c.secure_boot_now(&info).await;
-                boot_once_from(&mut c, &info, "Pxe").await?;
-                let secure = c.secure_boot_as_asked(&info, None, before).await?;
-                let reset = power_boot(&mut c, &msg.system, &info, msg.power_timeout).await?;
-                Ok(match secure {
-                    Some(s) => format!("{s}, then {reset}"),
-                    None => reset,
-                })
-            }
-            .await;
-            (c, r)
-        })
-    }
-}
-
-impl Handler<ClearBootOverride> for BmcClient {
-    type Result = AtomicResponse<Self, Result<(), BmcError>>;
-
-    fn handle(&mut self, msg: ClearBootOverride, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = async {
-                let info = c.get_system(&msg.system).await?;
-                clear_override(&mut c, &info).await
-            }
-            .await;
-            (c, r)
-        })
-    }
-}
-
-impl Handler<EndMediaBoot> for BmcClient {
-    type Result = AtomicResponse<Self, Result<bool, BmcError>>;
-
-    fn handle(&mut self, msg: EndMediaBoot, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = end_media_boot(&mut c, &msg.system).await;
-            (c, r)
-        })
-    }
-}
-
-impl Handler<GetVirtualCd> for BmcClient {
-    type Result = AtomicResponse<Self, Result<VirtualCd, BmcError>>;
-
-    fn handle(&mut self, msg: GetVirtualCd, _: &mut Context<Self>) -> Self::Result {
-        self.atomic(|mut c| async move {
-            let r = match c.get_system(&msg.system).await {
-                Ok(info) => virtual_cd(&mut c, &info).await,
-                Err(e) => Err(e),
-            };
-            (c, r)
-        })
-    }
-}
+sequence!(GetVirtualCd => VirtualCd, |c, msg| {
+    let info = c.get_system(&msg.system).await?;
+    virtual_cd(&mut c, &info).await
+});
 
 fn members(v: &Value) -> Vec<String> {
     v["Members"]
@@ -394,6 +327,26 @@ async fn clear_override(c: &mut Conn, info: &SystemInfo) -> Result<(), BmcError>
 /// to shut down gracefully, so a forced restart comes first.
 const BOOT_RESTARTS: [&str; 3] = ["ForceRestart", "PowerCycle", "GracefulRestart"];
 
+/// Secure Boot as asked (`wanted`, else the host's configuration, else
+/// `before`: see [`Conn::secure_boot_as_asked`]), then the power on or
+/// restart that starts the boot; Ok(what was done, as the history says
+/// it: "Secure Boot set on, then ForceRestart").
+async fn secure_then_power(
+    c: &mut Conn,
+    system: &Option<String>,
+    info: &SystemInfo,
+    wanted: Option<bool>,
+    before: Option<bool>,
+    timeout: Duration,
+) -> Result<String, BmcError> {
+    let secure = c.secure_boot_as_asked(info, wanted, before).await?;
+    let reset = power_boot(c, system, info, timeout).await?;
+    Ok(match secure {
+        Some(s) => format!("{s}, then {reset}"),
+        None => reset,
+    })
+}
+
 /// Powers the system on, or restarts it; watches it come on.
 async fn power_boot(
     c: &mut Conn,
@@ -483,12 +436,7 @@ async fn boot_from_media(c: &mut Conn, msg: &BootFromMedia) -> Result<MediaBoot,
     let plain_insert = insert(c, &cd, &msg.image_url, msg.credentials.as_ref()).await?;
     let before = c.secure_boot_now(&info).await;
     boot_once_from(c, &info, "Cd").await?;
-    let secure = c.secure_boot_as_asked(&info, None, before).await?;
-    let reset = power_boot(c, &msg.system, &info, msg.power_timeout).await?;
-    let reset = match secure {
-        Some(s) => format!("{s}, then {reset}"),
-        None => reset,
-    };
+    let reset = secure_then_power(c, &msg.system, &info, None, before, msg.power_timeout).await?;
     Ok(MediaBoot {
         media: cd.path,
         reset,

@@ -17,16 +17,32 @@
 //! HTTP stack (reqwest) and, for `nv-redfish`, schema code generated from
 //! the whole CSDL; none runs on actix's client.
 
+/// A [`client::BmcClient`] message's handler: its sequence run atomically
+/// on the BMC's connection (one request in flight, nothing else between
+/// its steps).
+macro_rules! sequence {
+    ($msg:ty => $out:ty, |$c:ident, $m:ident| $body:expr) => {
+        impl Handler<$msg> for BmcClient {
+            type Result = AtomicResponse<Self, Result<$out, BmcError>>;
+
+            fn handle(&mut self, $m: $msg, _: &mut Context<Self>) -> Self::Result {
+                self.atomic(|mut $c| async move {
+                    let r = async { $body }.await;
+                    ($c, r)
+                })
+            }
+        }
+    };
+}
+
 pub mod client;
 pub mod media;
 pub mod tls;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr};
+use actix::Addr;
 
 pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset, SystemInfo};
 pub use media::{
@@ -34,6 +50,7 @@ pub use media::{
     MediaBoot, VirtualCd,
 };
 
+use crate::bmc::ByUrl;
 use crate::bmdb::ProviderStatus;
 use crate::config::{BmcConfig, RedfishConfig};
 
@@ -44,7 +61,7 @@ pub struct Bmcs {
     timeout: Duration,
     /// How long a system may take to come on after a reset.
     pub power_timeout: Duration,
-    by_url: RefCell<HashMap<String, (BmcConfig, Addr<BmcClient>)>>,
+    clients: ByUrl<BmcClient>,
 }
 
 impl Bmcs {
@@ -53,38 +70,18 @@ impl Bmcs {
             limit: Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent as usize)),
             timeout: cfg.timeout,
             power_timeout: cfg.power_timeout,
-            by_url: RefCell::new(HashMap::new()),
+            clients: ByUrl::default(),
         }
     }
 
     /// The actor for `bmc`, made now if there is none or its settings
     /// changed. `host` names the machine in errors.
     pub fn get(&self, host: &str, bmc: &BmcConfig) -> Result<Addr<BmcClient>, BmcError> {
-        let mut by_url = self.by_url.borrow_mut();
-        if let Some((cfg, addr)) = by_url.get(&bmc.url) {
-            if cfg == bmc && addr.connected() {
-                return Ok(addr.clone());
-            }
-        }
-        let client =
-            BmcClient::new(host, bmc.clone(), self.limit.clone(), self.timeout).map_err(|e| {
-                BmcError {
-                    host: host.to_string(),
-                    bmc: bmc.url.clone(),
-                    kind: BmcErrorKind::Config(e),
-                }
-            })?;
-        let addr = client.start();
-        by_url.insert(bmc.url.clone(), (bmc.clone(), addr.clone()));
-        Ok(addr)
+        self.clients.get(host, bmc, || self.client(host, bmc))
     }
-}
 
-fn mailbox(host: &str, bmc: &BmcConfig, e: actix::MailboxError) -> BmcError {
-    BmcError {
-        host: host.to_string(),
-        bmc: bmc.url.clone(),
-        kind: BmcErrorKind::Unreachable(format!("BMC client stopped: {e}")),
+    fn client(&self, host: &str, bmc: &BmcConfig) -> Result<BmcClient, String> {
+        BmcClient::new(host, bmc.clone(), self.limit.clone(), self.timeout)
     }
 }
 
@@ -95,10 +92,9 @@ where
     T: Send + 'static,
     BmcClient: actix::Handler<M>,
 {
-    bmcs.get(host, bmc)?
-        .send(msg)
+    bmcs.clients
+        .ask(host, bmc, || bmcs.client(host, bmc), msg)
         .await
-        .map_err(|e| mailbox(host, bmc, e))?
 }
 
 /// The system's state and facts (its Secure Boot read too).
@@ -132,27 +128,27 @@ const OFF_TIMEOUT: Duration = Duration::from_secs(120);
 /// is off is switched on. Returns once the BMC accepted the reset: the
 /// caller watches the power state go down and come back.
 pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, BmcError> {
-    let addr = bmcs.get(host, bmc)?;
     let info = system(bmcs, host, bmc).await?;
     let target = info
         .reset_target
         .clone()
         .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", info.path));
     let reset = |reset_type: &str| {
-        addr.send(Reset {
+        let msg = Reset {
             system: bmc.system.clone(),
             target: Some(target.clone()),
             reset_type: reset_type.to_string(),
-        })
+        };
+        ask(bmcs, host, bmc, msg)
     };
     let offers = |t: &str| info.reset_types.is_empty() || info.reset_types.iter().any(|x| x == t);
     if info.power() == "Off" {
         let on = if offers("On") { "On" } else { "ForceOn" };
-        reset(on).await.map_err(|e| mailbox(host, bmc, e))??;
+        reset(on).await?;
         return Ok(on.to_string());
     }
     if let Some(restart) = RESTARTS.iter().find(|t| offers(t)) {
-        match reset(restart).await.map_err(|e| mailbox(host, bmc, e))? {
+        match reset(restart).await {
             Ok(()) => return Ok(restart.to_string()),
             // The system did not say what it takes and refused this one:
             // try the next way.
@@ -166,15 +162,17 @@ pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, 
     let off = ["ForceOff", "GracefulShutdown"]
         .into_iter()
         .find(|t| offers(t))
-        .ok_or_else(|| BmcError {
-            host: host.to_string(),
-            bmc: bmc.url.clone(),
-            kind: BmcErrorKind::Config(format!(
-                "the system offers no way to restart (reset types {:?})",
-                info.reset_types
-            )),
+        .ok_or_else(|| {
+            BmcError::of(
+                host,
+                bmc,
+                BmcErrorKind::Config(format!(
+                    "the system offers no way to restart (reset types {:?})",
+                    info.reset_types
+                )),
+            )
         })?;
-    reset(off).await.map_err(|e| mailbox(host, bmc, e))??;
+    reset(off).await?;
     let started = std::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -183,17 +181,17 @@ pub async fn reboot(bmcs: &Bmcs, host: &str, bmc: &BmcConfig) -> Result<String, 
             break;
         }
         if started.elapsed() > OFF_TIMEOUT {
-            return Err(BmcError {
-                host: host.to_string(),
-                bmc: bmc.url.clone(),
-                kind: BmcErrorKind::Protocol(format!(
+            return Err(BmcError::of(
+                host,
+                bmc,
+                BmcErrorKind::Protocol(format!(
                     "{off} accepted but the system was not off after {OFF_TIMEOUT:?}"
                 )),
-            });
+            ));
         }
     }
     let on = if offers("On") { "On" } else { "ForceOn" };
-    reset(on).await.map_err(|e| mailbox(host, bmc, e))??;
+    reset(on).await?;
     Ok(format!("{off}, then {on}"))
 }
 
@@ -206,7 +204,6 @@ pub async fn set_power(
     on: bool,
     timeout: Duration,
 ) -> Result<String, BmcError> {
-    let addr = bmcs.get(host, bmc)?;
     let info = system(bmcs, host, bmc).await?;
     let want = if on { "On" } else { "Off" };
     if info.power() == want {
@@ -222,36 +219,37 @@ pub async fn set_power(
     } else {
         &["ForceOff", "GracefulShutdown"]
     };
-    let reset_type = choices.iter().find(|t| offers(t)).ok_or_else(|| BmcError {
-        host: host.to_string(),
-        bmc: bmc.url.clone(),
-        kind: BmcErrorKind::Config(format!(
-            "the system offers no way to power {} (reset types {:?})",
-            want.to_lowercase(),
-            info.reset_types
-        )),
+    let reset_type = choices.iter().find(|t| offers(t)).ok_or_else(|| {
+        BmcError::of(
+            host,
+            bmc,
+            BmcErrorKind::Config(format!(
+                "the system offers no way to power {} (reset types {:?})",
+                want.to_lowercase(),
+                info.reset_types
+            )),
+        )
     })?;
-    addr.send(Reset {
+    let msg = Reset {
         system: bmc.system.clone(),
         target: Some(target),
         reset_type: reset_type.to_string(),
-    })
-    .await
-    .map_err(|e| mailbox(host, bmc, e))??;
+    };
+    ask(bmcs, host, bmc, msg).await?;
     let started = std::time::Instant::now();
     loop {
         if matches!(system(bmcs, host, bmc).await, Ok(s) if s.power() == want) {
             return Ok(reset_type.to_string());
         }
         if started.elapsed() > timeout {
-            return Err(BmcError {
-                host: host.to_string(),
-                bmc: bmc.url.clone(),
-                kind: BmcErrorKind::Protocol(format!(
+            return Err(BmcError::of(
+                host,
+                bmc,
+                BmcErrorKind::Protocol(format!(
                     "{reset_type} accepted but the system was not {} after {timeout:?}",
                     want.to_lowercase()
                 )),
-            });
+            ));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

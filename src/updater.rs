@@ -5,11 +5,17 @@
 //! longer lists gets the status `Missing`; nothing is deleted. Machines
 //! with a BMC (inventory hosts) have it read first: its power state is
 //! their status, and its facts go to `machine_bmc_facts`, again only when
-//! they changed.
+//! they changed. A Redfish BMC's firmware is read when due
+//! (`updater.firmware_interval`, or its system's BIOS version changed) into
+//! `machine_firmware`, each new version into its history.
 
 use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use uuid::Uuid;
 
 use crate::bmdb::duty::Duty;
+use crate::bmdb::firmware;
 use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
@@ -26,12 +32,17 @@ pub struct UpdaterCounters {
 /// The Updater's round, on the round runner: a fleet duty.
 pub struct Updater {
     provider: SharedProvider,
-    interval: std::time::Duration,
+    interval: Duration,
+    firmware_interval: Duration,
 }
 
 impl Updater {
-    pub fn new(provider: SharedProvider, interval: std::time::Duration) -> Self {
-        Updater { provider, interval }
+    pub fn new(provider: SharedProvider, cfg: &crate::config::UpdaterConfig) -> Self {
+        Updater {
+            provider,
+            interval: cfg.interval,
+            firmware_interval: cfg.firmware_interval,
+        }
     }
 }
 
@@ -41,12 +52,17 @@ impl Round for Updater {
     const NAME: &'static str = "updater";
     const DUTY: Option<Duty> = Some(Duty::ProviderUpdates);
 
-    fn interval(&self) -> std::time::Duration {
+    fn interval(&self) -> Duration {
         self.interval
     }
 
     async fn round(&self, session: &Session, _: &UpdaterCounters) -> Result<u64, String> {
-        update(self.provider.clone(), session.clone()).await
+        update(
+            self.provider.clone(),
+            session.clone(),
+            self.firmware_interval,
+        )
+        .await
     }
 
     fn tally(&self, c: &mut UpdaterCounters, written: u64) {
@@ -87,7 +103,11 @@ fn facts(read: &BmcRead) -> BmcFacts {
     }
 }
 
-async fn update(provider: SharedProvider, session: Session) -> Result<u64, String> {
+async fn update(
+    provider: SharedProvider,
+    session: Session,
+    firmware_every: Duration,
+) -> Result<u64, String> {
     // BMCs first: their power states are the listing's statuses.
     let reads = provider
         .bmc_facts()
@@ -127,6 +147,7 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             }
         }
         written += changed.len() as u64;
+        written += read_firmware(&provider, &session, &read_by_id, firmware_every).await?;
         // Accepted machines whose BMC is read now: their erasure asked.
         let erasures = session
             .transact(async |tx| crate::bmdb::installations::erase_accepted(tx).await)
@@ -195,4 +216,74 @@ async fn update(provider: SharedProvider, session: Session) -> Result<u64, Strin
             .join(", ")
     );
     Ok(written + changed.len() as u64)
+}
+
+/// Reads the firmware of the machines whose Redfish BMC answered this
+/// round and whose firmware read is due (none yet, one older than `every`,
+/// or a system BIOS version other than the one recorded), and records it.
+/// Ok(the versions seen for the first time).
+async fn read_firmware(
+    provider: &SharedProvider,
+    session: &Session,
+    reads: &HashMap<Uuid, &BmcRead>,
+    every: Duration,
+) -> Result<u64, String> {
+    let answered: HashMap<Uuid, (&str, Option<&String>)> = reads
+        .iter()
+        .filter(|(_, r)| !r.bmc_url.starts_with("ipmi://"))
+        .filter_map(|(id, r)| {
+            let s = r.system.as_ref().ok()?;
+            Some((*id, (r.provider_id.as_str(), s.facts.bios_version.as_ref())))
+        })
+        .collect();
+    if answered.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = answered.keys().copied().collect();
+    let last = session
+        .transact(async |tx| firmware::last_reads(tx, &ids).await)
+        .await
+        .map_err(|e| format!("reading when firmware was read: {e}"))?;
+    let now = SystemTime::now();
+    let due: HashMap<String, Uuid> = answered
+        .iter()
+        .filter(|(id, (_, bios))| match last.get(id) {
+            None => true,
+            Some((at, recorded)) => {
+                now.duration_since(*at).is_ok_and(|d| d >= every) || recorded.as_ref() != *bios
+            }
+        })
+        .map(|(id, (pid, _))| (pid.to_string(), *id))
+        .collect();
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let pids: Vec<String> = due.keys().cloned().collect();
+    let read = provider
+        .bmc_firmware(&pids)
+        .await
+        .map_err(|e| format!("reading firmware: {e}"))?;
+    let seen = session
+        .transact(async |tx| {
+            let mut all = Vec::new();
+            for r in &read {
+                let id = due[&r.provider_id];
+                all.push((id, r, firmware::record(tx, id, &r.firmware).await?));
+            }
+            Ok(all)
+        })
+        .await
+        .map_err(|e| format!("writing firmware: {e}"))?;
+    let mut count = 0;
+    for (id, r, versions) in seen {
+        if let Err(e) = &r.firmware {
+            tracing::warn!(machine_id = %id, provider_id = %r.provider_id, error = %e, "reading the BMC's firmware failed");
+        }
+        for v in versions {
+            tracing::info!(machine_id = %id, provider_id = %r.provider_id, component = %v.component,
+                previous = v.previous.as_deref().unwrap_or("none"), version = %v.version, "firmware version seen");
+            count += 1;
+        }
+    }
+    Ok(count)
 }

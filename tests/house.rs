@@ -23,9 +23,9 @@ use std::process::Command;
 /// a strictly lower layer. (`main.rs` and `cli/`, the binary, may import
 /// any.)
 const LAYERS: &[&[&str]] = &[
-    &["secret", "backoff", "tls", "mac", "bmc"],
+    &["secret", "backoff", "tls", "mac"],
     &["config"],
-    &["bmdb", "equinix", "ssh", "telemetry"],
+    &["bmc", "bmdb", "equinix", "ssh", "telemetry"],
     &["redfish", "ipmi", "callback", "control", "takeover"],
     &["provider", "images"],
     &[

@@ -236,6 +236,70 @@ pub struct MachineDetailBody {
     /// Its tenant: the project it is assigned to, the device on it
     /// (the Metal API's, docs/src/tenants.md).
     pub tenancy: Option<TenancyBody>,
+    /// Its firmware as its BMC lists it (absent: never read; a Redfish
+    /// BMC's only).
+    pub firmware: Option<FirmwareBody>,
+}
+
+/// A machine's firmware, as its BMC lists it.
+#[derive(Serialize, ToSchema)]
+pub struct FirmwareBody {
+    pub read_at: Option<String>,
+    /// Why the last read failed (the components are from the read before).
+    pub read_error: Option<String>,
+    pub components: Vec<FirmwareComponent>,
+    /// The versions seen, newest first (the last 50).
+    pub history: Vec<FirmwareSeen>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct FirmwareComponent {
+    /// `bios`, `bmc`, `nic:<Id>`, `inventory:<Id>`.
+    pub component: String,
+    pub name: Option<String>,
+    pub version: String,
+    pub updateable: Option<bool>,
+    /// When this version was first seen.
+    pub since: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct FirmwareSeen {
+    pub component: String,
+    /// Absent: the component's first version seen.
+    pub previous: Option<String>,
+    pub version: String,
+    pub seen_at: String,
+}
+
+impl From<&crate::bmdb::firmware::Firmware> for FirmwareBody {
+    fn from(f: &crate::bmdb::firmware::Firmware) -> Self {
+        FirmwareBody {
+            read_at: f.read_at.map(rfc3339),
+            read_error: f.read_error.clone(),
+            components: f
+                .components
+                .iter()
+                .map(|r| FirmwareComponent {
+                    component: r.component.component.clone(),
+                    name: r.component.name.clone(),
+                    version: r.component.version.clone(),
+                    updateable: r.component.updateable,
+                    since: rfc3339(r.since),
+                })
+                .collect(),
+            history: f
+                .history
+                .iter()
+                .map(|s| FirmwareSeen {
+                    component: s.component.clone(),
+                    previous: s.previous.clone(),
+                    version: s.version.clone(),
+                    seen_at: rfc3339(s.seen_at),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A machine's tenant.
@@ -576,6 +640,7 @@ impl From<&MachineDetail> for MachineDetailBody {
                     state: d.state.to_string(),
                 }),
             }),
+            firmware: d.firmware.read_at.map(|_| FirmwareBody::from(&d.firmware)),
         }
     }
 }

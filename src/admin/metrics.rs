@@ -353,13 +353,14 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             let oldest_boot = crate::bmdb::bmc_boot::oldest_request_age(tx).await?;
             let tenants = crate::bmdb::devices::tenant_counts(tx).await?;
             let secure_boot = crate::bmdb::hardware::secure_boot_counts(tx).await?;
+            let firmware = crate::bmdb::firmware::versions(tx).await?;
             Ok((
                 sessions,
                 backoffs,
                 counts,
                 agents,
                 brake,
-                (endpoints, oldest_boot, tenants, secure_boot),
+                (endpoints, oldest_boot, tenants, secure_boot, firmware),
             ))
         })
         .await;
@@ -406,9 +407,19 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             counts,
             (heartbeating, silent),
             brake,
-            (endpoints, oldest_boot, tenants, secure_boot),
+            (endpoints, oldest_boot, tenants, secure_boot, firmware),
         )) => {
             tenant_samples(&mut p, &tenants);
+            p.gauges(
+                "shepherd_machines_by_firmware",
+                "Machines per firmware component and version, as their BMCs list them (bios, bmc, nic:<Id>, inventory:<Id>)",
+                firmware.iter().map(|(component, version, n)| {
+                    (
+                        labels(&[("component", component), ("version", version)]),
+                        *n,
+                    )
+                }),
+            );
             p.gauges(
                 "shepherd_machines_secure_boot",
                 "Machines whose BMC was read, by Secure Boot as the BMC says (on, off; unknown: an IPMI BMC, or none offered)",

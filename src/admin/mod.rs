@@ -23,6 +23,7 @@
 pub mod api;
 mod auth;
 pub mod discovery;
+mod firmware;
 mod handlers;
 mod html;
 mod install_pages;

@@ -191,10 +191,11 @@ pub(super) async fn fleet_page(
                     None => None,
                 },
                 crate::bmdb::callback::endpoints(tx).await?,
+                crate::bmdb::firmware::versions(tx).await?,
             ))
         })
         .await;
-    let (listing, activity, sessions, brake, endpoints) = match r {
+    let (listing, activity, sessions, brake, endpoints, firmware) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
@@ -361,6 +362,7 @@ pub(super) async fn fleet_page(
         );
     }
     b.push_str("</section>");
+    b.push_str(&super::firmware::fleet_section(&firmware));
 
     b.push_str("<div class=\"row\"><section id=\"provisioner\"><h2>Provisioner</h2>");
     match st.loop_named("provisioner") {
@@ -889,6 +891,7 @@ pub(super) async fn machine_page(
         }
         b.push_str("</table>");
     }
+    b.push_str(&super::firmware::machine_section(&d.firmware));
     b.push_str("<h2>Leases</h2><ul id=\"leases\">");
     for l in &d.leases {
         let _ = write!(b, "<li>{} by {}</li>", l.process, esc(&l.component));

@@ -20,6 +20,7 @@ pub mod discovery;
 pub mod duty;
 pub mod embedded;
 pub mod error;
+pub mod firmware;
 pub mod hardware;
 pub mod heartbeats;
 pub mod installations;

@@ -145,6 +145,10 @@ pub struct UpdaterConfig {
     pub enabled: bool,
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    /// How often a Redfish BMC's firmware is read again (sooner when its
+    /// system's BIOS version changes).
+    #[serde(with = "humantime_serde")]
+    pub firmware_interval: Duration,
 }
 
 impl Default for UpdaterConfig {
@@ -152,7 +156,15 @@ impl Default for UpdaterConfig {
         UpdaterConfig {
             enabled: true,
             interval: Duration::from_secs(60),
+            firmware_interval: Duration::from_secs(3600),
         }
+    }
+}
+
+impl UpdaterConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        ConfigError::positive("updater.interval", self.interval)?;
+        ConfigError::positive("updater.firmware_interval", self.firmware_interval)
     }
 }
 

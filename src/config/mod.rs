@@ -226,7 +226,7 @@ impl Config {
                 ));
             }
         }
-        ConfigError::positive("updater.interval", self.updater.interval)?;
+        self.updater.validate()?;
         self.installations.validate()?;
         self.metal.validate()?;
         if !self.metal.operating_systems.is_empty() && self.installations.images_dir.is_none() {

@@ -57,6 +57,19 @@ impl Bmcs {
         }
     }
 
+    /// The machine's firmware components; None: its BMC speaks IPMI, which
+    /// lists none.
+    pub async fn firmware(
+        &self,
+        host: &str,
+        bmc: &BmcConfig,
+    ) -> Result<Option<Vec<crate::bmdb::firmware::Component>>, BmcError> {
+        match bmc.protocol() {
+            BmcProtocol::Redfish => Ok(Some(redfish::firmware(&self.redfish, host, bmc).await?)),
+            BmcProtocol::Ipmi => Ok(None),
+        }
+    }
+
     /// Reboots the machine; Ok(how).
     pub async fn reboot(&self, host: &str, bmc: &BmcConfig) -> Result<String, BmcError> {
         match bmc.protocol() {

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use super::bmc::Bmcs;
-use super::{BmcRead, Fut, MachineKind, Provider, ProviderError, ProviderMachine};
+use super::{BmcRead, FirmwareRead, Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::inventory::read_file;
 use crate::config::{
@@ -303,6 +303,37 @@ impl Provider for Inventory {
                 };
             }
             Ok(reads)
+        })
+    }
+
+    /// The firmware of those hosts whose BMC lists it (Redfish), read
+    /// concurrently.
+    fn bmc_firmware<'a>(&'a self, provider_ids: &'a [String]) -> Fut<'a, Vec<FirmwareRead>> {
+        Box::pin(async move {
+            let wanted: std::collections::HashSet<&str> =
+                provider_ids.iter().map(String::as_str).collect();
+            let hosts: Vec<InventoryMachine> = self
+                .hosts_now()
+                .await
+                .into_iter()
+                .filter(|h| h.bmc.is_some() && wanted.contains(h.id.as_str()))
+                .collect();
+            let reads = futures::future::join_all(hosts.iter().map(|h| async move {
+                let bmc = h.bmc.as_ref().expect("filtered on a BMC");
+                match self.bmcs.firmware(&h.id, bmc).await {
+                    Ok(None) => None,
+                    Ok(Some(c)) => Some(FirmwareRead {
+                        provider_id: h.id.clone(),
+                        firmware: Ok(c),
+                    }),
+                    Err(e) => Some(FirmwareRead {
+                        provider_id: h.id.clone(),
+                        firmware: Err(e.to_string()),
+                    }),
+                }
+            }))
+            .await;
+            Ok(reads.into_iter().flatten().collect())
         })
     }
 

@@ -150,6 +150,19 @@ pub trait Provider {
     fn bmc_facts(&self) -> Fut<'_, Vec<BmcRead>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+
+    /// The firmware of each of these machines whose BMC lists it, read
+    /// now. Providers without BMCs have none.
+    fn bmc_firmware<'a>(&'a self, _provider_ids: &'a [String]) -> Fut<'a, Vec<FirmwareRead>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// One machine's firmware, read from its BMC.
+#[derive(Debug, Clone)]
+pub struct FirmwareRead {
+    pub provider_id: String,
+    pub firmware: Result<Vec<crate::bmdb::firmware::Component>, String>,
 }
 
 /// One machine's BMC, read.

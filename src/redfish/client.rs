@@ -71,6 +71,9 @@ pub struct SystemInfo {
     /// The managers (`Links.ManagedBy`), whose `VirtualMedia` serves when
     /// the system has none.
     pub managed_by: Vec<String>,
+    /// Its chassis (`Links.Chassis`), whose `NetworkAdapters` carry the
+    /// NICs' firmware.
+    pub chassis: Vec<String>,
     /// `Boot.BootSourceOverrideMode` (`UEFI`, `Legacy`), when reported.
     pub boot_mode: Option<String>,
     /// Its `SecureBoot` resource, if it has one.
@@ -113,10 +116,26 @@ impl SystemInfo {
                 .as_array()
                 .map(|a| a.iter().filter_map(|m| s(&m["@odata.id"])).collect())
                 .unwrap_or_default(),
+            chassis: v["Links"]["Chassis"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|m| s(&m["@odata.id"])).collect())
+                .unwrap_or_default(),
             boot_mode: s(&v["Boot"]["BootSourceOverrideMode"]),
             secure_boot: s(&v["SecureBoot"]["@odata.id"]),
         }
     }
+}
+
+/// A collection's members' `@odata.id`s.
+pub(super) fn members(v: &Value) -> Vec<String> {
+    v["Members"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|m| m["@odata.id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A `SecureBoot` resource's facts.

@@ -19,7 +19,7 @@ use actix::prelude::*;
 use awc::http::Method;
 use serde_json::{Value, json};
 
-use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo};
+use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members};
 
 /// How a boot from virtual media was started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,17 +143,6 @@ sequence!(GetVirtualCd => VirtualCd, |c, msg| {
     let info = c.get_system(&msg.system).await?;
     virtual_cd(&mut c, &info).await
 });
-
-fn members(v: &Value) -> Vec<String> {
-    v["Members"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter_map(|m| m["@odata.id"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// The first CD or DVD member of the system's `VirtualMedia`, else of its
 /// managers'.

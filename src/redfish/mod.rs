@@ -36,6 +36,7 @@ macro_rules! sequence {
 }
 
 pub mod client;
+pub mod firmware;
 pub mod media;
 pub mod tls;
 
@@ -95,6 +96,18 @@ where
     bmcs.clients
         .ask(host, bmc, || bmcs.client(host, bmc), msg)
         .await
+}
+
+/// The system's firmware components (`firmware`).
+pub async fn firmware(
+    bmcs: &Bmcs,
+    host: &str,
+    bmc: &BmcConfig,
+) -> Result<Vec<crate::bmdb::firmware::Component>, BmcError> {
+    let msg = firmware::GetFirmware {
+        system: bmc.system.clone(),
+    };
+    ask(bmcs, host, bmc, msg).await
 }
 
 /// The system's state and facts (its Secure Boot read too).

@@ -108,8 +108,10 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
     }
 
     if cfg.updater.enabled {
-        let (p, every) = (provider.clone(), cfg.updater.interval);
-        loops.push(Registration::round(move || Updater::new(p.clone(), every)));
+        let (p, updater) = (provider.clone(), cfg.updater.clone());
+        loops.push(Registration::round(move || {
+            Updater::new(p.clone(), &updater)
+        }));
     }
 
     let every = cfg.installations.rollout_interval;

@@ -11,7 +11,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_installation_progress', 'installation_history', 'rollout', 'rollout_machine', \
      'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', 'machine_boot_mac', 'netboot_lease', 'machine_discovered', 'machine_accepted_bmc', \
      'machine_hardware_accepted', 'project', 'machine_project', 'api_token', 'project_ssh_key', \
-     'device', 'project_event', 'tenant_audit')";
+     'device', 'project_event', 'tenant_audit', 'machine_firmware', 'machine_firmware_history', \
+     'machine_firmware_read')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -40,14 +41,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V17__interruptions",
             "V18__tenants",
             "V19__secure_boot",
-            "V20__device_secure_boot"
+            "V20__device_secure_boot",
+            "V21__firmware"
         ]
     );
-    assert_eq!(first.version, Some(20));
-    assert_eq!(count(&bmdb, TABLES).await, 41);
+    assert_eq!(first.version, Some(21));
+    assert_eq!(count(&bmdb, TABLES).await, 44);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(20));
+    assert_eq!(again.version, Some(21));
 }
 
 #[actix_rt::test]
@@ -60,13 +62,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 20],
+        [0, 21],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 41);
+    assert_eq!(count(&a, TABLES).await, 44);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        20
+        21
     );
 }
 
@@ -110,7 +112,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V17__interruptions",
             "V18__tenants",
             "V19__secure_boot",
-            "V20__device_secure_boot"
+            "V20__device_secure_boot",
+            "V21__firmware"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -171,7 +174,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V17__interruptions",
             "V18__tenants",
             "V19__secure_boot",
-            "V20__device_secure_boot"
+            "V20__device_secure_boot",
+            "V21__firmware"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

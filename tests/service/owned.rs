@@ -108,6 +108,63 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["tags"]["bmc"]["manufacturer"], emulator["Manufacturer"]);
     assert_eq!(v["tags"]["bmc"]["power_state"], "On");
+    // Its firmware, read once (within updater.firmware_interval): the
+    // emulator's manager's own, as `bmc`, and its BIOS where it says one.
+    let manager = good
+        .get(
+            emulator["Links"]["ManagedBy"][0]["@odata.id"]
+                .as_str()
+                .unwrap(),
+        )
+        .await;
+    let components: Vec<(String, String)> = v["firmware"]["components"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no firmware: {v}"))
+        .iter()
+        .map(|c| {
+            (
+                c["component"].as_str().unwrap().to_string(),
+                c["version"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut want = vec![(
+        "bmc".to_string(),
+        manager["FirmwareVersion"].as_str().unwrap().to_string(),
+    )];
+    if let Some(bios) = emulator["BiosVersion"].as_str() {
+        want.insert(0, ("bios".to_string(), bios.to_string()));
+    }
+    assert_eq!(components, want, "{v}");
+    assert!(v["firmware"]["read_error"].is_null(), "{v}");
+    let reads = rig
+        .count("SELECT count(*) FROM machine_firmware_read WHERE read_at > now() - interval '1 minute'")
+        .await;
+    assert_eq!(
+        reads, 1,
+        "node-1's firmware read (node-2's BMC refused its facts)"
+    );
+    let history = rig
+        .count("SELECT count(*) FROM machine_firmware_history")
+        .await;
+    assert_eq!(
+        history,
+        want.len() as i64,
+        "each version seen once over the rounds"
+    );
+    let page = s.admin_get(&format!("machines/{node1}")).await.1;
+    assert!(
+        page.contains("id=\"firmware\"") && page.contains(&want.last().unwrap().1),
+        "{page}"
+    );
+    let metrics = s.admin_get("metrics").await.1;
+    assert!(
+        metrics.contains(&format!(
+            "shepherd_machines_by_firmware{{component=\"bmc\",version=\"{}\"}} 1",
+            want.last().unwrap().1
+        )),
+        "{metrics}"
+    );
     let show = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .arg("--config")
         .arg(&config)

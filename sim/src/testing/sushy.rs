@@ -1,4 +1,5 @@
-//! OpenStack's Redfish emulator (sushy-tools) as a process: BMCs for tests.
+//! OpenStack's Redfish emulator (sushy-tools) as a process: BMCs for tests,
+//! with its fake driver or its libvirt driver.
 
 use super::Sshd;
 use super::sshd::spawn_listening;
@@ -30,6 +31,38 @@ impl Sushy {
 
     /// With more lines of emulator configuration (Python).
     pub fn start_with(systems: &[&str], user: &str, password: &str, extra: &str) -> Sushy {
+        let fake: Vec<String> = systems
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                format!(
+                    "{{'uuid': '{}', 'name': '{name}', 'power_state': 'On', 'nics': [{{'mac': '02:00:00:00:{:02x}:{:02x}', 'ip': '127.0.0.1'}}]}}",
+                    Self::uuid(i),
+                    i / 256,
+                    i % 256
+                )
+            })
+            .collect();
+        let driver = format!(
+            "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n{extra}",
+            fake.join(", ")
+        );
+        Self::launch(systems, user, password, &driver)
+    }
+
+    /// With its libvirt driver, in front of the host's libvirt
+    /// (`qemu:///system`): `domains` are libvirt domains' names, defined
+    /// by the caller with the UUIDs `uuid(i)`.
+    pub fn start_libvirt(domains: &[&str], user: &str, password: &str) -> Sushy {
+        Self::launch(
+            domains,
+            user,
+            password,
+            "SUSHY_EMULATOR_LIBVIRT_URI = 'qemu:///system'\n",
+        )
+    }
+
+    fn launch(systems: &[&str], user: &str, password: &str, driver: &str) -> Sushy {
         let dir = tempfile::Builder::new()
             .prefix("shepherd-sushy-")
             .tempdir()
@@ -51,18 +84,6 @@ impl Sushy {
             String::from_utf8_lossy(&hashed.stderr)
         );
         std::fs::write(&htpasswd, &hashed.stdout).unwrap();
-        let fake: Vec<String> = systems
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                format!(
-                    "{{'uuid': '{}', 'name': '{name}', 'power_state': 'On', 'nics': [{{'mac': '02:00:00:00:{:02x}:{:02x}', 'ip': '127.0.0.1'}}]}}",
-                    Self::uuid(i),
-                    i / 256,
-                    i % 256
-                )
-            })
-            .collect();
         let conf = dir.path().join("emulator.conf");
         std::fs::write(
             &conf,
@@ -70,12 +91,9 @@ impl Sushy {
                 "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\n\
                  SUSHY_EMULATOR_LISTEN_PORT = {port}\n\
                  SUSHY_EMULATOR_AUTH_FILE = '{auth}'\n\
-                 SUSHY_EMULATOR_STATE_DIR = '{state}'\n\
-                 SUSHY_EMULATOR_FAKE_DRIVER = True\n\
-                 SUSHY_EMULATOR_FAKE_SYSTEMS = [{fake}]\n{extra}\n",
+                 SUSHY_EMULATOR_STATE_DIR = '{state}'\n{driver}\n",
                 auth = htpasswd.display(),
                 state = dir.path().join("state").display(),
-                fake = fake.join(", "),
             ),
         )
         .unwrap();
@@ -111,13 +129,19 @@ impl Sushy {
     /// System `i` as the emulator shows it (JSON), read with its own
     /// credentials.
     pub async fn system(&self, i: usize) -> serde_json::Value {
+        self.get(&format!("/redfish/v1/Systems/{}", Self::uuid(i)))
+            .await
+    }
+
+    /// The resource at `path` as the emulator shows it (JSON).
+    pub async fn get(&self, path: &str) -> serde_json::Value {
         let mut r = awc::Client::default()
-            .get(format!("{}/redfish/v1/Systems/{}", self.url, Self::uuid(i)))
+            .get(format!("{}{path}", self.url))
             .basic_auth(&self.user, &self.password)
             .send()
             .await
             .unwrap();
-        assert!(r.status().is_success(), "{:?}", r.status());
+        assert!(r.status().is_success(), "{path}: {:?}", r.status());
         r.json().limit(1 << 20).await.unwrap()
     }
 

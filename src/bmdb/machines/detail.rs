@@ -117,6 +117,8 @@ pub struct MachineDetail {
     pub discovery: Option<crate::bmdb::discovery::Discovery>,
     /// The project it is assigned to, and the tenant's device on it.
     pub tenancy: Option<Tenancy>,
+    /// Its firmware as its BMC lists it.
+    pub firmware: crate::bmdb::firmware::Firmware,
 }
 
 /// A machine's tenant: the project it is assigned to (None: the shared
@@ -294,6 +296,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         hardware_check,
         discovery: crate::bmdb::discovery::of(tx, machine_id).await?,
         tenancy: tenancy(tx, machine_id).await?,
+        firmware: crate::bmdb::firmware::of_machine(tx, machine_id).await?,
     }))
 }
 

@@ -1,0 +1,87 @@
+//! Firmware on the pages: a machine's components and the versions it ran
+//! (the machine page), and machines per component version (the fleet
+//! page), from `bmdb::firmware`.
+
+use std::fmt::Write as _;
+
+use crate::bmdb::firmware::Firmware;
+
+use super::html::esc;
+use super::text::rfc3339;
+
+/// The machine page's firmware section; empty when it was never read.
+pub(super) fn machine_section(f: &Firmware) -> String {
+    let Some(read_at) = f.read_at else {
+        return String::new();
+    };
+    let mut b = format!(
+        "<h2>Firmware</h2><p class=\"muted\">as its BMC listed it at {}</p>",
+        rfc3339(read_at)
+    );
+    if let Some(e) = &f.read_error {
+        let _ = write!(
+            b,
+            "<p class=\"error\" id=\"firmware-error\">the last read failed: {}</p>",
+            esc(e)
+        );
+    }
+    b.push_str(
+        "<table id=\"firmware\"><tr><th>component</th><th>name</th><th>version</th>\
+         <th>updateable</th><th>since</th></tr>",
+    );
+    for r in &f.components {
+        let c = &r.component;
+        let _ = write!(
+            b,
+            "<tr data-component=\"{}\"><td>{}</td><td>{}</td><td class=\"version\">{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&c.component),
+            esc(&c.component),
+            esc(c.name.as_deref().unwrap_or("")),
+            esc(&c.version),
+            match c.updateable {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "",
+            },
+            rfc3339(r.since)
+        );
+    }
+    b.push_str("</table>");
+    if f.history.iter().any(|s| s.previous.is_some()) {
+        b.push_str("<table id=\"firmware-history\"><tr><th>time</th><th>component</th><th>from</th><th>to</th></tr>");
+        for s in f.history.iter().filter(|s| s.previous.is_some()) {
+            let _ = write!(
+                b,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                rfc3339(s.seen_at),
+                esc(&s.component),
+                esc(s.previous.as_deref().unwrap_or("")),
+                esc(&s.version)
+            );
+        }
+        b.push_str("</table>");
+    }
+    b
+}
+
+/// The fleet page's firmware section: machines per component and version
+/// (`versions`: from `bmdb::firmware::versions`); empty when none is known.
+pub(super) fn fleet_section(versions: &[(String, String, i64)]) -> String {
+    if versions.is_empty() {
+        return String::new();
+    }
+    let mut b = String::from(
+        "<section id=\"firmware\"><h2>Firmware</h2><table id=\"firmware-versions\">\
+         <tr><th>component</th><th>version</th><th>machines</th></tr>",
+    );
+    for (component, version, n) in versions {
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td class=\"version\">{}</td><td class=\"count\">{n}</td></tr>",
+            esc(component),
+            esc(version)
+        );
+    }
+    b.push_str("</table></section>");
+    b
+}

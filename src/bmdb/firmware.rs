@@ -1,0 +1,212 @@
+//! The firmware a machine runs, as its BMC lists it (`redfish::firmware`),
+//! with every version each component was seen at: what the machine page,
+//! the API and `/metrics` show, and what a firmware baseline will be
+//! compared with.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use uuid::Uuid;
+
+use super::{BmdbError, Tx};
+
+/// One firmware component of a machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Component {
+    /// `bios` (the system's), `bmc` (its manager's own), `nic:<Id>` (a
+    /// network adapter's), `inventory:<Id>` (a member of the BMC's
+    /// firmware inventory).
+    pub component: String,
+    /// What the BMC calls it, when it says.
+    pub name: Option<String>,
+    pub version: String,
+    /// Whether the BMC says it can update it, when it says.
+    pub updateable: Option<bool>,
+}
+
+/// A component as recorded: since when it runs this version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub component: Component,
+    pub since: SystemTime,
+}
+
+/// A version seen: the component's first (`previous` None), or a change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    pub component: String,
+    pub previous: Option<String>,
+    pub version: String,
+    pub seen_at: SystemTime,
+}
+
+/// A machine's firmware: its components, their versions over time, and
+/// the last read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Firmware {
+    pub components: Vec<Recorded>,
+    /// Newest first.
+    pub history: Vec<Seen>,
+    pub read_at: Option<SystemTime>,
+    /// Why the last read failed (the components are from the read before).
+    pub read_error: Option<String>,
+}
+
+/// Records one read of `machine_id`'s firmware. A list replaces the one
+/// before (a component gone from it is removed) and each version not seen
+/// before gets a history row; a failed read keeps the components and
+/// records its cause. Ok(the versions seen for the first time).
+pub async fn record(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    read: &Result<Vec<Component>, String>,
+) -> Result<Vec<Seen>, BmdbError> {
+    let error = read.as_ref().err();
+    tx.execute(
+        "INSERT INTO machine_firmware_read (machine_id, read_at, read_error) VALUES ($1, now(), $2) \
+         ON CONFLICT (machine_id) DO UPDATE SET read_at = now(), read_error = $2",
+        &[&machine_id, &error],
+    )
+    .await?;
+    let Ok(components) = read else {
+        return Ok(Vec::new());
+    };
+    let before: HashMap<String, String> = tx
+        .query(
+            "SELECT component, version FROM machine_firmware WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut seen = Vec::new();
+    for c in components {
+        let previous = before.get(&c.component);
+        if previous == Some(&c.version) {
+            tx.execute(
+                "UPDATE machine_firmware SET name = $3, updateable = $4 \
+                 WHERE machine_id = $1 AND component = $2",
+                &[&machine_id, &c.component, &c.name, &c.updateable],
+            )
+            .await?;
+            continue;
+        }
+        let at: SystemTime = tx
+            .query_one(
+                "WITH h AS (INSERT INTO machine_firmware_history (machine_id, component, version, previous) \
+                 VALUES ($1, $2, $3, $4) RETURNING seen_at) \
+                 INSERT INTO machine_firmware (machine_id, component, name, version, updateable, since) \
+                 SELECT $1, $2, $5, $3, $6, seen_at FROM h \
+                 ON CONFLICT (machine_id, component) DO UPDATE \
+                 SET name = $5, version = $3, updateable = $6, since = EXCLUDED.since \
+                 RETURNING since",
+                &[
+                    &machine_id,
+                    &c.component,
+                    &c.version,
+                    &previous,
+                    &c.name,
+                    &c.updateable,
+                ],
+            )
+            .await?
+            .get(0);
+        seen.push(Seen {
+            component: c.component.clone(),
+            previous: previous.cloned(),
+            version: c.version.clone(),
+            seen_at: at,
+        });
+    }
+    let listed: Vec<&str> = components.iter().map(|c| c.component.as_str()).collect();
+    tx.execute(
+        "DELETE FROM machine_firmware WHERE machine_id = $1 AND component <> ALL($2)",
+        &[&machine_id, &listed],
+    )
+    .await?;
+    Ok(seen)
+}
+
+/// When each of `machine_ids` last had its firmware read, and the BIOS
+/// version then recorded: the Updater reads again what is due.
+pub async fn last_reads(
+    tx: &mut Tx<'_>,
+    machine_ids: &[Uuid],
+) -> Result<HashMap<Uuid, (SystemTime, Option<String>)>, BmdbError> {
+    Ok(tx
+        .query(
+            "SELECT r.machine_id, r.read_at, f.version FROM machine_firmware_read r \
+             LEFT JOIN machine_firmware f ON f.machine_id = r.machine_id AND f.component = 'bios' \
+             WHERE r.machine_id = ANY($1)",
+            &[&machine_ids],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect())
+}
+
+/// `machine_id`'s firmware as recorded (its last 50 versions seen).
+pub async fn of_machine(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Firmware, BmdbError> {
+    let components = tx
+        .query(
+            "SELECT component, name, version, updateable, since FROM machine_firmware \
+             WHERE machine_id = $1 ORDER BY component",
+            &[&machine_id],
+        )
+        .await?
+        .iter()
+        .map(|r| Recorded {
+            component: Component {
+                component: r.get(0),
+                name: r.get(1),
+                version: r.get(2),
+                updateable: r.get(3),
+            },
+            since: r.get(4),
+        })
+        .collect();
+    let history = tx
+        .query(
+            "SELECT component, previous, version, seen_at FROM machine_firmware_history \
+             WHERE machine_id = $1 ORDER BY seen_at DESC, component LIMIT 50",
+            &[&machine_id],
+        )
+        .await?
+        .iter()
+        .map(|r| Seen {
+            component: r.get(0),
+            previous: r.get(1),
+            version: r.get(2),
+            seen_at: r.get(3),
+        })
+        .collect();
+    let read = tx
+        .query_opt(
+            "SELECT read_at, read_error FROM machine_firmware_read WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?;
+    Ok(Firmware {
+        components,
+        history,
+        read_at: read.as_ref().map(|r| r.get(0)),
+        read_error: read.as_ref().and_then(|r| r.get(1)),
+    })
+}
+
+/// Machines per component and version, the fleet's firmware at a glance
+/// (`/metrics`' `shepherd_machines_by_firmware`, the fleet page).
+pub async fn versions(tx: &mut Tx<'_>) -> Result<Vec<(String, String, i64)>, BmdbError> {
+    Ok(tx
+        .query(
+            "SELECT component, version, count(*) FROM machine_firmware \
+             GROUP BY component, version ORDER BY component, version",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}

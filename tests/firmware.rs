@@ -1,0 +1,211 @@
+//! A machine's firmware through its BMC, against sushy-tools' libvirt
+//! driver in front of a libvirt domain (defined, never started): the
+//! BIOS version the domain holds read as `bios`, the emulator's manager's
+//! firmware as `bmc`; a `SimpleUpdate` through the BMC (as a vendor's tool
+//! sends it) raises the domain's BIOS version, and the next read records
+//! the new version with the old one in its history.
+//!
+//! Needs root and libvirtd (scripts/test starts it); skipped, saying so,
+//! without them.
+
+use std::process::Command;
+
+use shepherd::bmdb::Provider;
+use shepherd::bmdb::firmware;
+use shepherd::bmdb::machines::{self, NewProvidedMachine};
+use shepherd::config::{InventoryConfig, InventoryMachine, RedfishConfig};
+use shepherd::provider::Provider as _;
+use shepherd::provider::inventory::Inventory;
+use shepherd_sim::testing::{Sushy, TestDb};
+
+const PASSWORD: &str = "bmc-fw-3a91d0";
+
+fn usable() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the firmware tests need root (libvirt)");
+        return false;
+    }
+    let ok = Command::new("virsh")
+        .args(["-q", "list"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIPPED: the firmware tests need libvirtd (scripts/test starts it)");
+    }
+    ok
+}
+
+/// A libvirt domain, defined and never started; undefined on drop.
+struct Domain {
+    name: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Domain {
+    fn define(uuid: &str) -> Domain {
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("shepherd-fw-{}", std::process::id());
+        let xml = format!(
+            "<domain type='qemu'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+             <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os><devices/></domain>"
+        );
+        let path = dir.path().join("domain.xml");
+        std::fs::write(&path, xml).unwrap();
+        let out = Command::new("virsh")
+            .args(["-q", "define"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Domain { name, _dir: dir }
+    }
+
+    fn xml(&self) -> String {
+        let out = Command::new("virsh")
+            .args(["-q", "dumpxml", &self.name])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let _ = Command::new("virsh")
+            .args(["-q", "undefine", &self.name])
+            .output();
+    }
+}
+
+/// The BIOS and BMC versions `inv` reads of node-1.
+async fn read(inv: &Inventory) -> Vec<firmware::Component> {
+    let mut reads = inv.bmc_firmware(&["node-1".to_string()]).await.unwrap();
+    assert_eq!(reads.len(), 1);
+    reads.remove(0).firmware.unwrap()
+}
+
+fn versions(c: &[firmware::Component]) -> Vec<(&str, &str)> {
+    c.iter()
+        .map(|c| (c.component.as_str(), c.version.as_str()))
+        .collect()
+}
+
+#[actix_rt::test]
+async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
+    if !usable() {
+        return;
+    }
+    let domain = Domain::define(&Sushy::uuid(0));
+    let sushy = Sushy::start_libvirt(&[&domain.name], "admin", PASSWORD);
+    let inv = Inventory::new(
+        &InventoryConfig {
+            machines: vec![InventoryMachine {
+                id: "node-1".into(),
+                address: Some("127.0.0.1".parse().unwrap()),
+                boot: None,
+                location: None,
+                bmc: Some(sushy.bmc(0)),
+                mac: None,
+                macs: Vec::new(),
+                firmware: None,
+            }],
+            file: None,
+        },
+        &RedfishConfig::default(),
+        &Default::default(),
+        None,
+    );
+    let system = sushy.system(0).await;
+    let manager = sushy
+        .get(
+            system["Links"]["ManagedBy"][0]["@odata.id"]
+                .as_str()
+                .unwrap(),
+        )
+        .await;
+    let before = read(&inv).await;
+    let bios = system["BiosVersion"].as_str().unwrap().to_string();
+    let bmc = manager["FirmwareVersion"].as_str().unwrap().to_string();
+    assert_eq!(
+        versions(&before),
+        [("bios", bios.as_str()), ("bmc", bmc.as_str())]
+    );
+
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let new = NewProvidedMachine {
+        provider: Provider::None,
+        provider_id: "node-1".into(),
+        reservation_id: None,
+        ip_address: Some("127.0.0.1".into()),
+        location: None,
+        status: None,
+    };
+    let machine = bmdb
+        .transact(async |tx| machines::create_provided(tx, &new).await)
+        .await
+        .unwrap();
+    let record = |read: Vec<firmware::Component>| {
+        let bmdb = bmdb.clone();
+        async move {
+            let read = Ok(read);
+            bmdb.transact(async |tx| firmware::record(tx, machine, &read).await)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        record(before).await.len(),
+        2,
+        "both seen for the first time"
+    );
+
+    // The update, as a vendor's tool asks for it.
+    let mut r = awc::Client::default()
+        .post(format!(
+            "{}/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
+            sushy.url
+        ))
+        .basic_auth("admin", PASSWORD)
+        .send_json(&serde_json::json!({
+            "ImageURI": "http://127.0.0.1:9/bios-1.1.bin",
+            "Targets": [system["@odata.id"]],
+        }))
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_success(),
+        "{}: {:?}",
+        r.status(),
+        r.body().await
+    );
+    let after = read(&inv).await;
+    let new_bios = after[0].version.clone();
+    assert_ne!(new_bios, bios, "the BIOS version did not change");
+    assert!(
+        domain.xml().contains(&format!("value=\"{new_bios}\"")),
+        "the domain holds the new BIOS version: {}",
+        domain.xml()
+    );
+    let seen = record(after).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        (
+            seen[0].component.as_str(),
+            seen[0].previous.as_deref(),
+            seen[0].version.as_str()
+        ),
+        ("bios", Some(bios.as_str()), new_bios.as_str())
+    );
+    let f = bmdb
+        .transact(async |tx| firmware::of_machine(tx, machine).await)
+        .await
+        .unwrap();
+    assert_eq!(f.history.len(), 3, "{:?}", f.history);
+    assert_eq!(f.components[0].component.version, new_bios);
+}

@@ -26,6 +26,16 @@ CREATE TABLE machine_firmware_history (
 );
 CREATE INDEX machine_firmware_history_machine ON machine_firmware_history (machine_id, seen_at);
 
+-- The system's BIOS settings as the BMC lists them (its Bios resource's
+-- Attributes), with the attribute registry that names them.
+CREATE TABLE machine_bios (
+    machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+    registry text NULL,
+    attributes jsonb NOT NULL,
+    -- When they last changed.
+    changed_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- When a machine's firmware was last read, and why that read failed (the
 -- components above are then from the read before).
 CREATE TABLE machine_firmware_read (

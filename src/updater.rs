@@ -218,6 +218,10 @@ async fn update(
     Ok(written + changed.len() as u64)
 }
 
+/// The most machines whose firmware one round reads: a fleet's first
+/// round (every machine due) is spread over several.
+const FIRMWARE_READS_PER_ROUND: usize = 100;
+
 /// Reads the firmware of the machines whose Redfish BMC answered this
 /// round and whose firmware read is due (none yet, one older than `every`,
 /// or a system BIOS version other than the one recorded), and records it.
@@ -245,15 +249,24 @@ async fn read_firmware(
         .await
         .map_err(|e| format!("reading when firmware was read: {e}"))?;
     let now = SystemTime::now();
-    let due: HashMap<String, Uuid> = answered
+    // Never read first, then the changed BIOS versions, then the oldest
+    // reads; at most FIRMWARE_READS_PER_ROUND (the rest next round).
+    let mut due: Vec<(Option<SystemTime>, Uuid, &str)> = answered
         .iter()
-        .filter(|(id, (_, bios))| match last.get(id) {
-            None => true,
-            Some((at, recorded)) => {
-                now.duration_since(*at).is_ok_and(|d| d >= every) || recorded.as_ref() != *bios
+        .filter_map(|(id, (pid, bios))| match last.get(id) {
+            None => Some((None, *id, *pid)),
+            Some((_, recorded)) if recorded.as_ref() != *bios => Some((None, *id, *pid)),
+            Some((at, _)) if now.duration_since(*at).is_ok_and(|d| d >= every) => {
+                Some((Some(*at), *id, *pid))
             }
+            Some(_) => None,
         })
-        .map(|(id, (pid, _))| (pid.to_string(), *id))
+        .collect();
+    due.sort();
+    due.truncate(FIRMWARE_READS_PER_ROUND);
+    let due: HashMap<String, Uuid> = due
+        .into_iter()
+        .map(|(_, id, pid)| (pid.to_string(), id))
         .collect();
     if due.is_empty() {
         return Ok(0);

@@ -1,9 +1,10 @@
 //! A machine's firmware through its BMC, against sushy-tools' libvirt
 //! driver in front of a libvirt domain (defined, never started): the
 //! BIOS version the domain holds read as `bios`, the emulator's manager's
-//! firmware as `bmc`; a `SimpleUpdate` through the BMC (as a vendor's tool
-//! sends it) raises the domain's BIOS version, and the next read records
-//! the new version with the old one in its history.
+//! firmware as `bmc`, the BIOS settings the domain keeps; a `SimpleUpdate`
+//! through the BMC (as a vendor's tool sends it) raises the domain's BIOS
+//! version, a BIOS setting is changed through its settings object, and
+//! the next read records both, the old version in its history.
 //!
 //! Needs root and libvirtd (scripts/test starts it); skipped, saying so,
 //! without them.
@@ -82,8 +83,8 @@ impl Drop for Domain {
     }
 }
 
-/// The BIOS and BMC versions `inv` reads of node-1.
-async fn read(inv: &Inventory) -> Vec<firmware::Component> {
+/// What `inv` reads of node-1's firmware.
+async fn read(inv: &Inventory) -> firmware::Reading {
     let mut reads = inv.bmc_firmware(&["node-1".to_string()]).await.unwrap();
     assert_eq!(reads.len(), 1);
     reads.remove(0).firmware.unwrap()
@@ -132,8 +133,21 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
     let bios = system["BiosVersion"].as_str().unwrap().to_string();
     let bmc = manager["FirmwareVersion"].as_str().unwrap().to_string();
     assert_eq!(
-        versions(&before),
+        versions(&before.components),
         [("bios", bios.as_str()), ("bmc", bmc.as_str())]
+    );
+    // The BIOS settings, as the emulator keeps them in the domain.
+    let settings = sushy
+        .get(system["Bios"]["@odata.id"].as_str().unwrap())
+        .await;
+    let got = before.bios.clone().expect("the BIOS settings");
+    assert_eq!(
+        serde_json::Value::Object(got.attributes.clone()),
+        settings["Attributes"]
+    );
+    assert_eq!(
+        got.registry.as_deref(),
+        settings["AttributeRegistry"].as_str()
     );
 
     let db = TestDb::new().await;
@@ -150,7 +164,7 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         .transact(async |tx| machines::create_provided(tx, &new).await)
         .await
         .unwrap();
-    let record = |read: Vec<firmware::Component>| {
+    let record = |read: firmware::Reading| {
         let bmdb = bmdb.clone();
         async move {
             let read = Ok(read);
@@ -184,8 +198,27 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         r.status(),
         r.body().await
     );
+    // A BIOS setting changed through the BMC (the settings object, as a
+    // vendor's tool PATCHes it; the emulator applies it at once).
+    let settings_path = format!("{}/Settings", system["Bios"]["@odata.id"].as_str().unwrap());
+    let turbo = match got.attributes.get("ProcTurboMode").and_then(|v| v.as_str()) {
+        Some("Enabled") => "Disabled",
+        _ => "Enabled",
+    };
+    let r = awc::Client::default()
+        .patch(format!("{}{settings_path}", sushy.url))
+        .basic_auth("admin", PASSWORD)
+        .send_json(&serde_json::json!({"Attributes": {"ProcTurboMode": turbo}}))
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
     let after = read(&inv).await;
-    let new_bios = after[0].version.clone();
+    assert_eq!(
+        after.bios.as_ref().unwrap().attributes["ProcTurboMode"],
+        turbo,
+        "the changed setting read back"
+    );
+    let new_bios = after.components[0].version.clone();
     assert_ne!(new_bios, bios, "the BIOS version did not change");
     assert!(
         domain.xml().contains(&format!("value=\"{new_bios}\"")),
@@ -208,4 +241,5 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         .unwrap();
     assert_eq!(f.history.len(), 3, "{:?}", f.history);
     assert_eq!(f.components[0].component.version, new_bios);
+    assert_eq!(f.bios.unwrap().0.attributes["ProcTurboMode"], turbo);
 }

@@ -250,6 +250,20 @@ pub struct FirmwareBody {
     pub components: Vec<FirmwareComponent>,
     /// The versions seen, newest first (the last 50).
     pub history: Vec<FirmwareSeen>,
+    /// The system's BIOS settings (absent: its BMC offers none).
+    pub bios: Option<BiosBody>,
+}
+
+/// A system's BIOS settings, as its BMC lists them.
+#[derive(Serialize, ToSchema)]
+pub struct BiosBody {
+    /// `AttributeRegistry`: the registry naming the attributes.
+    pub registry: Option<String>,
+    /// `Attributes`, by name.
+    #[schema(value_type = Object)]
+    pub attributes: serde_json::Map<String, serde_json::Value>,
+    /// When they last changed.
+    pub changed_at: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -298,6 +312,11 @@ impl From<&crate::bmdb::firmware::Firmware> for FirmwareBody {
                     seen_at: rfc3339(s.seen_at),
                 })
                 .collect(),
+            bios: f.bios.as_ref().map(|(b, at)| BiosBody {
+                registry: b.registry.clone(),
+                attributes: b.attributes.clone(),
+                changed_at: rfc3339(*at),
+            }),
         }
     }
 }

@@ -61,6 +61,25 @@ pub(super) fn machine_section(f: &Firmware) -> String {
         }
         b.push_str("</table>");
     }
+    if let Some((bios, changed)) = &f.bios {
+        let _ = write!(
+            b,
+            "<h3>BIOS settings</h3><p class=\"muted\">{}; changed {}</p><table id=\"bios\"><tr><th>attribute</th><th>value</th></tr>",
+            esc(bios
+                .registry
+                .as_deref()
+                .unwrap_or("no attribute registry named")),
+            rfc3339(*changed)
+        );
+        for (k, v) in &bios.attributes {
+            let v = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let _ = write!(b, "<tr><td>{}</td><td>{}</td></tr>", esc(k), esc(&v));
+        }
+        b.push_str("</table>");
+    }
     b
 }
 

@@ -24,6 +24,24 @@ pub struct Component {
     pub updateable: Option<bool>,
 }
 
+/// The system's BIOS settings, as its BMC lists them (its `Bios`
+/// resource).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Bios {
+    /// `AttributeRegistry`: the registry that names the attributes.
+    pub registry: Option<String>,
+    /// `Attributes`, by name.
+    pub attributes: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One read of a machine's firmware: its components, and its BIOS
+/// settings where the BMC offers them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub components: Vec<Component>,
+    pub bios: Option<Bios>,
+}
+
 /// A component as recorded: since when it runs this version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Recorded {
@@ -50,6 +68,8 @@ pub struct Firmware {
     pub read_at: Option<SystemTime>,
     /// Why the last read failed (the components are from the read before).
     pub read_error: Option<String>,
+    /// Its BIOS settings, and when they last changed.
+    pub bios: Option<(Bios, SystemTime)>,
 }
 
 /// Records one read of `machine_id`'s firmware. A list replaces the one
@@ -59,7 +79,7 @@ pub struct Firmware {
 pub async fn record(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
-    read: &Result<Vec<Component>, String>,
+    read: &Result<Reading, String>,
 ) -> Result<Vec<Seen>, BmdbError> {
     let error = read.as_ref().err();
     tx.execute(
@@ -68,9 +88,19 @@ pub async fn record(
         &[&machine_id, &error],
     )
     .await?;
-    let Ok(components) = read else {
+    let Ok(Reading { components, bios }) = read else {
         return Ok(Vec::new());
     };
+    if let Some(b) = bios {
+        let attributes = serde_json::Value::Object(b.attributes.clone());
+        tx.execute(
+            "INSERT INTO machine_bios (machine_id, registry, attributes) VALUES ($1, $2, $3) \
+             ON CONFLICT (machine_id) DO UPDATE SET registry = $2, attributes = $3, changed_at = now() \
+             WHERE machine_bios.registry IS DISTINCT FROM $2 OR machine_bios.attributes <> $3",
+            &[&machine_id, &b.registry, &attributes],
+        )
+        .await?;
+    }
     let before: HashMap<String, String> = tx
         .query(
             "SELECT component, version FROM machine_firmware WHERE machine_id = $1",
@@ -188,11 +218,31 @@ pub async fn of_machine(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Firmware, B
             &[&machine_id],
         )
         .await?;
+    let bios = tx
+        .query_opt(
+            "SELECT registry, attributes, changed_at FROM machine_bios WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .map(|r| {
+            let attributes = match r.get::<_, serde_json::Value>(1) {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            };
+            (
+                Bios {
+                    registry: r.get(0),
+                    attributes,
+                },
+                r.get(2),
+            )
+        });
     Ok(Firmware {
         components,
         history,
         read_at: read.as_ref().map(|r| r.get(0)),
         read_error: read.as_ref().and_then(|r| r.get(1)),
+        bios,
     })
 }
 

@@ -57,13 +57,13 @@ impl Bmcs {
         }
     }
 
-    /// The machine's firmware components; None: its BMC speaks IPMI, which
-    /// lists none.
+    /// The machine's firmware components and BIOS settings; None: its BMC
+    /// speaks IPMI, which lists none.
     pub async fn firmware(
         &self,
         host: &str,
         bmc: &BmcConfig,
-    ) -> Result<Option<Vec<crate::bmdb::firmware::Component>>, BmcError> {
+    ) -> Result<Option<crate::bmdb::firmware::Reading>, BmcError> {
         match bmc.protocol() {
             BmcProtocol::Redfish => Ok(Some(redfish::firmware(&self.redfish, host, bmc).await?)),
             BmcProtocol::Ipmi => Ok(None),

@@ -162,7 +162,7 @@ pub trait Provider {
 #[derive(Debug, Clone)]
 pub struct FirmwareRead {
     pub provider_id: String,
-    pub firmware: Result<Vec<crate::bmdb::firmware::Component>, String>,
+    pub firmware: Result<crate::bmdb::firmware::Reading, String>,
 }
 
 /// One machine's BMC, read.

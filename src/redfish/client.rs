@@ -78,6 +78,8 @@ pub struct SystemInfo {
     pub boot_mode: Option<String>,
     /// Its `SecureBoot` resource, if it has one.
     pub secure_boot: Option<String>,
+    /// Its `Bios` resource (the BIOS settings), if it has one.
+    pub bios: Option<String>,
 }
 
 impl SystemInfo {
@@ -122,6 +124,7 @@ impl SystemInfo {
                 .unwrap_or_default(),
             boot_mode: s(&v["Boot"]["BootSourceOverrideMode"]),
             secure_boot: s(&v["SecureBoot"]["@odata.id"]),
+            bios: s(&v["Bios"]["@odata.id"]),
         }
     }
 }

@@ -7,30 +7,42 @@
 //! - `inventory:<Id>`: every member of the `UpdateService`'s
 //!   `FirmwareInventory`, with its `Updateable`.
 //!
-//! A resource the BMC does not offer (404) is left out, not an error: many
-//! list no inventory, sushy-tools among them.
+//!
+//! With them, the system's BIOS settings (its `Bios` resource's
+//! `Attributes` and `AttributeRegistry`).
+//!
+//! A resource the BMC does not offer (404) or implement (501) is left out,
+//! not an error: many list no inventory, sushy-tools among them.
 
 use actix::prelude::*;
 use awc::http::Method;
 use serde_json::Value;
 
 use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members};
-use crate::bmdb::firmware::Component;
+use crate::bmdb::firmware::{Bios, Component, Reading};
 
 /// At most this many members of a collection are read (a BMC listing
 /// more is cut there).
 const MAX_MEMBERS: usize = 64;
 
-/// Reads the system's firmware components.
+/// Reads the system's firmware components and BIOS settings.
 #[derive(Message)]
-#[rtype(result = "Result<Vec<Component>, BmcError>")]
+#[rtype(result = "Result<Reading, BmcError>")]
 pub struct GetFirmware {
     pub system: Option<String>,
 }
 
-sequence!(GetFirmware => Vec<Component>, |c, msg| {
+sequence!(GetFirmware => Reading, |c, msg| {
     let info = c.get_system(&msg.system).await?;
-    components(&mut c, &info).await
+    let components = components(&mut c, &info).await?;
+    let bios = match &info.bios {
+        Some(path) => optional(&mut c, path).await?.map(|b| Bios {
+            registry: text(&b["AttributeRegistry"]),
+            attributes: b["Attributes"].as_object().cloned().unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(Reading { components, bios })
 });
 
 fn text(v: &Value) -> Option<String> {
@@ -40,12 +52,15 @@ fn text(v: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// GET `path`; None when the BMC answers 404 (it does not offer it).
+/// GET `path`; None when the BMC answers 404 or 501 (it does not offer
+/// it, or does not implement it).
 async fn optional(c: &mut Conn, path: &str) -> Result<Option<Value>, BmcError> {
     match c.call(Method::GET, path, None, path).await {
         Ok(v) => Ok(Some(v)),
         Err(BmcError {
-            kind: BmcErrorKind::Http { status: 404, .. },
+            kind: BmcErrorKind::Http {
+                status: 404 | 501, ..
+            },
             ..
         }) => Ok(None),
         Err(e) => Err(e),

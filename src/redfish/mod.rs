@@ -98,12 +98,12 @@ where
         .await
 }
 
-/// The system's firmware components (`firmware`).
+/// The system's firmware components and BIOS settings (`firmware`).
 pub async fn firmware(
     bmcs: &Bmcs,
     host: &str,
     bmc: &BmcConfig,
-) -> Result<Vec<crate::bmdb::firmware::Component>, BmcError> {
+) -> Result<crate::bmdb::firmware::Reading, BmcError> {
     let msg = firmware::GetFirmware {
         system: bmc.system.clone(),
     };

@@ -3,7 +3,7 @@
 //! the read before found, and machines per version for the fleet.
 
 use shepherd::bmdb::Provider;
-use shepherd::bmdb::firmware::{self, Component};
+use shepherd::bmdb::firmware::{self, Bios, Component, Reading};
 use shepherd_sim::testing::TestDb;
 
 fn component(name: &str, version: &str) -> Component {
@@ -24,6 +24,10 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
     let record = |id, read: Result<Vec<Component>, String>| {
         let bmdb = bmdb.clone();
         async move {
+            let read = read.map(|components| Reading {
+                components,
+                bios: None,
+            });
             bmdb.transact(async |tx| firmware::record(tx, id, &read).await)
                 .await
                 .unwrap()
@@ -131,4 +135,42 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
             ("bmc".to_string(), "5.10".to_string(), 1),
         ]
     );
+}
+
+#[actix_rt::test]
+async fn bios_settings_are_rewritten_only_when_they_change() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let m = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
+    let bios = |turbo: &str| Bios {
+        registry: Some("BiosAttributeRegistryP89.v1_0_0".into()),
+        attributes: serde_json::json!({"BootMode": "Uefi", "ProcTurboMode": turbo})
+            .as_object()
+            .unwrap()
+            .clone(),
+    };
+    let read = |turbo: &'static str| {
+        let bmdb = bmdb.clone();
+        async move {
+            let read = Ok(Reading {
+                components: Vec::new(),
+                bios: Some(bios(turbo)),
+            });
+            bmdb.transact(async |tx| firmware::record(tx, m, &read).await)
+                .await
+                .unwrap();
+            bmdb.transact(async |tx| firmware::of_machine(tx, m).await)
+                .await
+                .unwrap()
+                .bios
+                .unwrap()
+        }
+    };
+    let (first, at) = read("Enabled").await;
+    assert_eq!(first, bios("Enabled"));
+    let (_, again) = read("Enabled").await;
+    assert_eq!(again, at, "unchanged settings were rewritten");
+    let (changed, later) = read("Disabled").await;
+    assert_eq!(changed.attributes["ProcTurboMode"], "Disabled");
+    assert!(later > at);
 }

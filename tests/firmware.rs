@@ -17,7 +17,7 @@ use shepherd::bmdb::machines::{self, NewProvidedMachine};
 use shepherd::config::{InventoryConfig, InventoryMachine, RedfishConfig};
 use shepherd::provider::Provider as _;
 use shepherd::provider::inventory::Inventory;
-use shepherd_sim::testing::{Sushy, TestDb};
+use shepherd_sim::testing::{Sushy, TestDb, succeed};
 
 const PASSWORD: &str = "bmc-fw-3a91d0";
 
@@ -53,24 +53,12 @@ impl Domain {
         );
         let path = dir.path().join("domain.xml");
         std::fs::write(&path, xml).unwrap();
-        let out = Command::new("virsh")
-            .args(["-q", "define"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeed(Command::new("virsh").args(["-q", "define"]).arg(&path));
         Domain { name, _dir: dir }
     }
 
     fn xml(&self) -> String {
-        let out = Command::new("virsh")
-            .args(["-q", "dumpxml", &self.name])
-            .output()
-            .unwrap();
+        let out = succeed(Command::new("virsh").args(["-q", "dumpxml", &self.name]));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }

@@ -18,6 +18,7 @@ use shepherd::bmc::BmcErrorKind;
 use shepherd::config::{BmcConfig, BmcTls, BootMethod, Firmware, IpmiConfig, RedfishConfig};
 use shepherd::ipmi::{self, Ipmis};
 use shepherd::secret::Secret;
+use shepherd_sim::testing::succeed;
 
 /// At most 20 bytes, as IPMI 2.0 takes.
 const PASSWORD: &str = "ipmi-test-Pw-7f3c9a";
@@ -81,15 +82,7 @@ impl Rig {
         );
         let xml_path = dir.path().join("domain.xml");
         std::fs::write(&xml_path, xml).unwrap();
-        let out = Command::new("virsh")
-            .args(["-q", "define", xml_path.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeed(Command::new("virsh").args(["-q", "define", xml_path.to_str().unwrap()]));
         // vbmcd with a configuration of this test's; the BMC's settings
         // written as a file (mode 0600), so its password is on no command
         // line here either.

@@ -35,15 +35,12 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
     };
 
     // The first read: every component seen for the first time.
-    let first = record(
-        m,
-        Ok(vec![
-            component("bios", "1.0.0"),
-            component("bmc", "5.10"),
-            component("nic:1", "22.1"),
-        ]),
-    )
-    .await;
+    let three = vec![
+        component("bios", "1.0.0"),
+        component("bmc", "5.10"),
+        component("nic:1", "22.1"),
+    ];
+    let first = record(m, Ok(three.clone())).await;
     assert_eq!(
         first
             .iter()
@@ -60,15 +57,7 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
         ]
     );
     // The same again: nothing new.
-    let same = record(
-        m,
-        Ok(vec![
-            component("bios", "1.0.0"),
-            component("bmc", "5.10"),
-            component("nic:1", "22.1"),
-        ]),
-    )
-    .await;
+    let same = record(m, Ok(three)).await;
     assert!(same.is_empty(), "{same:?}");
     // The BIOS updated, the NIC gone from the list.
     let updated = record(

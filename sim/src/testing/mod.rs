@@ -35,6 +35,8 @@ pub use db::{
     OwnPostgres, TEST_ENDPOINT, TestDb, count, installation_history, machine, pairs,
     serve_test_endpoint, served_since,
 };
-pub use processes::{FleetSimProcess, ShepherdProcess, bin, peak_rss_mb, pgbench, stripped_copy};
+pub use processes::{
+    FleetSimProcess, ShepherdProcess, bin, peak_rss_mb, pgbench, stripped_copy, succeed,
+};
 pub use sshd::Sshd;
 pub use sushy::Sushy;

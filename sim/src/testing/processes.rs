@@ -1,9 +1,25 @@
 //! The workspace's binaries as processes (`bin`, fleet-sim, `shepherd run`,
-//! stripped copies), pgbench, and this process's memory use.
+//! stripped copies), pgbench, a tool run to success, and this process's
+//! memory use.
 
 use std::time::Duration;
 
 use super::Sshd;
+
+/// Runs `cmd` to its end; its output, or a panic naming the command and
+/// its stderr when it failed.
+pub fn succeed(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// Runs pgbench (the server's own, found like the embedded server's
 /// binaries) with `script` and `clients` clients for `seconds` against

@@ -36,6 +36,15 @@ CREATE TABLE machine_bios (
     changed_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- The system's storage as the BMC lists it (its Storage resources): each
+-- with its drives and volumes (RAID), as JSON (bmdb::firmware::Storage).
+CREATE TABLE machine_storage (
+    machine_id uuid PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
+    storage jsonb NOT NULL,
+    -- When it last changed.
+    changed_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- When a machine's firmware was last read, and why that read failed (the
 -- components above are then from the read before).
 CREATE TABLE machine_firmware_read (

@@ -190,3 +190,88 @@ async fn a_host_without_a_bmc_cannot_be_rebooted_and_says_so() {
     let e = inv.reboot("plain").await.unwrap_err().to_string();
     assert!(e.contains("host plain has no BMC"), "{e}");
 }
+
+/// The emulator's static storage for system 0: one controller, two drives
+/// and an empty volume list (its fake driver shows no volumes: they need
+/// its libvirt driver). System 1 has the same storage without a volume
+/// list: the emulator answers its volumes with a 500.
+fn storage_conf() -> String {
+    let (uuid, other) = (Sushy::uuid(0), Sushy::uuid(1));
+    format!(
+        "STORAGE = [{{'Id': '1', 'Name': 'Local Storage Controller', \
+         'StorageControllers': [{{'MemberId': '0', 'Name': 'Contoso Integrated RAID', 'SpeedGbps': 12}}], \
+         'Drives': ['32ADF365C6C1B7BD', '58CFF987G8J2V9KL']}}]\n\
+         SUSHY_EMULATOR_STORAGE = {{'{uuid}': STORAGE, '{other}': STORAGE}}\n\
+         SUSHY_EMULATOR_VOLUMES = {{('{uuid}', '1'): []}}\n\
+         DRIVES = [\
+         {{'Id': '32ADF365C6C1B7BD', 'Name': 'Drive Sample', 'CapacityBytes': 899527000000, 'Protocol': 'SAS'}}, \
+         {{'Id': '58CFF987G8J2V9KL', 'Name': 'Drive2', 'CapacityBytes': 12345670000, 'Protocol': 'SATA'}}]\n\
+         SUSHY_EMULATOR_DRIVES = {{('{uuid}', '1'): DRIVES, ('{other}', '1'): DRIVES}}\n"
+    )
+}
+
+#[actix_rt::test]
+async fn the_storage_read_is_the_emulators_and_a_part_it_fails_is_left_out_and_named() {
+    let sushy = Sushy::start_with(&["node-1", "node-2"], "admin", PASSWORD, &storage_conf());
+    let bmcs = Bmcs::new(&RedfishConfig::default());
+    let got = redfish::firmware(&bmcs, "node-1", &sushy.bmc(0))
+        .await
+        .unwrap();
+    let s = got.storage.expect("the system's storage");
+    assert_eq!(s.len(), 1, "{s:?}");
+    let want = sushy
+        .get(&format!("/redfish/v1/Systems/{}/Storage/1", Sushy::uuid(0)))
+        .await;
+    assert_eq!(s[0].id, "1");
+    assert_eq!(s[0].name.as_deref(), want["Name"].as_str());
+    assert!(s[0].volumes_offered, "it links a Volumes collection");
+    let drives: Vec<(&str, Option<i64>, Option<&str>)> = s[0]
+        .drives
+        .iter()
+        .map(|d| (d.id.as_str(), d.capacity_bytes, d.protocol.as_deref()))
+        .collect();
+    assert_eq!(
+        drives,
+        [
+            ("32ADF365C6C1B7BD", Some(899_527_000_000), Some("SAS")),
+            ("58CFF987G8J2V9KL", Some(12_345_670_000), Some("SATA"))
+        ]
+    );
+    let drive = sushy
+        .get(want["Drives"][0]["@odata.id"].as_str().unwrap())
+        .await;
+    assert_eq!(
+        s[0].drives[0].media_type.as_deref(),
+        drive["MediaType"].as_str()
+    );
+    assert_eq!(
+        s[0].drives[0].serial_number.as_deref(),
+        drive["SerialNumber"].as_str()
+    );
+    assert!(got.partial.is_empty(), "{:?}", got.partial);
+    assert!(s[0].volumes.is_empty());
+    // node-2: its volume list answers 500. The storage is left out and
+    // named, the rest read.
+    let other = redfish::firmware(&bmcs, "node-2", &sushy.bmc(1))
+        .await
+        .unwrap();
+    assert_eq!(other.storage, None);
+    assert_eq!(other.partial.len(), 1, "{:?}", other.partial);
+    assert!(
+        other.partial[0].starts_with("the storage: HTTP 500 for /redfish/v1/Systems/")
+            && other.partial[0].contains("/Volumes"),
+        "{:?}",
+        other.partial
+    );
+    assert_eq!(
+        other
+            .components
+            .iter()
+            .map(|c| c.component.as_str())
+            .collect::<Vec<_>>(),
+        got.components
+            .iter()
+            .map(|c| c.component.as_str())
+            .collect::<Vec<_>>()
+    );
+}

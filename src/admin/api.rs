@@ -252,6 +252,22 @@ pub struct FirmwareBody {
     pub history: Vec<FirmwareSeen>,
     /// The system's BIOS settings (absent: its BMC offers none).
     pub bios: Option<BiosBody>,
+    /// The system's storage (absent: its BMC offers none).
+    pub storage: Option<StorageBody>,
+}
+
+/// A system's storage, as its BMC lists it.
+#[derive(Serialize, ToSchema)]
+pub struct StorageBody {
+    /// Each storage resource: `id`, `name`, `volumes_offered` (whether
+    /// volumes can be made through the BMC), `drives[]` (`id`, `name`,
+    /// `capacity_bytes`, `media_type`, `protocol`, `serial_number`),
+    /// `volumes[]` (`id`, `name`, `raid_type`, `capacity_bytes`,
+    /// `drives`: the drives' ids).
+    #[schema(value_type = Vec<Object>)]
+    pub controllers: Vec<crate::bmdb::firmware::Storage>,
+    /// When it last changed.
+    pub changed_at: String,
 }
 
 /// A system's BIOS settings, as its BMC lists them.
@@ -312,6 +328,10 @@ impl From<&crate::bmdb::firmware::Firmware> for FirmwareBody {
                     seen_at: rfc3339(s.seen_at),
                 })
                 .collect(),
+            storage: f.storage.as_ref().map(|(s, at)| StorageBody {
+                controllers: s.clone(),
+                changed_at: rfc3339(*at),
+            }),
             bios: f.bios.as_ref().map(|(b, at)| BiosBody {
                 registry: b.registry.clone(),
                 attributes: b.attributes.clone(),

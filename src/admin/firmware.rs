@@ -80,6 +80,56 @@ pub(super) fn machine_section(f: &Firmware) -> String {
         }
         b.push_str("</table>");
     }
+    if let Some((storage, changed)) = &f.storage {
+        let _ = write!(
+            b,
+            "<h3>Storage</h3><p class=\"muted\">changed {}</p>",
+            rfc3339(*changed)
+        );
+        for s in storage {
+            let _ = write!(
+                b,
+                "<table class=\"storage\" data-storage=\"{id}\"><tr><th colspan=\"4\">{id} {name}: {volumes}</th></tr>\
+                 <tr><th>drive</th><th>capacity</th><th>media</th><th>serial</th></tr>",
+                id = esc(&s.id),
+                name = esc(s.name.as_deref().unwrap_or("")),
+                volumes = if s.volumes_offered {
+                    "volumes (RAID) through the BMC"
+                } else {
+                    "no volumes through this BMC"
+                },
+            );
+            for d in &s.drives {
+                let _ = write!(
+                    b,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    esc(&d.id),
+                    d.capacity_bytes
+                        .map(|c| format!("{:.1} GB", c as f64 / 1e9))
+                        .unwrap_or_default(),
+                    esc(&[d.media_type.as_deref(), d.protocol.as_deref()]
+                        .into_iter()
+                        .flatten()
+                        .collect::<Vec<_>>()
+                        .join(" ")),
+                    esc(d.serial_number.as_deref().unwrap_or(""))
+                );
+            }
+            for v in &s.volumes {
+                let _ = write!(
+                    b,
+                    "<tr class=\"volume\"><td>volume {}</td><td>{}</td><td>{}</td><td>of {}</td></tr>",
+                    esc(&v.id),
+                    v.capacity_bytes
+                        .map(|c| format!("{:.1} GB", c as f64 / 1e9))
+                        .unwrap_or_default(),
+                    esc(v.raid_type.as_deref().unwrap_or("")),
+                    esc(&v.drives.join(", "))
+                );
+            }
+            b.push_str("</table>");
+        }
+    }
     b
 }
 

@@ -1,7 +1,8 @@
-//! The firmware a machine runs, as its BMC lists it (`redfish::firmware`),
-//! with every version each component was seen at: what the machine page,
-//! the API and `/metrics` show, and what a firmware baseline will be
-//! compared with.
+//! What is below a machine's operating system, as its BMC lists it
+//! (`redfish::firmware`): the firmware it runs, with every version each
+//! component was seen at, its BIOS settings and its storage (controllers,
+//! drives, volumes). What the machine page, the API and `/metrics` show,
+//! and what a declared baseline will be compared with.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -34,12 +35,53 @@ pub struct Bios {
     pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
+/// A storage resource (a controller, or a group of them) with its drives
+/// and volumes.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Storage {
+    pub id: String,
+    pub name: Option<String>,
+    /// Whether it offers a `Volumes` collection: volumes (RAID) made
+    /// through the BMC.
+    pub volumes_offered: bool,
+    pub drives: Vec<Drive>,
+    pub volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Drive {
+    pub id: String,
+    pub name: Option<String>,
+    pub capacity_bytes: Option<i64>,
+    /// `HDD`, `SSD`.
+    pub media_type: Option<String>,
+    /// `SAS`, `SATA`, `NVMe`.
+    pub protocol: Option<String>,
+    pub serial_number: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Volume {
+    pub id: String,
+    pub name: Option<String>,
+    /// `RAIDType` (`RAID1`, …), else the older `VolumeType` (`Mirrored`).
+    pub raid_type: Option<String>,
+    pub capacity_bytes: Option<i64>,
+    /// The drives it is made of, by their `Id`.
+    pub drives: Vec<String>,
+}
+
 /// One read of a machine's firmware: its components, and its BIOS
-/// settings where the BMC offers them.
+/// settings and storage where the BMC offers them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reading {
     pub components: Vec<Component>,
     pub bios: Option<Bios>,
+    pub storage: Option<Vec<Storage>>,
+    /// The parts the BMC answered with an error (what, and the error):
+    /// left out of this reading, and what the read before found of them
+    /// kept.
+    pub partial: Vec<String>,
 }
 
 /// A component as recorded: since when it runs this version.
@@ -70,27 +112,50 @@ pub struct Firmware {
     pub read_error: Option<String>,
     /// Its BIOS settings, and when they last changed.
     pub bios: Option<(Bios, SystemTime)>,
+    /// Its storage, and when it last changed.
+    pub storage: Option<(Vec<Storage>, SystemTime)>,
 }
 
 /// Records one read of `machine_id`'s firmware. A list replaces the one
-/// before (a component gone from it is removed) and each version not seen
-/// before gets a history row; a failed read keeps the components and
-/// records its cause. Ok(the versions seen for the first time).
+/// before (a component gone from it is removed, unless the reading is
+/// partial) and each version not seen before gets a history row; a failed
+/// read keeps the components and records its cause, a partial one the
+/// parts it left out. Ok(the versions seen for the first time).
 pub async fn record(
     tx: &mut Tx<'_>,
     machine_id: Uuid,
     read: &Result<Reading, String>,
 ) -> Result<Vec<Seen>, BmdbError> {
-    let error = read.as_ref().err();
+    let error = match read {
+        Err(e) => Some(e.clone()),
+        Ok(r) if !r.partial.is_empty() => Some(format!("partly read: {}", r.partial.join("; "))),
+        Ok(_) => None,
+    };
     tx.execute(
         "INSERT INTO machine_firmware_read (machine_id, read_at, read_error) VALUES ($1, now(), $2) \
          ON CONFLICT (machine_id) DO UPDATE SET read_at = now(), read_error = $2",
         &[&machine_id, &error],
     )
     .await?;
-    let Ok(Reading { components, bios }) = read else {
+    let Ok(Reading {
+        components,
+        bios,
+        storage,
+        partial,
+    }) = read
+    else {
         return Ok(Vec::new());
     };
+    if let Some(s) = storage {
+        let storage = serde_json::to_value(s).expect("storage serializes");
+        tx.execute(
+            "INSERT INTO machine_storage (machine_id, storage) VALUES ($1, $2) \
+             ON CONFLICT (machine_id) DO UPDATE SET storage = $2, changed_at = now() \
+             WHERE machine_storage.storage <> $2",
+            &[&machine_id, &storage],
+        )
+        .await?;
+    }
     if let Some(b) = bios {
         let attributes = serde_json::Value::Object(b.attributes.clone());
         tx.execute(
@@ -148,6 +213,10 @@ pub async fn record(
             version: c.version.clone(),
             seen_at: at,
         });
+    }
+    if !partial.is_empty() {
+        // A part left out: its components are not gone.
+        return Ok(seen);
     }
     let listed: Vec<&str> = components.iter().map(|c| c.component.as_str()).collect();
     tx.execute(
@@ -237,12 +306,23 @@ pub async fn of_machine(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Firmware, B
                 r.get(2),
             )
         });
+    let storage = tx
+        .query_opt(
+            "SELECT storage, changed_at FROM machine_storage WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .and_then(|r| {
+            let s: Vec<Storage> = serde_json::from_value(r.get(0)).ok()?;
+            Some((s, r.get(1)))
+        });
     Ok(Firmware {
         components,
         history,
         read_at: read.as_ref().map(|r| r.get(0)),
         read_error: read.as_ref().and_then(|r| r.get(1)),
         bios,
+        storage,
     })
 }
 

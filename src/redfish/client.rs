@@ -80,6 +80,8 @@ pub struct SystemInfo {
     pub secure_boot: Option<String>,
     /// Its `Bios` resource (the BIOS settings), if it has one.
     pub bios: Option<String>,
+    /// Its `Storage` collection, if it has one.
+    pub storage: Option<String>,
 }
 
 impl SystemInfo {
@@ -125,6 +127,7 @@ impl SystemInfo {
             boot_mode: s(&v["Boot"]["BootSourceOverrideMode"]),
             secure_boot: s(&v["SecureBoot"]["@odata.id"]),
             bios: s(&v["Bios"]["@odata.id"]),
+            storage: s(&v["Storage"]["@odata.id"]),
         }
     }
 }

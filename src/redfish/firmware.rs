@@ -7,19 +7,23 @@
 //! - `inventory:<Id>`: every member of the `UpdateService`'s
 //!   `FirmwareInventory`, with its `Updateable`.
 //!
-//!
 //! With them, the system's BIOS settings (its `Bios` resource's
-//! `Attributes` and `AttributeRegistry`).
+//! `Attributes` and `AttributeRegistry`) and its storage (each `Storage`
+//! with its `Drives` and its `Volumes`, and whether it offers volumes at
+//! all: RAID through the BMC).
 //!
 //! A resource the BMC does not offer (404) or implement (501) is left out,
-//! not an error: many list no inventory, sushy-tools among them.
+//! not an error: many list no inventory, sushy-tools among them. A part
+//! the BMC answers with an error of its own (a 500 for a volume list) is
+//! left out too, and named in the reading's `partial`: the rest is still
+//! read. An unreachable BMC or refused credentials end the whole read.
 
 use actix::prelude::*;
 use awc::http::Method;
 use serde_json::Value;
 
 use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members};
-use crate::bmdb::firmware::{Bios, Component, Reading};
+use crate::bmdb::firmware::{Bios, Component, Drive, Reading, Storage, Volume};
 
 /// At most this many members of a collection are read (a BMC listing
 /// more is cut there).
@@ -34,16 +38,111 @@ pub struct GetFirmware {
 
 sequence!(GetFirmware => Reading, |c, msg| {
     let info = c.get_system(&msg.system).await?;
-    let components = components(&mut c, &info).await?;
+    let mut partial = Vec::new();
+    let components = components(&mut c, &info, &mut partial).await?;
     let bios = match &info.bios {
-        Some(path) => optional(&mut c, path).await?.map(|b| Bios {
-            registry: text(&b["AttributeRegistry"]),
-            attributes: b["Attributes"].as_object().cloned().unwrap_or_default(),
-        }),
+        Some(path) => part(&mut partial, "the BIOS settings", bios(&mut c, path).await)?.flatten(),
         None => None,
     };
-    Ok(Reading { components, bios })
+    let storage = match &info.storage {
+        Some(path) => part(&mut partial, "the storage", storage(&mut c, path).await)?,
+        None => None,
+    };
+    Ok(Reading {
+        components,
+        bios,
+        storage,
+        partial,
+    })
 });
+
+/// A part of the read: its value; or None, its failure noted in
+/// `partial`, when the BMC answered for it with an error of its own. An
+/// unreachable BMC or refused credentials end the whole read.
+fn part<T>(
+    partial: &mut Vec<String>,
+    what: &str,
+    r: Result<T, BmcError>,
+) -> Result<Option<T>, BmcError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e)
+            if matches!(
+                e.kind,
+                BmcErrorKind::Http { .. } | BmcErrorKind::Protocol(_)
+            ) =>
+        {
+            partial.push(format!("{what}: {}", e.kind));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The `Bios` resource at `path`: its attributes and their registry.
+async fn bios(c: &mut Conn, path: &str) -> Result<Option<Bios>, BmcError> {
+    Ok(optional(c, path).await?.map(|b| Bios {
+        registry: text(&b["AttributeRegistry"]),
+        attributes: b["Attributes"].as_object().cloned().unwrap_or_default(),
+    }))
+}
+
+/// Each storage resource of the collection at `path`, with its drives
+/// and volumes.
+async fn storage(c: &mut Conn, path: &str) -> Result<Vec<Storage>, BmcError> {
+    let mut out = Vec::new();
+    for s in collection(c, path).await? {
+        let Some(id) = text(&s["Id"]) else {
+            continue;
+        };
+        let mut drives = Vec::new();
+        let links: Vec<String> = s["Drives"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|d| text(&d["@odata.id"])).collect())
+            .unwrap_or_default();
+        for link in links.into_iter().take(MAX_MEMBERS) {
+            if let Some(d) = optional(c, &link).await? {
+                drives.push(Drive {
+                    id: text(&d["Id"]).unwrap_or_default(),
+                    name: text(&d["Name"]),
+                    capacity_bytes: d["CapacityBytes"].as_i64(),
+                    media_type: text(&d["MediaType"]),
+                    protocol: text(&d["Protocol"]),
+                    serial_number: text(&d["SerialNumber"]),
+                });
+            }
+        }
+        let volumes_path = text(&s["Volumes"]["@odata.id"]);
+        let mut volumes = Vec::new();
+        if let Some(p) = &volumes_path {
+            for v in collection(c, p).await? {
+                volumes.push(Volume {
+                    id: text(&v["Id"]).unwrap_or_default(),
+                    name: text(&v["Name"]),
+                    raid_type: text(&v["RAIDType"]).or_else(|| text(&v["VolumeType"])),
+                    capacity_bytes: v["CapacityBytes"].as_i64(),
+                    drives: v["Links"]["Drives"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|d| text(&d["@odata.id"]))
+                                .filter_map(|p| p.rsplit('/').next().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        out.push(Storage {
+            id,
+            name: text(&s["Name"]),
+            volumes_offered: volumes_path.is_some(),
+            drives,
+            volumes,
+        });
+    }
+    Ok(out)
+}
 
 fn text(v: &Value) -> Option<String> {
     v.as_str()
@@ -81,7 +180,11 @@ async fn collection(c: &mut Conn, path: &str) -> Result<Vec<Value>, BmcError> {
     Ok(out)
 }
 
-async fn components(c: &mut Conn, info: &SystemInfo) -> Result<Vec<Component>, BmcError> {
+async fn components(
+    c: &mut Conn,
+    info: &SystemInfo,
+    partial: &mut Vec<String>,
+) -> Result<Vec<Component>, BmcError> {
     let mut out = Vec::new();
     if let Some(version) = info.facts.bios_version.clone() {
         out.push(Component {
@@ -92,17 +195,39 @@ async fn components(c: &mut Conn, info: &SystemInfo) -> Result<Vec<Component>, B
         });
     }
     if let Some(manager) = info.managed_by.first() {
-        if let Some(m) = optional(c, manager).await? {
-            if let Some(version) = text(&m["FirmwareVersion"]) {
-                out.push(Component {
-                    component: "bmc".into(),
-                    name: text(&m["Model"]).or_else(|| text(&m["Name"])),
-                    version,
-                    updateable: None,
-                });
-            }
-        }
+        let bmc = part(
+            partial,
+            "the manager's firmware",
+            manager_firmware(c, manager).await,
+        )?;
+        out.extend(bmc.flatten());
     }
+    let nics = part(partial, "the network adapters", adapters(c, info).await)?;
+    out.extend(nics.unwrap_or_default());
+    let inventory = part(partial, "the firmware inventory", inventory(c).await)?;
+    out.extend(inventory.unwrap_or_default());
+    // A component once: the first listing of an id wins.
+    let mut named = std::collections::HashSet::new();
+    out.retain(|c| named.insert(c.component.clone()));
+    Ok(out)
+}
+
+/// `bmc`: the manager's own firmware.
+async fn manager_firmware(c: &mut Conn, manager: &str) -> Result<Option<Component>, BmcError> {
+    let Some(m) = optional(c, manager).await? else {
+        return Ok(None);
+    };
+    Ok(text(&m["FirmwareVersion"]).map(|version| Component {
+        component: "bmc".into(),
+        name: text(&m["Model"]).or_else(|| text(&m["Name"])),
+        version,
+        updateable: None,
+    }))
+}
+
+/// `nic:<Id>`: the network adapters of the system's chassis.
+async fn adapters(c: &mut Conn, info: &SystemInfo) -> Result<Vec<Component>, BmcError> {
+    let mut out = Vec::new();
     for chassis in &info.chassis {
         let Some(ch) = optional(c, chassis).await? else {
             continue;
@@ -124,30 +249,33 @@ async fn components(c: &mut Conn, info: &SystemInfo) -> Result<Vec<Component>, B
             }
         }
     }
+    Ok(out)
+}
+
+/// `inventory:<Id>`: the `UpdateService`'s `FirmwareInventory`.
+async fn inventory(c: &mut Conn) -> Result<Vec<Component>, BmcError> {
     let root = c
         .call(Method::GET, "/redfish/v1/", None, "the service root")
         .await?;
-    if let Some(updates) = text(&root["UpdateService"]["@odata.id"]) {
-        if let Some(u) = optional(c, &updates).await? {
-            if let Some(inventory) = text(&u["FirmwareInventory"]["@odata.id"]) {
-                for m in collection(c, &inventory).await? {
-                    if let (Some(id), Some(version)) = (text(&m["Id"]), text(&m["Version"])) {
-                        out.push(Component {
-                            component: format!("inventory:{id}"),
-                            name: text(&m["Name"]),
-                            version,
-                            updateable: m["Updateable"].as_bool(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    // A component once: the first listing of an id wins.
-    let mut named = std::collections::HashSet::new();
-    out.retain(|c| named.insert(c.component.clone()));
-    // A component once: the first listing of an id wins.
-    let mut named = std::collections::HashSet::new();
-    out.retain(|c| named.insert(c.component.clone()));
-    Ok(out)
+    let Some(updates) = text(&root["UpdateService"]["@odata.id"]) else {
+        return Ok(Vec::new());
+    };
+    let Some(u) = optional(c, &updates).await? else {
+        return Ok(Vec::new());
+    };
+    let Some(inventory) = text(&u["FirmwareInventory"]["@odata.id"]) else {
+        return Ok(Vec::new());
+    };
+    Ok(collection(c, &inventory)
+        .await?
+        .into_iter()
+        .filter_map(|m| {
+            Some(Component {
+                component: format!("inventory:{}", text(&m["Id"])?),
+                name: text(&m["Name"]),
+                version: text(&m["Version"])?,
+                updateable: m["Updateable"].as_bool(),
+            })
+        })
+        .collect())
 }

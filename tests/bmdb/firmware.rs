@@ -3,7 +3,7 @@
 //! the read before found, and machines per version for the fleet.
 
 use shepherd::bmdb::Provider;
-use shepherd::bmdb::firmware::{self, Bios, Component, Reading};
+use shepherd::bmdb::firmware::{self, Bios, Component, Drive, Reading, Storage, Volume};
 use shepherd_sim::testing::TestDb;
 
 fn component(name: &str, version: &str) -> Component {
@@ -27,6 +27,8 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
             let read = read.map(|components| Reading {
                 components,
                 bios: None,
+                storage: None,
+                partial: Vec::new(),
             });
             bmdb.transact(async |tx| firmware::record(tx, id, &read).await)
                 .await
@@ -68,6 +70,26 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
     assert_eq!(updated.len(), 1, "{updated:?}");
     assert_eq!(updated[0].previous.as_deref(), Some("1.0.0"));
     assert_eq!(updated[0].version, "1.1.0");
+    // A partial read (the BMC failed the manager's part): what it left
+    // out is not gone.
+    let partial = Ok(Reading {
+        components: vec![component("bios", "1.1.0")],
+        bios: None,
+        storage: None,
+        partial: vec!["the manager's firmware: HTTP 500 for /redfish/v1/Managers/1".into()],
+    });
+    bmdb.transact(async |tx| firmware::record(tx, m, &partial).await)
+        .await
+        .unwrap();
+    let kept = bmdb
+        .transact(async |tx| firmware::of_machine(tx, m).await)
+        .await
+        .unwrap();
+    assert_eq!(kept.components.len(), 2, "{kept:?}");
+    assert_eq!(
+        kept.read_error.as_deref(),
+        Some("partly read: the manager's firmware: HTTP 500 for /redfish/v1/Managers/1")
+    );
     // A failed read: the components stay, its cause is recorded.
     let failed = record(m, Err("host node-1: BMC http://x: unreachable".into())).await;
     assert!(failed.is_empty());
@@ -126,8 +148,33 @@ async fn each_version_is_seen_once_a_component_gone_is_removed_and_a_failed_read
     );
 }
 
+/// A RAID controller with two drives mirrored.
+fn storage() -> Vec<Storage> {
+    let drive = |id: &str| Drive {
+        id: id.into(),
+        name: Some(format!("Drive {id}")),
+        capacity_bytes: Some(899_527_000_000),
+        media_type: Some("HDD".into()),
+        protocol: Some("SAS".into()),
+        serial_number: Some(format!("SN-{id}")),
+    };
+    vec![Storage {
+        id: "RAID.1".into(),
+        name: Some("Integrated RAID".into()),
+        volumes_offered: true,
+        drives: vec![drive("0"), drive("1")],
+        volumes: vec![Volume {
+            id: "1".into(),
+            name: Some("boot".into()),
+            raid_type: Some("RAID1".into()),
+            capacity_bytes: Some(899_527_000_000),
+            drives: vec!["0".into(), "1".into()],
+        }],
+    }]
+}
+
 #[actix_rt::test]
-async fn bios_settings_are_rewritten_only_when_they_change() {
+async fn bios_settings_and_storage_are_rewritten_only_when_they_change() {
     let db = TestDb::new().await;
     let bmdb = db.bmdb().await;
     let m = crate::provided_machines(&bmdb, Provider::None, 1).await[0];
@@ -144,15 +191,22 @@ async fn bios_settings_are_rewritten_only_when_they_change() {
             let read = Ok(Reading {
                 components: Vec::new(),
                 bios: Some(bios(turbo)),
+                storage: Some(storage()),
+                partial: Vec::new(),
             });
             bmdb.transact(async |tx| firmware::record(tx, m, &read).await)
                 .await
                 .unwrap();
-            bmdb.transact(async |tx| firmware::of_machine(tx, m).await)
+            let f = bmdb
+                .transact(async |tx| firmware::of_machine(tx, m).await)
                 .await
-                .unwrap()
-                .bios
-                .unwrap()
+                .unwrap();
+            assert_eq!(
+                f.storage.as_ref().unwrap().0,
+                storage(),
+                "the storage read back"
+            );
+            f.bios.unwrap()
         }
     };
     let (first, at) = read("Enabled").await;

@@ -147,7 +147,6 @@ async fn update(
             }
         }
         written += changed.len() as u64;
-        written += read_firmware(&provider, &session, &read_by_id, firmware_every).await?;
         // Accepted machines whose BMC is read now: their erasure asked.
         let erasures = session
             .transact(async |tx| crate::bmdb::installations::erase_accepted(tx).await)
@@ -160,6 +159,12 @@ async fn update(
                 Err(why) => tracing::warn!(machine_id = %e.machine_id, %why,
                     "accepted machine: its disks' erasure cannot be asked yet"),
             }
+        }
+        // The firmware reads that are due: their failure is logged, and the
+        // round's other work goes on.
+        match read_firmware(&provider, &session, &read_by_id, firmware_every).await {
+            Ok(n) => written += n,
+            Err(e) => tracing::warn!(error = %e, "the firmware reads due failed this round"),
         }
     }
     let by_id: HashMap<&str, &ProviderMachine> = listed

@@ -99,33 +99,33 @@ pub(super) fn machine_section(f: &Firmware) -> String {
                     "no volumes through this BMC"
                 },
             );
+            let gb = |c: Option<i64>| c.map(|c| format!("{:.1} GB", c as f64 / 1e9));
             for d in &s.drives {
-                let _ = write!(
-                    b,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    esc(&d.id),
-                    d.capacity_bytes
-                        .map(|c| format!("{:.1} GB", c as f64 / 1e9))
-                        .unwrap_or_default(),
-                    esc(&[d.media_type.as_deref(), d.protocol.as_deref()]
-                        .into_iter()
-                        .flatten()
-                        .collect::<Vec<_>>()
-                        .join(" ")),
-                    esc(d.serial_number.as_deref().unwrap_or(""))
+                let media = [d.media_type.as_deref(), d.protocol.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let serial = d.serial_number.clone();
+                row(
+                    &mut b,
+                    "",
+                    [
+                        Some(d.id.clone()),
+                        gb(d.capacity_bytes),
+                        Some(media),
+                        serial,
+                    ],
                 );
             }
             for v in &s.volumes {
-                let _ = write!(
-                    b,
-                    "<tr class=\"volume\"><td>volume {}</td><td>{}</td><td>{}</td><td>of {}</td></tr>",
-                    esc(&v.id),
-                    v.capacity_bytes
-                        .map(|c| format!("{:.1} GB", c as f64 / 1e9))
-                        .unwrap_or_default(),
-                    esc(v.raid_type.as_deref().unwrap_or("")),
-                    esc(&v.drives.join(", "))
-                );
+                let cells = [
+                    Some(format!("volume {}", v.id)),
+                    gb(v.capacity_bytes),
+                    v.raid_type.clone(),
+                    Some(format!("of {}", v.drives.join(", "))),
+                ];
+                row(&mut b, " class=\"volume\"", cells);
             }
             b.push_str("</table>");
         }
@@ -153,4 +153,13 @@ pub(super) fn fleet_section(versions: &[(String, String, i64)]) -> String {
     }
     b.push_str("</table></section>");
     b
+}
+
+/// A table row of four cells, each escaped (an unknown one empty).
+fn row(b: &mut String, attributes: &str, cells: [Option<String>; 4]) {
+    let _ = write!(b, "<tr{attributes}>");
+    for c in cells {
+        let _ = write!(b, "<td>{}</td>", esc(c.as_deref().unwrap_or("")));
+    }
+    b.push_str("</tr>");
 }

@@ -294,8 +294,15 @@ async fn read_firmware(
         .map_err(|e| format!("writing firmware: {e}"))?;
     let mut count = 0;
     for (id, r, versions) in seen {
-        if let Err(e) = &r.firmware {
-            tracing::warn!(machine_id = %id, provider_id = %r.provider_id, error = %e, "reading the BMC's firmware failed");
+        match &r.firmware {
+            Err(e) => {
+                tracing::warn!(machine_id = %id, provider_id = %r.provider_id, error = %e, "reading the BMC's firmware failed")
+            }
+            Ok(read) if !read.partial.is_empty() => {
+                tracing::warn!(machine_id = %id, provider_id = %r.provider_id, left_out = %read.partial.join("; "),
+                    "the BMC's firmware read in part")
+            }
+            Ok(_) => {}
         }
         for v in versions {
             tracing::info!(machine_id = %id, provider_id = %r.provider_id, component = %v.component,

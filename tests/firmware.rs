@@ -46,7 +46,7 @@ struct Domain {
 impl Domain {
     fn define(uuid: &str) -> Domain {
         let dir = tempfile::tempdir().unwrap();
-        let name = format!("shepherd-fw-{}", std::process::id());
+        let name = format!("shepherd-fw-{}", &uuid[..8]);
         let xml = format!(
             "<domain type='qemu'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
              <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os><devices/></domain>"
@@ -89,8 +89,12 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
     if !usable() {
         return;
     }
-    let domain = Domain::define(&Sushy::uuid(0));
+    // A UUID of its own: a domain left by a killed run cannot collide.
+    let uuid = uuid::Uuid::new_v4().to_string();
+    let domain = Domain::define(&uuid);
     let sushy = Sushy::start_libvirt(&[&domain.name], "admin", PASSWORD);
+    let mut bmc = sushy.bmc(0);
+    bmc.system = Some(uuid.clone());
     let inv = Inventory::new(
         &InventoryConfig {
             machines: vec![InventoryMachine {
@@ -98,7 +102,7 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
                 address: Some("127.0.0.1".parse().unwrap()),
                 boot: None,
                 location: None,
-                bmc: Some(sushy.bmc(0)),
+                bmc: Some(bmc),
                 mac: None,
                 macs: Vec::new(),
                 firmware: None,
@@ -109,7 +113,7 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         &Default::default(),
         None,
     );
-    let system = sushy.system(0).await;
+    let system = sushy.get(&format!("/redfish/v1/Systems/{uuid}")).await;
     let manager = sushy
         .get(
             system["Links"]["ManagedBy"][0]["@odata.id"]

@@ -10,7 +10,10 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     let password = "bmc-secret-51d2a9";
     // Two BMCs: node-1's credentials are right, node-2's configured
     // password is not the emulator's.
-    let good = Sushy::start(&["node-1"], "admin", password);
+    // node-1's storage: none (without it the emulator answers its Storage
+    // with a 500, which the firmware read reports as a part left out).
+    let no_storage = format!("SUSHY_EMULATOR_STORAGE = {{'{}': []}}\n", Sushy::uuid(0));
+    let good = Sushy::start_with(&["node-1"], "admin", password, &no_storage);
     let other = Sushy::start(&["node-2"], "admin", password);
     let secret = rig.dir.path().join("bmc-password");
     std::fs::write(&secret, format!("{password}\n")).unwrap();
@@ -137,6 +140,11 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     }
     assert_eq!(components, want, "{v}");
     assert!(v["firmware"]["read_error"].is_null(), "{v}");
+    assert_eq!(
+        v["firmware"]["storage"]["controllers"],
+        serde_json::json!([]),
+        "{v}"
+    );
     let reads = rig
         .count("SELECT count(*) FROM machine_firmware_read WHERE read_at > now() - interval '1 minute'")
         .await;

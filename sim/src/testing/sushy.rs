@@ -52,7 +52,8 @@ impl Sushy {
 
     /// With its libvirt driver, in front of the host's libvirt
     /// (`qemu:///system`): `domains` are libvirt domains' names, defined
-    /// by the caller with the UUIDs `uuid(i)`.
+    /// by the caller (`bmc(i)` names the system `uuid(i)`: set its
+    /// `system` to the domain's UUID when it has another).
     pub fn start_libvirt(domains: &[&str], user: &str, password: &str) -> Sushy {
         Self::launch(
             domains,

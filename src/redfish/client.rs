@@ -91,7 +91,7 @@ impl SystemInfo {
     }
 
     fn from_json(v: &Value) -> SystemInfo {
-        let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        let s = text;
         let reset = &v["Actions"]["#ComputerSystem.Reset"];
         SystemInfo {
             path: s(&v["@odata.id"]).unwrap_or_default(),
@@ -132,6 +132,11 @@ impl SystemInfo {
     }
 }
 
+/// A JSON string that says something (not empty), else None.
+pub(super) fn text(v: &Value) -> Option<String> {
+    v.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
 /// A collection's members' `@odata.id`s.
 pub(super) fn members(v: &Value) -> Vec<String> {
     v["Members"]
@@ -146,7 +151,7 @@ pub(super) fn members(v: &Value) -> Vec<String> {
 
 /// A `SecureBoot` resource's facts.
 fn secure_boot_facts(v: &Value) -> crate::bmdb::hardware::SecureBootFacts {
-    let s = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    let s = text;
     crate::bmdb::hardware::SecureBootFacts {
         enable: v["SecureBootEnable"].as_bool(),
         current_boot: s(&v["SecureBootCurrentBoot"]),

@@ -22,7 +22,7 @@ use actix::prelude::*;
 use awc::http::Method;
 use serde_json::Value;
 
-use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members};
+use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members, text};
 use crate::bmdb::firmware::{Bios, Component, Drive, Reading, Storage, Volume};
 
 /// At most this many members of a collection are read (a BMC listing
@@ -142,13 +142,6 @@ async fn storage(c: &mut Conn, path: &str) -> Result<Vec<Storage>, BmcError> {
         });
     }
     Ok(out)
-}
-
-fn text(v: &Value) -> Option<String> {
-    v.as_str()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
 }
 
 /// GET `path`; None when the BMC answers 404 or 501 (it does not offer

@@ -48,17 +48,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / hz
 }
 
-/// Peak resident set of a process, MB.
-fn peak_rss_mb(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// The admin server's address, as the log gives it.
 fn admin_url(s: &ShepherdProcess) -> Option<String> {
     std::fs::read_to_string(&s.log).ok()?.lines().find_map(|l| {
@@ -172,10 +161,7 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu: f64 = procs.iter().map(|p| cpu_seconds(p.pid())).sum();
-    let rss = procs
-        .iter()
-        .map(|p| peak_rss_mb(p.pid()))
-        .fold(0.0, f64::max);
+    let rss = procs.iter().map(|p| p.peak_rss_mb()).fold(0.0, f64::max);
     let mut lost_picks = 0;
     for p in &procs {
         lost_picks += metric(p, "shepherd_lease_selections_total", "result=\"lost\"").await;

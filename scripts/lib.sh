@@ -95,6 +95,14 @@ need_virtualbmc() {
   fi
 }
 
+# console_has FILE OFFSET PATTERN: whether FILE, from byte OFFSET on,
+# holds a line matching PATTERN (grep -E). grep reads it to the end: a
+# `tail | grep -q` under pipefail fails when grep stops early and tail
+# dies of SIGPIPE, which a large console makes likely.
+console_has() {
+  tail -c +$(($2 + 1)) "$1" | grep -a -E -- "$3" >/dev/null
+}
+
 # A TCP port free on 127.0.0.1 now (for the VM scripts' forwards).
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

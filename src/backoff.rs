@@ -61,10 +61,10 @@ impl Backoff {
                 self.jitter
             ));
         }
-        if let Some(max) = self.maximum {
-            if max < self.initial {
-                return Err("maximum must not be shorter than initial".into());
-            }
+        if let Some(max) = self.maximum
+            && max < self.initial
+        {
+            return Err("maximum must not be shorter than initial".into());
         }
         Ok(())
     }

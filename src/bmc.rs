@@ -33,10 +33,11 @@ impl<A: Actor<Context = Context<A>>> ByUrl<A> {
         make: impl FnOnce() -> Result<A, String>,
     ) -> Result<Addr<A>, BmcError> {
         let mut actors = self.actors.borrow_mut();
-        if let Some((cfg, addr)) = actors.get(&bmc.url) {
-            if cfg == bmc && addr.connected() {
-                return Ok(addr.clone());
-            }
+        if let Some((cfg, addr)) = actors.get(&bmc.url)
+            && cfg == bmc
+            && addr.connected()
+        {
+            return Ok(addr.clone());
         }
         let addr = make()
             .map_err(|e| BmcError::of(host, bmc, BmcErrorKind::Config(e)))?
@@ -97,6 +98,14 @@ pub enum BmcErrorKind {
     /// image's URL (the caller may ask again without them).
     #[error("InsertMedia refused with a user name and password: {0}")]
     MediaAuthRefused(String),
+    /// Redfish: 503, the BMC busy (an update in flight): ask again after
+    /// this long (its `Retry-After`, else a default).
+    #[error("busy (HTTP 503) for {what}, ask again in {}s{}", .retry_after.as_secs(), detail(.message))]
+    Busy {
+        what: String,
+        retry_after: std::time::Duration,
+        message: String,
+    },
     #[error("unexpected answer: {0}")]
     Protocol(String),
     #[error("{0}")]
@@ -125,7 +134,7 @@ impl BmcErrorKind {
     /// A failure that may pass by itself (the BMC is busy or unreachable).
     pub fn is_transient(&self) -> bool {
         match self {
-            BmcErrorKind::Unreachable(_) => true,
+            BmcErrorKind::Unreachable(_) | BmcErrorKind::Busy { .. } => true,
             BmcErrorKind::Http { status, .. } => *status >= 500 || *status == 429,
             _ => false,
         }

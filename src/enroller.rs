@@ -143,6 +143,8 @@ pub struct Enroller {
     boot_url: BootUrl,
     waits: BootWaits,
     metrics: BootMetrics,
+    /// Where a boot's serial console is captured (None: not read).
+    consoles: Option<crate::console::Consoles>,
 }
 
 impl Enroller {
@@ -157,7 +159,44 @@ impl Enroller {
             boot_url,
             waits,
             metrics,
+            consoles: None,
         }
+    }
+
+    /// Captures each boot's serial console with `consoles`.
+    pub fn with_consoles(self, consoles: crate::console::Consoles) -> Self {
+        Enroller {
+            consoles: Some(consoles),
+            ..self
+        }
+    }
+
+    /// Begins capturing the machine's console for a boot of `cause`, when
+    /// its BMC has one shepherd reads.
+    async fn capture(&self, work: &Work<Boot>, cause: &str) -> Option<crate::console::Capture> {
+        let consoles = self.consoles.as_ref()?;
+        let m = &work.item().machine;
+        match self.provider.console(&m.provider_id).await {
+            Ok(Some(source)) => consoles.capture(work.machine_id(), &source, cause).await,
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "no console to capture");
+                None
+            }
+        }
+    }
+}
+
+/// `cause`, with what the console printed last when there is any.
+async fn with_console(cause: String, capture: Option<crate::console::Capture>) -> String {
+    let Some(c) = capture else {
+        return cause;
+    };
+    let lines = c.end().await;
+    if lines.is_empty() {
+        format!("{cause}; its console printed nothing")
+    } else {
+        format!("{cause}; its console's last lines: {}", lines.join(" | "))
     }
 }
 
@@ -368,6 +407,7 @@ impl LeaseLoop for Enroller {
                 outcome: Some((outcome, started.elapsed())),
             },
         };
+        let mut capture = None;
         let (cause, boot_id, how) = match resume {
             // Installed: restarted from its disk, nothing to enroll.
             Resume::Disk {
@@ -414,6 +454,7 @@ impl LeaseLoop for Enroller {
                         ),
                     );
                 }
+                capture = self.capture(work, &cause.to_string()).await;
                 match self.boot(work, &issued, &url).await {
                     Ok(how) => (cause, issued.boot_id, how),
                     Err(e) => {
@@ -430,12 +471,13 @@ impl LeaseLoop for Enroller {
                                 .transact(async |tx| boot::media_ended(tx, issued.boot_id).await)
                                 .await;
                         }
-                        return failed(BootOutcome::bmc_failed, cause);
+                        return failed(BootOutcome::bmc_failed, with_console(cause, capture).await);
                     }
                 }
             }
             Resume::Wait { cause, boot } => {
                 tracing::info!(boot = %boot.boot_id, "resuming a boot under way: waiting for its agent");
+                capture = self.capture(work, &cause.to_string()).await;
                 (
                     cause,
                     boot.boot_id,
@@ -462,7 +504,7 @@ impl LeaseLoop for Enroller {
                 if let Err(e) = ejected {
                     cause.push_str(&format!("; then {e}"));
                 }
-                return failed(BootOutcome::no_callback, cause);
+                return failed(BootOutcome::no_callback, with_console(cause, capture).await);
             }
             Err(e) => {
                 return failed(
@@ -470,6 +512,10 @@ impl LeaseLoop for Enroller {
                     format!("waiting for boot {boot_id}'s agent: {e}"),
                 );
             }
+        }
+        // The agent called: the boot's console is kept as it stands.
+        if let Some(c) = capture {
+            c.end().await;
         }
         // The agent is up: the next boot is from the disk.
         let ended = match self.end_boot(work, boot_id).await {

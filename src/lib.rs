@@ -29,16 +29,19 @@ macro_rules! attempt {
 
 pub mod admin;
 pub mod backoff;
+pub mod baselines;
 pub mod bmc;
 pub mod bmdb;
 pub mod brake_watch;
 pub mod callback;
 pub mod config;
+pub mod console;
 pub mod control;
 pub mod deadlines;
 pub mod devices;
 pub mod enroller;
 pub mod equinix;
+pub mod fleet_tally;
 pub mod images;
 pub mod initializer;
 pub mod ipmi;
@@ -51,6 +54,7 @@ pub mod recoverer;
 pub mod redfish;
 pub mod rollouts;
 pub mod secret;
+pub mod servicer;
 pub mod ssh;
 pub mod status;
 pub mod supervisor;

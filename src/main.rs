@@ -55,9 +55,12 @@ enum Command {
     #[command(subcommand)]
     Machines(MachinesCommand),
     /// Rollouts of operating system images (`shepherd machines install`
-    /// starts them).
+    /// starts them) and of baselines (`service`).
     #[command(subcommand)]
     Rollouts(RolloutsCommand),
+    /// Each baseline (`[[baselines]]`): the machines it selects, how many
+    /// conform, and each drifting machine's differences.
+    Baselines,
     /// The recovery brake: `shepherd brake` shows it, `shepherd brake
     /// release` lets power actions for silence go ahead for a while.
     Brake {
@@ -131,11 +134,11 @@ fn main() -> ExitCode {
         print!("{}", cfg.to_redacted_toml());
         // Bad inventory file entries are skipped at run time, not fatal:
         // show them here.
-        if let Some(f) = &cfg.provider.inventory.file {
-            if let Ok(read) = shepherd::config::inventory::read_file(f) {
-                for p in &read.problems {
-                    eprintln!("shepherd: warning: {p}");
-                }
+        if let Some(f) = &cfg.provider.inventory.file
+            && let Ok(read) = shepherd::config::inventory::read_file(f)
+        {
+            for p in &read.problems {
+                eprintln!("shepherd: warning: {p}");
             }
         }
         eprintln!("shepherd: configuration is valid");
@@ -168,7 +171,20 @@ fn main() -> ExitCode {
             Command::Machines(MachinesCommand::Deprovision(a)) => {
                 cli::install::deprovision(cfg, *a).await
             }
+            Command::Machines(MachinesCommand::Firmware { id }) => {
+                cli::firmware::machine(cfg, id, cli::firmware::Shown::Firmware).await
+            }
+            Command::Machines(MachinesCommand::Bios { id }) => {
+                cli::firmware::machine(cfg, id, cli::firmware::Shown::Bios).await
+            }
+            Command::Machines(MachinesCommand::Raid { id }) => {
+                cli::firmware::machine(cfg, id, cli::firmware::Shown::Raid).await
+            }
+            Command::Machines(MachinesCommand::Service { id, force, reason }) => {
+                cli::servicing::machine(cfg, id, force, reason).await
+            }
             Command::Machines(m) => cli::machines::run(cfg, m).await,
+            Command::Baselines => cli::firmware::baselines(cfg).await,
             Command::Rollouts(r) => cli::rollouts::run(cfg, r).await,
             Command::Projects(p) => cli::tenants::projects(cfg, p).await,
             Command::Tokens(t) => cli::tenants::tokens(cfg, t).await,

@@ -10,7 +10,8 @@ use crate::control::Round;
 /// What the driver's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RolloutCounters {
-    /// Machines asked to install, over all rounds.
+    /// Machines asked (to install, be erased or be serviced), over all
+    /// rounds.
     pub started: u64,
 }
 
@@ -59,13 +60,13 @@ async fn drive(session: Session) -> Result<u64, String> {
             .map_err(|e| format!("rollout {id}: {e}"))?;
         for (machine_id, ok) in &a.ended {
             if *ok {
-                tracing::info!(rollout = %id, %machine_id, "rollout: machine installed");
+                tracing::info!(rollout = %id, %machine_id, "rollout: machine done");
             } else {
-                tracing::warn!(rollout = %id, %machine_id, "rollout: machine's installation failed");
+                tracing::warn!(rollout = %id, %machine_id, "rollout: machine failed");
             }
         }
         for machine_id in &a.started {
-            tracing::info!(rollout = %id, %machine_id, "rollout: machine asked to install");
+            tracing::info!(rollout = %id, %machine_id, "rollout: machine asked");
         }
         if let Some(state) = &a.finished {
             tracing::info!(rollout = %id, %state, "rollout ended");

@@ -327,15 +327,7 @@ impl Connection {
             command: command.to_string(),
             message,
         };
-        let mut channel = self
-            .handle
-            .channel_open_session()
-            .await
-            .map_err(|e| exec_err(describe(&e)))?;
-        channel
-            .exec(true, command)
-            .await
-            .map_err(|e| exec_err(describe(&e)))?;
+        let mut channel = self.open_exec(command).await?;
         if !stdin.is_empty() {
             channel
                 .data(stdin)
@@ -371,6 +363,28 @@ impl Connection {
             }
         }
         Ok(out)
+    }
+
+    /// Starts `command` and hands back its channel, for a command that
+    /// streams until it is closed (a BMC's serial console).
+    pub async fn open_exec(
+        &self,
+        command: &str,
+    ) -> Result<russh::Channel<russh::client::Msg>, SshError> {
+        let exec_err = |message: String| SshError::Exec {
+            command: command.to_string(),
+            message,
+        };
+        let channel = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| exec_err(describe(&e)))?;
+        channel
+            .exec(true, command)
+            .await
+            .map_err(|e| exec_err(describe(&e)))?;
+        Ok(channel)
     }
 
     /// Uploads `bytes` to `path` with mode 0755, atomically: written to a

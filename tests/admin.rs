@@ -535,8 +535,13 @@ async fn rendered(url: String) -> String {
     .unwrap()
 }
 
+/// A state's count in the fleet page's table of counts.
 fn count_cell(dom: &str, state: &str) -> String {
-    let row = dom
+    let table = dom
+        .split("<table id=\"counts\"")
+        .nth(1)
+        .expect("the counts");
+    let row = table
         .split(&format!("data-state=\"{state}\""))
         .nth(1)
         .expect("a row per state");
@@ -558,6 +563,16 @@ async fn the_pages_render_in_a_browser() {
         ("installed", "0"),
     ] {
         assert_eq!(count_cell(&dom, state), n, "{state}");
+        // The drawn life cycle says the same, and links to the filter.
+        let drawn = dom
+            .split(&format!("<a href=\"?state={state}\"><g class=\"state"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{state} drawn: {dom}"));
+        assert!(
+            drawn.contains(&format!("data-count=\"{n}\"")),
+            "{state}: {}",
+            &drawn[..200.min(drawn.len())]
+        );
     }
     assert_eq!(dom.matches("<tr class=\"machine\"").count(), 4);
     assert!(dom.contains(&format!("href=\"machines/{}\"", f.started)));
@@ -990,5 +1005,106 @@ async fn small_defects_found_from_outside_stay_fixed() {
     assert!(!helps.is_empty());
     for h in helps {
         assert!(!h.ends_with(".."), "{h}");
+    }
+}
+
+/// Markup tried through every field an operator, a tenant or a machine's
+/// provider sets that the pages show: a host's ID and address, a failure's
+/// cause, a hold's reason, a project's name, a search. The browser runs
+/// nothing of it: the title stays, no element it names appears, and the
+/// text reads as typed.
+#[actix_rt::test]
+async fn markup_in_any_field_is_shown_as_text_and_runs_nowhere() {
+    const SCRIPT: &str = "<script>document.title='PWNED'</script>";
+    const IMG: &str = "\"><img src=x id=pwned onerror=\"document.title='PWNED'\">";
+    const SVG: &str = "<svg id=pwned2 onload=\"document.title='PWNED'\"></svg>";
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let m = NewProvidedMachine {
+        provider: Provider::Equinix,
+        provider_id: format!("host{SCRIPT}"),
+        reservation_id: None,
+        ip_address: Some(IMG.into()),
+        location: Some(SVG.into()),
+        status: None,
+    };
+    let id = bmdb
+        .transact(async |tx| machines::create_provided(tx, &m).await)
+        .await
+        .unwrap();
+    let session = bmdb
+        .start_session(&format!("session{SVG}"), Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let pick = |id: Uuid| async move |_tx: &mut shepherd::bmdb::Tx<'_>| Ok(Some((id, ())));
+    let mut w = session
+        .lease(Process::ShepherdAgentStart, pick(id))
+        .await
+        .unwrap()
+        .unwrap();
+    w.fail(
+        &Backoff::constant(Duration::from_secs(600)),
+        &format!("cause{IMG}{SCRIPT}"),
+    )
+    .await
+    .unwrap();
+    bmdb.transact(async |tx| {
+        let p: Uuid = tx
+            .query_one(
+                "INSERT INTO project (name, created_by) VALUES ($1, 'test') RETURNING project_id",
+                &[&format!("project{IMG}")],
+            )
+            .await?
+            .get(0);
+        tx.execute(
+            "INSERT INTO machine_project VALUES ($1, $2, now(), 'test')",
+            &[&id, &p],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+    let f = Fleet {
+        _db: db,
+        bmdb: bmdb.clone(),
+        pending: id,
+        started: id,
+        backed_off: id,
+        leased: id,
+        _session: session,
+    };
+    let a = serve(&f, None);
+    let mut r = awc::Client::default()
+        .post(format!("http://{a}/api/v1/machines/{id}/hold"))
+        .send_json(&json!({ "reason": format!("reason{SCRIPT}{IMG}") }))
+        .await
+        .unwrap();
+    let body = r.body().await.unwrap();
+    assert_eq!(r.status(), 200, "{body:?}");
+    let q: String = form_urlencoded::byte_serialize(SCRIPT.as_bytes()).collect();
+    for url in [
+        format!("http://{a}/"),
+        format!("http://{a}/?q={q}"),
+        format!("http://{a}/machines/{id}"),
+        format!("http://{a}/rollouts"),
+        format!("http://{a}/firmware"),
+    ] {
+        let dom = rendered(url.clone()).await;
+        assert!(dom.contains("<title>shepherd"), "{url}: {dom}");
+        assert!(!dom.contains("PWNED</title>"), "{url} ran a script");
+        for element in ["id=\"pwned\"", "id=\"pwned2\"", "<script>document"] {
+            assert!(!dom.contains(element), "{url}: {element} became markup");
+        }
+        assert!(!dom.contains("<script"), "{url}: a script element");
+    }
+    // Shown as typed, escaped.
+    let machine = rendered(format!("http://{a}/machines/{id}")).await;
+    for shown in [
+        "host&lt;script&gt;document.title='PWNED'&lt;/script&gt;",
+        "reason&lt;script&gt;",
+        "cause\"&gt;&lt;img src=x id=pwned",
+        "project\"&gt;&lt;img",
+    ] {
+        assert!(machine.contains(shown), "{shown} in {machine}");
     }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use prost::Message;
 use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::boot;
-use shepherd::callback::tls::{ServerIdentity, new_ca};
-use shepherd::images::{BootImage, BootServing, DownloadGate, ImageCatalog, ImageServer};
+use shepherd::callback::tls::new_ca;
+use shepherd::images::{BootImage, BootServing, ImageCatalog};
 use shepherd_proto::boot::BootData;
 use shepherd_sim::testing::TestDb;
 use uuid::Uuid;
@@ -56,7 +56,6 @@ async fn a_boots_copy_carries_its_data_in_the_slot_whole_or_in_ranges_until_used
         .await
         .unwrap();
     let (ca_der, ca_key) = new_ca().unwrap();
-    let id = ServerIdentity::issued_by(&ca_der, &ca_key, &["127.0.0.1".to_string()]).unwrap();
     let catalog = ImageCatalog::new(images, "127.0.0.1:7831", ca_der.clone()).with_boot_image(
         BootServing {
             image: BootImage::open(&iso).unwrap(),
@@ -64,17 +63,7 @@ async fn a_boots_copy_carries_its_data_in_the_slot_whole_or_in_ranges_until_used
         },
         None,
     );
-    let server = ImageServer::start(
-        &catalog,
-        DownloadGate {
-            bmdb: bmdb.clone(),
-            timeout: Duration::from_secs(2),
-        },
-        "127.0.0.1:0".parse().unwrap(),
-        id.web_server_config().unwrap(),
-        1,
-    )
-    .unwrap();
+    let server = shepherd_sim::testing::image_server(&catalog, &bmdb, &ca_der, &ca_key);
     let port = server.addr.port();
     let url_of = |boot: Uuid| {
         catalog

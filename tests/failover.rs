@@ -131,10 +131,9 @@ impl PgCluster {
                     .timeout(Duration::from_secs(2))
                     .send()
                     .await
+                    && let Ok(v) = r.json::<serde_json::Value>().await
                 {
-                    if let Ok(v) = r.json::<serde_json::Value>().await {
-                        return serde_json::from_value(v["members"].clone()).unwrap();
-                    }
+                    return serde_json::from_value(v["members"].clone()).unwrap();
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -397,10 +396,10 @@ async fn the_bmdb_fails_over_under_two_shepherds_and_nothing_committed_is_lost()
     );
     let switched = Instant::now();
     loop {
-        if let Some(l) = cluster.leader().await {
-            if l.name == candidate.name {
-                break;
-            }
+        if let Some(l) = cluster.leader().await
+            && l.name == candidate.name
+        {
+            break;
         }
         assert!(
             switched.elapsed() < Duration::from_secs(60),
@@ -458,10 +457,10 @@ async fn the_bmdb_fails_over_under_two_shepherds_and_nothing_committed_is_lost()
     let killed = Instant::now();
     let killed_at = SystemTime::now();
     let promoted = loop {
-        if let Some(l) = cluster.leader().await {
-            if l.name != primary.name {
-                break killed.elapsed();
-            }
+        if let Some(l) = cluster.leader().await
+            && l.name != primary.name
+        {
+            break killed.elapsed();
         }
         assert!(
             killed.elapsed() < Duration::from_secs(90),

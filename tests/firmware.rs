@@ -2,22 +2,26 @@
 //! driver in front of a libvirt domain (defined, never started): the
 //! BIOS version the domain holds read as `bios`, the emulator's manager's
 //! firmware as `bmc`, the BIOS settings the domain keeps; a `SimpleUpdate`
-//! through the BMC (as a vendor's tool sends it) raises the domain's BIOS
-//! version, a BIOS setting is changed through its settings object, and
-//! the next read records both, the old version in its history.
+//! through the BMC (shepherd's own, as the Servicer sends it, through the
+//! provider's `redfish_bmc`) raises the domain's BIOS version, a BIOS
+//! setting is changed through its settings object (`SetBios`), and
+//! the next read records both, the old version in its history; a
+//! baseline wanting the setting sees the machine drift until it is made.
 //!
 //! Needs root and libvirtd (scripts/test starts it); skipped, saying so,
 //! without them.
 
 use std::process::Command;
 
+use shepherd::baselines::{Baselines, Conformance};
 use shepherd::bmdb::Provider;
 use shepherd::bmdb::firmware;
 use shepherd::bmdb::machines::{self, NewProvidedMachine};
-use shepherd::config::{InventoryConfig, InventoryMachine, RedfishConfig};
+use shepherd::config::BaselineConfig;
 use shepherd::provider::Provider as _;
 use shepherd::provider::inventory::Inventory;
-use shepherd_sim::testing::{Sushy, TestDb, succeed};
+use shepherd::redfish::servicing::{GetTask, SetBios, StartUpdate, Started, UpdateImage};
+use shepherd_sim::testing::{Sushy, TestDb, inventory_host, inventory_of, succeed};
 
 const PASSWORD: &str = "bmc-fw-3a91d0";
 
@@ -95,24 +99,7 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
     let sushy = Sushy::start_libvirt(&[&domain.name], "admin", PASSWORD);
     let mut bmc = sushy.bmc(0);
     bmc.system = Some(uuid.clone());
-    let inv = Inventory::new(
-        &InventoryConfig {
-            machines: vec![InventoryMachine {
-                id: "node-1".into(),
-                address: Some("127.0.0.1".parse().unwrap()),
-                boot: None,
-                location: None,
-                bmc: Some(bmc),
-                mac: None,
-                macs: Vec::new(),
-                firmware: None,
-            }],
-            file: None,
-        },
-        &RedfishConfig::default(),
-        &Default::default(),
-        None,
-    );
+    let inv = inventory_of(vec![inventory_host("node-1", Some(bmc))]);
     let system = sushy.get(&format!("/redfish/v1/Systems/{uuid}")).await;
     let manager = sushy
         .get(
@@ -171,39 +158,109 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         "both seen for the first time"
     );
 
-    // The update, as a vendor's tool asks for it.
-    let mut r = awc::Client::default()
-        .post(format!(
-            "{}/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
-            sushy.url
-        ))
-        .basic_auth("admin", PASSWORD)
-        .send_json(&serde_json::json!({
-            "ImageURI": "http://127.0.0.1:9/bios-1.1.bin",
-            "Targets": [system["@odata.id"]],
-        }))
+    // The update, as the Servicer asks for it: this BMC takes no pushed
+    // image, so `SimpleUpdate` with the image's address and the user name
+    // and password of a grant.
+    let rb = inv
+        .redfish_bmc("node-1")
+        .await
+        .unwrap()
+        .expect("node-1's Redfish BMC");
+    let image = tempfile::NamedTempFile::new().unwrap();
+    let started = rb
+        .ask(StartUpdate {
+            image: UpdateImage {
+                path: image.path().to_path_buf(),
+                name: "bios-1.1.bin".into(),
+                fetch: Some((
+                    "http://127.0.0.1:9/bios-1.1.bin".into(),
+                    "grant-id".into(),
+                    shepherd::secret::Secret::inline("grant-secret"),
+                )),
+            },
+            targets: vec![system["@odata.id"].as_str().unwrap().to_string()],
+        })
         .await
         .unwrap();
-    assert!(
-        r.status().is_success(),
-        "{}: {:?}",
-        r.status(),
-        r.body().await
-    );
+    match started {
+        Started::Done { pushed } => assert!(!pushed, "fetched, not pushed"),
+        Started::Task { monitor, pushed } => {
+            assert!(!pushed, "fetched, not pushed");
+            let mut t = rb
+                .ask(GetTask {
+                    monitor: monitor.clone(),
+                })
+                .await
+                .unwrap();
+            while t.running() {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                t = rb
+                    .ask(GetTask {
+                        monitor: monitor.clone(),
+                    })
+                    .await
+                    .unwrap();
+            }
+            assert!(t.succeeded(), "{t:?}");
+        }
+    }
     // A BIOS setting changed through the BMC (the settings object, as a
     // vendor's tool PATCHes it; the emulator applies it at once).
-    let settings_path = format!("{}/Settings", system["Bios"]["@odata.id"].as_str().unwrap());
     let turbo = match got.attributes.get("ProcTurboMode").and_then(|v| v.as_str()) {
         Some("Enabled") => "Disabled",
         _ => "Enabled",
     };
-    let r = awc::Client::default()
-        .patch(format!("{}{settings_path}", sushy.url))
-        .basic_auth("admin", PASSWORD)
-        .send_json(&serde_json::json!({"Attributes": {"ProcTurboMode": turbo}}))
+    // A baseline for the emulator's machines wants that setting: until it
+    // is changed, the machine drifts on it, and on nothing else.
+    let manufacturer = system["Manufacturer"].as_str().unwrap().to_string();
+    let facts = shepherd::bmdb::hardware::BmcFacts {
+        bmc_url: sushy.url.clone(),
+        system: shepherd::bmdb::hardware::SystemFacts {
+            manufacturer: Some(manufacturer.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    bmdb.transact(async |tx| machines::write_bmc_facts(tx, &[(machine, facts.clone())]).await)
         .await
         .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
+    let baselines = Baselines::new(
+        &[BaselineConfig {
+            name: "emulated".into(),
+            manufacturer: Some(manufacturer),
+            bios: [("ProcTurboMode".to_string(), serde_json::json!(turbo))]
+                .into_iter()
+                .collect(),
+            ..BaselineConfig::default()
+        }],
+        &[],
+    );
+    let standing = || async {
+        let below = bmdb
+            .snapshot(async |tx| firmware::below(tx, Some(&[machine]), true).await)
+            .await
+            .unwrap();
+        baselines.conformance(&below[0])
+    };
+    let drift = standing().await;
+    assert_eq!(drift.as_str(), "drifting", "{drift:?}");
+    assert_eq!(
+        drift
+            .differences()
+            .iter()
+            .map(|d| (d.item.as_str(), d.desired.as_str()))
+            .collect::<Vec<_>>(),
+        [("ProcTurboMode", turbo)]
+    );
+    // As the Servicer changes it: PATCHed to the settings object.
+    rb.ask(SetBios {
+        system: rb.system(),
+        attributes: [("ProcTurboMode".to_string(), serde_json::json!(turbo))]
+            .into_iter()
+            .collect(),
+    })
+    .await
+    .unwrap();
     let after = read(&inv).await;
     assert_eq!(
         after.bios.as_ref().unwrap().attributes["ProcTurboMode"],
@@ -231,6 +288,13 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         .transact(async |tx| firmware::of_machine(tx, machine).await)
         .await
         .unwrap();
+    assert_eq!(
+        standing().await,
+        Conformance::Conforming {
+            baseline: "emulated".into()
+        },
+        "the setting changed, the drift is gone"
+    );
     assert_eq!(f.history.len(), 3, "{:?}", f.history);
     assert_eq!(f.components[0].component.version, new_bios);
     assert_eq!(f.bios.unwrap().0.attributes["ProcTurboMode"], turbo);

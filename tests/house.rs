@@ -26,18 +26,28 @@ const LAYERS: &[&[&str]] = &[
     &["secret", "backoff", "tls", "mac"],
     &["config"],
     &["bmc", "bmdb", "equinix", "ssh", "telemetry"],
-    &["redfish", "ipmi", "callback", "control", "takeover"],
+    &[
+        "redfish",
+        "ipmi",
+        "callback",
+        "control",
+        "takeover",
+        "baselines",
+        "console",
+    ],
     &["provider", "images"],
     &[
         "brake_watch",
         "deadlines",
         "devices",
         "enroller",
+        "fleet_tally",
         "initializer",
         "netboot",
         "provisioner",
         "recoverer",
         "rollouts",
+        "servicer",
         "updater",
     ],
     &["status"],
@@ -457,9 +467,11 @@ fn file_graphs() -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
                 continue;
             }
             let me = f.module.last().unwrap().clone();
-            // `super::x` and `crate::<parent>::x` both name the parent.
-            let mut reach = reached(&f.code, "super");
-            reach.extend(reached(&f.code, &format!("crate::{}", parent.join("::"))));
+            // `super::x` and `crate::<parent>::x` both name the parent;
+            // `super::super::x` names the parent's parent, outside.
+            let code = f.code.replace("super::super", "grandparent");
+            let mut reach = reached(&code, "super");
+            reach.extend(reached(&code, &format!("crate::{}", parent.join("::"))));
             let to: BTreeSet<String> = reach
                 .into_iter()
                 .map(&resolve)
@@ -804,7 +816,7 @@ fn md_spans(text: &str) -> Vec<(usize, Option<String>)> {
         }
         let parts: Vec<&str> = line.split('`').collect();
         let mut closed = parts.len();
-        if parts.len() % 2 == 0 {
+        if parts.len().is_multiple_of(2) {
             out.push((i + 1, None));
             closed -= 1;
         }
@@ -848,10 +860,10 @@ fn skip_reason(s: &str) -> Option<&'static str> {
 fn normalize(s: &str) -> String {
     let mut s = s.strip_suffix("()").unwrap_or(s);
     s = s.strip_suffix('!').unwrap_or(s);
-    if s.ends_with('>') {
-        if let Some(i) = s.find('<') {
-            s = &s[..i];
-        }
+    if s.ends_with('>')
+        && let Some(i) = s.find('<')
+    {
+        s = &s[..i];
     }
     s.to_string()
 }
@@ -1025,11 +1037,11 @@ impl Tree {
         }
         if s.contains('.') && s.split('.').all(is_lower_ident) {
             let parts: Vec<&str> = s.split('.').collect();
-            if parts.len() == 2 {
-                if let Some(cols) = self.sql_columns.get(parts[0]) {
-                    let why = "no such column of that table in migrations/";
-                    return ("sql", ok_if(cols.contains(parts[1]), why));
-                }
+            if parts.len() == 2
+                && let Some(cols) = self.sql_columns.get(parts[0])
+            {
+                let why = "no such column of that table in migrations/";
+                return ("sql", ok_if(cols.contains(parts[1]), why));
             }
             let why = "no such key in config/shepherd.toml";
             return ("config", ok_if(self.config_keys.contains(s), why));

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::installations::{self, Asked, Asker};
-use shepherd::callback::tls::{ServerIdentity, new_ca};
-use shepherd::images::{DownloadGate, ImageCatalog, ImageServer};
+use shepherd::callback::tls::new_ca;
+use shepherd::images::{ImageCatalog, ImageServer};
 use shepherd_agent::install::fetch::{AgentKey, tls_config};
 use shepherd_proto::api::ImageInstallation;
 use shepherd_sim::testing::{OwnPostgres, TestDb};
@@ -95,18 +95,7 @@ async fn rename_request(bmdb: &Bmdb, machine: Uuid, name: &str) {
 }
 
 fn start(catalog: &ImageCatalog, bmdb: &Bmdb, ca_der: &[u8], ca_key: &str) -> ImageServer {
-    let id = ServerIdentity::issued_by(ca_der, ca_key, &["127.0.0.1".to_string()]).unwrap();
-    ImageServer::start(
-        catalog,
-        DownloadGate {
-            bmdb: bmdb.clone(),
-            timeout: Duration::from_secs(1),
-        },
-        "127.0.0.1:0".parse().unwrap(),
-        id.web_server_config().unwrap(),
-        1,
-    )
-    .unwrap()
+    shepherd_sim::testing::image_server(catalog, bmdb, ca_der, ca_key)
 }
 
 fn link(target: &Path, name: &Path) {

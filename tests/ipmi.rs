@@ -144,6 +144,7 @@ impl Rig {
             system: None,
             tls: BmcTls::Verify,
             secure_boot: None,
+            console: None,
         };
         b.validate().unwrap();
         b

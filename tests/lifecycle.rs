@@ -5,7 +5,8 @@
 //! from the fleet's query before it is asked anything), with what the
 //! action itself needs where the table allows it (a backoff to retry, a
 //! hold to release, a BMC to boot through, a hardware difference to
-//! accept), so that only the table decides.
+//! accept, a baseline and a firmware read to service to), so that only the
+//! table decides.
 
 use std::time::Duration;
 
@@ -51,14 +52,21 @@ async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bo
     if state == Discovered {
         return discovered(bmdb).await;
     }
-    let bmc = bmc || matches!(state, Enrolling | Inspecting | EnrollFailed | Available);
+    let bmc = bmc
+        || matches!(
+            state,
+            Enrolling | Inspecting | EnrollFailed | Available | Servicing | ServiceFailed
+        );
     let m = NewProvidedMachine {
         provider: Provider::Equinix,
         provider_id: format!("{state}-{}", Uuid::new_v4()),
         reservation_id: None,
         // A blank machine booted through its BMC has no address.
-        ip_address: (!matches!(state, Enrolling | Inspecting | EnrollFailed | Available))
-            .then(|| "127.0.0.1".into()),
+        ip_address: (!matches!(
+            state,
+            Enrolling | Inspecting | EnrollFailed | Available | Servicing | ServiceFailed
+        ))
+        .then(|| "127.0.0.1".into()),
         location: None,
         status: Some(shepherd::bmdb::ProviderStatus::Running),
     };
@@ -122,7 +130,7 @@ async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bo
             )
             .await
         }
-        Available => {
+        Available | Servicing | ServiceFailed => {
             // The live agent: enrolled by a boot of its BMC.
             sql(
                 bmdb,
@@ -133,6 +141,21 @@ async fn machine_in(bmdb: &Bmdb, session: &Session, state: MachineState, bmc: bo
             )
             .await;
             sql(bmdb, agent, id).await;
+            // Its servicing, asked or failed.
+            let phase = match state {
+                Servicing => "asked",
+                ServiceFailed => "failed",
+                _ => return id,
+            };
+            sql(
+                bmdb,
+                &format!(
+                    "INSERT INTO machine_service (machine_id, service_id, baseline, asked_by, phase) \
+                     VALUES ($1, gen_random_uuid(), 'every', 'test', '{phase}')"
+                ),
+                id,
+            )
+            .await;
         }
         RecoveryBackoff => {
             sql(bmdb, agent, id).await;
@@ -222,8 +245,9 @@ async fn needs_of(bmdb: &Bmdb, session: &Session, state: MachineState, op: Opera
         match op {
             Operation::Retry => sql(bmdb, &backoff("ShepherdAccess"), id).await,
             Operation::Release if state != Held => {
-                // A hold shows under work in hand only: the Enroller's.
-                if matches!(state, Enrolling | Inspecting) {
+                // A hold shows under work in hand only: the Enroller's,
+                // the Servicer's.
+                if matches!(state, Enrolling | Inspecting | Servicing) {
                     if state == Enrolling {
                         sql(
                             bmdb,
@@ -242,6 +266,7 @@ async fn needs_of(bmdb: &Bmdb, session: &Session, state: MachineState, op: Opera
                 )
                 .await
             }
+            Operation::Service => firmware_read(bmdb, id).await,
             Operation::AcceptHardware => {
                 sql(
                     bmdb,
@@ -274,6 +299,35 @@ async fn needs_of(bmdb: &Bmdb, session: &Session, state: MachineState, op: Opera
     }
 }
 
+/// Its BMC read, its firmware listed: what a servicing needs.
+async fn firmware_read(bmdb: &Bmdb, id: Uuid) {
+    sql(
+        bmdb,
+        "INSERT INTO machine_bmc_facts (machine_id, bmc_url) VALUES ($1, 'https://127.0.0.1:1') \
+         ON CONFLICT (machine_id) DO NOTHING",
+        id,
+    )
+    .await;
+    sql(
+        bmdb,
+        "INSERT INTO machine_firmware_read (machine_id) VALUES ($1)",
+        id,
+    )
+    .await;
+}
+
+/// A baseline that selects every machine.
+fn every() -> shepherd::baselines::Baselines {
+    shepherd::baselines::Baselines::new(
+        &[shepherd::config::BaselineConfig {
+            name: "every".into(),
+            secure_boot: Some(true),
+            ..Default::default()
+        }],
+        &[],
+    )
+}
+
 /// The POST an operator sends for `op`.
 fn body(op: Operation) -> (String, serde_json::Value) {
     match op {
@@ -283,6 +337,11 @@ fn body(op: Operation) -> (String, serde_json::Value) {
                              "digest": format!("sha256:{}", "ab".repeat(32))}}),
         ),
         Operation::Deprovision => ("deprovision".into(), json!({"mode": "metadata"})),
+        // A tenant's installed machine only when forced.
+        Operation::Service => (
+            "service".into(),
+            json!({"force": true, "reason": "life cycle test"}),
+        ),
         Operation::Accept => (
             "accept".into(),
             json!({"bmc_url": "https://127.0.0.1:1", "bmc_username": "admin",
@@ -304,6 +363,7 @@ async fn every_action_from_every_state_is_allowed_or_refused_as_the_table_says()
     let a = admin::serve(
         Admin {
             tokens: vec![("admin".to_string(), Secret::inline(TOKEN))],
+            baselines: std::sync::Arc::new(every()),
             ..Admin::new(bmdb.clone())
         },
         "127.0.0.1:0".parse().unwrap(),
@@ -376,11 +436,79 @@ async fn lease_takeover(session: &Session, id: Uuid) -> shepherd::bmdb::Work<()>
         .expect("leased")
 }
 
-/// The state `id` shows.
+/// The state `id` shows; the state its summary row keeps for the fleet's
+/// listing agrees (unless a backoff in it ran out, to be settled).
 async fn state(bmdb: &Bmdb, id: Uuid) -> Option<MachineState> {
-    bmdb.transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
+    let derived = bmdb
+        .transact(async |tx| shepherd::bmdb::lifecycle::state_of(tx, id).await)
         .await
-        .unwrap()
+        .unwrap();
+    let kept: Option<(String, bool)> = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_opt(
+                    "SELECT state, coalesce(state_until <= now(), false) \
+                       FROM machine_summary WHERE machine_id = $1",
+                    &[&id],
+                )
+                .await?
+                .map(|r| (r.get(0), r.get(1))))
+        })
+        .await
+        .unwrap();
+    if let (Some(d), Some((kept, false))) = (derived, kept) {
+        assert_eq!(kept, d.as_str(), "the state kept for {id}");
+    }
+    derived
+}
+
+/// The tally (what the fleet page and `/metrics` count) is every
+/// machine's derived state, counted, before and after it is settled.
+async fn tally_agrees(bmdb: &Bmdb) {
+    use shepherd::bmdb::machines;
+    let counted = async || -> Vec<(MachineState, i64)> {
+        let rows = bmdb
+            .transact(async |tx| {
+                tx.query(
+                    "SELECT machine_state(s), count(*) FROM machine_summary s GROUP BY 1",
+                    &[],
+                )
+                .await
+            })
+            .await
+            .unwrap();
+        let mut v: Vec<(MachineState, i64)> = rows
+            .iter()
+            .map(|r| (MachineState::parse(r.get(0)).unwrap(), r.get(1)))
+            .collect();
+        v.sort_by_key(|(s, _)| MachineState::ALL.iter().position(|x| x == s));
+        v
+    };
+    let before = bmdb
+        .transact(async |tx| machines::tally(tx).await)
+        .await
+        .unwrap();
+    assert_eq!(before.states, counted().await, "the tally before settling");
+    let settled = bmdb
+        .transact(async |tx| machines::settle(tx).await)
+        .await
+        .unwrap();
+    assert!(settled.folded > 0, "{settled:?}");
+    let after = bmdb
+        .transact(async |tx| machines::tally(tx).await)
+        .await
+        .unwrap();
+    assert_eq!(after.states, counted().await, "the tally after settling");
+    let pending: i64 = bmdb
+        .transact(async |tx| {
+            Ok(tx
+                .query_one("SELECT count(*) FROM machine_tally_delta", &[])
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "every delta folded");
 }
 
 /// The agent's report of the machine's current generation, as the
@@ -541,6 +669,42 @@ async fn apply(
         }
         Event::Installed | Event::Erased => report(bmdb, id, "Success").await,
         Event::InstallFailed | Event::EraseFailed => report(bmdb, id, "Error").await,
+        Event::ServiceAsked => {
+            firmware_read(bmdb, id).await;
+            let ask = shepherd::bmdb::servicing::Ask {
+                action_id: Uuid::new_v4(),
+                actor: "transition-test",
+                reason: None,
+                baseline: "every",
+                forced: true,
+                rollout_id: None,
+            };
+            match bmdb
+                .transact(async |tx| shepherd::bmdb::servicing::ask(tx, id, &ask).await)
+                .await
+            {
+                Ok(shepherd::bmdb::servicing::Asked::Done { .. }) => {}
+                other => return Err(format!("service: {other:?}")),
+            }
+        }
+        Event::ServiceDone | Event::ServiceFailed => {
+            let result = if event == Event::ServiceDone {
+                Ok("at its baseline".to_string())
+            } else {
+                Err("the BMC refused".to_string())
+            };
+            let mut w = leased(Process::ShepherdAgentStart).await;
+            w.finish(async |tx| {
+                let s = shepherd::bmdb::servicing::of_machine(tx, id)
+                    .await?
+                    .expect("a servicing");
+                shepherd::bmdb::servicing::end(tx, id, s.service_id, &result)
+                    .await
+                    .map(|_| ())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        }
         Event::ProviderForgot => {
             sql(bmdb, "DELETE FROM machine_provided WHERE machine_id = $1", id).await
         }
@@ -600,6 +764,7 @@ async fn every_declared_transition_is_what_the_bmdb_derives() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    tally_agrees(&bmdb).await;
     println!(
         "{} transitions, each as the BMDB derives it",
         TRANSITIONS.len()

@@ -42,7 +42,7 @@ impl Round for Toy {
             .transact(async |tx| tx.query_one("SELECT 1", &[]).await.map(|_| ()))
             .await
             .map_err(|e| e.to_string())?;
-        if n % 3 == 0 {
+        if n.is_multiple_of(3) {
             return Err(format!("toy round {n} failed on purpose"));
         }
         Ok(())
@@ -136,6 +136,7 @@ async fn a_loop_registered_once_gets_a_session_status_metrics_and_the_drain() {
         "updater",
         "rollouts",
         "deadlines",
+        "fleet-tally",
         "toy",
     ] {
         assert!(names.contains(&expected), "{expected} in {names:?}");

@@ -7,38 +7,12 @@
 use std::time::{Duration, Instant};
 
 use shepherd::bmdb::ProviderStatus;
-use shepherd::config::{BmcConfig, InventoryConfig, InventoryMachine, RedfishConfig};
+use shepherd::config::{BmcConfig, RedfishConfig};
 use shepherd::provider::Provider;
-use shepherd::provider::inventory::Inventory;
 use shepherd::redfish::{self, Bmcs};
-use shepherd_sim::testing::{Sshd, Sushy};
+use shepherd_sim::testing::{Sshd, Sushy, inventory_host as host, inventory_of as inventory};
 
 const PASSWORD: &str = "bmc-pw-7c41e2";
-
-fn host(id: &str, bmc: Option<BmcConfig>) -> InventoryMachine {
-    InventoryMachine {
-        id: id.into(),
-        address: Some("127.0.0.1".parse().unwrap()),
-        boot: None,
-        location: None,
-        bmc,
-        mac: None,
-        macs: Vec::new(),
-        firmware: None,
-    }
-}
-
-fn inventory(hosts: Vec<InventoryMachine>) -> Inventory {
-    Inventory::new(
-        &InventoryConfig {
-            machines: hosts,
-            file: None,
-        },
-        &RedfishConfig::default(),
-        &Default::default(),
-        None,
-    )
-}
 
 #[actix_rt::test]
 async fn a_reboot_through_the_bmc_is_seen_going_off_and_on_in_the_emulator() {
@@ -148,6 +122,7 @@ async fn a_bmc_that_is_down_is_named_unreachable() {
         system: None,
         tls: Default::default(),
         secure_boot: None,
+        console: None,
     };
     let inv = inventory(vec![host("node-9", Some(bmc))]);
     let started = Instant::now();

@@ -131,6 +131,7 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
                         system: None,
                         tls: BmcTls::Verify,
                         secure_boot: None,
+                        console: None,
                     }),
                     mac: None,
                     macs: Vec::new(),

@@ -58,6 +58,8 @@ pub struct FleetOptions {
     pub provider: FleetProvider,
     /// The inventory's `location` of every machine (static only).
     pub location: Option<String>,
+    /// How the BMCs' firmware updates behave (static only).
+    pub firmware: crate::bmc::FirmwareOptions,
 }
 
 /// Where the fleet's machines come from.
@@ -85,6 +87,7 @@ impl Default for FleetOptions {
             names: Vec::new(),
             provider: FleetProvider::Equinix,
             location: None,
+            firmware: crate::bmc::FirmwareOptions::default(),
         }
     }
 }
@@ -198,7 +201,7 @@ impl FleetSim {
             // Owned: a Redfish BMC per machine; a restart or a power-off
             // kills the machine's agent, as on real hardware.
             FleetProvider::Static => {
-                let bmcs = BmcSim::for_machines(&machines)?;
+                let bmcs = BmcSim::for_machines_with(&machines, opts.firmware.clone())?;
                 (None, Some(bmcs))
             }
         };

@@ -154,8 +154,11 @@ impl From<&MachineSummary> for Machine {
 #[derive(Serialize, ToSchema)]
 pub struct MachineList {
     pub machines: Vec<Machine>,
-    /// Machines the filter matches (all pages).
+    /// Machines the filter matches (all pages). Exact for a filter of a
+    /// state or none; a filter with more stops counting at 10,000.
     pub matching: i64,
+    /// More than `matching` machines match (the count stopped).
+    pub matching_more: bool,
     /// Machines per state, the whole fleet.
     pub counts: std::collections::BTreeMap<String, i64>,
     pub agents: AgentCounts,
@@ -239,6 +242,80 @@ pub struct MachineDetailBody {
     /// Its firmware as its BMC lists it (absent: never read; a Redfish
     /// BMC's only).
     pub firmware: Option<FirmwareBody>,
+    /// How it stands against the baseline that selects it (absent: none
+    /// does, or its BMC is not read).
+    pub baseline: Option<ConformanceBody>,
+    /// Its last servicing to its baseline (absent: never serviced):
+    /// `service_id`, `baseline`, `phase` (asked, restarting, done,
+    /// failed), `applied`, `restarts`, `error`, and when.
+    #[schema(value_type = Option<Object>)]
+    pub servicing: Option<crate::bmdb::servicing::Service>,
+    /// Its serial console during the last boots shepherd made through its
+    /// BMC, newest first (empty: none read).
+    pub console: Vec<ConsoleBody>,
+}
+
+/// A boot's serial console, as shepherd captured it.
+#[derive(Serialize, ToSchema)]
+pub struct ConsoleBody {
+    pub capture_id: Uuid,
+    /// What shepherd was doing: `enroll`, `inspect`, `service`, ...
+    pub cause: String,
+    /// How it was read: `sol ipmi://host:port`, `ssh user@host:22 "cmd"`.
+    pub source: String,
+    pub started_at: String,
+    /// Absent while it is captured.
+    pub ended_at: Option<String>,
+    /// Bytes the console printed (more than it keeps).
+    pub bytes_seen: i64,
+    /// Its last bytes as text (terminal escapes and carriage returns
+    /// removed).
+    pub tail: String,
+    /// Its last lines that hold something, at most 20.
+    pub last_lines: Vec<String>,
+    /// The last time it could not be read, why.
+    pub error: Option<String>,
+}
+
+impl From<&crate::bmdb::console::ConsoleCapture> for ConsoleBody {
+    fn from(c: &crate::bmdb::console::ConsoleCapture) -> Self {
+        let tail = crate::console::text(&c.tail);
+        ConsoleBody {
+            capture_id: c.capture_id,
+            cause: c.cause.clone(),
+            source: c.source.clone(),
+            started_at: rfc3339(c.started_at),
+            ended_at: c.ended_at.map(rfc3339),
+            bytes_seen: c.bytes_seen,
+            last_lines: crate::console::last_lines(&tail, 20),
+            tail,
+            error: c.error.clone(),
+        }
+    }
+}
+
+/// A machine against its baseline (`[[baselines]]`).
+#[derive(Serialize, ToSchema)]
+pub struct ConformanceBody {
+    /// The baseline's name.
+    pub name: String,
+    /// `conforming`, `drifting`, or `unread` (its firmware never read).
+    pub conformance: String,
+    /// How it differs: `part` (`component`, `bios`, `raid`), `item`,
+    /// `desired`, `actual` (absent: not listed by its BMC).
+    #[schema(value_type = Vec<Object>)]
+    pub differences: Vec<crate::baselines::Difference>,
+}
+
+impl ConformanceBody {
+    /// None when no baseline selects the machine.
+    pub fn of(c: &crate::baselines::Conformance) -> Option<ConformanceBody> {
+        Some(ConformanceBody {
+            name: c.baseline()?.to_string(),
+            conformance: c.as_str().to_string(),
+            differences: c.differences().to_vec(),
+        })
+    }
 }
 
 /// A machine's firmware, as its BMC lists it.
@@ -680,6 +757,9 @@ impl From<&MachineDetail> for MachineDetailBody {
                 }),
             }),
             firmware: d.firmware.read_at.map(|_| FirmwareBody::from(&d.firmware)),
+            baseline: None,
+            servicing: d.service.clone(),
+            console: d.consoles.iter().map(ConsoleBody::from).collect(),
         }
     }
 }
@@ -788,10 +868,14 @@ pub struct InstallAsked {
 #[schema(as = Rollout)]
 pub struct RolloutView {
     pub rollout_id: Uuid,
-    /// The image every machine installs; null for a deprovisioning.
+    /// The image every machine installs; null for a deprovisioning or a
+    /// servicing.
     pub image_url: Option<String>,
-    /// `install`, or `erase` (a deprovisioning: no image).
+    /// `install`, `erase` (a deprovisioning: no image), or `service` (to
+    /// `baseline`).
     pub kind: String,
+    /// A servicing's baseline (`[[baselines]]` name).
+    pub baseline: Option<String>,
     /// A deprovisioning's erase mode: `metadata`, `discard`, `secure`,
     /// `overwrite`.
     pub erase_mode: Option<String>,
@@ -821,13 +905,14 @@ impl From<&Rollout> for RolloutView {
     fn from(r: &Rollout) -> Self {
         RolloutView {
             rollout_id: r.id,
-            image_url: r.erasure.is_none().then(|| r.image_url.clone()),
-            kind: if r.erasure.is_some() {
-                "erase"
-            } else {
-                "install"
+            image_url: (r.erasure.is_none() && r.baseline.is_none()).then(|| r.image_url.clone()),
+            kind: match (&r.baseline, &r.erasure) {
+                (Some(_), _) => "service",
+                (None, Some(_)) => "erase",
+                (None, None) => "install",
             }
             .to_string(),
+            baseline: r.baseline.clone(),
             erase_mode: r
                 .erasure
                 .as_ref()

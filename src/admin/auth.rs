@@ -197,7 +197,8 @@ pub(super) fn machine_form<T: Form>(
     body: &[u8],
     machine: &str,
 ) -> Result<(T, Operator, String), HttpResponse> {
-    let back = format!("../{}", super::html::esc(machine));
+    // The link is escaped where the error page writes it.
+    let back = format!("../{machine}");
     let (form, operator) = checked_form::<T>(admin, req, body, machine, &back)?;
     Ok((form, operator, back))
 }

@@ -11,7 +11,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::html::{back_to_machine, error_page, esc};
+use super::html::{back_to_machine, error_page};
 use super::request::ApiError;
 use super::request::check_reason;
 use super::state::{Admin, Operator};
@@ -196,21 +196,11 @@ pub(super) async fn accept_form(
 pub(super) fn section(
     d: &crate::bmdb::machines::MachineDetail,
     form: Option<(&str, &str)>,
-) -> String {
-    use std::fmt::Write as _;
+) -> maud::Markup {
+    use maud::html;
     let Some(x) = &d.discovery else {
-        return String::new();
+        return html! {};
     };
-    let mut b = String::from("<section id=\"discovery\"><h2>Enlisted itself</h2>");
-    let _ = write!(
-        b,
-        "<p>Booted the provisioning network from <code>{}</code> ({}) on {}; {} discovery boot(s), the last on {}.</p>",
-        esc(&x.mac),
-        esc(&x.firmware),
-        humantime::format_rfc3339_seconds(x.discovered_at),
-        x.boots,
-        humantime::format_rfc3339_seconds(x.last_boot_at),
-    );
     // Where its BMC is, if its agent read it in-band: the acceptance's
     // likely URL.
     let in_band = d
@@ -219,59 +209,55 @@ pub(super) fn section(
         .and_then(|r| shepherd_proto::summary::summarize(r).ok())
         .and_then(|h| h.bmc_lan)
         .filter(|l| l.ipv4_address != "0.0.0.0");
-    if let Some(l) = &in_band {
-        let _ = write!(
-            b,
-            "<p id=\"discovered-bmc\">Its BMC, as its agent reads it in-band: {}.</p>",
-            esc(&l.to_string())
-        );
-    }
     let url = in_band
+        .as_ref()
         .map(|l| format!("ipmi://{}", l.ipv4_address))
         .unwrap_or_default();
-    match (&x.accepted_at, form) {
-        (Some(at), _) => {
-            let _ = write!(
-                b,
-                "<p id=\"accepted\">Accepted by {} on {}: an inventory machine{}.</p>",
-                esc(x.accepted_by.as_deref().unwrap_or("?")),
-                humantime::format_rfc3339_seconds(*at),
-                match (x.erase_pending, &x.erase_refused) {
-                    (true, Some(why)) =>
-                        format!("; its disks are erased once this is resolved: {}", esc(why)),
-                    (true, None) => {
-                        "; its disks are erased once its BMC is read and agrees with its agent"
-                            .to_string()
+    html! {
+        section #discovery {
+            h2 { "Enlisted itself" }
+            p {
+                "Booted the provisioning network from " code { (x.mac) } " (" (x.firmware) ") on "
+                (humantime::format_rfc3339_seconds(x.discovered_at)) "; " (x.boots)
+                " discovery boot(s), the last on " (humantime::format_rfc3339_seconds(x.last_boot_at)) "."
+            }
+            @if let Some(l) = &in_band {
+                p #discovered-bmc { "Its BMC, as its agent reads it in-band: " (l) "." }
+            }
+            @match (&x.accepted_at, form) {
+                (Some(at), _) => p #accepted {
+                    "Accepted by " (x.accepted_by.as_deref().unwrap_or("?")) " on "
+                    (humantime::format_rfc3339_seconds(*at)) ": an inventory machine"
+                    @match (x.erase_pending, &x.erase_refused) {
+                        (true, Some(why)) => { "; its disks are erased once this is resolved: " (why) },
+                        (true, None) => "; its disks are erased once its BMC is read and agrees with its agent",
+                        (false, _) => "",
                     }
-                    (false, _) => String::new(),
-                }
-            );
+                    "."
+                },
+                (None, Some((mid, csrf))) => {
+                    p { "Nothing is installed on or erased from it until it is accepted with its BMC." }
+                    form method="post" action={ (mid) "/accept" } #form-accept {
+                        (super::pages::csrf_field(csrf))
+                        input type="text" name="bmc_url" placeholder="https://bmc or ipmi://bmc" value=(url) required size="28";
+                        " "
+                        input type="text" name="bmc_username" placeholder="BMC user" required size="12";
+                        " "
+                        input type="password" name="bmc_password" placeholder="BMC password" required size="12" autocomplete="off";
+                        " "
+                        select name="bmc_tls" { option { "verify" } option { "insecure" } }
+                        " "
+                        input type="text" name="host_id" placeholder="host ID (optional)" size="16";
+                        " "
+                        input type="text" name="reason" placeholder="reason" maxlength=(crate::bmdb::actions::MAX_REASON) size="20";
+                        " "
+                        button type="submit" #button-accept { "Accept" }
+                    }
+                },
+                (None, None) => p { "Not accepted yet: nothing is installed on or erased from it until it is." },
+            }
         }
-        (None, Some((mid, csrf))) => {
-            let _ = write!(
-                b,
-                "<p>Nothing is installed on or erased from it until it is accepted with its BMC.</p>\
-                 <form method=\"post\" action=\"{mid}/accept\" id=\"form-accept\">\
-                 <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-                 <input type=\"text\" name=\"bmc_url\" placeholder=\"https://bmc or ipmi://bmc\" value=\"{url}\" required size=\"28\"> \
-                 <input type=\"text\" name=\"bmc_username\" placeholder=\"BMC user\" required size=\"12\"> \
-                 <input type=\"password\" name=\"bmc_password\" placeholder=\"BMC password\" required size=\"12\" autocomplete=\"off\"> \
-                 <select name=\"bmc_tls\"><option>verify</option><option>insecure</option></select> \
-                 <input type=\"text\" name=\"host_id\" placeholder=\"host ID (optional)\" size=\"16\"> \
-                 <input type=\"text\" name=\"reason\" placeholder=\"reason\" maxlength=\"{}\" size=\"20\"> \
-                 <button type=\"submit\" id=\"button-accept\">Accept</button></form>",
-                crate::bmdb::actions::MAX_REASON,
-                mid = esc(mid),
-                csrf = esc(csrf),
-                url = esc(&url),
-            );
-        }
-        (None, None) => b.push_str(
-            "<p>Not accepted yet: nothing is installed on or erased from it until it is.</p>",
-        ),
     }
-    b.push_str("</section>");
-    b
 }
 
 /// The acceptance's fields, checked, for tests of the form and the CLI.

@@ -12,7 +12,7 @@ use super::request::{
 use super::state::{Admin, Operator};
 use super::text::rfc3339;
 use crate::bmdb::actions;
-use crate::bmdb::machines::{self, MachineDetail, MachineState, MachineSummary};
+use crate::bmdb::machines::{self, Listing, MachineDetail};
 use crate::status::{GetSupervisorStatus, SupervisorStatus};
 
 /// Liveness: the process answers.
@@ -244,42 +244,6 @@ pub async fn api_brake_release(
     }
 }
 
-/// A page of the fleet as the API and the fleet page show it.
-pub struct Listing {
-    pub machines: Vec<MachineSummary>,
-    /// The machines' projects and devices (those that have any).
-    pub tenants: machines::Tenants,
-    /// Machines the filter matches.
-    pub matching: i64,
-    pub counts: Vec<(MachineState, i64)>,
-    pub heartbeating: i64,
-    pub silent: i64,
-}
-
-impl Listing {
-    pub async fn read(
-        tx: &mut crate::bmdb::Tx<'_>,
-        admin: &Admin,
-        filter: &machines::FleetFilter,
-        (limit, offset): (i64, i64),
-    ) -> Result<Listing, crate::bmdb::BmdbError> {
-        let (machines, matching) = machines::fleet_page(tx, filter, limit, offset).await?;
-        let ids: Vec<uuid::Uuid> = machines.iter().map(|m| m.machine_id).collect();
-        let tenants = machines::tenants_of(tx, &ids).await?;
-        let counts = machines::fleet_counts(tx).await?;
-        let (heartbeating, silent) =
-            machines::agent_counts(tx, admin.heartbeat_stale_after).await?;
-        Ok(Listing {
-            machines,
-            tenants,
-            matching,
-            counts,
-            heartbeating,
-            silent,
-        })
-    }
-}
-
 /// The fleet, filtered and paged, with counts per state.
 #[utoipa::path(get, path = "/api/v1/machines", tag = "machines", params(Page),
     responses(
@@ -291,7 +255,9 @@ pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> Htt
     let (limit, offset) = attempt!(q.window(100));
     let r = admin
         .bmdb
-        .snapshot(async |tx| Listing::read(tx, &admin, &filter, (limit, offset)).await)
+        .snapshot(async |tx| {
+            Listing::read(tx, &filter, (limit, offset), admin.heartbeat_stale_after).await
+        })
         .await;
     match r {
         Ok(l) => HttpResponse::Ok().json(api::MachineList {
@@ -307,7 +273,8 @@ pub async fn api_machines(admin: web::Data<Admin>, Query(q): Query<Page>) -> Htt
                     a
                 })
                 .collect(),
-            matching: l.matching,
+            matching: l.matching.count,
+            matching_more: l.matching.more,
             counts: api::MachineList::counts(&l.counts),
             agents: api::AgentCounts {
                 heartbeating: l.heartbeating,
@@ -348,7 +315,13 @@ pub async fn load_detail(admin: &Admin, id: &str) -> Result<MachineDetail, HttpR
         (status = 500, description = "the BMDB failed", body = api::ErrorBody)))]
 pub async fn api_machine(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
     match load_detail(&admin, &id).await {
-        Ok(d) => HttpResponse::Ok().json(api::MachineDetailBody::from(&d)),
+        Ok(d) => HttpResponse::Ok().json(api::MachineDetailBody {
+            baseline: d
+                .below
+                .as_ref()
+                .and_then(|b| api::ConformanceBody::of(&admin.baselines.conformance(b))),
+            ..api::MachineDetailBody::from(&d)
+        }),
         Err(r) => r,
     }
 }

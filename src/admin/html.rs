@@ -1,19 +1,18 @@
-//! The pages' shell: escaping, the one style sheet, a whole page, an error
-//! page and the login form. Below both the pages and the login that
-//! `auth` serves, so neither reaches the other for it.
+//! The pages' shell: the one style sheet, a whole page, an error page and
+//! the login form. Below both the pages and the login that `auth` serves,
+//! so neither reaches the other for it.
+//!
+//! Every page is written with maud's `html!`: what a page splices in is
+//! escaped by construction (`(value)`), so no field an operator or a
+//! tenant sets can become markup. Nothing here builds HTML from strings;
+//! `PreEscaped` holds only constants of this crate (the style sheet, the
+//! pages' script).
 
 use actix_web::HttpResponse;
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-/// Pages reload themselves this often.
+/// Pages without the live updates (no script) reload this often.
 pub const REFRESH_SECONDS: u32 = 30;
-
-pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&#39;")
-}
 
 const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
     table{border-collapse:collapse;margin:.5em 0}\
@@ -23,28 +22,35 @@ const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
     .error{padding:.5em 1em;border:1px solid #c33;background:#fde8e8}\
     form.filters{margin:1em 0}form.filters label{margin-right:1em}\
     .actions form{display:inline-block;margin:0 1em .5em 0;padding:.5em;border:1px solid #ddd}\
-    section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.row>*{max-width:36em}.row>#activity{max-width:none}.muted{color:#777}nav a{margin-right:1em}\
+    section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.row>*{max-width:36em}.row>#activity,.row>#overview{max-width:none}.muted{color:#777}nav a{margin-right:1em}\
     .chart text{font:11px system-ui,sans-serif;fill:#444}";
 
 /// A whole page. `refresh`: reload itself every `REFRESH_SECONDS`.
-pub fn html(title: &str, body: &str, refresh: bool) -> String {
-    let refresh = if refresh {
-        format!("<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">")
-    } else {
-        String::new()
-    };
-    format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">{refresh}\
-         <meta name=\"viewport\" content=\"width=device-width\"><title>{t}</title>\
-         <style>{STYLE}</style></head><body><h1>{t}</h1>{body}</body></html>",
-        t = esc(title)
-    )
+pub fn document(title: &str, body: Markup, refresh: bool) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                @if refresh {
+                    meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                }
+                meta name="viewport" content="width=device-width";
+                title { (title) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                h1 { (title) }
+                (body)
+            }
+        }
+    }
 }
 
-pub fn page(title: &str, body: &str, refresh: bool) -> HttpResponse {
+pub fn page(title: &str, body: Markup, refresh: bool) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
-        .body(html(title, body, refresh))
+        .body(document(title, body, refresh).into_string())
 }
 
 /// After a machine page's form: back to the machine's page (the posted
@@ -63,30 +69,30 @@ pub fn back_to_machine(
 }
 
 pub fn error_page(status: actix_web::http::StatusCode, message: &str, back: &str) -> HttpResponse {
-    let body = format!(
-        "<p class=\"error\" id=\"error\">{}</p><p><a href=\"{}\">back</a></p>",
-        esc(message),
-        esc(back)
-    );
+    let body = html! {
+        p.error #error { (message) }
+        p { a href=(back) { "back" } }
+    };
     HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
-        .body(html("shepherd: not done", &body, false))
+        .body(document("shepherd: not done", body, false).into_string())
 }
 
 /// The login form (for servers with tokens).
 pub fn login_form(root: &str, error: Option<&str>) -> String {
-    let error = error
-        .map(|e| format!("<p class=\"error\">{}</p>", esc(e)))
-        .unwrap_or_default();
-    html(
-        "shepherd: log in",
-        &format!(
-            "{error}<form method=\"post\" action=\"{root}login\">\
-             <label>Admin token <input type=\"password\" name=\"token\" autocomplete=\"current-password\" required></label> \
-             <button type=\"submit\">Log in</button></form>\
-             <p class=\"muted\">Or send <code>Authorization: Bearer &lt;token&gt;</code>.</p>",
-            root = esc(root)
-        ),
-        false,
-    )
+    let body = html! {
+        @if let Some(e) = error {
+            p.error { (e) }
+        }
+        form method="post" action={ (root) "login" } {
+            label {
+                "Admin token "
+                input type="password" name="token" autocomplete="current-password" required;
+            }
+            " "
+            button type="submit" { "Log in" }
+        }
+        p.muted { "Or send " code { "Authorization: Bearer <token>" } "." }
+    };
+    document("shepherd: log in", body, false).into_string()
 }

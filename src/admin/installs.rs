@@ -1,6 +1,6 @@
-//! Installations and rollouts in the API: asking one machine to install an
-//! image, rolling an image over a filtered set, reading and cancelling
-//! rollouts. The pages and the CLI go through the same functions.
+//! Installations in the API: asking one machine to install an image or to
+//! be deprovisioned (rollouts over many: `rollouts.rs`). The pages and the
+//! CLI go through the same functions.
 //!
 //! Long on purpose: each route's OpenAPI annotation stands beside it.
 
@@ -11,12 +11,9 @@ use shepherd_proto::api::{DiskHints, ImageInstallation};
 use uuid::Uuid;
 
 use super::request::ApiError;
-use super::request::{
-    Page, bad_request, check_reason, error_response, internal, json_body, json_post, no_nul,
-};
+use super::request::{check_reason, error_response, internal, json_body, json_post, no_nul};
 use super::state::{Admin, Operator};
 use crate::bmdb::installations::{self, Asked, Asker};
-use crate::bmdb::rollouts::{self, Member, NewRollout, Rollout};
 
 /// Which disk, as the API takes it: exactly one disk must match every
 /// hint given.
@@ -187,14 +184,14 @@ pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallat
                 .map_err(|e| format!("image.served: {e}"))?
                 .map_err(|e| format!("image.served: {e}"))?
                 .map_err(ImageError::Hashing)?;
-            if let Some(d) = b.digest.as_deref().filter(|d| !d.trim().is_empty()) {
-                if !d.trim().eq_ignore_ascii_case(&served.digest) {
-                    return Err(format!(
-                        "image.digest: {d} is not the served image's ({})",
-                        served.digest
-                    )
-                    .into());
-                }
+            if let Some(d) = b.digest.as_deref().filter(|d| !d.trim().is_empty())
+                && !d.trim().eq_ignore_ascii_case(&served.digest)
+            {
+                return Err(format!(
+                    "image.digest: {d} is not the served image's ({})",
+                    served.digest
+                )
+                .into());
             }
             image.url = served.url;
             image.digest = served.digest;
@@ -465,285 +462,6 @@ pub async fn api_deprovision(
 ) -> HttpResponse {
     let (parsed, op) = attempt!(api_post::<DeprovisionBody>(&req, &body));
     answer_asked(deprovision(&admin, &op, &id, parsed).await)
-}
-
-// ---- rollouts ----
-
-/// A rollout: the image, and the machines (IDs, or the fleet's filters).
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RolloutBody {
-    /// The image every machine installs (give this or `deprovision`).
-    #[schema(value_type = Option<ImageBody>)]
-    pub image: Option<ImageBody>,
-    /// Deprovision every machine instead: erase its disks as this says.
-    pub deprovision: Option<ErasureBody>,
-    /// Machines installing at once (default 1).
-    #[schema(minimum = 1, maximum = 10000)]
-    pub max_parallel: Option<i32>,
-    /// Failures tolerated; one more stops the rollout (default 0).
-    #[schema(minimum = 0)]
-    pub max_failures: Option<i32>,
-    /// The machines: these IDs, in this order…
-    pub machines: Option<Vec<Uuid>>,
-    /// …or the fleet page's filters.
-    #[schema(value_type = Option<super::api::MachineStateName>)]
-    pub state: Option<String>,
-    #[schema(value_type = Option<super::api::ProviderStatusName>)]
-    pub provider_status: Option<String>,
-    #[schema(value_type = Option<super::api::HeartbeatName>)]
-    pub heartbeat: Option<String>,
-    pub q: Option<String>,
-    pub request_id: Option<Uuid>,
-}
-
-/// Creates a rollout; the rollout, or the error.
-pub async fn create_rollout(
-    admin: &Admin,
-    operator: &Operator,
-    body: RolloutBody,
-) -> Result<Rollout, ApiError> {
-    let bad = ApiError::Invalid;
-    let max_parallel = body.max_parallel.unwrap_or(1);
-    if !(1..=10_000).contains(&max_parallel) {
-        return Err(bad(format!(
-            "max_parallel: {max_parallel} is outside 1 to 10000"
-        )));
-    }
-    let max_failures = body.max_failures.unwrap_or(0);
-    if max_failures < 0 {
-        return Err(bad(format!("max_failures: {max_failures} is negative")));
-    }
-    let (image, erasure) = match (body.image, &body.deprovision) {
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                "give image (an installation) or deprovision, not both".into()
-            ));
-        }
-        (None, None) => return Err(bad("image: required (or deprovision)".into())),
-        (Some(i), None) => (image_request(admin, i).await?, None),
-        (None, Some(d)) => (
-            ImageInstallation::default(),
-            Some(erasure_request(d).map_err(|e| bad(format!("deprovision.{e}")))?),
-        ),
-    };
-    let page = Page {
-        state: body.state.clone(),
-        provider_status: body.provider_status.clone(),
-        heartbeat: body.heartbeat.clone(),
-        q: body.q.clone(),
-        limit: None,
-        offset: None,
-    };
-    let by_filter = page.state.is_some()
-        || page.provider_status.is_some()
-        || page.heartbeat.is_some()
-        || page.q.is_some();
-    if body.machines.is_some() && by_filter {
-        return Err(bad(
-            "machines: give machine IDs or filters (state, provider_status, heartbeat, q), not both"
-                .into(),
-        ));
-    }
-    let filter = page.filter(admin).map_err(|_| {
-        bad("a filter is not valid: see GET /api/v1/machines for the values".into())
-    })?;
-    let selection = match &body.machines {
-        Some(ids) => format!("{} machines by ID", ids.len()),
-        None => {
-            let mut parts = Vec::new();
-            for (k, v) in [
-                ("state", &page.state),
-                ("provider_status", &page.provider_status),
-                ("heartbeat", &page.heartbeat),
-                ("q", &page.q),
-            ] {
-                if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
-                    parts.push(format!("{k}={v}"));
-                }
-            }
-            if parts.is_empty() {
-                "every machine".to_string()
-            } else {
-                parts.join(" ")
-            }
-        }
-    };
-    let id = body.request_id.unwrap_or_else(Uuid::new_v4);
-    let machines = body.machines;
-    let r = admin
-        .bmdb
-        .transact(async |tx| {
-            let ids: Vec<Uuid> = match &machines {
-                Some(ids) => {
-                    let mut seen = std::collections::HashSet::new();
-                    ids.iter().copied().filter(|i| seen.insert(*i)).collect()
-                }
-                None => crate::bmdb::machines::fleet_page(tx, &filter, 100_000, 0)
-                    .await?
-                    .0
-                    .into_iter()
-                    .map(|m| m.machine_id)
-                    .collect(),
-            };
-            rollouts::create(
-                tx,
-                &NewRollout {
-                    id,
-                    image: &image,
-                    erasure: erasure.as_ref(),
-                    max_parallel,
-                    max_failures,
-                    selection: &selection,
-                    machines: &ids,
-                    created_by: &operator.0,
-                },
-            )
-            .await
-        })
-        .await
-        .map_err(ApiError::from)?;
-    tracing::info!(rollout = %r.id, machines = r.counts.waiting, image = %r.image_url, actor = %operator.0, %selection, "rollout created");
-    if let Some(loops) = &admin.loops {
-        loops.do_send(crate::control::NudgeLoop("rollouts"));
-    }
-    Ok(r)
-}
-
-/// `POST /api/v1/rollouts`.
-#[utoipa::path(post, path = "/api/v1/rollouts", tag = "installations",
-    request_body(content = RolloutBody, content_type = "application/json"),
-    responses(
-        (status = 201, description = "the rollout, started", body = super::api::RolloutOne),
-        (status = 503, description = "the BMDB failed or did not answer within admin.database_timeout, or the served image is new and still being hashed (ask again)", body = super::api::ErrorBody)))]
-pub async fn api_rollout_create(
-    admin: web::Data<Admin>,
-    req: HttpRequest,
-    body: web::Bytes,
-) -> HttpResponse {
-    let (parsed, op) = attempt!(api_post::<RolloutBody>(&req, &body));
-    match create_rollout(&admin, &op, parsed).await {
-        Ok(r) => HttpResponse::Created().json(super::api::RolloutOne {
-            rollout: (&r).into(),
-        }),
-        Err(e) => e.answer(),
-    }
-}
-
-/// `GET /api/v1/rollouts`: the latest 100.
-#[utoipa::path(get, path = "/api/v1/rollouts", tag = "installations",
-    responses(
-        (status = 200, description = "the latest 100 rollouts", body = super::api::RolloutList),
-        (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
-pub async fn api_rollouts(admin: web::Data<Admin>) -> HttpResponse {
-    match admin
-        .bmdb
-        .transact(async |tx| rollouts::list(tx, 100).await)
-        .await
-    {
-        Ok(v) => HttpResponse::Ok().json(super::api::RolloutList {
-            rollouts: v.iter().map(super::api::RolloutView::from).collect(),
-        }),
-        Err(e) => internal(e),
-    }
-}
-
-fn rollout_id(id: &str) -> Result<Uuid, HttpResponse> {
-    id.parse()
-        .map_err(|_| bad_request("the path's rollout ID is not a UUID".into()))
-}
-
-/// A rollout and its machines, or the error response.
-pub async fn load_rollout(admin: &Admin, id: &str) -> Result<(Rollout, Vec<Member>), HttpResponse> {
-    let id = rollout_id(id)?;
-    match admin
-        .bmdb
-        .snapshot(async |tx| {
-            Ok(match rollouts::get(tx, id).await? {
-                Some(r) => Some((r, rollouts::members(tx, id).await?)),
-                None => None,
-            })
-        })
-        .await
-    {
-        Ok(Some(v)) => Ok(v),
-        Ok(None) => Err(error_response(
-            StatusCode::NOT_FOUND,
-            &format!("rollout {id} does not exist"),
-        )),
-        Err(e) => Err(internal(e)),
-    }
-}
-
-/// `GET /api/v1/rollouts/{id}`.
-#[utoipa::path(get, path = "/api/v1/rollouts/{id}", tag = "installations",
-    params(("id" = Uuid, Path, description = "the rollout's ID")),
-    responses(
-        (status = 200, description = "the rollout and its machines", body = super::api::RolloutDetail),
-        (status = 400, description = "the ID is not a UUID", body = super::api::ErrorBody),
-        (status = 404, description = "no such rollout", body = super::api::ErrorBody),
-        (status = 500, description = "the BMDB failed", body = super::api::ErrorBody)))]
-pub async fn api_rollout(admin: web::Data<Admin>, id: web::Path<String>) -> HttpResponse {
-    match load_rollout(&admin, &id).await {
-        Ok((r, members)) => HttpResponse::Ok().json(super::api::RolloutDetail {
-            rollout: (&r).into(),
-            machines: members
-                .iter()
-                .map(super::api::RolloutMachine::from)
-                .collect(),
-        }),
-        Err(r) => r,
-    }
-}
-
-/// Cancels a rollout for `operator`.
-pub async fn cancel_rollout(
-    admin: &Admin,
-    operator: &Operator,
-    id: &str,
-) -> Result<Rollout, HttpResponse> {
-    let id = rollout_id(id)?;
-    match admin
-        .bmdb
-        .transact(async |tx| rollouts::cancel(tx, id, &operator.0).await)
-        .await
-    {
-        Ok(Some(r)) => {
-            tracing::info!(rollout = %id, actor = %operator.0, state = %r.state, "rollout canceled");
-            Ok(r)
-        }
-        Ok(None) => Err(error_response(
-            StatusCode::NOT_FOUND,
-            &format!("rollout {id} does not exist"),
-        )),
-        Err(e) => Err(error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!("BMDB: {e}"),
-        )),
-    }
-}
-
-/// `POST /api/v1/rollouts/{id}/cancel`.
-#[utoipa::path(post, path = "/api/v1/rollouts/{id}/cancel", tag = "installations",
-    params(("id" = Uuid, Path, description = "the rollout's ID")),
-    request_body(content = Option<super::api::Empty>, content_type = "application/json", description = "empty"),
-    responses(
-        (status = 200, description = "canceled (or already ended): the rollout", body = super::api::RolloutOne),
-        (status = 400, description = "the ID is not a UUID, or the body is not empty", body = super::api::ErrorBody),
-        (status = 404, description = "no such rollout", body = super::api::ErrorBody)))]
-pub async fn api_rollout_cancel(
-    admin: web::Data<Admin>,
-    req: HttpRequest,
-    id: web::Path<String>,
-    body: web::Bytes,
-) -> HttpResponse {
-    let (_, op) = attempt!(api_post::<super::api::Empty>(&req, &body));
-    match cancel_rollout(&admin, &op, &id).await {
-        Ok(r) => HttpResponse::Ok().json(super::api::RolloutOne {
-            rollout: (&r).into(),
-        }),
-        Err(r) => r,
-    }
 }
 
 /// `GET /api/v1/images`: what this shepherd serves.

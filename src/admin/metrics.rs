@@ -354,13 +354,25 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             let tenants = crate::bmdb::devices::tenant_counts(tx).await?;
             let secure_boot = crate::bmdb::hardware::secure_boot_counts(tx).await?;
             let firmware = crate::bmdb::firmware::versions(tx).await?;
+            let below = if admin.baselines.is_empty() {
+                Vec::new()
+            } else {
+                crate::bmdb::firmware::below(tx, None, admin.baselines.needs_reports()).await?
+            };
             Ok((
                 sessions,
                 backoffs,
                 counts,
                 agents,
                 brake,
-                (endpoints, oldest_boot, tenants, secure_boot, firmware),
+                (
+                    endpoints,
+                    oldest_boot,
+                    tenants,
+                    secure_boot,
+                    firmware,
+                    below,
+                ),
             ))
         })
         .await;
@@ -407,9 +419,27 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             counts,
             (heartbeating, silent),
             brake,
-            (endpoints, oldest_boot, tenants, secure_boot, firmware),
+            (endpoints, oldest_boot, tenants, secure_boot, firmware, below),
         )) => {
             tenant_samples(&mut p, &tenants);
+            let survey = admin.baselines.survey(&below);
+            p.gauges(
+                "shepherd_baseline_machines",
+                "Machines each baseline selects, by how they stand against it: conforming, drifting, unread (their firmware never read)",
+                survey.baselines.iter().flat_map(|b| {
+                    [
+                        ("conforming", b.conforming),
+                        ("drifting", b.drifting),
+                        ("unread", b.unread),
+                    ]
+                    .map(|(c, n)| {
+                        (
+                            labels(&[("baseline", &b.baseline), ("conformance", c)]),
+                            n as i64,
+                        )
+                    })
+                }),
+            );
             p.gauges(
                 "shepherd_machines_by_firmware",
                 "Machines per firmware component and version, as their BMCs list them (bios, bmc, nic:<Id>, inventory:<Id>)",

@@ -16,8 +16,9 @@
 //! this one: [`routes`] (paths, methods, the server), `handlers` (the
 //! JSON answers), `metrics` (the scrape), `request` (parsing and error
 //! bodies), `state` ([`Admin`], [`Operator`]), `auth`, the pages
-//! (`pages`, `install_pages`, `html`), installations and rollouts
-//! ([`installs`]), the API's types ([`api`]) and its description
+//! (`pages`, `install_pages`, `rollout_pages`, `html`: maud, escaped by
+//! construction), installations ([`installs`]),
+//! rollouts (`rollouts`), the API's types ([`api`]) and its description
 //! (`openapi`).
 
 pub mod api;
@@ -32,7 +33,10 @@ mod metrics;
 mod openapi;
 mod pages;
 mod request;
+mod rollout_pages;
+mod rollouts;
 pub mod routes;
+mod servicing;
 mod state;
 mod tenancy;
 mod text;

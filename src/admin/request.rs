@@ -273,12 +273,13 @@ pub fn internal(e: impl std::fmt::Display) -> HttpResponse {
 /// Refuses a request the browser marks as coming from another site.
 pub fn same_origin(req: &HttpRequest) -> Result<(), String> {
     let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
-    if let Some(site) = header("sec-fetch-site") {
-        if site != "same-origin" && site != "none" {
-            return Err(format!(
-                "a cross-site request is refused (Sec-Fetch-Site: {site})"
-            ));
-        }
+    if let Some(site) = header("sec-fetch-site")
+        && site != "same-origin"
+        && site != "none"
+    {
+        return Err(format!(
+            "a cross-site request is refused (Sec-Fetch-Site: {site})"
+        ));
     }
     if let Some(origin) = header("origin") {
         let host = header("host").unwrap_or("");

@@ -16,7 +16,7 @@ use super::html::error_page;
 use super::metrics::metrics;
 use super::request::{error_response, json_error};
 use super::state::Admin;
-use super::{auth, install_pages, installs, openapi, pages};
+use super::{auth, firmware, install_pages, installs, openapi, pages, rollout_pages, rollouts};
 
 /// The admin routes, for `App::configure`. Needs `web::Data<Admin>`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -72,6 +72,10 @@ fn bounded_by_the_database() -> actix_web::Scope<
             installs::api_deprovision,
         ))
         .service(post_only(
+            "/api/v1/machines/{id}/service",
+            super::servicing::api_service,
+        ))
+        .service(post_only(
             "/api/v1/machines/{id}/accept",
             super::discovery::api_accept,
         ))
@@ -86,15 +90,19 @@ fn bounded_by_the_database() -> actix_web::Scope<
         .service(post_only("/api/v1/machines/{id}/{action}", api_action))
         .service(read_and_post(
             "/api/v1/rollouts",
-            installs::api_rollouts,
-            installs::api_rollout_create,
+            rollouts::api_rollouts,
+            rollouts::api_rollout_create,
         ))
-        .service(read_only("/api/v1/rollouts/{id}", installs::api_rollout))
+        .service(read_only("/api/v1/rollouts/{id}", rollouts::api_rollout))
         .service(post_only(
             "/api/v1/rollouts/{id}/cancel",
-            installs::api_rollout_cancel,
+            rollouts::api_rollout_cancel,
         ))
         .service(read_only("/api/v1/images", installs::api_images))
+        .service(read_only(
+            "/api/v1/baselines",
+            super::firmware::api_baselines,
+        ))
         .service(read_only("/api/v1/openapi.json", openapi::openapi_json))
         .service(read_only("/api/v1/brake", api_brake))
         .service(read_only("/api/v1/loops", api_loops))
@@ -102,6 +110,7 @@ fn bounded_by_the_database() -> actix_web::Scope<
         .service(post_only("/brake/release", pages::brake_form))
         .service(read_only("/", pages::fleet_page))
         .service(read_only("/machines/{id}", pages::machine_page))
+        .service(read_only("/firmware", firmware::firmware_page))
         .service(post_only(
             "/machines/{id}/install",
             install_pages::install_form,
@@ -111,19 +120,23 @@ fn bounded_by_the_database() -> actix_web::Scope<
             install_pages::deprovision_form,
         ))
         .service(post_only(
+            "/machines/{id}/service",
+            super::servicing::service_form,
+        ))
+        .service(post_only(
             "/machines/{id}/accept",
             super::discovery::accept_form,
         ))
         .service(post_only("/machines/{id}/{action}", pages::form_action))
         .service(read_and_post(
             "/rollouts",
-            install_pages::rollouts_page,
-            install_pages::rollout_form,
+            rollout_pages::rollouts_page,
+            rollout_pages::rollout_form,
         ))
-        .service(read_only("/rollouts/{id}", install_pages::rollout_page))
+        .service(read_only("/rollouts/{id}", rollout_pages::rollout_page))
         .service(post_only(
             "/rollouts/{id}/cancel",
-            install_pages::cancel_form,
+            rollout_pages::cancel_form,
         ))
 }
 

@@ -40,6 +40,9 @@ pub struct Admin {
     /// How long a route waits for the BMDB before it answers 503
     /// (`admin.database_timeout`).
     pub database_timeout: std::time::Duration,
+    /// What should be below machines' operating systems (`[[baselines]]`):
+    /// the drift the pages, the API and `/metrics` show.
+    pub baselines: std::sync::Arc<crate::baselines::Baselines>,
 }
 
 impl Admin {
@@ -59,6 +62,7 @@ impl Admin {
             loops: None,
             images: None,
             database_timeout: std::time::Duration::from_secs(1),
+            baselines: Default::default(),
         }
     }
 }

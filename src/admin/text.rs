@@ -13,7 +13,7 @@ pub fn hex(b: &[u8]) -> String {
 
 /// Lower-case or upper-case hex, back to bytes; None if it is not hex.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.is_ascii() {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
     (0..s.len())

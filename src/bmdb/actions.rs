@@ -178,29 +178,29 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         .await?
         .map(|r| r.get(0));
     let m = req.machine_id;
-    if let Some(state) = super::lifecycle::state_of(tx, m).await? {
-        if let Some(why) = super::lifecycle::refusal(m, state, req.action) {
-            if state == super::lifecycle::MachineState::Held {
-                // Who holds it says more than the table.
-                let by = holder(tx, m).await?;
-                return Ok(Outcome::Refused(if req.action == Action::Hold {
-                    format!("machine {m} is already held {by}")
-                } else {
-                    format!(
-                        "machine {m} is held {by}; release it before asking for {}",
-                        req.action
-                    )
-                }));
-            }
-            if let (super::lifecycle::MachineState::Leased, Some(p)) = (state, working) {
-                return Ok(Outcome::Refused(format!(
-                    "machine {m} is leased for {p}: {} is not allowed while a shepherd works on it; \
-                     ask again once that work ends",
+    if let Some(state) = super::lifecycle::state_of(tx, m).await?
+        && let Some(why) = super::lifecycle::refusal(m, state, req.action)
+    {
+        if state == super::lifecycle::MachineState::Held {
+            // Who holds it says more than the table.
+            let by = holder(tx, m).await?;
+            return Ok(Outcome::Refused(if req.action == Action::Hold {
+                format!("machine {m} is already held {by}")
+            } else {
+                format!(
+                    "machine {m} is held {by}; release it before asking for {}",
                     req.action
-                )));
-            }
-            return Ok(Outcome::Refused(why));
+                )
+            }));
         }
+        if let (super::lifecycle::MachineState::Leased, Some(p)) = (state, working) {
+            return Ok(Outcome::Refused(format!(
+                "machine {m} is leased for {p}: {} is not allowed while a shepherd works on it; \
+                     ask again once that work ends",
+                req.action
+            )));
+        }
+        return Ok(Outcome::Refused(why));
     }
     let detail = match req.action {
         Action::Accept => {
@@ -217,6 +217,12 @@ pub async fn act(tx: &mut Tx<'_>, req: &Request) -> Result<Outcome, BmdbError> {
         Action::Install | Action::Deprovision => {
             return Ok(Outcome::Refused(format!(
                 "{} is asked through an installation request, not an action",
+                req.action
+            )));
+        }
+        Action::Service => {
+            return Ok(Outcome::Refused(format!(
+                "{} is asked through a servicing request (its baseline), not an action",
                 req.action
             )));
         }

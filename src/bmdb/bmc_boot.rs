@@ -27,6 +27,9 @@ pub enum BootCause {
     Deprovision,
     /// Restart from the disk through the BMC: an installation is done.
     Disk,
+    /// A servicing's restart: what it changed takes effect, the live
+    /// agent comes back.
+    Service,
 }
 
 impl BootCause {
@@ -38,6 +41,7 @@ impl BootCause {
             BootCause::Install => "install",
             BootCause::Deprovision => "deprovision",
             BootCause::Disk => "disk",
+            BootCause::Service => "service",
         }
     }
 
@@ -49,6 +53,7 @@ impl BootCause {
             BootCause::Install,
             BootCause::Deprovision,
             BootCause::Disk,
+            BootCause::Service,
         ]
         .into_iter()
         .find(|c| c.as_str() == s)

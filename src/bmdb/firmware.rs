@@ -246,6 +246,17 @@ pub async fn last_reads(
         .collect())
 }
 
+/// BIOS settings from `machine_bios`' `registry` and `attributes`.
+fn bios_of(registry: Option<String>, attributes: serde_json::Value) -> Bios {
+    Bios {
+        registry,
+        attributes: match attributes {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        },
+    }
+}
+
 /// `machine_id`'s firmware as recorded (its last 50 versions seen).
 pub async fn of_machine(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Firmware, BmdbError> {
     let components = tx
@@ -293,19 +304,7 @@ pub async fn of_machine(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Firmware, B
             &[&machine_id],
         )
         .await?
-        .map(|r| {
-            let attributes = match r.get::<_, serde_json::Value>(1) {
-                serde_json::Value::Object(m) => m,
-                _ => serde_json::Map::new(),
-            };
-            (
-                Bios {
-                    registry: r.get(0),
-                    attributes,
-                },
-                r.get(2),
-            )
-        });
+        .map(|r| (bios_of(r.get(0), r.get(1)), r.get(2)));
     let storage = tx
         .query_opt(
             "SELECT storage, changed_at FROM machine_storage WHERE machine_id = $1",
@@ -338,5 +337,88 @@ pub async fn versions(tx: &mut Tx<'_>) -> Result<Vec<(String, String, i64)>, Bmd
         .await?
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// What is known below one machine's operating system, and what a
+/// baseline is chosen by: the BMC's facts, the agent's report (for its
+/// plan), the last firmware read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Below {
+    pub machine_id: Uuid,
+    pub manufacturer: Option<String>,
+    pub model: Option<String>,
+    /// The agent's hardware report, as it sent it.
+    pub hardware_report: Option<Vec<u8>>,
+    /// `SecureBootEnable` as its BMC says.
+    pub bmc_secure_boot: Option<bool>,
+    pub components: Vec<Component>,
+    pub bios: Option<Bios>,
+    pub storage: Option<Vec<Storage>>,
+    /// None: its firmware was never read.
+    pub read_at: Option<SystemTime>,
+}
+
+/// What is known below the operating system of every machine whose BMC
+/// is read (Redfish's: `machine_bmc_facts`), or of these; their agents'
+/// reports only when `reports` (a plan is computed from them: fleet-wide,
+/// they are the bulk of the read).
+pub async fn below(
+    tx: &mut Tx<'_>,
+    only: Option<&[Uuid]>,
+    reports: bool,
+) -> Result<Vec<Below>, BmdbError> {
+    let rows = tx
+        .query(
+            "SELECT f.machine_id, f.manufacturer, f.model, \
+                    CASE WHEN $2 THEN hr.hardware_report_raw END, \
+                    f.secure_boot_enable, r.read_at, b.registry, b.attributes, s.storage \
+               FROM machine_bmc_facts f \
+               LEFT JOIN machine_hardware_report hr ON hr.machine_id = f.machine_id \
+               LEFT JOIN machine_firmware_read r ON r.machine_id = f.machine_id \
+               LEFT JOIN machine_bios b ON b.machine_id = f.machine_id \
+               LEFT JOIN machine_storage s ON s.machine_id = f.machine_id \
+              WHERE $1::uuid[] IS NULL OR f.machine_id = ANY($1) \
+              ORDER BY f.machine_id",
+            &[&only, &reports],
+        )
+        .await?;
+    let mut components: HashMap<Uuid, Vec<Component>> = HashMap::new();
+    for r in tx
+        .query(
+            "SELECT machine_id, component, name, version, updateable FROM machine_firmware \
+              WHERE $1::uuid[] IS NULL OR machine_id = ANY($1) ORDER BY machine_id, component",
+            &[&only],
+        )
+        .await?
+    {
+        components.entry(r.get(0)).or_default().push(Component {
+            component: r.get(1),
+            name: r.get(2),
+            version: r.get(3),
+            updateable: r.get(4),
+        });
+    }
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let machine_id: Uuid = r.get(0);
+            let bios = r
+                .get::<_, Option<serde_json::Value>>(7)
+                .map(|a| bios_of(r.get(6), a));
+            Below {
+                machine_id,
+                manufacturer: r.get(1),
+                model: r.get(2),
+                hardware_report: r.get(3),
+                bmc_secure_boot: r.get(4),
+                read_at: r.get(5),
+                bios,
+                storage: r
+                    .get::<_, Option<serde_json::Value>>(8)
+                    .and_then(|s| serde_json::from_value(s).ok()),
+                components: components.remove(&machine_id).unwrap_or_default(),
+            }
+        })
         .collect())
 }

@@ -246,12 +246,12 @@ pub fn differences(bmc: &BmcFacts, report: &HardwareSummary) -> Vec<String> {
         .as_ref()
         .map(|s| s.state)
         .filter(|s| *s != "unknown");
-    if let (Some(b), Some(a)) = (bmc_booted, agent_booted) {
-        if a != b {
-            out.push(format!(
-                "Secure Boot: the BMC says this boot has it {b}, the agent booted with it {a}"
-            ));
-        }
+    if let (Some(b), Some(a)) = (bmc_booted, agent_booted)
+        && a != b
+    {
+        out.push(format!(
+            "Secure Boot: the BMC says this boot has it {b}, the agent booted with it {a}"
+        ));
     }
     out
 }

@@ -60,10 +60,17 @@ pub enum MachineState {
     /// (`netboot.discover`): its live agent reports, nothing is installed
     /// on or erased from it until an operator accepts it with its BMC.
     Discovered,
+    /// Being brought to its baseline through its BMC (firmware, BIOS
+    /// settings, RAID, Secure Boot), its restart and the check after it
+    /// included.
+    Servicing,
+    /// Its last servicing failed (the BMC's words in its history): never
+    /// handed out until serviced again.
+    ServiceFailed,
 }
 
 impl MachineState {
-    pub const ALL: [MachineState; 17] = [
+    pub const ALL: [MachineState; 19] = [
         MachineState::Pending,
         MachineState::Backoff,
         MachineState::Leased,
@@ -81,6 +88,8 @@ impl MachineState {
         MachineState::CleanFailed,
         MachineState::Unprovided,
         MachineState::Discovered,
+        MachineState::Servicing,
+        MachineState::ServiceFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,6 +111,8 @@ impl MachineState {
             MachineState::CleanFailed => "clean-failed",
             MachineState::Unprovided => "unprovided",
             MachineState::Discovered => "discovered",
+            MachineState::Servicing => "servicing",
+            MachineState::ServiceFailed => "service-failed",
         }
     }
 
@@ -116,38 +127,13 @@ impl std::fmt::Display for MachineState {
     }
 }
 
-/// A machine's `MachineState`, from `machine_summary s` and
-/// `machine_provided p`.
+/// A machine's `MachineState`, from its `machine_summary s` row: the SQL
+/// function `machine_state` (`migrations/V24__fleet_tally.sql`), the one
+/// home of the derivation, which the summary's trigger also keeps in
+/// `machine_summary.state` for the fleet's listing and tally.
 macro_rules! state_column {
     () => {
-        "CASE WHEN s.shepherd_work AND s.boot_request = 'inspect' THEN 'inspecting' \
-              WHEN s.shepherd_work AND s.boot_request IS NOT NULL AND s.boot_request <> 'disk' \
-                   THEN 'enrolling' \
-              WHEN s.shepherd_work THEN 'leased' \
-              WHEN s.held THEN 'held' \
-              WHEN s.discovered THEN 'discovered' \
-              WHEN ((s.boot_request IS NOT NULL AND s.boot_request <> 'disk') \
-                        OR (s.bmc_boot AND s.agent_started_at IS NULL \
-                        AND NOT s.installation_fulfilled AND p.provider_ip_address IS NULL)) \
-                   AND s.agent_start_not_before > now() THEN 'enroll-failed' \
-              WHEN s.boot_request = 'inspect' THEN 'inspecting' \
-              WHEN s.boot_request IS NOT NULL AND s.boot_request <> 'disk' THEN 'enrolling' \
-              WHEN s.bmc_boot AND s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
-                   AND p.provider_ip_address IS NULL THEN 'enrolling' \
-              WHEN s.installation IN ('installing', 'cleaning') AND s.agent_started_at IS NOT NULL \
-                   AND NOT s.installation_fulfilled THEN s.installation \
-              WHEN s.installation = 'clean-failed' AND s.installation_fulfilled \
-                   THEN 'clean-failed' \
-              WHEN s.live_agent AND s.agent_started_at IS NOT NULL \
-                   AND s.recovery_not_before <= now() \
-                   AND (s.installation IS NULL OR s.installation = 'available') THEN 'available' \
-              WHEN s.installation_fulfilled THEN COALESCE(s.installation, 'installed') \
-              WHEN s.agent_started_at IS NOT NULL AND s.recovery_not_before > now() \
-                   THEN 'recovery-backoff' \
-              WHEN s.agent_started_at IS NOT NULL THEN 'agent-started' \
-              WHEN p.machine_id IS NULL THEN 'unprovided' \
-              WHEN s.agent_start_not_before > now() THEN 'backoff' \
-              ELSE 'pending' END AS state"
+        "machine_state(s) AS state"
     };
 }
 pub(super) use state_column;
@@ -213,6 +199,14 @@ pub enum Event {
     ProviderListed,
     /// An operator accepted a discovered machine with its BMC.
     Accepted,
+    /// An operator or a rollout asked for a servicing (forced on a
+    /// tenant's machine).
+    ServiceAsked,
+    /// The Servicer found the machine at its baseline (after its restart).
+    ServiceDone,
+    /// The servicing failed (the BMC refused, a task failed, the check
+    /// after the restart found it short).
+    ServiceFailed,
 }
 
 impl Event {
@@ -237,6 +231,9 @@ impl Event {
             Event::ProviderForgot => "provider forgot it",
             Event::ProviderListed => "provider lists it",
             Event::Accepted => "accept (its BMC read)",
+            Event::ServiceAsked => "service asked",
+            Event::ServiceDone => "serviced: at its baseline",
+            Event::ServiceFailed => "servicing failed",
         }
     }
 }
@@ -292,6 +289,14 @@ pub const TRANSITIONS: &[(MachineState, Event, MachineState)] = &[
     // once the BMC is read and agrees with the agent, the erasure asked),
     // an inventory machine whose live agent erases its disks first.
     (Discovered, Event::Accepted, Cleaning),
+    // Servicing: only while free (a tenant's machine when forced), and
+    // never handed out when it failed.
+    (Available, Event::ServiceAsked, Servicing),
+    (AgentStarted, Event::ServiceAsked, Servicing),
+    (Installed, Event::ServiceAsked, Servicing),
+    (ServiceFailed, Event::ServiceAsked, Servicing),
+    (Servicing, Event::ServiceDone, Available),
+    (Servicing, Event::ServiceFailed, ServiceFailed),
 ];
 
 /// The transitions as the guide shows them, a table.
@@ -330,10 +335,11 @@ pub enum Operation {
     Install,
     Deprovision,
     Accept,
+    Service,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 10] = [
+    pub const ALL: [Operation; 11] = [
         Operation::Retry,
         Operation::Retakeover,
         Operation::Reboot,
@@ -344,6 +350,7 @@ impl Operation {
         Operation::Install,
         Operation::Deprovision,
         Operation::Accept,
+        Operation::Service,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -358,6 +365,7 @@ impl Operation {
             Operation::Install => "install",
             Operation::Deprovision => "deprovision",
             Operation::Accept => "accept",
+            Operation::Service => "service",
         }
     }
 
@@ -389,6 +397,7 @@ impl Operation {
             Operation::Install => "Install",
             Operation::Deprovision => "Deprovision",
             Operation::Accept => "Accept",
+            Operation::Service => "Service to its baseline",
         }
     }
 
@@ -403,20 +412,35 @@ impl Operation {
             // while a shepherd works on it or its BMC boots it.
             Operation::Retakeover => !matches!(
                 state,
-                Leased | Enrolling | Inspecting | Installing | Cleaning | Unprovided | Discovered
+                Leased
+                    | Enrolling
+                    | Inspecting
+                    | Installing
+                    | Cleaning
+                    | Unprovided
+                    | Discovered
+                    | Servicing
             ),
             // A reboot kills what the agent writes: not then, nor while
             // its BMC boots it (nor a held machine).
             Operation::Reboot => !matches!(
                 state,
-                Held | Enrolling | Inspecting | Installing | Cleaning | Unprovided | Discovered
+                Held | Enrolling
+                    | Inspecting
+                    | Installing
+                    | Cleaning
+                    | Unprovided
+                    | Discovered
+                    | Servicing
             ),
             Operation::Hold => !matches!(state, Held | Discovered),
             // A hold shows as `held` unless work in hand shows first.
-            Operation::Release => matches!(state, Held | Leased | Enrolling | Inspecting),
+            Operation::Release => {
+                matches!(state, Held | Leased | Enrolling | Inspecting | Servicing)
+            }
             Operation::Inspect => !matches!(
                 state,
-                Held | Inspecting | Installing | Cleaning | Unprovided | Discovered
+                Held | Inspecting | Installing | Cleaning | Unprovided | Discovered | Servicing
             ),
             Operation::AcceptHardware => state != Unprovided,
             // Waits for the agent of a machine not taken over yet; an
@@ -435,6 +459,12 @@ impl Operation {
             // Only what enlisted itself (again while its erasure waits: a BMC
             // given wrong is given anew).
             Operation::Accept => state == Discovered,
+            // While free: taken over or enrolled and nothing installed, or
+            // failed before; a tenant's installed machine only when the
+            // operator forces it (the action's own check).
+            Operation::Service => {
+                matches!(state, AgentStarted | Available | Installed | ServiceFailed)
+            }
         }
     }
 

@@ -15,12 +15,14 @@ pub mod boot;
 pub mod brake;
 pub mod callback;
 mod conn;
+pub mod console;
 pub mod devices;
 pub mod discovery;
 pub mod duty;
 pub mod embedded;
 pub mod error;
 pub mod firmware;
+pub mod firmware_grants;
 pub mod hardware;
 pub mod heartbeats;
 pub mod installations;
@@ -32,6 +34,7 @@ pub mod netboot;
 pub mod overview;
 pub mod rollouts;
 pub mod selectors;
+pub mod servicing;
 mod session;
 pub mod tenants;
 mod work;
@@ -474,11 +477,11 @@ async fn attempt_tx<T>(
             None => None,
         };
     let (mut tx, rows) = conn.begin(isolation, snapshot, first).await?;
-    if let Some(id) = session {
-        if rows.is_empty() {
-            let _ = tx.rollback().await;
-            return Err(BmdbError::SessionExpired(id));
-        }
+    if let Some(id) = session
+        && rows.is_empty()
+    {
+        let _ = tx.rollback().await;
+        return Err(BmdbError::SessionExpired(id));
     }
     match f(&mut tx).await {
         Ok(v) => match tx.commit().await {

@@ -12,7 +12,7 @@ use shepherd_proto::api::{DiskErasure, ImageInstallation};
 use uuid::Uuid;
 
 use super::installations::{self, Asked, Asker};
-use super::{BmdbError, InstallationResult, Tx};
+use super::{BmdbError, InstallationResult, Tx, servicing};
 
 /// A machine installing longer than its deadline plus this, without a
 /// report, has failed (its agent died, say).
@@ -36,6 +36,8 @@ pub struct Rollout {
     pub image_url: String,
     /// A deprovisioning's erasure (None: an installation of the image).
     pub erasure: Option<DiskErasure>,
+    /// A servicing to this baseline (then neither image nor erasure).
+    pub baseline: Option<String>,
     pub max_parallel: i32,
     pub max_failures: i32,
     pub selection: String,
@@ -66,7 +68,7 @@ macro_rules! rollout_query {
      r.created_at, r.created_by, r.state, r.ended_at, r.end_reason, \
      count(*) FILTER (WHERE m.state = 'waiting'), count(*) FILTER (WHERE m.state = 'running'), \
      count(*) FILTER (WHERE m.state = 'done'), count(*) FILTER (WHERE m.state = 'failed'), \
-     count(*) FILTER (WHERE m.state = 'skipped'), r.erasure_raw \
+     count(*) FILTER (WHERE m.state = 'skipped'), r.erasure_raw, r.baseline \
              FROM rollout r LEFT JOIN rollout_machine m ON m.rollout_id = r.rollout_id ",
             $tail
         )
@@ -82,6 +84,7 @@ fn rollout_from(r: &tokio_postgres::Row) -> Rollout {
         erasure: r
             .get::<_, Option<Vec<u8>>>(15)
             .and_then(|b| DiskErasure::decode(b.as_slice()).ok()),
+        baseline: r.get(16),
         max_parallel: r.get(2),
         max_failures: r.get(3),
         selection: r.get(4),
@@ -108,6 +111,9 @@ pub struct NewRollout<'a> {
     /// Deprovision instead (the image is then not used): erase the
     /// machines' disks as this says.
     pub erasure: Option<&'a DiskErasure>,
+    /// Service instead (neither image nor erasure used): bring the
+    /// machines to this baseline.
+    pub baseline: Option<&'a str>,
     pub max_parallel: i32,
     pub max_failures: i32,
     /// How the machines were chosen, for people.
@@ -122,23 +128,25 @@ pub async fn create(tx: &mut Tx<'_>, new: &NewRollout<'_>) -> Result<Rollout, Bm
     let inserted = tx
         .execute(
             "INSERT INTO rollout (rollout_id, image_raw, image_url, max_parallel, max_failures, \
-                 selection, created_at, created_by, state, erasure_raw) \
-             VALUES ($1, $2, $3, $4, $5, $6, now(), $7, 'running', $8) ON CONFLICT DO NOTHING",
+                 selection, created_at, created_by, state, erasure_raw, baseline) \
+             VALUES ($1, $2, $3, $4, $5, $6, now(), $7, 'running', $8, $9) ON CONFLICT DO NOTHING",
             &[
                 &new.id,
                 &new.image.encode_to_vec(),
-                &match new.erasure {
-                    Some(e) => format!(
+                &match (new.baseline, new.erasure) {
+                    (Some(b), _) => format!("service: baseline {b}"),
+                    (None, Some(e)) => format!(
                         "deprovision: erase ({})",
                         installations::erase_mode_name(e.mode)
                     ),
-                    None => new.image.url.clone(),
+                    (None, None) => new.image.url.clone(),
                 },
                 &new.max_parallel,
                 &new.max_failures,
                 &new.selection,
                 &new.created_by,
                 &new.erasure.map(|e| e.encode_to_vec()),
+                &new.baseline,
             ],
         )
         .await?;
@@ -232,7 +240,8 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
     let mut out = Advanced::default();
     let Some(r) = tx
         .query_opt(
-            "SELECT state, max_parallel, max_failures, image_raw, created_by, erasure_raw FROM rollout \
+            "SELECT state, max_parallel, max_failures, image_raw, created_by, erasure_raw, baseline \
+             FROM rollout \
              WHERE rollout_id = $1 FOR UPDATE SKIP LOCKED",
             &[&id],
         )
@@ -254,6 +263,7 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
         })?),
         None => None,
     };
+    let baseline: Option<String> = r.get(6);
     let asked_deadline = erasure
         .as_ref()
         .map_or(image.deadline_seconds, |e| e.deadline_seconds);
@@ -262,9 +272,24 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
     } else {
         DEFAULT_DEADLINE
     };
-    // Settle the running ones.
-    let running = tx
-        .query(
+    // Settle the running ones: a servicing's from its servicing (one
+    // query for them all), an installation's from its report.
+    let mut still_running = 0;
+    if baseline.is_some() {
+        for (machine, r) in servicing::settled(tx, id).await? {
+            match r {
+                None => still_running += 1,
+                Some(r) => {
+                    settle(tx, id, machine, &r).await?;
+                    out.ended.push((machine, r.is_ok()));
+                }
+            }
+        }
+    }
+    let running = if baseline.is_some() {
+        Vec::new()
+    } else {
+        tx.query(
             "SELECT m.machine_id, m.generation, rq.generation, rp.generation, \
                     rp.os_installation_result, rp.os_installation_report_raw, \
                     now() - m.started_at > make_interval(secs => $2) \
@@ -274,8 +299,8 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
              WHERE m.rollout_id = $1 AND m.state = 'running'",
             &[&id, &(deadline + REPORT_GRACE).as_secs_f64()],
         )
-        .await?;
-    let mut still_running = 0;
+        .await?
+    };
     for row in &running {
         let machine: Uuid = row.get(0);
         let ours: Option<i32> = row.get(1);
@@ -307,16 +332,7 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
         match ended {
             None => still_running += 1,
             Some(r) => {
-                let (state, error) = match &r {
-                    Ok(()) => ("done", None),
-                    Err(e) => ("failed", Some(e.clone())),
-                };
-                tx.execute(
-                    "UPDATE rollout_machine SET state = $3, error = $4, ended_at = now() \
-                     WHERE rollout_id = $1 AND machine_id = $2",
-                    &[&id, &machine, &state, &error],
-                )
-                .await?;
+                settle(tx, id, machine, &r).await?;
                 out.ended.push((machine, r.is_ok()));
             }
         }
@@ -364,17 +380,43 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
                 rollout_id: Some(id),
                 reason: None,
             };
-            let (state, generation, error) = match match &erasure {
-                Some(e) => installations::deprovision(tx, machine, e, &asker).await?,
-                None => installations::ask(tx, machine, &image, &asker).await?,
-            } {
-                Asked::Done { generation, .. } => {
+            // (whether asked, the generation asked, why not)
+            let asked: (bool, Option<i32>, Option<String>) = match (&baseline, &erasure) {
+                (Some(b), _) => {
+                    let ask = servicing::Ask {
+                        action_id: asker.action_id,
+                        actor: &actor,
+                        reason: None,
+                        baseline: b,
+                        forced: false,
+                        rollout_id: Some(id),
+                    };
+                    match servicing::ask(tx, machine, &ask).await? {
+                        servicing::Asked::Done { .. } => (true, None, None),
+                        servicing::Asked::Refused(why) => (false, None, Some(why)),
+                        servicing::Asked::NotFound => (false, None, None),
+                    }
+                }
+                (None, e) => match match e {
+                    Some(e) => installations::deprovision(tx, machine, e, &asker).await?,
+                    None => installations::ask(tx, machine, &image, &asker).await?,
+                } {
+                    Asked::Done { generation, .. } => (true, Some(generation), None),
+                    Asked::Refused(why) => (false, None, Some(why)),
+                    Asked::NotFound => (false, None, None),
+                },
+            };
+            let (state, generation, error) = match asked {
+                (true, generation, _) => {
                     started += 1;
                     out.started.push(machine);
-                    ("running", Some(generation), None)
+                    ("running", generation, None)
                 }
-                Asked::Refused(why) => ("skipped", None, Some(why)),
-                Asked::NotFound => ("skipped", None, Some("the machine is gone".to_string())),
+                (false, _, why) => (
+                    "skipped",
+                    None,
+                    Some(why.unwrap_or_else(|| "the machine is gone".to_string())),
+                ),
             };
             tx.execute(
                 "UPDATE rollout_machine SET state = $3, generation = $4, error = $5, \
@@ -396,6 +438,26 @@ pub async fn advance(tx: &mut Tx<'_>, id: Uuid) -> Result<Advanced, BmdbError> {
         out.finished = Some("done".into());
     }
     Ok(out)
+}
+
+/// Records how rollout `id`'s machine ended.
+async fn settle(
+    tx: &mut Tx<'_>,
+    id: Uuid,
+    machine: Uuid,
+    r: &Result<(), String>,
+) -> Result<(), BmdbError> {
+    let (state, error) = match r {
+        Ok(()) => ("done", None),
+        Err(e) => ("failed", Some(e.clone())),
+    };
+    tx.execute(
+        "UPDATE rollout_machine SET state = $3, error = $4, ended_at = now() \
+         WHERE rollout_id = $1 AND machine_id = $2",
+        &[&id, &machine, &state, &error],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Cancels a running rollout: the waiting machines are skipped; those

@@ -137,12 +137,13 @@ macro_rules! judgeable {
 }
 
 /// Silent: the last heartbeat older than the threshold, or none that long
-/// after the start; judgeable (see above).
+/// after the start; judgeable (see above). Never while it is serviced: its
+/// restart is the Servicer's, and its agent is judged after.
 macro_rules! stale {
     ($t:literal, $own:literal, $grace:literal) => {
         concat!(
             "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NOT NULL \
-             AND NOT s.installation_fulfilled \
+             AND NOT s.installation_fulfilled AND s.service IS DISTINCT FROM 'servicing' \
              AND s.agent_heartbeat_at < now() - make_interval(secs => ",
             $t,
             ")",
@@ -154,7 +155,7 @@ macro_rules! silent {
     ($t:literal, $own:literal, $grace:literal) => {
         concat!(
             "s.agent_started_at IS NOT NULL AND s.agent_heartbeat_at IS NULL \
-             AND NOT s.installation_fulfilled \
+             AND NOT s.installation_fulfilled AND s.service IS DISTINCT FROM 'servicing' \
              AND s.agent_started_at < now() - make_interval(secs => ",
             $t,
             ")",
@@ -217,6 +218,25 @@ const NEEDS_REBOOT: &str = summary_selector!(
     "s.reboot_requested AND s.recovery_not_before <= now() AND s.boot_request IS NULL",
     "s.machine_id"
 );
+
+/// To be serviced (`machine_service` asked, or its restart over: its boot
+/// request gone), no live `ShepherdAgentStart` backoff.
+const NEEDS_SERVICE: &str = summary_selector!(
+    "s.service = 'servicing' AND s.agent_start_not_before <= now() AND s.boot_request IS NULL",
+    "s.agent_start_not_before"
+);
+
+/// Needs the Servicer: provided by `provider`, its servicing asked or its
+/// restart over, no conflicting work, not held, no live
+/// `ShepherdAgentStart` backoff.
+pub async fn needs_service(
+    tx: &mut Tx<'_>,
+    provider: Provider,
+    limit: i64,
+) -> Result<Vec<ProvidedMachine>, BmdbError> {
+    let rows = tx.query(NEEDS_SERVICE, &[&provider, &limit]).await?;
+    Ok(rows.iter().map(ProvidedMachine::from_row).collect())
+}
 
 /// Reboot requested: an operator asked to reboot the machine
 /// (`machine_reboot_request`), whatever its agent does; provided by

@@ -219,6 +219,7 @@ async fn start_rollout(
                     id,
                     image,
                     erasure,
+                    baseline: None,
                     max_parallel: t.max_parallel,
                     max_failures: t.max_failures,
                     selection: &selection,

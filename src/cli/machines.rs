@@ -24,6 +24,27 @@ pub enum MachinesCommand {
         /// The BMDB machine ID.
         id: uuid::Uuid,
     },
+    /// Its firmware components as its BMC lists them, the versions they
+    /// ran, and how they differ from its baseline.
+    Firmware { id: uuid::Uuid },
+    /// Its BIOS settings as its BMC lists them, and how they differ from
+    /// its baseline.
+    Bios { id: uuid::Uuid },
+    /// Its storage (controllers, drives, volumes) as its BMC lists it, and
+    /// how its RAID layout differs from its baseline.
+    Raid { id: uuid::Uuid },
+    /// Bring the machine to its baseline through its BMC (firmware, BIOS
+    /// settings, RAID, Secure Boot), with one restart: a running
+    /// shepherd's Servicer does it while the machine is free.
+    Service {
+        id: uuid::Uuid,
+        /// A tenant's machine (installed, or a device's): the restart
+        /// interrupts the tenant. Audited.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Clear a machine's backoff so its work is tried again now.
     Retry {
         id: uuid::Uuid,
@@ -163,6 +184,10 @@ impl MachinesCommand {
         let (id, action, reason) = match self {
             MachinesCommand::List { .. }
             | MachinesCommand::Show { .. }
+            | MachinesCommand::Firmware { .. }
+            | MachinesCommand::Bios { .. }
+            | MachinesCommand::Raid { .. }
+            | MachinesCommand::Service { .. }
             | MachinesCommand::Install(_)
             | MachinesCommand::Accept(_)
             | MachinesCommand::Deprovision(_) => return None,
@@ -404,6 +429,23 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                             .map(|d| format!(": {d}"))
                             .unwrap_or_default()
                     );
+                }
+            }
+            if let Some(s) = &d.service {
+                println!(
+                    "servicing: {} to baseline {} {} (asked by {} at {}{}), restarts {}",
+                    s.service_id,
+                    s.baseline,
+                    s.phase,
+                    s.asked_by,
+                    t(s.asked_at),
+                    if s.forced { ", forced" } else { "" },
+                    s.restarts
+                );
+                for (k, v) in [("applied", &s.applied), ("error", &s.error)] {
+                    if let Some(v) = v {
+                        println!("  {k:<16} {v}");
+                    }
                 }
             }
             println!("leases:");

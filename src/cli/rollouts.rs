@@ -1,4 +1,5 @@
-//! `shepherd rollouts`: rollouts listed, shown, canceled.
+//! `shepherd rollouts`: rollouts listed, shown, canceled; a baseline's
+//! started (`service`; an image's starts with `shepherd machines install`).
 
 use clap::Subcommand;
 use shepherd::bmdb::Bmdb;
@@ -12,6 +13,20 @@ pub enum RolloutsCommand {
     Show { id: uuid::Uuid },
     /// Skip the machines still waiting (those installing finish).
     Cancel { id: uuid::Uuid },
+    /// Bring every machine a baseline selects that differs from it to it
+    /// (a tenant's machine is skipped), N at a time, stopped after F
+    /// failures.
+    Service {
+        /// The `[[baselines]]` name.
+        #[arg(long)]
+        baseline: String,
+        /// Machines serviced at once.
+        #[arg(long, default_value_t = 1)]
+        max_parallel: i32,
+        /// Failures tolerated; one more stops the rollout.
+        #[arg(long, default_value_t = 0)]
+        max_failures: i32,
+    },
 }
 
 pub async fn run(mut cfg: Config, cmd: RolloutsCommand) -> anyhow::Result<()> {
@@ -78,6 +93,13 @@ pub async fn run(mut cfg: Config, cmd: RolloutsCommand) -> anyhow::Result<()> {
                 Some(r) => println!("{}", line(&r)),
                 None => anyhow::bail!("rollout {id} does not exist"),
             }
+        }
+        RolloutsCommand::Service {
+            baseline,
+            max_parallel,
+            max_failures,
+        } => {
+            super::servicing::rollout(&bmdb, &cfg, &baseline, max_parallel, max_failures).await?;
         }
     }
     Ok(())

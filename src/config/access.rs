@@ -137,13 +137,13 @@ impl InitializerConfig {
                 "must be an absolute path without quotes or newlines",
             ));
         }
-        if let Some(e) = &self.agent_endpoint {
-            if e.trim().is_empty() {
-                return Err(ConfigError::key(
-                    "initializer.agent_endpoint",
-                    "must not be empty",
-                ));
-            }
+        if let Some(e) = &self.agent_endpoint
+            && e.trim().is_empty()
+        {
+            return Err(ConfigError::key(
+                "initializer.agent_endpoint",
+                "must not be empty",
+            ));
         }
         Ok(())
     }

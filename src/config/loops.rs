@@ -209,3 +209,15 @@ impl LeaseDefaults for RecovererLease {
     const BACKOFF_MAX: Duration = Duration::from_secs(3600);
     const BACKOFF_EXPONENT: f64 = 1.2;
 }
+
+/// The Servicer's defaults: a failed servicing is the machine's
+/// (`service-failed`); the backoff is for shepherd's own faults.
+pub struct ServicerLease;
+impl LeaseDefaults for ServicerLease {
+    const SECTION: &'static str = "servicing";
+    const PARALLELISM: u32 = 16;
+    const POLL_INTERVAL: Duration = Duration::from_secs(2);
+    const BACKOFF_INITIAL: Duration = Duration::from_secs(60);
+    const BACKOFF_MAX: Duration = Duration::from_secs(3600);
+    const BACKOFF_EXPONENT: f64 = 2.0;
+}

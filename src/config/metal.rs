@@ -4,6 +4,7 @@
 //! inventory entry names none.
 
 use serde::{Deserialize, Serialize};
+use shepherd_proto::summary::HardwareSummary;
 
 use super::ConfigError;
 
@@ -75,6 +76,53 @@ pub struct PlanConfig {
     pub secure_boot: Option<bool>,
 }
 
+impl PlanConfig {
+    /// Whether a machine can run the tenant's system with Secure Boot as
+    /// the plan asks: its BMC can set it (it reads `SecureBootEnable`), or
+    /// its agent booted that way.
+    fn secure_boot_fits(&self, r: &HardwareSummary, bmc_secure_boot: Option<bool>) -> bool {
+        match self.secure_boot {
+            None => true,
+            Some(want) => {
+                bmc_secure_boot.is_some()
+                    || r.secure_boot.as_ref().map(|s| s.state)
+                        == Some(if want { "on" } else { "off" })
+            }
+        }
+    }
+
+    /// Whether a machine (its report, its BMC's `SecureBootEnable`) meets
+    /// the plan: its minimums, and its Secure Boot.
+    pub fn meets(&self, r: &HardwareSummary, bmc_secure_boot: Option<bool>) -> bool {
+        const GIB: f64 = (1u64 << 30) as f64;
+        let threads: i64 = r
+            .cpus
+            .iter()
+            .map(|c| i64::from(c.threads.max(c.cores)))
+            .sum();
+        let memory_gib = r.memory_bytes as f64 / GIB;
+        let disks = r
+            .disks
+            .iter()
+            .filter(|d| d.capacity_bytes as f64 / GIB >= self.disk_gib_min)
+            .count();
+        threads >= i64::from(self.cpus_min)
+            && memory_gib + 1e-9 >= self.memory_gib_min
+            && disks >= self.disks_min as usize
+            && self.secure_boot_fits(r, bmc_secure_boot)
+    }
+}
+
+/// The plan a machine with this report (and a BMC saying
+/// `SecureBootEnable` so, when it does) belongs to: the first it meets.
+pub fn plan_of<'a>(
+    plans: &'a [PlanConfig],
+    report: &HardwareSummary,
+    bmc_secure_boot: Option<bool>,
+) -> Option<&'a PlanConfig> {
+    plans.iter().find(|p| p.meets(report, bmc_secure_boot))
+}
+
 /// An operating system: an image shepherd serves, by a slug.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -93,7 +141,7 @@ pub struct OperatingSystemConfig {
 }
 
 /// A slug: 1 to 64 of a-z, 0-9, `.`, `_`, `-`.
-fn check_slug(key: &str, slug: &str) -> Result<(), ConfigError> {
+pub(super) fn check_slug(key: &str, slug: &str) -> Result<(), ConfigError> {
     let ok = !slug.is_empty()
         && slug.len() <= 64
         && slug
@@ -107,6 +155,12 @@ fn check_slug(key: &str, slug: &str) -> Result<(), ConfigError> {
             format!("{slug:?} is not a slug (1 to 64 of a-z, 0-9, '.', '_', '-')"),
         ))
     }
+}
+
+/// A file's name, no path: what a file under `installations.images_dir`
+/// is named by.
+pub(super) fn is_file_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('/') && name != "." && name != ".." && !name.contains('\0')
 }
 
 impl MetalConfig {
@@ -164,12 +218,7 @@ impl MetalConfig {
             if o.name.trim().is_empty() {
                 return Err(ConfigError::key(key("name"), "must not be empty"));
             }
-            let image_ok = !o.image.is_empty()
-                && !o.image.contains('/')
-                && o.image != "."
-                && o.image != ".."
-                && !o.image.contains('\0');
-            if !image_ok {
+            if !is_file_name(&o.image) {
                 return Err(ConfigError::key(
                     key("image"),
                     "must be the name of a file under installations.images_dir",

@@ -17,6 +17,7 @@
 //! - `installations.rs`: `[installations]`;
 //! - `netboot.rs`: `[netboot]`, `[ipmi]`;
 //! - `metal.rs`: `[metal]`;
+//! - `baselines.rs`: `[[baselines]]`;
 //! - `log.rs`: `[log]`.
 //!
 //! `loops.rs` holds what the lease loops' sections share, `inventory/` the
@@ -31,7 +32,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod access;
+mod baselines;
 mod bmdb;
+mod console;
 mod control;
 mod error;
 mod installations;
@@ -46,13 +49,17 @@ mod servers;
 pub use access::{
     EnrollerConfig, HostKeyPolicy, InitializerConfig, RedfishConfig, SshConfig, UploadMethod,
 };
+pub use baselines::{BaselineConfig, ComponentConfig, ServicingConfig, VolumeConfig};
 pub use bmdb::{BmdbConfig, EmbeddedConfig, Isolation};
+pub use console::{ConsoleConfig, ConsoleSettings, ConsoleVia};
 pub use control::{ProvisionerConfig, RecovererConfig, SupervisorConfig, UpdaterConfig};
 pub use error::ConfigError;
 pub use installations::InstallationsConfig;
 pub use inventory::{BmcConfig, BmcProtocol, BmcTls, BootMethod, Firmware, InventoryMachine};
 pub use log::{LogConfig, LogFormat};
-pub use loops::{EnrollerLease, InitializerLease, LeaseDefaults, LeaseSettings, RecovererLease};
+pub use loops::{
+    EnrollerLease, InitializerLease, LeaseDefaults, LeaseSettings, RecovererLease, ServicerLease,
+};
 pub use metal::{MetalConfig, OperatingSystemConfig, PlanConfig};
 pub use netboot::{AddressRange, IpmiConfig, NetbootConfig, NetbootMode, UefiChain};
 pub use provider::{
@@ -93,6 +100,13 @@ pub struct Config {
     pub netboot: Option<NetbootConfig>,
     /// The Metal API served to tenants (plans, operating systems, metro).
     pub metal: MetalConfig,
+    /// What should be below machines' operating systems, per group of
+    /// machines: firmware versions, BIOS settings, RAID layouts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub baselines: Vec<BaselineConfig>,
+    /// Applying them: the Servicer.
+    pub servicing: ServicingConfig,
+    pub console: ConsoleSettings,
     pub log: LogConfig,
 }
 
@@ -233,6 +247,17 @@ impl Config {
             return Err(ConfigError::key(
                 "metal.operating_systems",
                 "are images shepherd serves: set installations.images_dir",
+            ));
+        }
+        baselines::validate(&self.baselines, &self.metal.plans)?;
+        self.servicing.validate()?;
+        self.console.validate()?;
+        if self.baselines.iter().any(|b| !b.components.is_empty())
+            && self.installations.images_dir.is_none()
+        {
+            return Err(ConfigError::key(
+                "baselines",
+                "name firmware images shepherd serves: set installations.images_dir",
             ));
         }
         ConfigError::positive(

@@ -217,3 +217,55 @@ fn a_mistyped_secret_is_not_echoed() {
         "invalid type: string \"…\", expected u32"
     );
 }
+
+#[test]
+fn a_baseline_is_checked_and_its_wrong_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("shepherd.toml");
+    let load = |baseline: &str| {
+        std::fs::write(
+            &f,
+            format!(
+                "[installations]\nimages_dir = \"/srv/images\"\n\n[[metal.plans]]\nslug = \"small\"\n\n\
+                 [[baselines]]\nname = \"r650\"\nmanufacturer = \"Dell Inc.\"\n{baseline}\n"
+            ),
+        )
+        .unwrap();
+        Config::load_with_env(Some(&f), Vec::new())
+    };
+    let good = load(
+        "plan = \"small\"\ncomponents = [{ component = \"nic:NIC.Slot.1\", version = \"22.5\", image = \"nic.bin\" }]\n\
+         bios = { ProcVirtualization = \"Enabled\", NumLock = true, SerialPort = 1 }\n\
+         raid = [{ raid_type = \"RAID1\", drives = 2 }]",
+    )
+    .unwrap();
+    let b = &good.baselines[0];
+    assert_eq!(b.bios["NumLock"], serde_json::json!(true));
+    assert_eq!(b.raid.as_ref().unwrap()[0].drives, 2);
+    assert_eq!(b.selection(), "plan=small manufacturer=Dell Inc.");
+    for (baseline, key) in [
+        ("", "baselines[0].components"),
+        ("plan = \"large\"\nraid = []", "baselines[0].plan"),
+        (
+            "raid = [{ raid_type = \"RAID7\", drives = 2 }]",
+            "baselines[0].raid[0].raid_type",
+        ),
+        (
+            "raid = [{ raid_type = \"RAID5\", drives = 2 }]",
+            "baselines[0].raid[0].drives",
+        ),
+        (
+            "components = [{ component = \"cpld\", version = \"1\", image = \"c.bin\" }]",
+            "baselines[0].components[0].component",
+        ),
+        (
+            "components = [{ component = \"bios\", version = \"1\", image = \"../bios.bin\" }]",
+            "baselines[0].components[0].image",
+        ),
+        ("bios = { Boot = [1, 2] }", "baselines[0].bios.Boot"),
+        ("model = \" \"\nraid = []", "baselines[0].model"),
+    ] {
+        let e = load(baseline).unwrap_err();
+        assert_eq!(e.key_name(), Some(key), "{baseline}: {e}");
+    }
+}

@@ -40,10 +40,14 @@ use std::time::SystemTime;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use sha2::Digest as _;
 
-use crate::bmdb::Bmdb;
 use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 pub mod boot;
+mod firmware;
+mod gate;
+
+pub use gate::{DownloadGate, open_image, valid_name};
+use gate::{basic_auth, refuse, serve_file};
 
 pub use boot::{BootImage, NetbootFiles, SignedChain};
 
@@ -95,16 +99,6 @@ impl std::fmt::Debug for ImageCatalog {
     }
 }
 
-/// A file name the catalog serves: no directories, nothing hidden.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with('.')
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-+".contains(c))
-}
-
 impl ImageCatalog {
     /// Images in `dir`, fetched by agents at `endpoint` (`host:port`).
     pub fn new(dir: PathBuf, endpoint: &str, ca_der: Vec<u8>) -> ImageCatalog {
@@ -141,11 +135,21 @@ impl ImageCatalog {
 
     /// Where the BMC fetches boot `boot_id`'s copy of the boot image.
     pub fn boot_url(&self, boot_id: uuid::Uuid) -> String {
-        let root = match &self.boot_root {
+        format!("{}boot/{boot_id}.iso", self.bmc_root())
+    }
+
+    /// Where BMCs reach the image server (ending in `/`).
+    fn bmc_root(&self) -> &str {
+        match &self.boot_root {
             Some(r) => r.as_str(),
             None => self.base_url.trim_end_matches("images/"),
-        };
-        format!("{root}boot/{boot_id}.iso")
+        }
+    }
+
+    /// Where a BMC fetches `name` with the firmware grant `grant_id` (its
+    /// user name; the grant's secret its password).
+    pub fn firmware_url(&self, grant_id: uuid::Uuid, name: &str) -> String {
+        format!("{}firmware/{grant_id}/{name}", self.bmc_root())
     }
 
     pub fn dir(&self) -> &Path {
@@ -294,43 +298,6 @@ impl std::fmt::Display for Hashing {
     }
 }
 
-/// Opens the image `name` of `dir`, if it is one to serve: a valid name
-/// (nothing hidden, no directories in it), opened without blocking (a pipe
-/// is no image), a regular file, and, read back from the opened file
-/// itself, inside `dir` (a symlink pointing out, or a name swapped for
-/// one, serves nothing). Errors say which of these failed, for the log
-/// and the API; the image server answers them all 404.
-pub fn open_image(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
-    use std::io::{Error, ErrorKind};
-    use std::os::fd::AsRawFd as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    if !valid_name(name) {
-        return Err(Error::new(ErrorKind::NotFound, "not an image name"));
-    }
-    let root = std::fs::canonicalize(dir)?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(dir.join(name))?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(Error::new(ErrorKind::NotFound, "not a regular file"));
-    }
-    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
-    let inside = opened
-        .strip_prefix(&root)
-        .ok()
-        .filter(|rel| !rel.as_os_str().is_empty())
-        .is_some_and(|rel| rel.iter().all(|c| !c.to_string_lossy().starts_with('.')));
-    if !inside {
-        return Err(Error::new(
-            ErrorKind::NotFound,
-            "a link to a file outside the image directory",
-        ));
-    }
-    Ok((file, meta))
-}
-
 fn file_digest(mut f: std::fs::File) -> std::io::Result<String> {
     use std::io::Read;
     let mut h = sha2::Sha256::new();
@@ -349,77 +316,12 @@ fn file_digest(mut f: std::fs::File) -> std::io::Result<String> {
 #[derive(Debug, Clone, Copy)]
 struct PeerKey([u8; crate::callback::tls::KEY_LEN]);
 
-/// Who may download: the BMDB, asked within `timeout`.
-#[derive(Clone)]
-pub struct DownloadGate {
-    pub bmdb: Bmdb,
-    pub timeout: std::time::Duration,
-}
-
-impl DownloadGate {
-    /// `f` in one transaction, within the bound; Err: the 503 saying the
-    /// BMDB cannot tell `what` now.
-    async fn ask<T>(
-        &self,
-        req: &HttpRequest,
-        name: &str,
-        what: &str,
-        f: impl AsyncFnMut(&mut crate::bmdb::Tx<'_>) -> Result<T, crate::bmdb::BmdbError>,
-    ) -> Result<T, HttpResponse> {
-        use actix_web::http::StatusCode;
-        match tokio::time::timeout(self.timeout, self.bmdb.transact(f)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                tracing::warn!(image = %name, error = %e, "the BMDB cannot tell {what}");
-                Err(refuse(
-                    req,
-                    name,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!("the BMDB cannot tell now {what}; try again"),
-                ))
-            }
-            Err(_) => Err(refuse(
-                req,
-                name,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "the BMDB did not answer within {}; try again",
-                    humantime::format_duration(self.timeout)
-                ),
-            )),
-        }
-    }
-}
-
-/// Why a download is refused (before the file is looked at, so nothing
-/// about the directory is told to whoever has no grant).
-fn refuse(
-    req: &HttpRequest,
-    name: &str,
-    status: actix_web::http::StatusCode,
-    why: &str,
-) -> HttpResponse {
-    tracing::info!(
-        image = %name,
-        peer = %req.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
-        status = status.as_u16(),
-        "image download refused: {why}"
-    );
-    let mut r = HttpResponse::build(status);
-    if status == actix_web::http::StatusCode::UNAUTHORIZED {
-        r.insert_header(("WWW-Authenticate", "MutualTLS"));
-    }
-    r.content_type("text/plain; charset=utf-8")
-        .body(format!("{why}\n"))
-}
-
 async fn image(
     dir: web::Data<PathBuf>,
     gate: web::Data<DownloadGate>,
     req: HttpRequest,
     name: web::Path<String>,
 ) -> HttpResponse {
-    use actix_web::Responder as _;
     use actix_web::http::StatusCode;
     let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
         return refuse(
@@ -461,58 +363,14 @@ async fn image(
             );
         }
     };
-    let opened = {
-        let (dir, name) = (dir.clone(), name.clone());
-        web::block(move || {
-            let (file, _) = open_image(&dir, &name)?;
-            actix_files::NamedFile::from_file(file, dir.join(&name))
-        })
-        .await
-    };
-    let opened = match opened {
-        Ok(r) => r,
-        Err(e) => Err(std::io::Error::other(e.to_string())),
-    };
-    match opened {
-        // Read on this worker, as nginx reads by default: a thread hop per
-        // 64 KiB (actix-files' asynchronous mode) costs a third of a
-        // download's rate on a small machine (the install bench). Keep
-        // `images_dir` on local storage.
-        Ok(f) => f
-            .use_etag(true)
-            .use_last_modified(true)
-            .prefer_utf8(false)
-            .read_mode_threshold(u64::MAX)
-            .set_content_type(actix_web::mime::APPLICATION_OCTET_STREAM)
-            .respond_to(&req)
-            .map_into_boxed_body(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::warn!(image = %name, machine = %machine_id, error = %e, "an image asked for is not served");
-            HttpResponse::NotFound().body("no such image\n")
-        }
-        Err(e) => {
-            tracing::warn!(image = %name, error = %e, "serving an image failed");
-            HttpResponse::InternalServerError().body("the image cannot be read\n")
-        }
-    }
+    serve_file(dir.get_ref(), &name, &req, machine_id).await
 }
 
 /// Whether `req` carries boot `credential`'s media user name and password
 /// (HTTP basic); compared by digest.
 fn media_auth_ok(req: &HttpRequest, credential: &[u8]) -> bool {
-    use base64::Engine as _;
     use sha2::Digest as _;
-    let Some(given) = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Basic "))
-        .and_then(|b| {
-            base64::engine::general_purpose::STANDARD
-                .decode(b.trim())
-                .ok()
-        })
-    else {
+    let Some(given) = basic_auth(req) else {
         return false;
     };
     let (user, password) = crate::bmdb::boot::media_credentials(credential);
@@ -619,6 +477,8 @@ impl ImageServer {
                 .route("/images/{name}", web::head().to(image))
                 .route("/boot/{name}", web::get().to(boot_iso))
                 .route("/boot/{name}", web::head().to(boot_iso))
+                .route("/firmware/{grant}/{name}", web::get().to(firmware::fetch))
+                .route("/firmware/{grant}/{name}", web::head().to(firmware::fetch))
         })
         .on_connect(peer_key)
         .workers(workers.max(1))

@@ -58,9 +58,7 @@ impl Catalog {
         report: &HardwareSummary,
         bmc_secure_boot: Option<bool>,
     ) -> Option<&PlanConfig> {
-        self.plans
-            .iter()
-            .find(|p| meets(p, report, bmc_secure_boot))
+        crate::config::metal::plan_of(&self.plans, report, bmc_secure_boot)
     }
 
     /// The plan of a machine by its raw report (none without one).
@@ -80,40 +78,6 @@ impl Catalog {
             None => self.default_metro.clone(),
         }
     }
-}
-
-/// Whether a machine can run the tenant's system with Secure Boot as the
-/// plan asks: its BMC can set it (it reads `SecureBootEnable`), or its
-/// agent booted that way.
-fn secure_boot_fits(p: &PlanConfig, r: &HardwareSummary, bmc_secure_boot: Option<bool>) -> bool {
-    match p.secure_boot {
-        None => true,
-        Some(want) => {
-            bmc_secure_boot.is_some()
-                || r.secure_boot.as_ref().map(|s| s.state) == Some(if want { "on" } else { "off" })
-        }
-    }
-}
-
-/// Whether a machine (its report, its BMC's `SecureBootEnable`) meets a
-/// plan: its minimums, and its Secure Boot.
-pub fn meets(p: &PlanConfig, r: &HardwareSummary, bmc_secure_boot: Option<bool>) -> bool {
-    const GIB: f64 = (1u64 << 30) as f64;
-    let threads: i64 = r
-        .cpus
-        .iter()
-        .map(|c| i64::from(c.threads.max(c.cores)))
-        .sum();
-    let memory_gib = r.memory_bytes as f64 / GIB;
-    let disks = r
-        .disks
-        .iter()
-        .filter(|d| d.capacity_bytes as f64 / GIB >= p.disk_gib_min)
-        .count();
-    threads >= i64::from(p.cpus_min)
-        && memory_gib + 1e-9 >= p.memory_gib_min
-        && disks >= p.disks_min as usize
-        && secure_boot_fits(p, r, bmc_secure_boot)
 }
 
 #[cfg(test)]

@@ -268,10 +268,10 @@ async fn dhcp_loop(shared: Rc<Shared>, sock: Rc<UdpSocket>, port: Port) {
         let (shared, sock) = (shared.clone(), sock.clone());
         actix_rt::spawn(async move {
             let _permit = permit;
-            if let Some((bytes, to)) = answer::handle(&shared, &req, peer, port).await {
-                if let Err(e) = sock.send_to(&bytes, to).await {
-                    tracing::warn!(mac = %req.mac, %to, error = %e, "DHCP answer not sent");
-                }
+            if let Some((bytes, to)) = answer::handle(&shared, &req, peer, port).await
+                && let Err(e) = sock.send_to(&bytes, to).await
+            {
+                tracing::warn!(mac = %req.mac, %to, error = %e, "DHCP answer not sent");
             }
         });
     }

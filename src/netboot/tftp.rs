@@ -99,25 +99,25 @@ pub fn parse_request(p: &[u8]) -> Result<ReadRequest, Refusal> {
         };
         match name.to_ascii_lowercase().as_str() {
             "blksize" => {
-                if let Ok(n) = value.parse::<u32>() {
-                    if n >= 8 {
-                        req.blksize = Some(n.min(1428) as u16);
-                    }
+                if let Ok(n) = value.parse::<u32>()
+                    && n >= 8
+                {
+                    req.blksize = Some(n.min(1428) as u16);
                 }
             }
             "tsize" => req.tsize = true,
             "timeout" => {
-                if let Ok(n) = value.parse::<u8>() {
-                    if n >= 1 {
-                        req.timeout = Some(n);
-                    }
+                if let Ok(n) = value.parse::<u8>()
+                    && n >= 1
+                {
+                    req.timeout = Some(n);
                 }
             }
             "windowsize" => {
-                if let Ok(n) = value.parse::<u16>() {
-                    if n >= 1 {
-                        req.windowsize = Some(n.min(64));
-                    }
+                if let Ok(n) = value.parse::<u16>()
+                    && n >= 1
+                {
+                    req.windowsize = Some(n.min(64));
                 }
             }
             _ => {} // Unknown options are ignored (RFC 2347).

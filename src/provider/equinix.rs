@@ -64,10 +64,10 @@ impl<T: Clone + 'static> Listing<T> {
         ttl: Duration,
         fetch: impl FnOnce() -> LocalBoxFuture<'static, Result<Vec<T>, EquinixError>>,
     ) -> Result<Rc<Vec<T>>, EquinixError> {
-        if let Some((at, list)) = self.cached.borrow().as_ref() {
-            if at.elapsed() < ttl {
-                return Ok(list.clone());
-            }
+        if let Some((at, list)) = self.cached.borrow().as_ref()
+            && at.elapsed() < ttl
+        {
+            return Ok(list.clone());
         }
         let f = self
             .fetching

@@ -61,10 +61,10 @@ impl Inventory {
 
     fn listed(&self, m: &InventoryMachine) -> ProviderMachine {
         let mut p = machine(m);
-        if m.bmc.is_some() {
-            if let Some(s) = self.power.borrow().get(&m.id) {
-                p.status = *s;
-            }
+        if m.bmc.is_some()
+            && let Some(s) = self.power.borrow().get(&m.id)
+        {
+            p.status = *s;
         }
         p
     }
@@ -202,6 +202,7 @@ fn accepted_host(a: &crate::bmdb::discovery::AcceptedHost) -> InventoryMachine {
             system: b.system.clone(),
             tls: crate::config::inventory::BmcTls::from_stored(&b.tls),
             secure_boot: None,
+            console: None,
         }),
         boot: Some(BootMethod::Network),
         mac: Some(a.mac),
@@ -334,6 +335,39 @@ impl Provider for Inventory {
             }))
             .await;
             Ok(reads.into_iter().flatten().collect())
+        })
+    }
+
+    fn redfish_bmc<'a>(
+        &'a self,
+        provider_id: &'a str,
+    ) -> Fut<'a, Option<crate::redfish::RedfishBmc>> {
+        Box::pin(async move {
+            let Some(bmc) = self.host_now(provider_id).await.and_then(|h| h.bmc) else {
+                return Ok(None);
+            };
+            if bmc.protocol() != crate::config::BmcProtocol::Redfish {
+                return Ok(None);
+            }
+            let client = self.bmcs.redfish.get(provider_id, &bmc)?;
+            Ok(Some(crate::redfish::RedfishBmc {
+                host: provider_id.to_string(),
+                config: bmc,
+                client,
+            }))
+        })
+    }
+
+    fn console<'a>(
+        &'a self,
+        provider_id: &'a str,
+    ) -> Fut<'a, Option<crate::console::ConsoleSource>> {
+        Box::pin(async move {
+            Ok(self
+                .host_now(provider_id)
+                .await
+                .and_then(|h| h.bmc)
+                .and_then(|b| crate::console::ConsoleSource::of(&b)))
         })
     }
 

@@ -98,6 +98,26 @@ pub trait Provider {
         })
     }
 
+    /// The machine's Redfish BMC, to change what is below its system
+    /// (servicing); None when it has none, or speaks IPMI.
+    fn redfish_bmc<'a>(
+        &'a self,
+        provider_id: &'a str,
+    ) -> Fut<'a, Option<crate::redfish::RedfishBmc>> {
+        let _ = provider_id;
+        Box::pin(async move { Ok(None) })
+    }
+
+    /// Where the machine's serial console is read through its BMC; None
+    /// when it has none shepherd reads.
+    fn console<'a>(
+        &'a self,
+        provider_id: &'a str,
+    ) -> Fut<'a, Option<crate::console::ConsoleSource>> {
+        let _ = provider_id;
+        Box::pin(async move { Ok(None) })
+    }
+
     /// Boots the machine into the live agent through its BMC, as it is
     /// listed: from the boot image at `image_url` (virtual media) or from
     /// the provisioning network. `credentials`: a user name and password

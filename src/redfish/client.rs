@@ -20,8 +20,9 @@ use actix::prelude::*;
 use awc::http::{Method, StatusCode};
 use serde_json::Value;
 
+use super::system::SystemInfo;
+use super::system::secure_boot_facts;
 pub use crate::bmc::{BmcError, BmcErrorKind};
-use crate::bmdb::hardware::SystemFacts;
 
 use crate::config::{BmcConfig, BmcTls};
 
@@ -43,120 +44,33 @@ fn redfish_message(body: &[u8]) -> String {
     }
     if let Some(infos) = e["@Message.ExtendedInfo"].as_array() {
         for i in infos {
-            if let Some(m) = i["Message"].as_str() {
-                if !parts.iter().any(|p| p == m) {
-                    parts.push(m.to_string());
-                }
+            if let Some(m) = i["Message"].as_str()
+                && !parts.iter().any(|p| p == m)
+            {
+                parts.push(m.to_string());
             }
         }
     }
     parts.join("; ")
 }
 
-/// A ComputerSystem as shepherd uses it: power, reset, and facts.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SystemInfo {
-    /// `@odata.id`.
-    pub path: String,
-    pub id: String,
-    /// What it says of itself: power, product, serial, BIOS, processors,
-    /// memory, health.
-    pub facts: SystemFacts,
-    /// The reset action's target, and the reset types it advertises (empty:
-    /// it does not say).
-    pub reset_target: Option<String>,
-    pub reset_types: Vec<String>,
-    /// The system's own `VirtualMedia` collection, if it has one.
-    pub virtual_media: Option<String>,
-    /// The managers (`Links.ManagedBy`), whose `VirtualMedia` serves when
-    /// the system has none.
-    pub managed_by: Vec<String>,
-    /// Its chassis (`Links.Chassis`), whose `NetworkAdapters` carry the
-    /// NICs' firmware.
-    pub chassis: Vec<String>,
-    /// `Boot.BootSourceOverrideMode` (`UEFI`, `Legacy`), when reported.
-    pub boot_mode: Option<String>,
-    /// Its `SecureBoot` resource, if it has one.
-    pub secure_boot: Option<String>,
-    /// Its `Bios` resource (the BIOS settings), if it has one.
-    pub bios: Option<String>,
-    /// Its `Storage` collection, if it has one.
-    pub storage: Option<String>,
+/// A request's body.
+#[derive(Clone, Copy)]
+pub(super) enum Body<'a> {
+    Json(&'a Value),
+    /// Bytes of a content type (a multipart push of an image).
+    Raw {
+        content_type: &'a str,
+        bytes: &'a [u8],
+    },
 }
 
-impl SystemInfo {
-    /// Its power state (`On`, `Off`, …; empty when it does not say).
-    pub fn power(&self) -> &str {
-        self.facts.power_state.as_deref().unwrap_or("")
-    }
-
-    fn from_json(v: &Value) -> SystemInfo {
-        let s = text;
-        let reset = &v["Actions"]["#ComputerSystem.Reset"];
-        SystemInfo {
-            path: s(&v["@odata.id"]).unwrap_or_default(),
-            id: s(&v["Id"]).unwrap_or_default(),
-            facts: SystemFacts {
-                power_state: s(&v["PowerState"]),
-                manufacturer: s(&v["Manufacturer"]),
-                model: s(&v["Model"]),
-                serial_number: s(&v["SerialNumber"]),
-                bios_version: s(&v["BiosVersion"]),
-                processor_count: v["ProcessorSummary"]["Count"]
-                    .as_i64()
-                    .and_then(|n| i32::try_from(n).ok()),
-                processor_model: s(&v["ProcessorSummary"]["Model"]),
-                memory_gib: v["MemorySummary"]["TotalSystemMemoryGiB"].as_f64(),
-                health: s(&v["Status"]["Health"]),
-                secure_boot: None,
-            },
-            reset_target: s(&reset["target"]),
-            reset_types: reset["ResetType@Redfish.AllowableValues"]
-                .as_array()
-                .map(|a| a.iter().filter_map(s).collect())
-                .unwrap_or_default(),
-            virtual_media: s(&v["VirtualMedia"]["@odata.id"]),
-            managed_by: v["Links"]["ManagedBy"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|m| s(&m["@odata.id"])).collect())
-                .unwrap_or_default(),
-            chassis: v["Links"]["Chassis"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|m| s(&m["@odata.id"])).collect())
-                .unwrap_or_default(),
-            boot_mode: s(&v["Boot"]["BootSourceOverrideMode"]),
-            secure_boot: s(&v["SecureBoot"]["@odata.id"]),
-            bios: s(&v["Bios"]["@odata.id"]),
-            storage: s(&v["Storage"]["@odata.id"]),
-        }
-    }
-}
-
-/// A JSON string that says something (not empty), else None.
-pub(super) fn text(v: &Value) -> Option<String> {
-    v.as_str().filter(|s| !s.is_empty()).map(str::to_string)
-}
-
-/// A collection's members' `@odata.id`s.
-pub(super) fn members(v: &Value) -> Vec<String> {
-    v["Members"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter_map(|m| m["@odata.id"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// A `SecureBoot` resource's facts.
-fn secure_boot_facts(v: &Value) -> crate::bmdb::hardware::SecureBootFacts {
-    let s = text;
-    crate::bmdb::hardware::SecureBootFacts {
-        enable: v["SecureBootEnable"].as_bool(),
-        current_boot: s(&v["SecureBootCurrentBoot"]),
-        mode: s(&v["SecureBootMode"]),
-    }
+/// A successful answer: its status, `Location` (a path), JSON (Null when
+/// empty).
+pub(super) struct Answer {
+    pub status: u16,
+    pub location: Option<String>,
+    pub json: Value,
 }
 
 /// How requests are authenticated.
@@ -201,6 +115,18 @@ impl Conn {
         body: Option<&Value>,
         auth: bool,
     ) -> Result<(StatusCode, awc::http::header::HeaderMap, Vec<u8>), BmcError> {
+        self.exchange_body(method, path, body.map(Body::Json), auth)
+            .await
+    }
+
+    /// One HTTP exchange under the global cap, with any body.
+    async fn exchange_body(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Body<'_>>,
+        auth: bool,
+    ) -> Result<(StatusCode, awc::http::header::HeaderMap, Vec<u8>), BmcError> {
         let _permit = self
             .limit
             .acquire()
@@ -222,7 +148,15 @@ impl Conn {
             }
         }
         let sent = match body {
-            Some(b) => req.send_json(b).await,
+            Some(Body::Json(b)) => req.send_json(b).await,
+            Some(Body::Raw {
+                content_type,
+                bytes,
+            }) => {
+                req.insert_header(("Content-Type", content_type))
+                    .send_body(bytes.to_vec())
+                    .await
+            }
             None => req.send().await,
         };
         let mut resp = sent.map_err(|e| self.err(BmcErrorKind::Unreachable(e.to_string())))?;
@@ -312,6 +246,21 @@ impl Conn {
         body: Option<&Value>,
         what: &str,
     ) -> Result<Value, BmcError> {
+        self.answer(method, path, body.map(Body::Json), what)
+            .await
+            .map(|a| a.json)
+    }
+
+    /// As `call`, with any body, the answer's status and headers kept (a
+    /// task's `Location`); a 503 is `BmcErrorKind::Busy` with its
+    /// `Retry-After`.
+    pub(super) async fn answer(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Body<'_>>,
+        what: &str,
+    ) -> Result<Answer, BmcError> {
         self.decide_auth().await?;
         let mut fresh = false;
         if matches!(self.auth, Auth::Session { token: None, .. }) {
@@ -319,17 +268,31 @@ impl Conn {
             fresh = true;
         }
         loop {
-            let (status, _, answer) = self.exchange(method.clone(), path, body, true).await?;
+            let (status, headers, answer) =
+                self.exchange_body(method.clone(), path, body, true).await?;
             if status == StatusCode::UNAUTHORIZED {
-                if let Auth::Session { token, .. } = &mut self.auth {
-                    if !fresh {
-                        *token = None;
-                        self.log_in().await?;
-                        fresh = true;
-                        continue;
-                    }
+                if let Auth::Session { token, .. } = &mut self.auth
+                    && !fresh
+                {
+                    *token = None;
+                    self.log_in().await?;
+                    fresh = true;
+                    continue;
                 }
                 return Err(self.err(BmcErrorKind::Unauthorized(redfish_message(&answer))));
+            }
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                let retry_after = headers
+                    .get("Retry-After")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs)
+                    .unwrap_or(Duration::from_secs(5));
+                return Err(self.err(BmcErrorKind::Busy {
+                    what: what.to_string(),
+                    retry_after,
+                    message: redfish_message(&answer),
+                }));
             }
             if !status.is_success() {
                 return Err(self.err(BmcErrorKind::Http {
@@ -338,11 +301,26 @@ impl Conn {
                     message: redfish_message(&answer),
                 }));
             }
-            if answer.iter().all(u8::is_ascii_whitespace) {
-                return Ok(Value::Null);
-            }
-            return serde_json::from_slice(&answer)
-                .map_err(|e| self.err(BmcErrorKind::Protocol(format!("{what}: not JSON: {e}"))));
+            let location = headers
+                .get("Location")
+                .and_then(|v| v.to_str().ok())
+                .map(|l| match l.find("/redfish/") {
+                    // An absolute URL: its path (the BMC is this one).
+                    Some(i) if l.starts_with("http") => l[i..].to_string(),
+                    _ => l.to_string(),
+                });
+            let json = if answer.iter().all(u8::is_ascii_whitespace) {
+                Value::Null
+            } else {
+                serde_json::from_slice(&answer).map_err(|e| {
+                    self.err(BmcErrorKind::Protocol(format!("{what}: not JSON: {e}")))
+                })?
+            };
+            return Ok(Answer {
+                status: status.as_u16(),
+                location,
+                json,
+            });
         }
     }
 

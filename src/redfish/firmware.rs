@@ -22,7 +22,8 @@ use actix::prelude::*;
 use awc::http::Method;
 use serde_json::Value;
 
-use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members, text};
+use super::client::{BmcClient, BmcError, BmcErrorKind, Conn};
+use super::system::{SystemInfo, members, text};
 use crate::bmdb::firmware::{Bios, Component, Drive, Reading, Storage, Volume};
 
 /// At most this many members of a collection are read (a BMC listing

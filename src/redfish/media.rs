@@ -19,7 +19,8 @@ use actix::prelude::*;
 use awc::http::Method;
 use serde_json::{Value, json};
 
-use super::client::{BmcClient, BmcError, BmcErrorKind, Conn, SystemInfo, members};
+use super::client::{BmcClient, BmcError, BmcErrorKind, Conn};
+use super::system::{SystemInfo, members};
 
 /// How a boot from virtual media was started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,10 +223,10 @@ async fn insert(
     }
     // A BMC's message may echo a property's value: never the password.
     let redact = |mut e: BmcError| {
-        if let Some((_, password)) = credentials {
-            if let BmcErrorKind::Http { message, .. } = &mut e.kind {
-                *message = message.replace(password.as_str(), "[redacted]");
-            }
+        if let Some((_, password)) = credentials
+            && let BmcErrorKind::Http { message, .. } = &mut e.kind
+        {
+            *message = message.replace(password.as_str(), "[redacted]");
         }
         e
     };

@@ -10,6 +10,9 @@
 //! - [`media`]: booting a system from a URL through virtual media (insert,
 //!   one-time `Cd` override, power), and ending it (eject, override
 //!   cleared): [`boot_from_media`], [`end_media_boot`].
+//! - [`firmware`]: what is below the system, read; [`servicing`]: changed
+//!   (a firmware update followed through its task, BIOS settings, RAID
+//!   volumes).
 //!
 //! A small client on awc rather than a Redfish crate: shepherd needs the
 //! service root, sessions, one system and its reset action, and the
@@ -38,6 +41,8 @@ macro_rules! sequence {
 pub mod client;
 pub mod firmware;
 pub mod media;
+pub mod servicing;
+pub mod system;
 pub mod tls;
 
 use std::sync::Arc;
@@ -45,11 +50,12 @@ use std::time::Duration;
 
 use actix::Addr;
 
-pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset, SystemInfo};
+pub use client::{BmcClient, BmcError, BmcErrorKind, GetSystem, Reset};
 pub use media::{
     BootFromDisk, BootFromMedia, BootFromNetwork, ClearBootOverride, EndMediaBoot, GetVirtualCd,
     MediaBoot, VirtualCd,
 };
+pub use system::SystemInfo;
 
 use crate::bmc::ByUrl;
 use crate::bmdb::ProviderStatus;
@@ -86,8 +92,40 @@ impl Bmcs {
     }
 }
 
+/// One host's Redfish BMC, handed out for servicing: its actor (which
+/// every caller shares: one BMC, one queue), its URL and its system.
+#[derive(Clone)]
+pub struct RedfishBmc {
+    pub host: String,
+    pub config: BmcConfig,
+    pub client: Addr<BmcClient>,
+}
+
+impl RedfishBmc {
+    /// `msg` to this BMC's actor; its answer.
+    pub async fn ask<M, T>(&self, msg: M) -> Result<T, BmcError>
+    where
+        M: actix::Message<Result = Result<T, BmcError>> + Send + 'static,
+        T: Send + 'static,
+        BmcClient: actix::Handler<M>,
+    {
+        self.client.send(msg).await.map_err(|e| {
+            BmcError::of(
+                &self.host,
+                &self.config,
+                crate::bmc::BmcErrorKind::Unreachable(format!("the BMC's client stopped: {e}")),
+            )
+        })?
+    }
+
+    /// The system this host is (None: the BMC's only one).
+    pub fn system(&self) -> Option<String> {
+        self.config.system.clone()
+    }
+}
+
 /// `msg` to the actor of `host`'s BMC; its answer.
-async fn ask<M, T>(bmcs: &Bmcs, host: &str, bmc: &BmcConfig, msg: M) -> Result<T, BmcError>
+pub async fn ask<M, T>(bmcs: &Bmcs, host: &str, bmc: &BmcConfig, msg: M) -> Result<T, BmcError>
 where
     M: actix::Message<Result = Result<T, BmcError>> + Send + 'static,
     T: Send + 'static,

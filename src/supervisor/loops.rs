@@ -11,11 +11,13 @@ use crate::control::Registration;
 use crate::deadlines::InstallationDeadline;
 use crate::devices::DeviceRound;
 use crate::enroller::{BootMetrics, BootUrl, BootWaits, Enroller};
+use crate::fleet_tally::FleetTally;
 use crate::initializer::{AddressLookup, Initializer};
 use crate::provider::SharedProvider;
 use crate::provisioner::Provisioner;
 use crate::recoverer::{AgentWaits, RebootWait, Recoverer, RecoveryMetrics};
 use crate::rollouts::RolloutDriver;
+use crate::servicer::Servicer;
 use crate::takeover::TakeoverSettings;
 use crate::updater::Updater;
 
@@ -29,6 +31,14 @@ pub struct LoopInputs {
     /// the boot image (no Enroller without it).
     pub boot_url: Option<BootUrl>,
     pub boot_metrics: BootMetrics,
+    /// The declared baselines (the Servicer's, the admin's).
+    pub baselines: std::sync::Arc<crate::baselines::Baselines>,
+    /// The image server's catalog, when images are served (firmware
+    /// images reach BMCs from it).
+    pub images: Option<crate::images::ImageCatalog>,
+    pub service_metrics: crate::servicer::ServiceMetrics,
+    /// The machines' serial consoles, read during the boots shepherd makes.
+    pub consoles: crate::console::Consoles,
 }
 
 /// The loops this configuration runs, in the order they start.
@@ -51,8 +61,10 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
                 callback_timeout: e.callback_timeout,
                 poll: std::time::Duration::from_millis(500),
             };
+            let consoles = x.consoles.clone();
             loops.push(Registration::lease(&e.lease, move || {
                 Enroller::new(p.clone(), url.clone(), waits, metrics.clone())
+                    .with_consoles(consoles.clone())
             }));
         }
         (None, true) if kind == crate::bmdb::Provider::None => tracing::info!(
@@ -114,6 +126,19 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
         }));
     }
 
+    if cfg.servicing.enabled && !x.baselines.is_empty() {
+        let (p, b, i, c, m) = (
+            provider.clone(),
+            x.baselines.clone(),
+            x.images.clone(),
+            cfg.servicing.clone(),
+            x.service_metrics.clone(),
+        );
+        loops.push(Registration::lease(&cfg.servicing.lease, move || {
+            Servicer::new(p.clone(), b.clone(), i.clone(), c.clone(), m.clone())
+        }));
+    }
+
     let every = cfg.installations.rollout_interval;
     loops.push(Registration::round(move || RolloutDriver::new(every)));
 
@@ -121,6 +146,7 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
     loops.push(Registration::round(move || {
         InstallationDeadline::new(deadline, allowance)
     }));
+    loops.push(Registration::round(FleetTally::default));
 
     if cfg.metal.enabled {
         let every = cfg.metal.interval;

@@ -50,10 +50,10 @@ async fn callback_identity(
         let images = cfg.installations.images_endpoint(endpoint);
         let boots = cfg.installations.boot_endpoint.as_deref();
         for e in std::iter::once(images.as_str()).chain(boots) {
-            if let Some(h) = crate::config::endpoint_host(e) {
-                if !names.iter().any(|n| n == h) {
-                    names.push(h.to_string());
-                }
+            if let Some(h) = crate::config::endpoint_host(e)
+                && !names.iter().any(|n| n == h)
+            {
+                names.push(h.to_string());
             }
         }
         let ip = cfg.installations.images_listen.ip();

@@ -130,6 +130,8 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
     }
     let recovery_metrics = crate::recoverer::RecoveryMetrics::default();
     recovery_metrics.register(&mut registry);
+    let service_metrics = crate::servicer::ServiceMetrics::default();
+    service_metrics.register(&mut registry);
     let boot_metrics = BootMetrics::default();
     let mut boot_url: Option<crate::enroller::BootUrl> =
         catalog.as_ref().filter(|c| c.serves_boot_image()).map(|c| {
@@ -179,11 +181,16 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
     if boot_url.is_some() {
         boot_metrics.register(&mut registry);
     }
+    let baselines = std::sync::Arc::new(crate::baselines::Baselines::new(
+        &cfg.baselines,
+        &cfg.metal.plans,
+    ));
     let admin = crate::admin::Admin {
         registry: std::sync::Arc::new(registry),
         heartbeat_stale_after: cfg.recoverer.heartbeat_stale_after,
         tokens: cfg.admin.named_tokens(),
         database_timeout: cfg.admin.database_timeout,
+        baselines: baselines.clone(),
         equinix: parts.api.as_ref().map(|api| crate::admin::RequestBudget {
             metrics: api.metrics().clone(),
             interval: cfg.equinix.api_interval,
@@ -206,6 +213,14 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             recovery_metrics,
             boot_url,
             boot_metrics,
+            baselines,
+            images: catalog.clone(),
+            service_metrics,
+            consoles: crate::console::Consoles::new(
+                cfg.console.clone(),
+                cfg.ipmi.clone(),
+                parts.bmdb.clone(),
+            ),
         },
     );
     loops.extend(extra);

@@ -217,3 +217,224 @@ async fn bios_settings_and_storage_are_rewritten_only_when_they_change() {
     assert_eq!(changed.attributes["ProcTurboMode"], "Disabled");
     assert!(later > at);
 }
+
+/// Writes a BMC's facts for `m`: its manufacturer and model.
+async fn bmc_says(bmdb: &shepherd::bmdb::Bmdb, m: uuid::Uuid, manufacturer: &str, model: &str) {
+    use shepherd::bmdb::hardware::{BmcFacts, SystemFacts};
+    let facts = BmcFacts {
+        bmc_url: format!("https://bmc-{m}.example:443"),
+        system: SystemFacts {
+            manufacturer: Some(manufacturer.into()),
+            model: Some(model.into()),
+            ..SystemFacts::default()
+        },
+        ..BmcFacts::default()
+    };
+    bmdb.transact(async |tx| {
+        shepherd::bmdb::machines::write_bmc_facts(tx, &[(m, facts.clone())]).await
+    })
+    .await
+    .unwrap();
+}
+
+#[actix_rt::test]
+async fn a_machine_is_compared_with_the_first_baseline_that_selects_it() {
+    use shepherd::baselines::{Baselines, Conformance, Difference, Part};
+    use shepherd::config::{BaselineConfig, ComponentConfig, VolumeConfig};
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = crate::provided_machines(&bmdb, Provider::None, 4).await;
+    let (conforming, drifting, unread, other) = (ids[0], ids[1], ids[2], ids[3]);
+    for m in [conforming, drifting, unread] {
+        bmc_says(&bmdb, m, "Dell Inc.", "PowerEdge R650").await;
+    }
+    bmc_says(&bmdb, other, "Supermicro", "SYS-1029").await;
+    let baselines = Baselines::new(
+        &[
+            BaselineConfig {
+                name: "r650".into(),
+                manufacturer: Some("Dell Inc.".into()),
+                model: Some("PowerEdge R650".into()),
+                components: vec![ComponentConfig {
+                    component: "bios".into(),
+                    version: "1.1.0".into(),
+                    image: "r650-bios-1.1.0.exe".into(),
+                }],
+                bios: [("ProcTurboMode".to_string(), serde_json::json!("Enabled"))]
+                    .into_iter()
+                    .collect(),
+                raid: Some(vec![VolumeConfig {
+                    raid_type: "RAID1".into(),
+                    drives: 2,
+                }]),
+                ..BaselineConfig::default()
+            },
+            // Every other Dell: never reached by an R650 (the first wins).
+            BaselineConfig {
+                name: "dell".into(),
+                manufacturer: Some("Dell Inc.".into()),
+                raid: Some(Vec::new()),
+                ..BaselineConfig::default()
+            },
+        ],
+        &[],
+    );
+    let read = |m, bios_version: &'static str, turbo: &'static str, raid: bool| {
+        let bmdb = bmdb.clone();
+        async move {
+            let mut s = storage();
+            if !raid {
+                s[0].volumes.clear();
+                s[0].volumes_offered = false;
+            }
+            let read = Ok(Reading {
+                components: vec![component("bios", bios_version), component("bmc", "5.10")],
+                bios: Some(Bios {
+                    registry: None,
+                    attributes: serde_json::json!({"ProcTurboMode": turbo})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                }),
+                storage: Some(s),
+                partial: Vec::new(),
+            });
+            bmdb.transact(async |tx| firmware::record(tx, m, &read).await)
+                .await
+                .unwrap();
+        }
+    };
+    read(conforming, "1.1.0", "Enabled", true).await;
+    read(drifting, "1.0.0", "Disabled", false).await;
+    read(other, "3.0", "Disabled", false).await;
+
+    let below = bmdb
+        .snapshot(async |tx| firmware::below(tx, None, true).await)
+        .await
+        .unwrap();
+    assert_eq!(below.len(), 4, "every machine whose BMC is read: {below:?}");
+    let survey = baselines.survey(&below);
+    let of = |m| {
+        survey
+            .machines
+            .iter()
+            .find(|(id, _)| *id == m)
+            .unwrap()
+            .1
+            .clone()
+    };
+    assert_eq!(
+        of(conforming),
+        Conformance::Conforming {
+            baseline: "r650".into()
+        }
+    );
+    assert_eq!(
+        of(unread),
+        Conformance::Unread {
+            baseline: "r650".into()
+        }
+    );
+    assert_eq!(of(other), Conformance::Unbound, "a Supermicro: no baseline");
+    let Conformance::Drifting {
+        baseline,
+        differences,
+    } = of(drifting)
+    else {
+        panic!("{:?}", of(drifting));
+    };
+    assert_eq!(baseline, "r650");
+    assert_eq!(
+        differences,
+        [
+            Difference {
+                part: Part::Component,
+                item: "bios".into(),
+                desired: "1.1.0".into(),
+                actual: Some("1.0.0".into()),
+            },
+            Difference {
+                part: Part::Bios,
+                item: "ProcTurboMode".into(),
+                desired: "Enabled".into(),
+                actual: Some("Disabled".into()),
+            },
+            // Its BMC offers no volumes: said, not passed over.
+            Difference {
+                part: Part::Raid,
+                item: "volumes".into(),
+                desired: "RAID1 of 2 drives".into(),
+                actual: Some("not offered by its BMC".into()),
+            },
+        ]
+    );
+    let r650 = &survey.baselines[0];
+    assert_eq!(
+        (r650.machines, r650.conforming, r650.drifting, r650.unread),
+        (3, 1, 1, 1)
+    );
+    assert_eq!(survey.baselines[1].machines, 0, "the first baseline wins");
+    let bios = &survey.components["bios"];
+    assert_eq!((bios.at_desired, bios.elsewhere), (1, 1), "{bios:?}");
+
+    // The drifting machine updated: it conforms, but for its volumes.
+    read(drifting, "1.1.0", "Enabled", true).await;
+    let below = bmdb
+        .snapshot(async |tx| firmware::below(tx, Some(&[drifting]), true).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        baselines.conformance(&below[0]),
+        Conformance::Conforming {
+            baseline: "r650".into()
+        }
+    );
+
+    // Secure Boot wanted on: a BMC that does not say is a difference, one
+    // that says on conforms.
+    let secure = Baselines::new(
+        &[BaselineConfig {
+            name: "secure".into(),
+            secure_boot: Some(true),
+            ..BaselineConfig::default()
+        }],
+        &[],
+    );
+    let secure = &secure;
+    let standing = |bmdb: shepherd::bmdb::Bmdb| async move {
+        let below = bmdb
+            .snapshot(async |tx| firmware::below(tx, Some(&[conforming]), true).await)
+            .await
+            .unwrap();
+        secure.conformance(&below[0])
+    };
+    assert_eq!(
+        standing(bmdb.clone()).await.differences(),
+        [Difference {
+            part: Part::SecureBoot,
+            item: "SecureBootEnable".into(),
+            desired: "on".into(),
+            actual: None,
+        }]
+    );
+    use shepherd::bmdb::hardware::{BmcFacts, SecureBootFacts, SystemFacts};
+    let facts = BmcFacts {
+        bmc_url: format!("https://bmc-{conforming}.example:443"),
+        system: SystemFacts {
+            manufacturer: Some("Dell Inc.".into()),
+            model: Some("PowerEdge R650".into()),
+            secure_boot: Some(SecureBootFacts {
+                enable: Some(true),
+                ..SecureBootFacts::default()
+            }),
+            ..SystemFacts::default()
+        },
+        ..BmcFacts::default()
+    };
+    bmdb.transact(async |tx| {
+        shepherd::bmdb::machines::write_bmc_facts(tx, &[(conforming, facts.clone())]).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(standing(bmdb.clone()).await.as_str(), "conforming");
+}

@@ -12,8 +12,10 @@ mod history;
 mod leases;
 mod migrations;
 mod selectors;
+mod servicing;
 mod sessions;
 mod snapshot;
+mod tally;
 
 use std::time::Duration;
 

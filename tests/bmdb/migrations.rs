@@ -12,7 +12,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_boot_credential', 'machine_bmc_boot', 'machine_boot_request', 'machine_boot_mac', 'netboot_lease', 'machine_discovered', 'machine_accepted_bmc', \
      'machine_hardware_accepted', 'project', 'machine_project', 'api_token', 'project_ssh_key', \
      'device', 'project_event', 'tenant_audit', 'machine_firmware', 'machine_firmware_history', \
-     'machine_firmware_read')";
+     'machine_firmware_read', 'machine_bios', 'machine_storage', 'firmware_grant', \
+     'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -42,14 +43,18 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V18__tenants",
             "V19__secure_boot",
             "V20__device_secure_boot",
-            "V21__firmware"
+            "V21__firmware",
+            "V22__firmware_grants",
+            "V23__servicing",
+            "V24__fleet_tally",
+            "V25__console"
         ]
     );
-    assert_eq!(first.version, Some(21));
-    assert_eq!(count(&bmdb, TABLES).await, 44);
+    assert_eq!(first.version, Some(25));
+    assert_eq!(count(&bmdb, TABLES).await, 52);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(21));
+    assert_eq!(again.version, Some(25));
 }
 
 #[actix_rt::test]
@@ -62,13 +67,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 21],
+        [0, 25],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 44);
+    assert_eq!(count(&a, TABLES).await, 52);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        21
+        25
     );
 }
 
@@ -113,7 +118,11 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V18__tenants",
             "V19__secure_boot",
             "V20__device_secure_boot",
-            "V21__firmware"
+            "V21__firmware",
+            "V22__firmware_grants",
+            "V23__servicing",
+            "V24__fleet_tally",
+            "V25__console"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -134,6 +143,21 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
         recovery.iter().map(|m| m.machine_id).collect::<Vec<_>>(),
         vec![stale]
     );
+    // The kept states and the tally were backfilled too.
+    use shepherd::bmdb::machines::{self, MachineState};
+    let tally = bmdb
+        .transact(async |tx| machines::tally(tx).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        tally.states,
+        vec![
+            (MachineState::Pending, 1),
+            (MachineState::Backoff, 1),
+            (MachineState::AgentStarted, 1)
+        ]
+    );
+    assert_eq!(tally.agents, 1);
 }
 
 /// The reference created rows without naming the key; those statements,
@@ -175,7 +199,11 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V18__tenants",
             "V19__secure_boot",
             "V20__device_secure_boot",
-            "V21__firmware"
+            "V21__firmware",
+            "V22__firmware_grants",
+            "V23__servicing",
+            "V24__fleet_tally",
+            "V25__console"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

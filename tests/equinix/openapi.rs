@@ -127,10 +127,10 @@ fn check(data: &Value, schema: &Schema, at: &str, out: &mut Vec<String>) {
             out.push(format!("{at}: {v:?} is not a {format}"));
         }
     }
-    if let Some(e) = s.value.get("enum").and_then(Value::as_array) {
-        if !e.contains(data) {
-            out.push(format!("{at}: {data} is not one of {e:?}"));
-        }
+    if let Some(e) = s.value.get("enum").and_then(Value::as_array)
+        && !e.contains(data)
+    {
+        out.push(format!("{at}: {data} is not one of {e:?}"));
     }
     match data {
         Value::Object(map) => {

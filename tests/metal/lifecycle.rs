@@ -254,13 +254,10 @@ async fn a_device_is_installed_powered_reinstalled_deleted_and_its_machine_erase
     assert_eq!(generation, 3);
 
     // The events tell the story.
-    let (_, ev) = rig.get(&format!("/devices/{id}/events"), &token).await;
-    let kinds: Vec<&str> = ev["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["type"].as_str())
-        .collect();
+    let ev = rig
+        .get_all(&format!("/devices/{id}/events"), "events", &token)
+        .await;
+    let kinds: Vec<&str> = ev.iter().filter_map(|e| e["type"].as_str()).collect();
     for k in [
         "instance.created",
         "instance.active",

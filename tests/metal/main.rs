@@ -284,6 +284,22 @@ image = "debian-12.img"
         (id, value)
     }
 
+    /// Every item of a list, page after page until `meta.next` is absent,
+    /// as the SDKs read a list: `key` names the items (`events`, ...).
+    pub async fn get_all(&self, path: &str, key: &str, token: &str) -> Vec<Value> {
+        let mut items = Vec::new();
+        let mut next = Some(path.to_string());
+        while let Some(at) = next.take() {
+            let (s, page) = self.get(&at, token).await;
+            assert_eq!(s, 200, "{at}: {page}");
+            items.extend(page[key].as_array().cloned().unwrap_or_default());
+            next = page["meta"]["next"]["href"]
+                .as_str()
+                .map(|h| h.trim_start_matches("/metal/v1").to_string());
+        }
+        items
+    }
+
     pub async fn call(
         &self,
         method: &str,

@@ -508,10 +508,10 @@ impl Sim {
             let Ok(body) = r.body().limit(64 << 20).await else {
                 continue;
             };
-            if r.status().is_success() {
-                if let Ok(v) = serde_json::from_slice(&body) {
-                    break v;
-                }
+            if r.status().is_success()
+                && let Ok(v) = serde_json::from_slice(&body)
+            {
+                break v;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };

@@ -26,7 +26,8 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
          \n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
          reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\ncallback_grace = \"1s\"\n\
          agent_return_wait = \"1s\"\n\
-         \n[updater]\ninterval = \"500ms\"\n",
+         \n[updater]\ninterval = \"500ms\"\n\
+         \n[[baselines]]\nname = \"emulated\"\nraid = [{{ raid_type = \"RAID1\", drives = 2 }}]\n",
         rig.calling(rig.base_config())
             // Everything shepherd does with a BMC, at trace level.
             .replace(
@@ -172,6 +173,47 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
             want.last().unwrap().1
         )),
         "{metrics}"
+    );
+    // Against its baseline: a RAID layout its emulated BMC cannot make
+    // (no storage offers volumes), said on each view.
+    assert_eq!(v["baseline"]["name"], "emulated", "{v}");
+    assert_eq!(v["baseline"]["conformance"], "drifting", "{v}");
+    assert_eq!(
+        v["baseline"]["differences"],
+        serde_json::json!([{"part": "raid", "item": "volumes", "desired": "RAID1 of 2 drives",
+                            "actual": "not offered by its BMC"}]),
+        "{v}"
+    );
+    let (status, body) = s.admin_get("api/v1/baselines").await;
+    assert_eq!(status, 200, "{body}");
+    let b: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        b["baselines"][0]["standing"],
+        serde_json::json!({"baseline": "emulated", "machines": 2, "conforming": 0,
+                           "drifting": 1, "unread": 1}),
+        "node-2's firmware is never read (its BMC refuses shepherd): {b}"
+    );
+    assert!(
+        page.contains("id=\"drift\"") && page.contains("not offered by its BMC"),
+        "{page}"
+    );
+    assert!(
+        metrics.contains(
+            "shepherd_baseline_machines{baseline=\"emulated\",conformance=\"drifting\"} 1"
+        ),
+        "{metrics}"
+    );
+    let raid = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(&config)
+        .args(["machines", "raid", &node1.to_string()])
+        .output()
+        .unwrap();
+    let raid = String::from_utf8_lossy(&raid.stdout);
+    assert!(
+        raid.contains("baseline  emulated: drifting")
+            && raid.contains("RAID volumes: not offered by its BMC"),
+        "{raid}"
     );
     let show = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .arg("--config")

@@ -88,6 +88,13 @@ struct Args {
     /// (`--provider static`).
     #[arg(long)]
     location: Option<String>,
+    /// How long a BMC's firmware update runs (`--provider static`).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    firmware_task_time: Duration,
+    /// Share of the machines whose firmware updates fail (`--provider
+    /// static`), the same machines every run.
+    #[arg(long, default_value_t = 0.0)]
+    firmware_failure_rate: f64,
 }
 
 fn parse_name(s: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
@@ -104,7 +111,11 @@ fn parse_name(s: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
 
 fn main() {
     let a = Args::parse();
-    for (name, v) in [("error-rate", a.error_rate), ("lost-rate", a.lost_rate)] {
+    for (name, v) in [
+        ("error-rate", a.error_rate),
+        ("lost-rate", a.lost_rate),
+        ("firmware-failure-rate", a.firmware_failure_rate),
+    ] {
         if !(0.0..=1.0).contains(&v) {
             eprintln!("fleet-sim: --{name} must be within 0 and 1");
             std::process::exit(2);
@@ -143,6 +154,10 @@ fn main() {
             shepherd_sim::fleet::FleetProvider::Equinix
         },
         location: a.location,
+        firmware: shepherd_sim::bmc::FirmwareOptions::failing_share(
+            a.firmware_task_time,
+            a.firmware_failure_rate,
+        ),
     };
     let config_out = a.config_out;
     let result = actix_rt::System::new().block_on(async move {

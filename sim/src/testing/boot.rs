@@ -167,3 +167,30 @@ pub fn gpt_image(path: &std::path::Path, len: u64) {
         .unwrap();
     assert!(child.wait().unwrap().success());
 }
+
+/// `catalog`'s image server on a free port of 127.0.0.1, over TLS with a
+/// certificate of the CA (`ca_der`, `ca_key`), its gate asking `bmdb`.
+pub fn image_server(
+    catalog: &shepherd::images::ImageCatalog,
+    bmdb: &shepherd::bmdb::Bmdb,
+    ca_der: &[u8],
+    ca_key: &str,
+) -> shepherd::images::ImageServer {
+    let id = shepherd::callback::tls::ServerIdentity::issued_by(
+        ca_der,
+        ca_key,
+        &["127.0.0.1".to_string()],
+    )
+    .unwrap();
+    shepherd::images::ImageServer::start(
+        catalog,
+        shepherd::images::DownloadGate {
+            bmdb: bmdb.clone(),
+            timeout: Duration::from_secs(2),
+        },
+        "127.0.0.1:0".parse().unwrap(),
+        id.web_server_config().unwrap(),
+        1,
+    )
+    .unwrap()
+}

@@ -12,29 +12,36 @@
 //! - `db`: test databases ([`TestDb`]), a PostgreSQL of the test's own
 //!   ([`OwnPostgres`]) and helpers that read and seed the BMDB.
 //! - `sshd`: a private OpenSSH sshd ([`Sshd`]).
-//! - `sushy`: the Redfish emulator sushy-tools as a process ([`Sushy`]).
+//! - `sushy`: the Redfish emulator sushy-tools as a process ([`Sushy`]);
+//!   `bmc`: inventories of hosts with BMCs, simulated BMCs ([`sim_bmcs`]).
 //! - `processes`: the workspace's binaries as processes ([`bin`],
 //!   [`FleetSimProcess`], [`ShepherdProcess`]), pgbench and memory use.
 //! - `boot`: a stand-in boot image, its boot data, the live agent and
 //!   fetching as a BMC does.
 //! - `browser`: the admin pages in a headless browser ([`browse`]).
+//! - `ipmi_sim`: OpenIPMI's BMC emulator with Serial-over-LAN in front of
+//!   a QEMU guest ([`IpmiSim`]).
 
+mod bmc;
 mod boot;
 mod browser;
 mod db;
+mod ipmi_sim;
 mod processes;
 mod sshd;
 mod sushy;
 
+pub use bmc::{inventory_host, inventory_of, sim_bmc, sim_bmcs};
 pub use boot::{
     BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc,
-    fetch_as_bmc_with, gpt_image, https_client, live_agent,
+    fetch_as_bmc_with, gpt_image, https_client, image_server, live_agent,
 };
 pub use browser::browse;
 pub use db::{
     OwnPostgres, TEST_ENDPOINT, TestDb, count, installation_history, machine, pairs,
     serve_test_endpoint, served_since,
 };
+pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use processes::{
     FleetSimProcess, ShepherdProcess, bin, peak_rss_mb, pgbench, stripped_copy, succeed,
 };

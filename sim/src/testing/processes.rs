@@ -228,6 +228,17 @@ impl ShepherdProcess {
         self.child.id()
     }
 
+    /// Its peak resident set size so far, MB (`VmHWM`).
+    pub fn peak_rss_mb(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    }
+
     /// Lines of the log that contain `needle`.
     pub fn log_count(&self, needle: &str) -> usize {
         std::fs::read_to_string(&self.log)

@@ -155,6 +155,7 @@ impl Sushy {
             system: Some(Self::uuid(i)),
             tls: shepherd::config::BmcTls::Verify,
             secure_boot: None,
+            console: None,
         }
     }
 }

@@ -252,10 +252,10 @@ async fn standing(
             "machine {machine_id} is held; release it first"
         )));
     }
-    if let Some(state) = crate::bmdb::lifecycle::state_of(tx, machine_id).await? {
-        if let Some(why) = crate::bmdb::lifecycle::refusal(machine_id, state, op) {
-            return Ok(Standing::Refused(why));
-        }
+    if let Some(state) = crate::bmdb::lifecycle::state_of(tx, machine_id).await?
+        && let Some(why) = crate::bmdb::lifecycle::refusal(machine_id, state, op)
+    {
+        return Ok(Standing::Refused(why));
     }
     if let Some(g) = requested.filter(|g| Some(*g) != reported) {
         return Ok(Standing::Refused(format!(
@@ -276,15 +276,15 @@ async fn standing(
              its BMC's facts show on its page"
         )));
     }
-    if let Some(c) = crate::bmdb::hardware::check(tx, machine_id).await? {
-        if c.blocks() {
-            return Ok(Standing::Refused(format!(
-                "machine {machine_id}: its BMC and its agent's hardware report disagree ({}): \
+    if let Some(c) = crate::bmdb::hardware::check(tx, machine_id).await?
+        && c.blocks()
+    {
+        return Ok(Standing::Refused(format!(
+            "machine {machine_id}: its BMC and its agent's hardware report disagree ({}): \
                  is the right machine behind that BMC? Accept the difference first \
                  (accept-hardware) if it is",
-                c.differences.join("; ")
-            )));
-        }
+            c.differences.join("; ")
+        )));
     }
     Ok(Standing::Askable(Current {
         requested,

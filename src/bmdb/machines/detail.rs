@@ -119,6 +119,14 @@ pub struct MachineDetail {
     pub tenancy: Option<Tenancy>,
     /// Its firmware as its BMC lists it.
     pub firmware: crate::bmdb::firmware::Firmware,
+    /// What a baseline is chosen by and compared with (None: its BMC is
+    /// not read).
+    pub below: Option<crate::bmdb::firmware::Below>,
+    /// Its last servicing (to its baseline), if it had one.
+    pub service: Option<crate::bmdb::servicing::Service>,
+    /// Its serial console during the last boots shepherd made, newest
+    /// first (three at most).
+    pub consoles: Vec<crate::bmdb::console::ConsoleCapture>,
 }
 
 /// A machine's tenant: the project it is assigned to (None: the shared
@@ -229,7 +237,7 @@ const DETAIL: &str = "SELECT m.machine_created_at, \
      WHERE m.machine_id = $1";
 const BACKOFFS: &str = "SELECT process, until, cause, last_interval_seconds FROM work_backoff \
      WHERE machine_id = $1 ORDER BY process";
-const SUMMARY_ONE: &str = fleet_query!("WHERE machine_id = $3");
+const SUMMARY_ONE: &str = fleet_one!();
 
 /// A machine's tags, leases, backoffs and history; None if unknown. Read
 /// it in a [`crate::bmdb::Bmdb::snapshot`], so that its parts agree.
@@ -259,9 +267,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
     let installation = crate::bmdb::installations::installation(tx, machine_id).await?;
     // Read in a snapshot ([`crate::bmdb::Bmdb::snapshot`]), the state
     // agrees with the tags and the installation read above.
-    let summary = tx
-        .query_one(SUMMARY_ONE, &[&1i64, &0i64, &machine_id])
-        .await?;
+    let summary = tx.query_one(SUMMARY_ONE, &[&machine_id]).await?;
     let summary = MachineSummary::from_row(&summary);
     let bmc = bmc_facts(tx, machine_id).await?;
     let hardware_report: Option<Vec<u8>> = r.get(4);
@@ -297,6 +303,11 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         discovery: crate::bmdb::discovery::of(tx, machine_id).await?,
         tenancy: tenancy(tx, machine_id).await?,
         firmware: crate::bmdb::firmware::of_machine(tx, machine_id).await?,
+        below: crate::bmdb::firmware::below(tx, Some(&[machine_id]), true)
+            .await?
+            .pop(),
+        service: crate::bmdb::servicing::of_machine(tx, machine_id).await?,
+        consoles: crate::bmdb::console::latest(tx, machine_id, 3).await?,
     }))
 }
 

@@ -29,38 +29,115 @@ impl MachineSummary {
     }
 }
 
-macro_rules! fleet_query {
-    ($filter:literal) => {
+/// The listing's columns, over `machine_summary s` and `machine_provided p`.
+/// The state is derived anew for the rows shown (`machine_state`), so a
+/// backoff that ran out a moment ago shows as over.
+macro_rules! listed_columns {
+    () => {
+        "s.machine_id, s.provider, s.provider_id, s.address, p.provider_status, \
+         machine_state(s) AS state, s.agent_heartbeat_at"
+    };
+}
+
+/// The listing's filters but the state, on $4..$7.
+macro_rules! other_filters {
+    () => {
+        "($4::provider_status IS NULL OR p.provider_status = $4) \
+         AND ($5::text IS NULL OR CASE $5 \
+               WHEN 'heartbeating' THEN s.agent_heartbeat_at > now() - make_interval(secs => $6) \
+               WHEN 'silent' THEN s.agent_started_at IS NOT NULL AND (s.agent_heartbeat_at IS NULL \
+                    OR s.agent_heartbeat_at <= now() - make_interval(secs => $6)) \
+               ELSE s.agent_started_at IS NULL END) \
+         AND ($7::text IS NULL OR s.machine_id::text LIKE $7 || '%' \
+               OR s.provider_id ILIKE '%' || $7 || '%' ESCAPE '\\' \
+               OR s.address LIKE $7 || '%' ESCAPE '\\')"
+    };
+}
+
+/// One machine's listing row ($3).
+macro_rules! fleet_one {
+    () => {
         concat!(
-            "SELECT *, count(*) OVER () FROM (SELECT m.machine_id, p.provider, p.provider_id, \
-                    p.provider_ip_address, p.provider_status, ",
-            state_column!(),
-            ", s.agent_heartbeat_at, s.agent_started_at \
-             FROM machines m \
-             JOIN machine_summary s ON s.machine_id = m.machine_id \
-             LEFT JOIN machine_provided p ON p.machine_id = m.machine_id) f ",
-            $filter,
-            " ORDER BY provider_id NULLS LAST, machine_id LIMIT $1 OFFSET $2"
+            "SELECT ",
+            listed_columns!(),
+            " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+             WHERE s.machine_id = $1"
         )
     };
 }
-const FLEET_FILTERED: &str = fleet_query!(
-    "WHERE ($3::text IS NULL OR state = $3) \
-       AND ($4::provider_status IS NULL OR provider_status = $4) \
-       AND ($5::text IS NULL OR CASE $5 \
-             WHEN 'heartbeating' THEN agent_heartbeat_at > now() - make_interval(secs => $6) \
-             WHEN 'silent' THEN agent_started_at IS NOT NULL AND (agent_heartbeat_at IS NULL \
-                  OR agent_heartbeat_at <= now() - make_interval(secs => $6)) \
-             ELSE agent_started_at IS NULL END) \
-       AND ($7::text IS NULL OR machine_id::text LIKE $7 || '%' \
-             OR provider_id ILIKE '%' || $7 || '%' ESCAPE '\\' \
-             OR provider_ip_address LIKE $7 || '%' ESCAPE '\\')"
+
+/// The whole fleet (no state asked: $3 is NULL), in provider ID order: a
+/// walk of `machine_summary_listing` that stops at the page's end.
+const FLEET_ALL: &str = concat!(
+    "SELECT ",
+    listed_columns!(),
+    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+     WHERE $3::text IS NULL AND ",
+    other_filters!(),
+    " ORDER BY s.provider_id, s.machine_id LIMIT $1 OFFSET $2"
 );
-const FLEET_COUNTS: &str = concat!(
-    "SELECT state, count(*) FROM (SELECT ",
-    state_column!(),
-    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id) f GROUP BY state"
+
+/// The machines in one state ($3): those whose kept state holds, from
+/// `machine_summary_listing_state`, merged with those whose backoff ran out
+/// since it was kept (few: the fleet-tally round settles them), in order.
+/// Each side stops at the page's end (a walk of its index, not a sort of
+/// every machine in the state).
+const FLEET_IN_STATE: &str = concat!(
+    "SELECT * FROM ((SELECT ",
+    listed_columns!(),
+    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+     WHERE s.state = $3 AND (s.state_until IS NULL OR s.state_until > now()) AND ",
+    other_filters!(),
+    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + $2::bigint) UNION ALL (SELECT ",
+    listed_columns!(),
+    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+     WHERE s.state_until <= now() AND machine_state(s) = $3 AND ",
+    other_filters!(),
+    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + $2::bigint)) f \
+     ORDER BY provider_id, machine_id LIMIT $1 OFFSET $2"
 );
+
+/// Machines a filter with more than a state matches, counted up to
+/// [`MATCHING_CAP`] (one more, to tell the cap was passed).
+const MATCHING: &str = concat!(
+    "SELECT count(*) FROM (SELECT 1 \
+       FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+      WHERE ($3::text IS NULL OR machine_state(s) = $3) AND ",
+    other_filters!(),
+    " LIMIT $1::bigint + 1 OFFSET $2::bigint) c"
+);
+
+/// A filtered listing counts its matches up to this; past it the fleet
+/// page says "more than".
+pub const MATCHING_CAP: i64 = 10_000;
+
+/// Machines per key (a state's name, or `agents`): the tally, its pending
+/// deltas, and the rows whose kept state a backoff's end made stale.
+const TALLY: &str = "SELECT key, sum(n)::bigint FROM ( \
+       SELECT key, n FROM machine_tally \
+       UNION ALL SELECT key, n FROM machine_tally_delta \
+       UNION ALL SELECT state, -1 FROM machine_summary WHERE state_until <= now() \
+       UNION ALL SELECT machine_state(s), 1 FROM machine_summary s WHERE state_until <= now()) t \
+     GROUP BY key";
+
+/// Agents started whose heartbeat is older than $1 seconds, or absent:
+/// a range of `machine_summary_agent_heartbeat` (the silent few).
+const SILENT: &str = "SELECT count(*) FROM machine_summary \
+     WHERE agent_started_at IS NOT NULL \
+       AND (agent_heartbeat_at IS NULL OR agent_heartbeat_at <= now() - make_interval(secs => $1))";
+
+/// Settles the rows whose backoff ran out (their state is derived anew by
+/// the summary's trigger), a thousand at most, skipping rows others hold.
+const SETTLE_STATES: &str = "UPDATE machine_summary SET state_until = NULL \
+     WHERE machine_id IN (SELECT machine_id FROM machine_summary WHERE state_until <= now() \
+                          ORDER BY state_until LIMIT 1000 FOR UPDATE SKIP LOCKED)";
+/// Folds the pending deltas into the tally, by one shepherd at a time
+/// (the others skip: the lock is tried, not waited for).
+const FOLD_LOCK: &str = "SELECT pg_try_advisory_xact_lock(hashtext('machine_tally'))";
+const FOLD_TALLY: &str = "WITH d AS (DELETE FROM machine_tally_delta RETURNING key, n), \
+          f AS (INSERT INTO machine_tally (key, n) SELECT key, sum(n) FROM d GROUP BY key ORDER BY key \
+                ON CONFLICT (key) DO UPDATE SET n = machine_tally.n + EXCLUDED.n) \
+     SELECT count(*) FROM d";
 
 /// Whether a machine's agent heartbeats, as the fleet page filters it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,13 +184,25 @@ pub struct FleetFilter {
 }
 
 /// A page of the fleet, in provider ID order, with the number of machines
-/// the filter matches.
+/// the filter matches: exact from the tally when the filter is a state or
+/// nothing, else counted up to [`MATCHING_CAP`] (see [`Matching`]).
 pub async fn fleet_page(
     tx: &mut Tx<'_>,
     filter: &FleetFilter,
     limit: i64,
     offset: i64,
-) -> Result<(Vec<MachineSummary>, i64), BmdbError> {
+) -> Result<(Vec<MachineSummary>, Matching), BmdbError> {
+    page_of(tx, filter, limit, offset, None).await
+}
+
+/// [`fleet_page`], with the tally when the caller read it already.
+async fn page_of(
+    tx: &mut Tx<'_>,
+    filter: &FleetFilter,
+    limit: i64,
+    offset: i64,
+    known: Option<&Tally>,
+) -> Result<(Vec<MachineSummary>, Matching), BmdbError> {
     let search = filter
         .search
         .as_deref()
@@ -125,46 +214,204 @@ pub async fn fleet_page(
                 .replace('_', "\\_")
                 .to_lowercase()
         });
+    let state = filter.state.map(|s| s.as_str());
+    let heartbeat = filter.heartbeat.map(|h| h.as_str());
+    let stale = filter.stale_after.as_secs_f64();
+    let query = if state.is_some() {
+        FLEET_IN_STATE
+    } else {
+        FLEET_ALL
+    };
     let rows = tx
         .query(
-            FLEET_FILTERED,
+            query,
             &[
                 &limit,
                 &offset,
-                &filter.state.map(|s| s.as_str()),
+                &state,
                 &filter.provider_status,
-                &filter.heartbeat.map(|h| h.as_str()),
-                &filter.stale_after.as_secs_f64(),
+                &heartbeat,
+                &stale,
                 &search,
             ],
         )
         .await?;
-    let total = rows.first().map(|r| r.get(8)).unwrap_or(0);
-    Ok((rows.iter().map(MachineSummary::from_row).collect(), total))
+    let page: Vec<MachineSummary> = rows.iter().map(MachineSummary::from_row).collect();
+    let matching = if filter.provider_status.is_none() && heartbeat.is_none() && search.is_none() {
+        let tally = match known {
+            Some(t) => t,
+            None => &tally(tx).await?,
+        };
+        Matching::exact(match filter.state {
+            Some(s) => tally.state(s),
+            None => tally.machines(),
+        })
+    } else {
+        let n: i64 = tx
+            .query_one(
+                MATCHING,
+                &[
+                    &MATCHING_CAP,
+                    &0i64,
+                    &state,
+                    &filter.provider_status,
+                    &heartbeat,
+                    &stale,
+                    &search,
+                ],
+            )
+            .await?
+            .get(0);
+        Matching {
+            count: n.min(MATCHING_CAP),
+            more: n > MATCHING_CAP,
+        }
+    };
+    Ok((page, matching))
 }
 
-/// Machines per state.
-const AGENT_COUNTS: &str = "SELECT \
-       count(*) FILTER (WHERE h.agent_heartbeat_at > now() - make_interval(secs => $1)), \
-       count(*) FILTER (WHERE h.agent_heartbeat_at IS NULL \
-                          OR h.agent_heartbeat_at <= now() - make_interval(secs => $1)) \
-     FROM machine_agent_started a LEFT JOIN machine_agent_heartbeat h ON h.machine_id = a.machine_id";
+/// How many machines a listing's filter matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Matching {
+    pub count: i64,
+    /// More than `count` match: the count stopped at [`MATCHING_CAP`].
+    pub more: bool,
+}
+
+impl Matching {
+    pub fn exact(count: i64) -> Self {
+        Matching { count, more: false }
+    }
+}
+
+impl std::fmt::Display for Matching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.more {
+            write!(f, "more than {}", self.count)
+        } else {
+            write!(f, "{}", self.count)
+        }
+    }
+}
+
+/// The fleet's tally: machines per state, and with a started agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Every state with a machine in it, in `MachineState::ALL`'s order.
+    pub states: Vec<(MachineState, i64)>,
+    /// Machines with a started agent.
+    pub agents: i64,
+}
+
+impl Tally {
+    pub fn state(&self, state: MachineState) -> i64 {
+        self.states
+            .iter()
+            .find(|(s, _)| *s == state)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    pub fn machines(&self) -> i64 {
+        self.states.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// The tally as it stands, read in a few dozen rows whatever the fleet's
+/// size (see `migrations/V24__fleet_tally.sql`).
+pub async fn tally(tx: &mut Tx<'_>) -> Result<Tally, BmdbError> {
+    let mut tally = Tally::default();
+    for r in tx.query(TALLY, &[]).await? {
+        let key: String = r.get(0);
+        let n: i64 = r.get(1);
+        if key == "agents" {
+            tally.agents = n;
+        } else if let Some(s) = MachineState::parse(&key).filter(|_| n > 0) {
+            tally.states.push((s, n));
+        }
+    }
+    tally
+        .states
+        .sort_by_key(|(s, _)| MachineState::ALL.iter().position(|x| x == s));
+    Ok(tally)
+}
 
 /// Machines with a started agent: (heartbeating within `fresh`, silent).
 pub async fn agent_counts(
     tx: &mut Tx<'_>,
     fresh: std::time::Duration,
 ) -> Result<(i64, i64), BmdbError> {
-    let r = tx.query_one(AGENT_COUNTS, &[&fresh.as_secs_f64()]).await?;
-    Ok((r.get(0), r.get(1)))
+    let agents = tally(tx).await?.agents;
+    let silent = silent(tx, fresh).await?;
+    Ok((agents - silent, silent))
 }
 
+/// Agents started whose heartbeat is older than `fresh`, or absent.
+async fn silent(tx: &mut Tx<'_>, fresh: std::time::Duration) -> Result<i64, BmdbError> {
+    Ok(tx.query_one(SILENT, &[&fresh.as_secs_f64()]).await?.get(0))
+}
+
+/// Machines per state, the states with none left out.
 pub async fn fleet_counts(tx: &mut Tx<'_>) -> Result<Vec<(MachineState, i64)>, BmdbError> {
-    let rows = tx.query(FLEET_COUNTS, &[]).await?;
-    let mut out: Vec<(MachineState, i64)> = rows
-        .iter()
-        .filter_map(|r| Some((MachineState::parse(r.get(0))?, r.get(1))))
-        .collect();
-    out.sort_by_key(|(s, _)| MachineState::ALL.iter().position(|x| x == s));
-    Ok(out)
+    Ok(tally(tx).await?.states)
+}
+
+/// What one settling did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Summary rows whose backoff had run out, their state derived anew.
+    pub states: u64,
+    /// Deltas folded into the tally (0 when another shepherd folds now).
+    pub folded: u64,
+}
+
+/// Keeps the fleet's reads flat: settles the states a backoff's end made
+/// stale, and folds the tally's deltas. Any shepherd may run it; it waits
+/// on no one (rows others hold are left for the next time).
+pub async fn settle(tx: &mut Tx<'_>) -> Result<Settled, BmdbError> {
+    let states = tx.execute(SETTLE_STATES, &[]).await?;
+    let locked: bool = tx.query_one(FOLD_LOCK, &[]).await?.get(0);
+    let folded = if locked {
+        let n: i64 = tx.query_one(FOLD_TALLY, &[]).await?.get(0);
+        n as u64
+    } else {
+        0
+    };
+    Ok(Settled { states, folded })
+}
+
+/// A page of the fleet as the API and the fleet page show it: the rows,
+/// their tenants, what the filter matches, the tally and the agents.
+pub struct Listing {
+    pub machines: Vec<MachineSummary>,
+    /// The machines' projects and devices (those that have any).
+    pub tenants: Tenants,
+    pub matching: Matching,
+    pub counts: Vec<(MachineState, i64)>,
+    pub heartbeating: i64,
+    pub silent: i64,
+}
+
+impl Listing {
+    /// Read in a [`crate::bmdb::Bmdb::snapshot`]; a heartbeat older than
+    /// `stale_after` is silent.
+    pub async fn read(
+        tx: &mut Tx<'_>,
+        filter: &FleetFilter,
+        (limit, offset): (i64, i64),
+        stale_after: std::time::Duration,
+    ) -> Result<Listing, BmdbError> {
+        let tally = tally(tx).await?;
+        let (machines, matching) = page_of(tx, filter, limit, offset, Some(&tally)).await?;
+        let ids: Vec<Uuid> = machines.iter().map(|m| m.machine_id).collect();
+        let tenants = tenants_of(tx, &ids).await?;
+        let silent = silent(tx, stale_after).await?;
+        Ok(Listing {
+            machines,
+            tenants,
+            matching,
+            heartbeating: tally.agents - silent,
+            silent,
+            counts: tally.states,
+        })
+    }
 }

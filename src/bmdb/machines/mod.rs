@@ -13,11 +13,10 @@ use uuid::Uuid;
 
 pub use super::hardware::{BmcFacts, bmc_facts};
 pub use super::lifecycle::MachineState;
-use super::lifecycle::state_column;
 use super::selectors::{ProvidedMachine, provided_columns};
 use super::{BmdbError, HistoryEvent, Process, Provider, ProviderStatus, Tx};
 
-// The fleet's query (`fleet_query!`) serves one machine's read too.
+// The fleet's columns (`fleet_one!`) serve one machine's read too.
 #[macro_use]
 mod fleet;
 mod detail;

@@ -159,10 +159,10 @@ pub async fn project(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<Project>, BmdbE
 
 /// A project by its ID or, failing that, its name.
 pub async fn find_project(tx: &mut Tx<'_>, id_or_name: &str) -> Result<Option<Project>, BmdbError> {
-    if let Ok(id) = id_or_name.trim().parse::<Uuid>() {
-        if let Some(p) = project(tx, id).await? {
-            return Ok(Some(p));
-        }
+    if let Ok(id) = id_or_name.trim().parse::<Uuid>()
+        && let Some(p) = project(tx, id).await?
+    {
+        return Ok(Some(p));
     }
     let sql = concat!(project_select!(), "WHERE p.name = $1");
     Ok(tx

@@ -164,9 +164,21 @@ pub struct BmcConfig {
     /// left as it is. An IPMI BMC cannot set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<bool>,
+    /// Its serial console (unset: SOL for `ipmi://`, none for Redfish).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<super::ConsoleConfig>,
 }
 
 impl BmcConfig {
+    /// How its serial console is reached (unset: SOL for `ipmi://`).
+    pub fn console_via(&self) -> super::ConsoleVia {
+        match &self.console {
+            Some(c) => c.via,
+            None if self.url.starts_with("ipmi://") => super::ConsoleVia::Sol,
+            None => super::ConsoleVia::None,
+        }
+    }
+
     pub fn protocol(&self) -> BmcProtocol {
         if self.url.starts_with("ipmi://") {
             BmcProtocol::Ipmi
@@ -209,6 +221,9 @@ impl BmcConfig {
     /// Checks the URL and user and loads the password. Err: the key under
     /// `bmc` that is wrong (`url`, `username`, `password`) and why.
     pub fn validate(&mut self) -> Result<(), (&'static str, String)> {
+        if let Some(c) = &self.console {
+            c.validate(&self.url)?;
+        }
         if self.url.starts_with("ipmi://") {
             if let Some(on) = self.secure_boot {
                 return Err((
@@ -265,13 +280,13 @@ impl BmcConfig {
             return Err(("username", "must not be empty".into()));
         }
         self.password.resolve().map_err(|m| ("password", m))?;
-        if let BmcTls::CaFile { ca_file } = &self.tls {
-            if !ca_file.is_file() {
-                return Err((
-                    "tls.ca_file",
-                    format!("{} is not a readable file", ca_file.display()),
-                ));
-            }
+        if let BmcTls::CaFile { ca_file } = &self.tls
+            && !ca_file.is_file()
+        {
+            return Err((
+                "tls.ca_file",
+                format!("{} is not a readable file", ca_file.display()),
+            ));
         }
         Ok(())
     }
@@ -299,6 +314,7 @@ impl BmcConfig {
                 .map(String::from),
             tls: BmcTls::from_stored(tls),
             secure_boot: None,
+            console: None,
         };
         if password.is_empty() {
             return Err(("password", "must not be empty".into()));

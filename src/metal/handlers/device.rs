@@ -94,10 +94,10 @@ pub async fn update_device(
         return unprocessable("always_pxe and ipxe_script_url: custom iPXE is not offered here");
     }
     let hostname = b.hostname.map(|h| h.trim().to_string());
-    if let Some(h) = &hostname {
-        if let Err(m) = check_hostname(h) {
-            return unprocessable(&m);
-        }
+    if let Some(h) = &hostname
+        && let Err(m) = check_hostname(h)
+    {
+        return unprocessable(&m);
     }
     if let Err(m) =
         check_tags(b.tags.as_deref().unwrap_or(&[])).and(check_description(&b.description))

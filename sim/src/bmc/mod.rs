@@ -3,8 +3,12 @@
 //! loopback address, with one ComputerSystem (`/redfish/v1/Systems/1`), a
 //! session service and basic authentication. A restart turns the system
 //! off, tells the machine (its resident agent dies, as on real hardware),
-//! and turns it on again after a moment. The tests use OpenStack's
-//! emulator (sushy-tools) instead; this one needs no Python.
+//! and turns it on again after a moment. Below the system, as real BMCs
+//! keep them: its firmware with updates as tasks (`firmware.rs`), its BIOS
+//! settings pending until a reset (`bios.rs`), its RAID controller's
+//! volumes (`storage.rs`); what waits for a reset is done at a restart.
+//! The tests use OpenStack's emulator (sushy-tools) too; this one needs no
+//! Python, and scales to a fleet.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -14,6 +18,22 @@ use std::time::{Duration, Instant};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Value, json};
 
+/// Answers 401 unless the request carries this BMC's credentials.
+macro_rules! authorize {
+    ($req:expr, $st:expr) => {
+        if !super::authorized(&$req, &$st) {
+            return super::unauthorized();
+        }
+    };
+}
+
+mod bios;
+pub mod firmware;
+mod storage;
+
+pub use bios::{ATTRIBUTES as BIOS_ATTRIBUTES, REGISTRY as BIOS_REGISTRY};
+pub use firmware::{FirmwareOptions, image as firmware_image};
+
 /// Called with a machine's address when its BMC restarts or stops it.
 pub type OnPowerOff = Arc<dyn Fn(IpAddr) + Send + Sync>;
 
@@ -21,6 +41,21 @@ struct System {
     on: bool,
     /// Off until then, after a restart.
     back_at: Option<Instant>,
+    firmware: firmware::Firmware,
+    bios: bios::Bios,
+    storage: storage::Storage,
+}
+
+impl System {
+    fn new(ip: IpAddr) -> System {
+        System {
+            on: true,
+            back_at: None,
+            firmware: firmware::Firmware::new(ip),
+            bios: bios::Bios::default(),
+            storage: storage::Storage::default(),
+        }
+    }
 }
 
 struct State {
@@ -30,6 +65,37 @@ struct State {
     systems: Mutex<HashMap<IpAddr, System>>,
     sessions: Mutex<HashMap<String, IpAddr>>,
     on_power_off: OnPowerOff,
+    /// Firmware updates of every system, in the order asked.
+    tasks: Mutex<Vec<firmware::Task>>,
+    firmware: FirmwareOptions,
+    /// What was asked of each system, to be read back: restarts, and
+    /// updates refused because one ran (503).
+    counts: Mutex<HashMap<IpAddr, Counts>>,
+}
+
+/// What a simulated BMC was asked, for a test or a benchmark to check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Restarts of its system (a reset that turned it off and on).
+    pub restarts: u32,
+    /// Updates started (tasks made).
+    pub updates: u32,
+    /// Updates refused with 503 because one ran.
+    pub busy: u32,
+}
+
+impl State {
+    fn count(&self, ip: IpAddr, f: impl FnOnce(&mut Counts)) {
+        f(self.counts.lock().unwrap().entry(ip).or_default());
+    }
+}
+
+impl State {
+    /// `f` on the system at `ip` (the BMC's own address).
+    fn with_system<R>(&self, ip: IpAddr, f: impl FnOnce(&mut System) -> R) -> R {
+        let mut systems = self.systems.lock().unwrap();
+        f(systems.entry(ip).or_insert_with(|| System::new(ip)))
+    }
 }
 
 /// The running BMCs.
@@ -38,6 +104,7 @@ pub struct BmcSim {
     pub user: String,
     pub password: String,
     handle: actix_web::dev::ServerHandle,
+    state: Arc<State>,
 }
 
 impl BmcSim {
@@ -45,15 +112,24 @@ impl BmcSim {
     /// restart or a power-off of its system takes down (its resident agent
     /// dies, as on real hardware); back after a second from a restart.
     pub fn for_machines(machines: &crate::machine::MachineSim) -> std::io::Result<BmcSim> {
+        BmcSim::for_machines_with(machines, FirmwareOptions::default())
+    }
+
+    /// As `for_machines`, their firmware updates as `firmware` says.
+    pub fn for_machines_with(
+        machines: &crate::machine::MachineSim,
+        firmware: FirmwareOptions,
+    ) -> std::io::Result<BmcSim> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let agents = machines.agents.clone();
-        BmcSim::start(
+        BmcSim::start_with(
             &machines.addresses,
             port,
             Duration::from_secs(1),
             Arc::new(move |ip| agents.power_off(ip)),
+            firmware,
         )
     }
 
@@ -63,6 +139,23 @@ impl BmcSim {
         port: u16,
         restart_delay: Duration,
         on_power_off: OnPowerOff,
+    ) -> std::io::Result<BmcSim> {
+        BmcSim::start_with(
+            addresses,
+            port,
+            restart_delay,
+            on_power_off,
+            FirmwareOptions::default(),
+        )
+    }
+
+    /// As `start`, its firmware updates as `firmware` says.
+    pub fn start_with(
+        addresses: &[IpAddr],
+        port: u16,
+        restart_delay: Duration,
+        on_power_off: OnPowerOff,
+        firmware: FirmwareOptions,
     ) -> std::io::Result<BmcSim> {
         if let Some(a) = addresses.iter().find(|a| !a.is_loopback()) {
             return Err(std::io::Error::other(format!(
@@ -74,27 +167,19 @@ impl BmcSim {
             user: "admin".into(),
             password: password.clone(),
             restart_delay,
-            systems: Mutex::new(
-                addresses
-                    .iter()
-                    .map(|a| {
-                        (
-                            *a,
-                            System {
-                                on: true,
-                                back_at: None,
-                            },
-                        )
-                    })
-                    .collect(),
-            ),
+            systems: Mutex::new(addresses.iter().map(|a| (*a, System::new(*a))).collect()),
             sessions: Mutex::new(HashMap::new()),
             on_power_off,
+            tasks: Mutex::new(Vec::new()),
+            firmware,
+            counts: Mutex::new(HashMap::new()),
         });
-        let data = web::Data::from(state);
+        let data = web::Data::from(state.clone());
         let mut server = actix_web::HttpServer::new(move || {
             actix_web::App::new()
                 .app_data(data.clone())
+                // Images pushed in the request.
+                .app_data(web::PayloadConfig::new(64 << 20))
                 .route("/redfish/v1", web::get().to(root))
                 .route("/redfish/v1/", web::get().to(root))
                 .route(
@@ -107,6 +192,9 @@ impl BmcSim {
                     "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
                     web::post().to(reset),
                 )
+                .configure(firmware::routes)
+                .configure(bios::routes)
+                .configure(storage::routes)
                 .default_service(web::to(|| async {
                     HttpResponse::NotFound()
                         .json(error("Base.1.0.ResourceMissingAtURI", "no such resource"))
@@ -125,12 +213,18 @@ impl BmcSim {
             user: "admin".into(),
             password,
             handle,
+            state,
         })
     }
 
     /// The BMC URL of the machine at `ip`.
     pub fn url(&self, ip: IpAddr) -> String {
         format!("http://{}", SocketAddr::new(ip, self.port))
+    }
+
+    /// What each system's BMC was asked so far, by address.
+    pub fn counts(&self) -> HashMap<IpAddr, Counts> {
+        self.state.counts.lock().unwrap().clone()
     }
 
     pub async fn stop(&self) {
@@ -183,6 +277,9 @@ async fn root() -> HttpResponse {
         "Id": "RootService",
         "RedfishVersion": "1.15.0",
         "Systems": {"@odata.id": "/redfish/v1/Systems"},
+        "Managers": {"@odata.id": "/redfish/v1/Managers"},
+        "UpdateService": {"@odata.id": "/redfish/v1/UpdateService"},
+        "TaskService": {"@odata.id": "/redfish/v1/TaskService"},
         "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
         "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}},
     }))
@@ -237,17 +334,13 @@ async fn system(req: HttpRequest, st: web::Data<State>) -> HttpResponse {
         return unauthorized();
     }
     let ip = machine(&req);
-    let power_state = {
+    let (power_state, bios_version) = {
         let mut systems = st.systems.lock().unwrap();
         let Some(s) = systems.get_mut(&ip) else {
             return HttpResponse::NotFound()
                 .json(error("Base.1.0.ResourceMissingAtURI", "no system"));
         };
-        power(s)
-    };
-    let last = match ip {
-        IpAddr::V4(v4) => v4.octets()[3],
-        IpAddr::V6(v6) => v6.octets()[15],
+        (power(s), s.firmware.version("BIOS").to_string())
     };
     HttpResponse::Ok().json(json!({
         "@odata.id": "/redfish/v1/Systems/1",
@@ -256,7 +349,10 @@ async fn system(req: HttpRequest, st: web::Data<State>) -> HttpResponse {
         "Manufacturer": "Shepherd Simulated Metal",
         "Model": "s1.small.x86",
         "SerialNumber": format!("SIM-{ip}"),
-        "BiosVersion": format!("1.4.{last}"),
+        "BiosVersion": bios_version,
+        "Bios": {"@odata.id": "/redfish/v1/Systems/1/Bios"},
+        "Storage": {"@odata.id": "/redfish/v1/Systems/1/Storage"},
+        "Links": {"ManagedBy": [{"@odata.id": "/redfish/v1/Managers/1"}]},
         "PowerState": power_state,
         "ProcessorSummary": {"Count": 1, "Model": "Simulated Xeon E-2278G"},
         "MemorySummary": {"TotalSystemMemoryGiB": 32},
@@ -282,6 +378,16 @@ async fn reset(req: HttpRequest, st: web::Data<State>, body: web::Json<Value>) -
                 .json(error("Base.1.0.ResourceMissingAtURI", "no system"));
         };
         let was_on = power(s) == "On";
+        let restarts = matches!(kind, "GracefulRestart" | "ForceRestart" | "PowerCycle")
+            || (matches!(kind, "On" | "ForceOn") && !was_on);
+        if restarts {
+            st.count(ip, |c| c.restarts += 1);
+            // What waits for a reset is done now: staged firmware runs,
+            // pending BIOS settings and volumes take effect.
+            s.firmware.activate(ip, &mut st.tasks.lock().unwrap());
+            s.bios.apply();
+            s.storage.apply();
+        }
         match kind {
             "GracefulRestart" | "ForceRestart" | "PowerCycle" => {
                 s.on = false;

@@ -60,9 +60,7 @@ async fn seed(cfg: &tokio_postgres::Config, n: i64) {
     cfg_sql.extend(
         [
             "UPDATE machine_summary s SET state = machine_state(s), state_until = machine_state_until(s)",
-            "TRUNCATE machine_tally, machine_tally_delta",
-            "INSERT INTO machine_tally (key, n) SELECT state, count(*) FROM machine_summary GROUP BY state \
-             UNION ALL SELECT 'agents', count(*) FROM machine_summary WHERE agent_started_at IS NOT NULL",
+            "SELECT machine_tally_rebuild()",
             "ALTER TABLE machine_summary ENABLE TRIGGER USER",
         ]
         .map(String::from),

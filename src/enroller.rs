@@ -171,32 +171,25 @@ impl Enroller {
         }
     }
 
-    /// Begins capturing the machine's console for a boot of `cause`, when
-    /// its BMC has one shepherd reads.
+    /// Begins capturing the machine's console for a boot of `cause`.
     async fn capture(&self, work: &Work<Boot>, cause: &str) -> Option<crate::console::Capture> {
-        let consoles = self.consoles.as_ref()?;
         let m = &work.item().machine;
-        match self.provider.console(&m.provider_id).await {
-            Ok(Some(source)) => consoles.capture(work.machine_id(), &source, cause).await,
-            Ok(None) => None,
-            Err(e) => {
-                tracing::debug!(error = %e, "no console to capture");
-                None
-            }
-        }
+        crate::provider::capture_console(
+            &self.provider,
+            self.consoles.as_ref(),
+            work.machine_id(),
+            &m.provider_id,
+            cause,
+        )
+        .await
     }
 }
 
 /// `cause`, with what the console printed last when there is any.
 async fn with_console(cause: String, capture: Option<crate::console::Capture>) -> String {
-    let Some(c) = capture else {
-        return cause;
-    };
-    let lines = c.end().await;
-    if lines.is_empty() {
-        format!("{cause}; its console printed nothing")
-    } else {
-        format!("{cause}; its console's last lines: {}", lines.join(" | "))
+    match capture {
+        Some(c) => c.told(cause).await,
+        None => cause,
     }
 }
 

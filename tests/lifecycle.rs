@@ -463,7 +463,8 @@ async fn state(bmdb: &Bmdb, id: Uuid) -> Option<MachineState> {
 }
 
 /// The tally (what the fleet page and `/metrics` count) is every
-/// machine's derived state, counted, before and after it is settled.
+/// machine's derived state, counted, before and after it is settled; its
+/// agents' keys are what a count of the rows finds.
 async fn tally_agrees(bmdb: &Bmdb) {
     use shepherd::bmdb::machines;
     let counted = async || -> Vec<(MachineState, i64)> {
@@ -509,6 +510,22 @@ async fn tally_agrees(bmdb: &Bmdb) {
         .await
         .unwrap();
     assert_eq!(pending, 0, "every delta folded");
+
+    // The agents per provider and per endpoint (V26), as kept and as
+    // counted afresh from the rows.
+    let keys = "SELECT key, n FROM machine_tally WHERE key LIKE '%/%' AND n <> 0 ORDER BY key";
+    let read = async || -> Vec<(String, i64)> {
+        let rows = bmdb
+            .transact(async |tx| tx.query(keys, &[]).await)
+            .await
+            .unwrap();
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    };
+    let kept = read().await;
+    bmdb.transact(async |tx| tx.execute("SELECT machine_tally_rebuild()", &[]).await)
+        .await
+        .unwrap();
+    assert_eq!(kept, read().await, "the agents' keys, kept and counted");
 }
 
 /// The agent's report of the machine's current generation, as the

@@ -85,8 +85,9 @@ const READ: &str = "SELECT engaged_since, released_until, released_by, released_
      FROM recovery_brake WHERE recovery_brake_id = 1";
 const READ_LOCKED: &str = "SELECT engaged_since, released_until, released_by, released_until > now() \
      FROM recovery_brake WHERE recovery_brake_id = 1 FOR UPDATE";
-const FLEET: &str = "SELECT count(*) FROM machine_summary \
-     WHERE provider = $1 AND agent_started_at IS NOT NULL AND NOT held";
+/// The provider's machines whose agent started, held ones excepted: their
+/// tally (migration V26), not a count of every agent.
+const FLEET: &str = "SELECT machine_tally_count('agents/' || $1::provider)";
 const IN_WINDOW: &str = "SELECT count(*) FROM recovery_power_action \
      WHERE NOT requested AND \"timestamp\" > now() - make_interval(secs => $1)";
 const RECORD: &str = "INSERT INTO recovery_power_action (machine_id, requested) VALUES ($1, $2)";

@@ -31,12 +31,11 @@ pub(crate) const SERVE: &str = "INSERT INTO callback_endpoint (endpoint, serving
 const JUDGEABLE: &str = "SELECT endpoint FROM callback_endpoint \
      WHERE served_until > now() AND serving_since <= now() - make_interval(secs => $1)";
 
-const ALL: &str = "SELECT c.endpoint, c.serving_since, c.served_until, c.served_until > now(), \
-     COALESCE(a.n, 0) FROM callback_endpoint c \
-     LEFT JOIN (SELECT agent_endpoint, count(*) AS n FROM machine_agent_started \
-                 WHERE agent_endpoint IS NOT NULL GROUP BY agent_endpoint) a \
-       ON a.agent_endpoint = c.endpoint \
-     ORDER BY c.endpoint";
+/// Every endpoint, with the agents told it: their tally (migration V26),
+/// not a count of every agent.
+const ALL: &str = "SELECT endpoint, serving_since, served_until, served_until > now(), \
+       machine_tally_count('endpoint/' || endpoint) FROM callback_endpoint \
+     ORDER BY endpoint";
 
 /// The fleet's callback CA: the DER certificate and its key (PKCS#8 PEM).
 pub struct CallbackCa {

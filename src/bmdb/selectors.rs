@@ -119,11 +119,15 @@ pub async fn needs_bmc_boot(
 /// The machine's agent was given an endpoint served without a break for
 /// the threshold `$t` plus the agents' allowance `$grace` (`$own`: the
 /// endpoint assumed for agents taken over before endpoints were
-/// recorded). The three are parameter numbers, as literals.
+/// recorded). The three are parameter numbers, as literals. A scalar
+/// subquery (one row at most: both joins are on a key), not `EXISTS`: the
+/// planner would turn `EXISTS` into a semi-join over every started agent
+/// (its estimate for the `COALESCE` join is far off), where this reads
+/// one row for each machine the heartbeat index already narrowed to.
 macro_rules! judgeable {
     ($t:literal, $own:literal, $grace:literal) => {
         concat!(
-            " AND EXISTS (SELECT 1 FROM machine_agent_started a \
+            " AND (SELECT true FROM machine_agent_started a \
                  JOIN callback_endpoint c ON c.endpoint = COALESCE(a.agent_endpoint, ",
             $own,
             ") WHERE a.machine_id = s.machine_id AND c.served_until > now() \

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
@@ -126,6 +126,29 @@ impl Capture {
         .unwrap_or_default()
     }
 
+    /// Ends the capture: `cause`, with what the console printed last (for
+    /// a failure's cause), or saying it printed nothing.
+    pub async fn told(self, cause: String) -> String {
+        let lines = self.end().await;
+        if lines.is_empty() {
+            format!("{cause}; its console printed nothing")
+        } else {
+            format!("{cause}; its console's last lines: {}", lines.join(" | "))
+        }
+    }
+
+    /// Lets the capture run on by itself, for `for_` at most (never past
+    /// `console.capture_for`), or until the machine's next capture: for a
+    /// boot whose outcome this lease does not see.
+    pub fn keep_for(mut self, for_: Duration) {
+        if let Some(addr) = self.addr.take() {
+            addr.do_send(KeepFor {
+                capture_id: self.capture_id,
+                for_,
+            });
+        }
+    }
+
     /// What the console printed so far: its last `n` lines.
     pub async fn last_lines(&self, n: usize) -> Vec<String> {
         match &self.addr {
@@ -199,6 +222,14 @@ struct EndCapture {
 #[derive(Message)]
 #[rtype(result = "Vec<String>")]
 struct LastLines(usize);
+
+/// Lets capture `capture_id` run on by itself for `for_` at most.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct KeepFor {
+    capture_id: Uuid,
+    for_: Duration,
+}
 
 /// From the reader: bytes, or its end (with why).
 #[derive(Message)]
@@ -347,6 +378,20 @@ impl Handler<EndCapture> for Console {
 
     fn handle(&mut self, msg: EndCapture, _: &mut Context<Self>) -> Self::Result {
         Box::pin(self.end(msg.capture_id))
+    }
+}
+
+impl Handler<KeepFor> for Console {
+    type Result = ();
+
+    fn handle(&mut self, msg: KeepFor, _: &mut Context<Self>) {
+        if let Some(c) = self
+            .capture
+            .as_mut()
+            .filter(|c| c.capture_id == msg.capture_id)
+        {
+            c.deadline = c.deadline.min(Instant::now() + msg.for_);
+        }
     }
 }
 

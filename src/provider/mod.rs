@@ -226,3 +226,25 @@ pub struct Listings {
     pub recorded: Vec<crate::bmdb::selectors::ProvidedMachine>,
     pub held: std::collections::HashSet<uuid::Uuid>,
 }
+
+/// Begins capturing `machine_id`'s serial console for a boot shepherd
+/// makes (`cause`: `enrollment`, `recovery`, …), when its BMC has one
+/// shepherd reads and `consoles` is given. None otherwise: the boot goes
+/// ahead without.
+pub async fn capture_console(
+    provider: &SharedProvider,
+    consoles: Option<&crate::console::Consoles>,
+    machine_id: uuid::Uuid,
+    provider_id: &str,
+    cause: &str,
+) -> Option<crate::console::Capture> {
+    let consoles = consoles?;
+    match provider.console(provider_id).await {
+        Ok(Some(source)) => consoles.capture(machine_id, &source, cause).await,
+        Ok(None) => None,
+        Err(e) => {
+            tracing::debug!(%machine_id, error = %e, "no console to capture");
+            None
+        }
+    }
+}

@@ -138,6 +138,8 @@ pub struct Servicer {
     cfg: ServicingConfig,
     updates: OneUpdatePerBmc,
     metrics: ServiceMetrics,
+    /// Where a restart's serial console is captured (None: not read).
+    consoles: Option<crate::console::Consoles>,
 }
 
 impl Servicer {
@@ -155,7 +157,14 @@ impl Servicer {
             cfg,
             updates: OneUpdatePerBmc::default(),
             metrics,
+            consoles: None,
         }
+    }
+
+    /// Captures each restart's serial console with `consoles`.
+    pub fn with_consoles(mut self, consoles: crate::console::Consoles) -> Self {
+        self.consoles = Some(consoles);
+        self
     }
 }
 
@@ -395,14 +404,35 @@ impl Servicer {
             Restart::Disk => format!(
                 "applied {applied}; its restart asked: the Enroller restarts it from its disk (its installed system)"
             ),
-            Restart::Reset => match self.provider.reboot(&job.machine.provider_id).await {
-                Ok(()) => format!("applied {applied}; restarted through its BMC"),
-                Err(e) => {
-                    return Err(Fault::Machine(format!(
-                        "applied {applied}, but the restart through its BMC failed: {e}"
-                    )));
+            Restart::Reset => {
+                // Read while the BMC is checked after the restart (a later
+                // lease's): the capture runs on by itself that long.
+                let capture = crate::provider::capture_console(
+                    &self.provider,
+                    self.consoles.as_ref(),
+                    mid,
+                    &job.machine.provider_id,
+                    "servicing",
+                )
+                .await;
+                match self.provider.reboot(&job.machine.provider_id).await {
+                    Ok(()) => {
+                        if let Some(c) = capture {
+                            c.keep_for(self.cfg.verify_timeout);
+                        }
+                        format!("applied {applied}; restarted through its BMC")
+                    }
+                    Err(e) => {
+                        let cause = format!(
+                            "applied {applied}, but the restart through its BMC failed: {e}"
+                        );
+                        return Err(Fault::Machine(match capture {
+                            Some(c) => c.told(cause).await,
+                            None => cause,
+                        }));
+                    }
                 }
-            },
+            }
         };
         Ok(Serviced::Restarting { detail })
     }

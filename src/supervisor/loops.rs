@@ -102,6 +102,7 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
             },
             r.rehome_after,
         );
+        let consoles = x.consoles.clone();
         loops.push(Registration::lease(&r.lease, move || {
             Recoverer::new(
                 p.clone(),
@@ -112,6 +113,7 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
                 metrics.clone(),
             )
             .rehoming_after(rehome)
+            .with_consoles(consoles.clone())
         }));
         let every = r.lease.poll_interval;
         loops.push(Registration::round(move || {
@@ -134,8 +136,10 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
             cfg.servicing.clone(),
             x.service_metrics.clone(),
         );
+        let consoles = x.consoles.clone();
         loops.push(Registration::lease(&cfg.servicing.lease, move || {
             Servicer::new(p.clone(), b.clone(), i.clone(), c.clone(), m.clone())
+                .with_consoles(consoles.clone())
         }));
     }
 

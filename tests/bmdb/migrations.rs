@@ -47,14 +47,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V22__firmware_grants",
             "V23__servicing",
             "V24__fleet_tally",
-            "V25__console"
+            "V25__console",
+            "V26__tally_agents"
         ]
     );
-    assert_eq!(first.version, Some(25));
+    assert_eq!(first.version, Some(26));
     assert_eq!(count(&bmdb, TABLES).await, 52);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(25));
+    assert_eq!(again.version, Some(26));
 }
 
 #[actix_rt::test]
@@ -67,13 +68,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 25],
+        [0, 26],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 52);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        25
+        26
     );
 }
 
@@ -122,7 +123,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V22__firmware_grants",
             "V23__servicing",
             "V24__fleet_tally",
-            "V25__console"
+            "V25__console",
+            "V26__tally_agents"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -203,7 +205,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V22__firmware_grants",
             "V23__servicing",
             "V24__fleet_tally",
-            "V25__console"
+            "V25__console",
+            "V26__tally_agents"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -1,7 +1,8 @@
 //! The fleet's kept states and tally (`migrations/V24__fleet_tally.sql`):
 //! a backoff that runs out with no row written shows at once in the
 //! listing and the counts, before and after a settle; two shepherds
-//! settling at once fold each delta once.
+//! settling at once fold each delta once; the agents per provider and per
+//! callback endpoint (`V26__tally_agents.sql`) follow every change.
 
 use std::time::Duration;
 
@@ -142,4 +143,114 @@ async fn a_filter_beyond_the_state_counts_up_to_its_cap() {
         .to_string(),
         "more than 10000"
     );
+}
+
+/// What the brake and the callback endpoints read from the tally
+/// (migration V26) against a count of the rows themselves.
+async fn agents_as_counted(bmdb: &Bmdb) -> (i64, Vec<(String, i64)>) {
+    let fleet = crate::count(
+        bmdb,
+        "SELECT count(*) FROM machine_summary \
+         WHERE provider = 'Equinix' AND agent_started_at IS NOT NULL AND NOT held",
+    )
+    .await;
+    let rows = bmdb
+        .transact(async |tx| {
+            tx.query(
+                "SELECT c.endpoint, count(a.machine_id) FROM callback_endpoint c \
+                 LEFT JOIN machine_agent_started a ON a.agent_endpoint = c.endpoint \
+                 GROUP BY c.endpoint ORDER BY c.endpoint",
+                &[],
+            )
+            .await
+        })
+        .await
+        .unwrap();
+    (fleet, rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+async fn agents_as_tallied(bmdb: &Bmdb) -> (i64, Vec<(String, i64)>) {
+    bmdb.transact(async |tx| {
+        let judge = shepherd::bmdb::brake::Judge {
+            provider: Provider::Equinix,
+            thresholds: Default::default(),
+            own_endpoint: None,
+            brake: Default::default(),
+        };
+        let brake = shepherd::bmdb::brake::state(tx, &judge).await?;
+        let endpoints = shepherd::bmdb::callback::endpoints(tx).await?;
+        Ok((
+            brake.fleet,
+            endpoints
+                .into_iter()
+                .map(|e| (e.endpoint, e.agents))
+                .collect(),
+        ))
+    })
+    .await
+    .unwrap()
+}
+
+#[actix_rt::test]
+async fn agents_per_provider_and_endpoint_are_tallied_through_every_change() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let ids = crate::provided_machines(&bmdb, Provider::Equinix, 6).await;
+    let exec = async |sql: &'static str, id: uuid::Uuid| {
+        bmdb.transact(async |tx| tx.execute(sql, &[&id]).await)
+            .await
+            .unwrap();
+    };
+    bmdb.transact(async |tx| {
+        for e in ["a.test:7830", "b.test:7830"] {
+            shepherd::bmdb::callback::serve(tx, e, Duration::from_secs(60)).await?;
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let endpoint = ["a.test:7830", "b.test:7830"][i % 2];
+            machines::set_agent_started(tx, *id, b"key", Some(endpoint)).await?;
+        }
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let want = |fleet, a, b| {
+        (
+            fleet,
+            vec![
+                ("a.test:7830".to_string(), a),
+                ("b.test:7830".to_string(), b),
+            ],
+        )
+    };
+    assert_eq!(agents_as_counted(&bmdb).await, want(6, 3, 3));
+    assert_eq!(agents_as_tallied(&bmdb).await, want(6, 3, 3));
+
+    // Held: out of the brake's fleet, still its endpoint's agent.
+    exec(
+        "INSERT INTO machine_hold (machine_id, held_at, held_by) VALUES ($1, now(), 'test')",
+        ids[0],
+    )
+    .await;
+    // Moved to the other endpoint; an agent gone; a machine gone.
+    exec(
+        "UPDATE machine_agent_started SET agent_endpoint = 'b.test:7830' WHERE machine_id = $1",
+        ids[2],
+    )
+    .await;
+    exec(
+        "DELETE FROM machine_agent_started WHERE machine_id = $1",
+        ids[3],
+    )
+    .await;
+    exec("DELETE FROM machines WHERE machine_id = $1", ids[5]).await;
+    assert_eq!(agents_as_counted(&bmdb).await, want(3, 2, 2));
+    assert_eq!(agents_as_tallied(&bmdb).await, want(3, 2, 2));
+
+    // Folded, then released: the same through the kept tally.
+    bmdb.transact(async |tx| machines::settle(tx).await)
+        .await
+        .unwrap();
+    exec("DELETE FROM machine_hold WHERE machine_id = $1", ids[0]).await;
+    assert_eq!(agents_as_counted(&bmdb).await, want(4, 2, 2));
+    assert_eq!(agents_as_tallied(&bmdb).await, want(4, 2, 2));
 }

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// What node-1's serial console prints.
+const SERIAL: &str = "reset seen, booting";
+
 #[actix_rt::test]
 async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong_password_backs_off()
  {
@@ -19,9 +22,25 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
     std::fs::write(&secret, format!("{password}\n")).unwrap();
     let wrong = rig.dir.path().join("wrong-password");
     std::fs::write(&wrong, "wrong-password-e07c\n").unwrap();
+    // node-1's serial console: a command on its BMC's SSH (an OpenSSH
+    // server whose forced command prints what a rebooting machine would).
+    let console_key = rig.dir.path().join("console_ed25519");
+    let key = SshIdentity::load_or_generate(&console_key).unwrap();
+    let console = Sshd::start(
+        format!("127.0.0.1:{}", Sshd::free_port()).parse().unwrap(),
+        &[&format!(
+            "command=\"echo node-1 serial: {SERIAL}; sleep 600\",no-pty {}",
+            key.public_key()
+        )],
+    );
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .unwrap()
+        .unwrap()
+        .name;
     let text = format!(
         "{}\n[provider]\nkind = \"static\"\n\n[provider.inventory]\nmachines = [\n\
-         {{ id = \"node-1\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }}, system = \"{}\" }} }},\n\
+         {{ id = \"node-1\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }}, system = \"{}\", \
+         console = {{ via = \"ssh\", address = \"{}\", username = \"{}\", command = \"console com2\", key_file = \"{}\", host_key = \"{}\" }} }} }},\n\
          {{ id = \"node-2\", address = \"127.0.0.1\", bmc = {{ url = \"{}\", username = \"admin\", password = {{ file = \"{}\" }} }} }},\n]\n\
          \n[recoverer]\nsilent_after_start = \"3s\"\nheartbeat_stale_after = \"3s\"\npoll_interval = \"200ms\"\n\
          reboot_poll = \"200ms\"\nreboot_settle = \"20s\"\nbackoff_initial = \"30s\"\ncallback_grace = \"1s\"\n\
@@ -37,6 +56,10 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
         good.url,
         secret.display(),
         Sushy::uuid(0),
+        console.addr,
+        user,
+        console_key.display(),
+        console.host_key.trim(),
         other.url,
         wrong.display(),
     );
@@ -263,6 +286,20 @@ async fn owned_hardware_a_silent_machine_is_rebooted_through_its_bmc_and_a_wrong
             .count()
     };
     assert_eq!(resets(&good), 1, "{}", good.log());
+    // Its console was read from the power cycle on, under the recovery's
+    // cause, and kept.
+    let kept = rig
+        .bmdb
+        .transact(async |tx| shepherd::bmdb::console::latest(tx, ids[0].0, 10).await)
+        .await
+        .unwrap();
+    let recovery = kept
+        .iter()
+        .find(|c| c.cause == "recovery")
+        .unwrap_or_else(|| panic!("no capture of the power cycle: {kept:?}"));
+    let printed = shepherd::console::text(&recovery.tail);
+    assert!(printed.contains(SERIAL), "{printed}");
+    assert!(recovery.ended_at.is_some());
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(
         log.contains("reboot accepted by the BMC"),

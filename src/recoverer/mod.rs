@@ -26,7 +26,7 @@
 //!   step recovered each machine.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -37,12 +37,14 @@ use crate::bmdb::bmc_boot;
 use crate::bmdb::brake::{self, Judge};
 use crate::bmdb::installations;
 use crate::bmdb::selectors::{self, ProvidedMachine};
-use crate::bmdb::{BmdbError, Process, ProviderStatus, Session, Tx, Work, machines};
+use crate::bmdb::{BmdbError, Process, Tx, Work};
 use crate::bmdb::{actions, heartbeats};
-use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker, wait_until};
+use crate::control::{LeaseLoop, Outcome, Record, WorkOutcome, Worker};
 use crate::provider::SharedProvider;
-use crate::ssh::HostKeyPolicy;
 use crate::takeover::TakeoverSettings;
+
+mod steps;
+use steps::{called_since, power_cycle, restart_agent};
 
 /// How a reboot is waited for.
 #[derive(Debug, Clone)]
@@ -169,6 +171,8 @@ pub struct Recoverer {
     metrics: RecoveryMetrics,
     /// Agents whose endpoint went unserved this long are re-homed.
     rehome_after: Duration,
+    /// Where a power cycle's serial console is captured (None: not read).
+    consoles: Option<crate::console::Consoles>,
 }
 
 impl Recoverer {
@@ -176,6 +180,12 @@ impl Recoverer {
     /// five minutes).
     pub fn rehoming_after(mut self, after: Duration) -> Self {
         self.rehome_after = after;
+        self
+    }
+
+    /// Captures each power cycle's serial console with `consoles`.
+    pub fn with_consoles(mut self, consoles: crate::console::Consoles) -> Self {
+        self.consoles = Some(consoles);
         self
     }
 
@@ -195,6 +205,7 @@ impl Recoverer {
             takeover,
             metrics,
             rehome_after: Duration::from_secs(5 * 60),
+            consoles: None,
         }
     }
 }
@@ -472,119 +483,30 @@ impl Recoverer {
                 ));
             }
         };
-        power_cycle(shared, &recovery.machine)
-            .await
-            .map_err(|c| fail(Step::failed, format!("{c}{gentle_note}")))?;
+        // What the machine prints from the power cycle until its agent
+        // calls (or the wait for it ends): a failure says its last lines.
+        let capture = crate::provider::capture_console(
+            &shared.provider,
+            shared.consoles.as_ref(),
+            mid,
+            &recovery.machine.provider_id,
+            if requested { "reboot" } else { "recovery" },
+        )
+        .await;
+        let told = async |cause: String| match capture {
+            Some(c) => c.told(cause).await,
+            None => cause,
+        };
+        if let Err(c) = power_cycle(shared, &recovery.machine).await {
+            return Err(fail(Step::failed, told(format!("{c}{gentle_note}")).await));
+        }
         match called_since(session, mid, powered_at, shared.waits.after_reboot).await {
             Ok(true) => Ok(Step::rebooted),
             Ok(false) => Ok(Step::taken_over_again),
             Err(e) => Err(fail(
                 Step::failed,
-                format!("rebooted, then watching for the agent: {e}"),
+                told(format!("rebooted, then watching for the agent: {e}")).await,
             )),
-        }
-    }
-}
-
-/// Starts the agent again over SSH, records its new key, and waits (up to
-/// `agent_restart_wait`) for it to call. The new agent stops the old one.
-async fn restart_agent(
-    shared: &Recoverer,
-    session: &Session,
-    machine: &ProvidedMachine,
-) -> Result<(), String> {
-    let Some(t) = &shared.takeover else {
-        return Err("no agent endpoint is set (bmaas.endpoint)".into());
-    };
-    let Some(address) = machine.address() else {
-        return Err("the machine has no address".into());
-    };
-    let mid = machine.machine_id;
-    let policy = t.ssh.host_keys;
-    let known = if policy == HostKeyPolicy::AcceptNew {
-        session
-            .transact(async |tx| machines::host_key(tx, mid).await)
-            .await
-            .map_err(|e| format!("reading the recorded host key: {e}"))?
-    } else {
-        None
-    };
-    let known_key = crate::takeover::parse_host_key(known.as_deref())?;
-    let taken = crate::takeover::take_over(t, mid, address, known_key)
-        .await
-        .map_err(|f| f.cause)?;
-    let record_host_key = known.is_none() && policy == HostKeyPolicy::AcceptNew;
-    let started_at: SystemTime = session
-        .transact(async |tx| {
-            crate::takeover::record_agent(tx, mid, &taken, &t.endpoint, record_host_key).await?;
-            heartbeats::now(tx).await
-        })
-        .await
-        .map_err(|e| format!("recording the restarted agent: {e}"))?;
-    tracing::debug!("agent restarted over SSH; waiting for its call");
-    match called_since(session, mid, started_at, shared.waits.restart).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(format!(
-            "the agent was restarted but did not call within {}",
-            humantime::format_duration(shared.waits.restart)
-        )),
-        Err(e) => Err(format!("watching for the restarted agent: {e}")),
-    }
-}
-
-/// Whether the machine's agent calls (a heartbeat after `since`, by the
-/// database's clock) within `within`.
-async fn called_since(
-    session: &Session,
-    mid: Uuid,
-    since: SystemTime,
-    within: Duration,
-) -> Result<bool, BmdbError> {
-    let deadline = Instant::now() + within;
-    let poll = (within / 20).clamp(Duration::from_millis(100), Duration::from_secs(2));
-    let called = wait_until(session, poll, deadline, async |tx| {
-        Ok(heartbeats::heard_since(tx, mid, since).await?.then_some(()))
-    })
-    .await?;
-    Ok(called.is_some())
-}
-
-/// Reboots the machine through the provider and waits until it reports it
-/// running.
-async fn power_cycle(shared: &Recoverer, machine: &ProvidedMachine) -> Result<(), String> {
-    let id = machine.provider_id.as_str();
-    shared
-        .provider
-        .reboot(id)
-        .await
-        .map_err(|e| format!("reboot: {e}"))?;
-    let started = Instant::now();
-    let mut went_down = false;
-    loop {
-        tokio::time::sleep(shared.wait.poll).await;
-        let status = match shared.provider.get_machine(id).await {
-            Ok(Some(m)) => m.status,
-            Ok(None) => return Err("reboot: the provider no longer knows the machine".into()),
-            Err(e) => {
-                tracing::debug!(error = %e, "looking at the rebooting machine failed; will look again");
-                ProviderStatus::Unknown
-            }
-        };
-        match status {
-            ProviderStatus::Running if went_down || started.elapsed() >= shared.wait.settle => {
-                return Ok(());
-            }
-            ProviderStatus::Running => {}
-            ProviderStatus::ProvisioningFailedPermanent | ProviderStatus::Missing => {
-                return Err(format!("reboot: the provider reports the machine {status}"));
-            }
-            _ => went_down = true,
-        }
-        if started.elapsed() >= shared.wait.timeout {
-            return Err(format!(
-                "reboot: not back after {:?} (last status {status})",
-                shared.wait.timeout
-            ));
         }
     }
 }

@@ -44,29 +44,8 @@ use crate::provider::SharedProvider;
 use crate::takeover::TakeoverSettings;
 
 mod steps;
+pub use steps::{AgentWaits, RebootWait};
 use steps::{called_since, power_cycle, restart_agent};
-
-/// How a reboot is waited for.
-#[derive(Debug, Clone)]
-pub struct RebootWait {
-    /// Give up (and fail the work) after this long.
-    pub timeout: Duration,
-    /// Time between two looks at the provider.
-    pub poll: Duration,
-    /// If the provider never shows the machine going down, accept it as
-    /// back once this long has passed (some providers report a reboot only
-    /// as a blip).
-    pub settle: Duration,
-}
-
-/// The bounds of the gentle steps.
-#[derive(Debug, Clone, Copy)]
-pub struct AgentWaits {
-    /// An agent restarted over SSH must call within this.
-    pub restart: Duration,
-    /// After a power cycle, the agent may come back by itself within this.
-    pub after_reboot: Duration,
-}
 
 /// Which step recovered a machine (or why none did), as the history, the
 /// logs and `/metrics` name it.
@@ -406,7 +385,14 @@ impl Recoverer {
         if let Some(unserved) = &recovery.rehome {
             // Never a power action: the machine is fine, its shepherd is not.
             tracing::info!(endpoint = %unserved, "agent calls an endpoint no shepherd serves; re-homing it over SSH");
-            return match restart_agent(shared, session, &recovery.machine).await {
+            return match restart_agent(
+                shared.takeover.as_deref(),
+                shared.waits,
+                session,
+                &recovery.machine,
+            )
+            .await
+            {
                 Ok(()) => Ok(Step::rehomed),
                 Err(cause) => Err(fail(
                     Step::failed,
@@ -432,7 +418,7 @@ impl Recoverer {
                 };
             }
             Some("cycle") => {
-                return power_cycle(shared, &recovery.machine)
+                return power_cycle(&shared.provider, &shared.wait, &recovery.machine)
                     .await
                     .map(|()| Step::power_cycled)
                     .map_err(|c| fail(Step::failed, c));
@@ -443,7 +429,14 @@ impl Recoverer {
         if recovery.requested {
             tracing::info!("rebooting at an operator's request");
         } else {
-            match restart_agent(shared, session, &recovery.machine).await {
+            match restart_agent(
+                shared.takeover.as_deref(),
+                shared.waits,
+                session,
+                &recovery.machine,
+            )
+            .await
+            {
                 Ok(()) => return Ok(Step::agent_restarted),
                 Err(cause) => {
                     tracing::info!(%cause, "agent quiet and not restarted over SSH; power-cycling");
@@ -497,7 +490,7 @@ impl Recoverer {
             Some(c) => c.told(cause).await,
             None => cause,
         };
-        if let Err(c) = power_cycle(shared, &recovery.machine).await {
+        if let Err(c) = power_cycle(&shared.provider, &shared.wait, &recovery.machine).await {
             return Err(fail(Step::failed, told(format!("{c}{gentle_note}")).await));
         }
         match called_since(session, mid, powered_at, shared.waits.after_reboot).await {

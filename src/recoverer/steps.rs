@@ -5,21 +5,45 @@ use std::time::{Duration, Instant, SystemTime};
 
 use uuid::Uuid;
 
-use super::Recoverer;
 use crate::bmdb::heartbeats;
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{BmdbError, ProviderStatus, Session, machines};
 use crate::control::wait_until;
+use crate::provider::SharedProvider;
 use crate::ssh::HostKeyPolicy;
+use crate::takeover::TakeoverSettings;
+
+/// How a reboot is waited for.
+#[derive(Debug, Clone)]
+pub struct RebootWait {
+    /// Give up (and fail the work) after this long.
+    pub timeout: Duration,
+    /// Time between two looks at the provider.
+    pub poll: Duration,
+    /// If the provider never shows the machine going down, accept it as
+    /// back once this long has passed (some providers report a reboot only
+    /// as a blip).
+    pub settle: Duration,
+}
+
+/// The bounds of the gentle steps.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentWaits {
+    /// An agent restarted over SSH must call within this.
+    pub restart: Duration,
+    /// After a power cycle, the agent may come back by itself within this.
+    pub after_reboot: Duration,
+}
 
 /// Starts the agent again over SSH, records its new key, and waits (up to
 /// `agent_restart_wait`) for it to call. The new agent stops the old one.
 pub(super) async fn restart_agent(
-    shared: &Recoverer,
+    takeover: Option<&TakeoverSettings>,
+    waits: AgentWaits,
     session: &Session,
     machine: &ProvidedMachine,
 ) -> Result<(), String> {
-    let Some(t) = &shared.takeover else {
+    let Some(t) = takeover else {
         return Err("no agent endpoint is set (bmaas.endpoint)".into());
     };
     let Some(address) = machine.address() else {
@@ -48,11 +72,11 @@ pub(super) async fn restart_agent(
         .await
         .map_err(|e| format!("recording the restarted agent: {e}"))?;
     tracing::debug!("agent restarted over SSH; waiting for its call");
-    match called_since(session, mid, started_at, shared.waits.restart).await {
+    match called_since(session, mid, started_at, waits.restart).await {
         Ok(true) => Ok(()),
         Ok(false) => Err(format!(
             "the agent was restarted but did not call within {}",
-            humantime::format_duration(shared.waits.restart)
+            humantime::format_duration(waits.restart)
         )),
         Err(e) => Err(format!("watching for the restarted agent: {e}")),
     }
@@ -78,20 +102,20 @@ pub(super) async fn called_since(
 /// Reboots the machine through the provider and waits until it reports it
 /// running.
 pub(super) async fn power_cycle(
-    shared: &Recoverer,
+    provider: &SharedProvider,
+    wait: &RebootWait,
     machine: &ProvidedMachine,
 ) -> Result<(), String> {
     let id = machine.provider_id.as_str();
-    shared
-        .provider
+    provider
         .reboot(id)
         .await
         .map_err(|e| format!("reboot: {e}"))?;
     let started = Instant::now();
     let mut went_down = false;
     loop {
-        tokio::time::sleep(shared.wait.poll).await;
-        let status = match shared.provider.get_machine(id).await {
+        tokio::time::sleep(wait.poll).await;
+        let status = match provider.get_machine(id).await {
             Ok(Some(m)) => m.status,
             Ok(None) => return Err("reboot: the provider no longer knows the machine".into()),
             Err(e) => {
@@ -100,7 +124,7 @@ pub(super) async fn power_cycle(
             }
         };
         match status {
-            ProviderStatus::Running if went_down || started.elapsed() >= shared.wait.settle => {
+            ProviderStatus::Running if went_down || started.elapsed() >= wait.settle => {
                 return Ok(());
             }
             ProviderStatus::Running => {}
@@ -109,10 +133,10 @@ pub(super) async fn power_cycle(
             }
             _ => went_down = true,
         }
-        if started.elapsed() >= shared.wait.timeout {
+        if started.elapsed() >= wait.timeout {
             return Err(format!(
                 "reboot: not back after {:?} (last status {status})",
-                shared.wait.timeout
+                wait.timeout
             ));
         }
     }

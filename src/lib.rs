@@ -55,6 +55,7 @@ pub mod redfish;
 pub mod rollouts;
 pub mod secret;
 pub mod servicer;
+pub mod sos;
 pub mod ssh;
 pub mod status;
 pub mod supervisor;

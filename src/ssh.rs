@@ -125,6 +125,11 @@ impl SshIdentity {
         }
     }
 
+    /// The private key (for a server's host key).
+    pub fn private_key(&self) -> &PrivateKey {
+        &self.key
+    }
+
     /// The public key in OpenSSH format, for authorized_keys or a provider.
     pub fn public_key(&self) -> &str {
         &self.public

@@ -48,6 +48,7 @@ const LAYERS: &[&[&str]] = &[
         "recoverer",
         "rollouts",
         "servicer",
+        "sos",
         "updater",
     ],
     &["status"],

@@ -18,6 +18,7 @@ use crate::bmdb::machines::{Heartbeat, MachineDetail, MachineState, MachineSumma
 use crate::bmdb::rollouts::{Member, Rollout};
 use crate::bmdb::{Process, ProviderStatus};
 
+use super::consoles::{ConsoleBody, ConsoleSessionBody};
 use super::text::{hex, rfc3339};
 
 /// Every error: what was wrong, naming the field or the path's part.
@@ -253,45 +254,9 @@ pub struct MachineDetailBody {
     /// Its serial console during the last boots shepherd made through its
     /// BMC, newest first (empty: none read).
     pub console: Vec<ConsoleBody>,
-}
-
-/// A boot's serial console, as shepherd captured it.
-#[derive(Serialize, ToSchema)]
-pub struct ConsoleBody {
-    pub capture_id: Uuid,
-    /// What shepherd was doing: `enroll`, `inspect`, `service`, ...
-    pub cause: String,
-    /// How it was read: `sol ipmi://host:port`, `ssh user@host:22 "cmd"`.
-    pub source: String,
-    pub started_at: String,
-    /// Absent while it is captured.
-    pub ended_at: Option<String>,
-    /// Bytes the console printed (more than it keeps).
-    pub bytes_seen: i64,
-    /// Its last bytes as text (terminal escapes and carriage returns
-    /// removed).
-    pub tail: String,
-    /// Its last lines that hold something, at most 20.
-    pub last_lines: Vec<String>,
-    /// The last time it could not be read, why.
-    pub error: Option<String>,
-}
-
-impl From<&crate::bmdb::console::ConsoleCapture> for ConsoleBody {
-    fn from(c: &crate::bmdb::console::ConsoleCapture) -> Self {
-        let tail = crate::console::text(&c.tail);
-        ConsoleBody {
-            capture_id: c.capture_id,
-            cause: c.cause.clone(),
-            source: c.source.clone(),
-            started_at: rfc3339(c.started_at),
-            ended_at: c.ended_at.map(rfc3339),
-            bytes_seen: c.bytes_seen,
-            last_lines: crate::console::last_lines(&tail, 20),
-            tail,
-            error: c.error.clone(),
-        }
-    }
+    /// Who was on its console over shepherd's SSH, newest first (ten at
+    /// most).
+    pub console_sessions: Vec<ConsoleSessionBody>,
 }
 
 /// A machine against its baseline (`[[baselines]]`).
@@ -760,6 +725,11 @@ impl From<&MachineDetail> for MachineDetailBody {
             baseline: None,
             servicing: d.service.clone(),
             console: d.consoles.iter().map(ConsoleBody::from).collect(),
+            console_sessions: d
+                .console_sessions
+                .iter()
+                .map(ConsoleSessionBody::from)
+                .collect(),
         }
     }
 }

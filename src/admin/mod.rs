@@ -23,6 +23,7 @@
 
 pub mod api;
 mod auth;
+pub mod consoles;
 pub mod discovery;
 mod firmware;
 mod handlers;

@@ -16,6 +16,7 @@ pub mod brake;
 pub mod callback;
 mod conn;
 pub mod console;
+pub mod console_sessions;
 pub mod devices;
 pub mod discovery;
 pub mod duty;

@@ -30,6 +30,16 @@ pub struct ConsoleSettings {
     /// before it is opened again.
     #[serde(with = "humantime_serde")]
     pub reopen_after: Duration,
+    /// Where machines' consoles are served over SSH (`ssh -p PORT
+    /// MACHINE@host`, as Equinix Metal's SOS); unset: not served.
+    pub listen: Option<std::net::SocketAddr>,
+    /// The console server's SSH host key (an OpenSSH private key, made on
+    /// first start).
+    pub host_key_file: PathBuf,
+    /// Operators' public keys, in authorized_keys' form (one a line, its
+    /// comment the operator's name in the audit), read at each login;
+    /// unset: only tenants, with their projects' keys.
+    pub operator_keys: Option<PathBuf>,
 }
 
 impl Default for ConsoleSettings {
@@ -41,6 +51,9 @@ impl Default for ConsoleSettings {
             capture_for: Duration::from_secs(30 * 60),
             write_every: Duration::from_secs(2),
             reopen_after: Duration::from_secs(5),
+            listen: None,
+            host_key_file: PathBuf::from("var/ssh/console_host_ed25519"),
+            operator_keys: None,
         }
     }
 }
@@ -55,6 +68,12 @@ impl ConsoleSettings {
             ("console.reopen_after", self.reopen_after),
         ] {
             ConfigError::positive(k, v)?;
+        }
+        if self.listen.is_some() && self.host_key_file.as_os_str().is_empty() {
+            return Err(ConfigError::key(
+                "console.host_key_file",
+                "is empty: the console server needs a host key",
+            ));
         }
         Ok(())
     }

@@ -15,7 +15,9 @@ use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{ConsoleSource, Tail, sol, ssh};
+use super::reader::{self, FromReader};
+use super::viewers::{ToViewer, Viewers};
+use super::{ConsoleSource, Tail};
 use crate::bmdb::{Bmdb, BmdbError};
 use crate::config::{ConsoleSettings, IpmiConfig};
 
@@ -65,10 +67,34 @@ impl Consoles {
             error: None,
             reader: None,
             generation: 0,
+            viewers: Viewers::default(),
         }
         .start();
         actors.insert(machine_id, (source.clone(), addr.clone()));
         addr
+    }
+
+    /// Puts `who` (connection `session`) on `machine_id`'s console read
+    /// from `source`: what it prints goes to `out`. Their link, and
+    /// whether they hold its keyboard.
+    pub async fn attach(
+        &self,
+        machine_id: Uuid,
+        source: &ConsoleSource,
+        session: Uuid,
+        who: &str,
+        out: mpsc::Sender<ToViewer>,
+    ) -> Result<(ConsoleLink, Attached), String> {
+        let addr = self.actor(machine_id, source);
+        let attached = addr
+            .send(Attach {
+                session,
+                who: who.to_string(),
+                out,
+            })
+            .await
+            .map_err(|e| format!("the console's actor is gone: {e}"))?;
+        Ok((ConsoleLink { addr, session }, attached))
     }
 
     /// Begins capturing `machine_id`'s console from `source`, for `cause`
@@ -103,6 +129,34 @@ impl Consoles {
                 None
             }
         }
+    }
+}
+
+/// What the console printed last, shown to someone coming on it.
+const BACKLOG_BYTES: usize = 4096;
+
+/// Someone's place on a machine's console: what they type goes through
+/// [`ConsoleLink::type_keys`]; dropped, they leave it.
+pub struct ConsoleLink {
+    addr: Addr<Console>,
+    session: Uuid,
+}
+
+impl ConsoleLink {
+    /// Types `bytes` on the console if this link holds its keyboard.
+    pub fn type_keys(&self, bytes: Vec<u8>) {
+        self.addr.do_send(Type {
+            session: self.session,
+            bytes,
+        });
+    }
+}
+
+impl Drop for ConsoleLink {
+    fn drop(&mut self) {
+        self.addr.do_send(Detach {
+            session: self.session,
+        });
     }
 }
 
@@ -174,10 +228,10 @@ struct Running {
     deadline: Instant,
 }
 
-/// The reader task's handles: dropping `stop` ends it.
+/// The reader task's handles: dropping `stop` ends it; `input` types.
 struct Reader {
     _stop: oneshot::Sender<()>,
-    _input: mpsc::Sender<Vec<u8>>,
+    input: mpsc::Sender<Vec<u8>>,
 }
 
 pub struct Console {
@@ -197,6 +251,8 @@ pub struct Console {
     reader: Option<Reader>,
     /// Which reader a message is from: one stopped says nothing more.
     generation: u64,
+    /// The people on it now (over shepherd's SSH).
+    viewers: Viewers,
 }
 
 impl Actor for Console {
@@ -231,15 +287,6 @@ struct KeepFor {
     for_: Duration,
 }
 
-/// From the reader: bytes, or its end (with why).
-#[derive(Message)]
-#[rtype(result = "()")]
-enum FromReader {
-    Bytes { generation: u64, bytes: Vec<u8> },
-    Ended { generation: u64, why: String },
-    Suite { generation: u64, suite: u8 },
-}
-
 impl Console {
     fn start_reader(&mut self, ctx: &mut Context<Self>) {
         self.generation += 1;
@@ -248,13 +295,26 @@ impl Console {
         let (input_tx, input_rx) = mpsc::channel(64);
         self.reader = Some(Reader {
             _stop: stop_tx,
-            _input: input_tx,
+            input: input_tx,
         });
         let me = ctx.address();
         let source = self.source.clone();
         let ipmi = self.ipmi.clone();
         let suite = self.suite;
-        actix_rt::spawn(read(source, ipmi, suite, generation, me, stop_rx, input_rx));
+        actix_rt::spawn(reader::read(
+            source,
+            ipmi,
+            suite,
+            generation,
+            me.recipient(),
+            stop_rx,
+            input_rx,
+        ));
+    }
+
+    /// A capture runs, or someone is on the console.
+    fn needs_reader(&self) -> bool {
+        self.capture.is_some() || !self.viewers.is_empty()
     }
 
     fn stop_reader(&mut self) {
@@ -316,7 +376,9 @@ impl Console {
         let write = running.then(|| self.write(true));
         if running {
             self.capture = None;
-            self.stop_reader();
+            if self.viewers.is_empty() {
+                self.stop_reader();
+            }
         }
         async move {
             if let Some(w) = write {
@@ -381,6 +443,79 @@ impl Handler<EndCapture> for Console {
     }
 }
 
+/// Someone comes on the console: shown what it prints from now on.
+#[derive(Message)]
+#[rtype(result = "Attached")]
+struct Attach {
+    session: Uuid,
+    who: String,
+    out: mpsc::Sender<ToViewer>,
+}
+
+/// Someone on the console, as they come.
+#[derive(Debug)]
+pub struct Attached {
+    /// They hold the keyboard (Ok), or who does (Err).
+    pub keyboard: Result<(), String>,
+    /// What it printed last, to start from.
+    pub backlog: Vec<u8>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Detach {
+    session: Uuid,
+}
+
+/// Keystrokes from someone on the console: typed if they hold its
+/// keyboard, dropped otherwise.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Type {
+    session: Uuid,
+    bytes: Vec<u8>,
+}
+
+impl Handler<Attach> for Console {
+    type Result = MessageResult<Attach>;
+
+    fn handle(&mut self, msg: Attach, ctx: &mut Context<Self>) -> Self::Result {
+        let keyboard = self.viewers.add(msg.session, &msg.who, msg.out);
+        if self.reader.is_none() {
+            self.start_reader(ctx);
+        }
+        let bytes = self.tail.bytes();
+        let backlog = bytes[bytes.len().saturating_sub(BACKLOG_BYTES)..].to_vec();
+        MessageResult(Attached { keyboard, backlog })
+    }
+}
+
+impl Handler<Detach> for Console {
+    type Result = ();
+
+    fn handle(&mut self, msg: Detach, _: &mut Context<Self>) {
+        self.viewers.remove(msg.session);
+        if !self.needs_reader() {
+            self.stop_reader();
+        }
+    }
+}
+
+impl Handler<Type> for Console {
+    type Result = ();
+
+    fn handle(&mut self, msg: Type, _: &mut Context<Self>) {
+        if !self.viewers.is_writer(msg.session) {
+            return;
+        }
+        if let Some(r) = &self.reader
+            && r.input.try_send(msg.bytes).is_err()
+        {
+            tracing::debug!(machine_id = %self.machine_id, "keystrokes dropped: the console is not taking them");
+        }
+    }
+}
+
 impl Handler<KeepFor> for Console {
     type Result = ();
 
@@ -410,173 +545,28 @@ impl Handler<FromReader> for Console {
         match msg {
             FromReader::Bytes { generation, bytes } if generation == self.generation => {
                 self.tail.push(&bytes);
+                if !self.viewers.is_empty() {
+                    self.viewers.send(&ToViewer::Printed(bytes));
+                }
             }
             FromReader::Suite { generation, suite } if generation == self.generation => {
                 self.suite = Some(suite);
             }
             FromReader::Ended { generation, why } if generation == self.generation => {
                 self.reader = None;
-                if self.capture.is_none() {
+                if !self.needs_reader() {
                     return;
                 }
                 tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), %why, "the console's reader ended: opened again after console.reopen_after");
+                self.viewers.send(&ToViewer::Interrupted(why.clone()));
                 self.error = Some(why);
                 ctx.run_later(self.settings.reopen_after, |me, ctx| {
-                    if me.capture.is_some() && me.reader.is_none() {
+                    if me.needs_reader() && me.reader.is_none() {
                         me.start_reader(ctx);
                     }
                 });
             }
             _ => {}
-        }
-    }
-}
-
-/// An open console, either way it is read.
-enum Stream {
-    Sol(sol::SolStream),
-    Ssh(ssh::SshStream),
-}
-
-impl Stream {
-    async fn read(&mut self) -> Option<Vec<u8>> {
-        match self {
-            Stream::Sol(s) => s.read().await,
-            Stream::Ssh(s) => s.read().await,
-        }
-    }
-
-    async fn write(&mut self, bytes: &[u8]) {
-        let r = match self {
-            Stream::Sol(s) => s.write(bytes).await.map_err(|e| e.to_string()),
-            Stream::Ssh(s) => s.write(bytes).await,
-        };
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "a keystroke to the console was lost");
-        }
-    }
-}
-
-/// How a stream's reading ended.
-enum Ended {
-    /// Told to stop: the stream is closed.
-    Stopped,
-    /// The console ended: the stream, to say why.
-    Closed(Box<Stream>),
-}
-
-/// Hands the actor what `stream` prints and types what it is given,
-/// until stopped or the console ends; `spoke`: called at its first bytes.
-async fn pump(
-    mut stream: Stream,
-    generation: u64,
-    me: &Addr<Console>,
-    stop: &mut oneshot::Receiver<()>,
-    input: &mut mpsc::Receiver<Vec<u8>>,
-    mut spoke: impl FnMut(),
-) -> Ended {
-    loop {
-        tokio::select! {
-            _ = &mut *stop => {
-                match stream {
-                    Stream::Sol(s) => s.close().await,
-                    Stream::Ssh(s) => s.close().await,
-                }
-                return Ended::Stopped;
-            }
-            Some(k) = input.recv() => stream.write(&k).await,
-            chunk = stream.read() => match chunk {
-                Some(bytes) => {
-                    spoke();
-                    me.do_send(FromReader::Bytes { generation, bytes });
-                }
-                None => return Ended::Closed(Box::new(stream)),
-            },
-        }
-    }
-}
-
-/// The reader: opens the console and pumps it; says why it ended.
-async fn read(
-    source: ConsoleSource,
-    ipmi: IpmiConfig,
-    suite: Option<u8>,
-    generation: u64,
-    me: Addr<Console>,
-    mut stop: oneshot::Receiver<()>,
-    mut input: mpsc::Receiver<Vec<u8>>,
-) {
-    let ended = |why: String| FromReader::Ended { generation, why };
-    match source {
-        ConsoleSource::Sol { target, bmc } => {
-            let suites: Vec<u8> = match suite {
-                Some(s) => vec![s],
-                None => sol::SUITES.to_vec(),
-            };
-            let mut last = String::new();
-            for (i, s) in suites.iter().copied().enumerate() {
-                let stream = match sol::activate(&ipmi, &target, &bmc, s) {
-                    Ok(st) => Stream::Sol(st),
-                    Err(e) => return me.do_send(ended(e)),
-                };
-                let mut told = suite.is_some();
-                let tell = || {
-                    if !told {
-                        told = true;
-                        me.do_send(FromReader::Suite {
-                            generation,
-                            suite: s,
-                        });
-                    }
-                };
-                let Ended::Closed(closed) =
-                    pump(stream, generation, &me, &mut stop, &mut input, tell).await
-                else {
-                    return;
-                };
-                let Stream::Sol(stream) = *closed else {
-                    return;
-                };
-                let spoke = stream.spoke;
-                last = stream.ended(&bmc).await;
-                // A session that never printed may be the suite's fault:
-                // the next one is tried.
-                if spoke || i + 1 == suites.len() {
-                    break;
-                }
-            }
-            me.do_send(ended(last));
-        }
-        ConsoleSource::Ssh {
-            address,
-            username,
-            command,
-            key_file,
-            host_key,
-        } => {
-            let stream = match ssh::open(
-                &address,
-                &username,
-                &command,
-                &key_file,
-                host_key.as_deref(),
-            )
-            .await
-            {
-                Ok(s) => Stream::Ssh(s),
-                Err(e) => return me.do_send(ended(e)),
-            };
-            let Ended::Closed(closed) =
-                pump(stream, generation, &me, &mut stop, &mut input, || {}).await
-            else {
-                return;
-            };
-            let Stream::Ssh(mut stream) = *closed else {
-                return;
-            };
-            let why = stream.end.take().unwrap_or_default();
-            stream.close().await;
-            me.do_send(ended(why));
         }
     }
 }

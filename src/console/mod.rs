@@ -15,13 +15,16 @@ use std::path::PathBuf;
 use crate::config::{BmcConfig, ConsoleConfig, ConsoleVia};
 
 mod capture;
+mod reader;
 mod sol;
 mod ssh;
 mod tail;
+mod viewers;
 
 pub use capture::LINES_IN_A_CAUSE;
-pub use capture::{Capture, Consoles};
+pub use capture::{Attached, Capture, ConsoleLink, Consoles};
 pub use tail::{Tail, last_lines, text};
+pub use viewers::{ToViewer, VIEWER_BACKLOG};
 
 /// Where a machine's serial console is read, as its BMC settings say.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,6 +26,8 @@ pub struct Running {
     pub images: Option<crate::images::ImageServer>,
     /// The network boot service, when `[netboot]` is configured.
     pub netboot: Option<Addr<crate::netboot::NetbootService>>,
+    /// The consoles over SSH, when `console.listen` is set.
+    pub console_server: Option<crate::sos::ConsoleServer>,
 }
 
 impl Running {
@@ -205,6 +207,15 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
         brake_release: cfg.recoverer.brake_release,
         ..admin
     };
+    let consoles =
+        crate::console::Consoles::new(cfg.console.clone(), cfg.ipmi.clone(), parts.bmdb.clone());
+    let console_server = crate::sos::serve(
+        &cfg.console,
+        consoles.clone(),
+        parts.provider.clone(),
+        parts.bmdb.clone(),
+    )
+    .await?;
     let mut loops = registrations(
         &cfg,
         LoopInputs {
@@ -216,11 +227,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             baselines,
             images: catalog.clone(),
             service_metrics,
-            consoles: crate::console::Consoles::new(
-                cfg.console.clone(),
-                cfg.ipmi.clone(),
-                parts.bmdb.clone(),
-            ),
+            consoles: consoles.clone(),
         },
     );
     loops.extend(extra);
@@ -238,6 +245,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
         callback,
         images,
         netboot,
+        console_server,
     })
 }
 

@@ -149,7 +149,7 @@ fn facts(d: &MachineDetail) -> Markup {
 /// folded.
 fn console(d: &MachineDetail) -> Markup {
     html! {
-        @if !d.consoles.is_empty() {
+        @if !d.consoles.is_empty() || !d.console_sessions.is_empty() {
             section #console {
                 h2 { "Console" }
                 @for (i, c) in d.consoles.iter().enumerate() {
@@ -171,6 +171,35 @@ fn console(d: &MachineDetail) -> Markup {
                             p.muted { "it printed nothing" }
                         } @else {
                             pre.console-tail { (lines.join("\n")) }
+                        }
+                    }
+                }
+                @if !d.console_sessions.is_empty() {
+                    (console_sessions(d))
+                }
+            }
+        }
+    }
+}
+
+/// Who was on the console over shepherd's SSH (the audit).
+fn console_sessions(d: &MachineDetail) -> Markup {
+    html! {
+        table #console-sessions {
+            caption { "On its console over SSH" }
+            tr { th { "who" } th { "from" } th { "when" } th { "keyboard" } th { "typed" } th { "shown" } th { "ended" } }
+            @for s in &d.console_sessions {
+                tr data-session=(s.session_id) {
+                    td { (s.who) br; small.muted { (s.key_fingerprint) } }
+                    td { (s.peer.as_deref().unwrap_or("")) }
+                    td { (rfc3339(s.started_at)) }
+                    td { @if s.wrote { "held" } @else { "read only" } }
+                    td { (s.bytes_typed) " bytes" }
+                    td { (s.bytes_shown) " bytes" }
+                    td {
+                        @match (s.ended_at, &s.end_reason) {
+                            (Some(t), r) => { (rfc3339(t)) ": " (r.as_deref().unwrap_or("")) },
+                            (None, _) => "on it now",
                         }
                     }
                 }

@@ -127,6 +127,9 @@ pub struct MachineDetail {
     /// Its serial console during the last boots shepherd made, newest
     /// first (three at most).
     pub consoles: Vec<crate::bmdb::console::ConsoleCapture>,
+    /// Who was on its console over shepherd's SSH, newest first (ten at
+    /// most).
+    pub console_sessions: Vec<crate::bmdb::console_sessions::ConsoleSession>,
 }
 
 /// A machine's tenant: the project it is assigned to (None: the shared
@@ -308,6 +311,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
             .pop(),
         service: crate::bmdb::servicing::of_machine(tx, machine_id).await?,
         consoles: crate::bmdb::console::latest(tx, machine_id, 3).await?,
+        console_sessions: crate::bmdb::console_sessions::recent(tx, machine_id, 10).await?,
     }))
 }
 

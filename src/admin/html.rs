@@ -23,17 +23,39 @@ const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:2em;color:#222}\
     form.filters{margin:1em 0}form.filters label{margin-right:1em}\
     .actions form{display:inline-block;margin:0 1em .5em 0;padding:.5em;border:1px solid #ddd}\
     section{margin-top:1.5em}.row{display:flex;flex-wrap:wrap;gap:0 2em;align-items:flex-start}.row>*{max-width:36em}.row>#activity,.row>#overview{max-width:none}.muted{color:#777}nav a{margin-right:1em}\
-    .chart text{font:11px system-ui,sans-serif;fill:#444}";
+    .chart text{font:11px system-ui,sans-serif;fill:#444}progress{width:12em}";
 
 /// A whole page. `refresh`: reload itself every `REFRESH_SECONDS`.
 pub fn document(title: &str, body: Markup, refresh: bool) -> Markup {
+    shell(
+        title,
+        body,
+        if refresh { Live::Reload } else { Live::Still },
+    )
+}
+
+/// How a page keeps up with the fleet.
+enum Live {
+    Still,
+    /// Reloads every `REFRESH_SECONDS`.
+    Reload,
+    /// Runs this script (a constant of the crate), which keeps it up to
+    /// date; reloads without scripts.
+    Script(&'static str),
+}
+
+fn shell(title: &str, body: Markup, live: Live) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
-                @if refresh {
-                    meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                @match live {
+                    Live::Reload => { meta http-equiv="refresh" content=(REFRESH_SECONDS); },
+                    Live::Script(_) => {
+                        noscript { meta http-equiv="refresh" content=(REFRESH_SECONDS); }
+                    },
+                    Live::Still => {},
                 }
                 meta name="viewport" content="width=device-width";
                 title { (title) }
@@ -42,9 +64,20 @@ pub fn document(title: &str, body: Markup, refresh: bool) -> Markup {
             body {
                 h1 { (title) }
                 (body)
+                @if let Live::Script(js) = live {
+                    script { (PreEscaped(js)) }
+                }
             }
         }
     }
+}
+
+/// A page kept up to date by `script` (a constant of the crate), which
+/// reloads every `REFRESH_SECONDS` where scripts do not run.
+pub fn live_page(title: &str, body: Markup, script: &'static str) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(shell(title, body, Live::Script(script)).into_string())
 }
 
 pub fn page(title: &str, body: Markup, refresh: bool) -> HttpResponse {

@@ -30,6 +30,7 @@ mod handlers;
 mod html;
 mod install_pages;
 pub mod installs;
+pub mod live;
 mod metrics;
 mod openapi;
 mod pages;

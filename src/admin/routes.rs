@@ -109,6 +109,7 @@ fn bounded_by_the_database() -> actix_web::Scope<
         .service(post_only("/api/v1/brake/release", api_brake_release))
         .service(post_only("/brake/release", pages::brake_form))
         .service(read_only("/", pages::fleet_page))
+        .service(read_only("/events", super::live::events))
         .service(read_only("/machines/{id}", pages::machine_page))
         .service(read_only("/firmware", firmware::firmware_page))
         .service(post_only(

@@ -10,7 +10,8 @@ use maud::{Markup, html};
 
 use super::super::auth;
 use super::super::handlers::{ReleaseBody, release_brake, status};
-use super::super::html::{REFRESH_SECONDS, error_page, page};
+use super::super::html::{REFRESH_SECONDS, error_page, live_page};
+use super::super::live::{Progress, UNDER_WAY_SHOWN};
 use super::super::request::{Page, Query, internal};
 use super::super::rollout_pages::fleet_rollout_form;
 use super::super::state::Admin;
@@ -21,6 +22,7 @@ use crate::bmdb::ProviderStatus;
 use crate::bmdb::brake::BrakeState;
 use crate::bmdb::callback::ServedEndpoint as Endpoint;
 use crate::bmdb::duty::Holder;
+use crate::bmdb::installations::UnderWay;
 use crate::bmdb::machines::{self, Heartbeat, Listing, MachineState};
 use crate::bmdb::overview::{self, SessionView};
 use crate::status::SupervisorStatus as Status;
@@ -95,10 +97,11 @@ pub(in super::super) async fn fleet_page(
                     None => None,
                 },
                 crate::bmdb::callback::endpoints(tx).await?,
+                crate::bmdb::installations::under_way(tx, UNDER_WAY_SHOWN).await?,
             ))
         })
         .await;
-    let (listing, activity, sessions, brake, endpoints) = match r {
+    let (listing, activity, sessions, brake, endpoints, under_way) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
@@ -144,6 +147,7 @@ pub(in super::super) async fn fleet_page(
                     }
                 }
             }
+            (progress_section(&under_way))
             section #activity {
                 h2 { "Activity, last " (humantime::format_duration(CHART_BUCKET * CHART_BUCKETS)) }
                 (charts::activity(&activity, CHART_BUCKET))
@@ -169,10 +173,103 @@ pub(in super::super) async fn fleet_page(
             ],
             listing.matching,
         ))
-        p.muted { "Rendered " (rfc3339(SystemTime::now())) "; reloads every " (REFRESH_SECONDS) " s." }
+        p.muted {
+            "Rendered " (rfc3339(SystemTime::now())) "; "
+            span #live { "kept up to date as it changes (without scripts: reloaded every " (REFRESH_SECONDS) " s)" }
+        }
     };
-    page("shepherd: fleet", body, true)
+    live_page("shepherd: fleet", body, LIVE_SCRIPT)
 }
+
+/// The installations and erasures under way, with the agents' progress
+/// (`GET /events` redraws it).
+fn progress_section(under: &[UnderWay]) -> Markup {
+    html! {
+        section #progress {
+            h2 { "Installing and erasing now" }
+            table {
+                thead { tr { th { "machine" } th { "doing" } th { "phase" } th { "progress" } th { "reported" } } }
+                tbody {
+                    @for u in under {
+                        @let p = Progress::from(u);
+                        tr data-machine=(p.machine_id) {
+                            td { a href={ "machines/" (p.machine_id) } { (p.provider_id.clone().unwrap_or_else(|| p.machine_id.to_string())) } }
+                            td { (p.state) }
+                            td { (p.phase.as_deref().unwrap_or("not reported yet")) }
+                            td {
+                                @if let Some(pc) = p.percent {
+                                    progress max="100" value=(pc) {} " " (pc) " %"
+                                }
+                            }
+                            td { (p.reported_at.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+            @if under.is_empty() {
+                p.muted #progress-none { "none" }
+            }
+        }
+    }
+}
+
+/// The fleet page's live updates: `GET /events`' frames redraw the counts
+/// (the life cycle's and the table's), the agents and the installations
+/// and erasures under way. It writes text only (`textContent`), never
+/// markup.
+const LIVE_SCRIPT: &str = r##"(function () {
+  if (!window.EventSource) return;
+  var live = document.getElementById("live");
+  var say = function (t) { if (live) live.textContent = t; };
+  var set = function (id, t) { var e = document.getElementById(id); if (e) e.textContent = t; };
+  var cell = function (tr, t) { var td = document.createElement("td"); td.textContent = t; tr.appendChild(td); return td; };
+  var es = new EventSource("events");
+  es.addEventListener("fleet", function (e) {
+    var f = JSON.parse(e.data);
+    document.querySelectorAll("g.state[data-state]").forEach(function (g) {
+      var s = g.getAttribute("data-state"), n = f.counts[s] || 0;
+      g.setAttribute("data-count", n);
+      g.classList.toggle("empty", n === 0);
+      set("count-" + s, n);
+    });
+    document.querySelectorAll("#counts tr[data-state]").forEach(function (tr) {
+      var td = tr.querySelector("td.count");
+      if (td) td.textContent = f.counts[tr.getAttribute("data-state")] || 0;
+    });
+    set("total", f.total + " machines");
+    set("heartbeating", f.heartbeating);
+    set("silent", f.silent);
+    var body = document.querySelector("#progress tbody");
+    if (body) {
+      body.replaceChildren();
+      f.under_way.forEach(function (u) {
+        var tr = document.createElement("tr");
+        tr.setAttribute("data-machine", u.machine_id);
+        var a = document.createElement("a");
+        a.href = "machines/" + encodeURIComponent(u.machine_id);
+        a.textContent = u.provider_id || u.machine_id;
+        cell(tr, "").appendChild(a);
+        cell(tr, u.state);
+        cell(tr, u.phase || "not reported yet");
+        var td = cell(tr, "");
+        if (u.percent !== null && u.percent !== undefined) {
+          var p = document.createElement("progress");
+          p.max = 100;
+          p.value = u.percent;
+          td.appendChild(p);
+          td.appendChild(document.createTextNode(" " + u.percent + " %"));
+        }
+        cell(tr, u.reported_at || "");
+        body.appendChild(tr);
+      });
+      var none = document.getElementById("progress-none");
+      if (none) none.hidden = f.under_way.length > 0;
+    }
+    say("live: updated " + f.at);
+  });
+  es.addEventListener("trouble", function (e) { say("live: the fleet could not be read (" + e.data + ")"); });
+  es.onerror = function () { say("live: reconnecting"); };
+})();"##;
 
 /// The banner while the brake holds (with its release form), or while an
 /// operator's release lasts.

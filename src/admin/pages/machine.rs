@@ -1,9 +1,7 @@
 //! A machine's page: what it is and where it stands, the operators'
 //! buttons, its installation, hardware, BMC, firmware, servicing, leases,
-//! backoffs and its history with the operators' actions; and the buttons'
-//! form handler.
-
-use std::time::SystemTime;
+//! backoffs and its timeline (everything that happened to it); and the
+//! buttons' form handler.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, html};
@@ -297,39 +295,23 @@ fn hardware(d: &MachineDetail) -> Markup {
     }
 }
 
-/// The work history and the operators' actions, in time order (equal
-/// times keep the history first).
+/// The machine's timeline: its work, the operators' actions, its
+/// installations and erasures, servicings, power cycles, console captures
+/// and connections, newest first.
 fn history(d: &MachineDetail) -> Markup {
-    enum Row<'a> {
-        Work(&'a crate::bmdb::machines::HistoryEntry),
-        Operator(&'a crate::bmdb::actions::Audit),
-    }
-    let mut rows: Vec<(SystemTime, Row)> = d
-        .history
-        .iter()
-        .map(|h| (h.timestamp, Row::Work(h)))
-        .chain(d.actions.iter().map(|a| (a.timestamp, Row::Operator(a))))
-        .collect();
-    rows.sort_by_key(|(t, _)| *t);
     html! {
-        h2 { "History" }
+        h2 { "Timeline" }
         table #history {
-            tr { th { "time" } th { "process" } th { "event" } th { "cause or detail" } }
-            @for (_, row) in &rows {
-                @match row {
-                    Row::Work(h) => tr.event.failed[h.failed_cause.is_some()] {
-                        td { (rfc3339(h.timestamp)) }
-                        td { (h.process) }
-                        td { (h.event) }
-                        td { (h.failed_cause.as_deref().or(h.detail.as_deref()).unwrap_or("")) }
-                    },
-                    Row::Operator(a) => tr.event.operator data-action=(a.id) {
-                        td { (rfc3339(a.timestamp)) }
-                        td { "operator " (a.actor) }
-                        td { (a.action) }
-                        td { (a.detail) @if let Some(r) = &a.reason { " (reason: " (r) ")" } }
-                    },
+            tr { th { "time" } th { "what" } th { "cause or detail" } }
+            @for m in &d.timeline {
+                tr class={ "event " (m.kind.as_str()) @if m.failed { " failed" } } {
+                    td { (rfc3339(m.at)) }
+                    td { (m.what) }
+                    td { (m.detail.as_deref().unwrap_or("")) }
                 }
+            }
+            @if d.timeline.is_empty() {
+                tr { td.muted colspan="3" { "nothing yet" } }
             }
         }
     }

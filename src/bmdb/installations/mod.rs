@@ -29,4 +29,4 @@ pub use request::{
     MAX_FIRST_BOOT, check_erasure, check_first_boot_path, check_image, erase_mode_name,
     fill_first_boot, first_boot_summary,
 };
-pub use view::{HistoryEntry, Installation, installation, report_error};
+pub use view::{HistoryEntry, Installation, UnderWay, installation, report_error, under_way};

@@ -123,3 +123,77 @@ pub async fn installation(
         history,
     }))
 }
+
+/// A machine installing or erasing now, with the agent's latest progress.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnderWay {
+    pub machine_id: Uuid,
+    pub provider_id: Option<String>,
+    /// `installing` or `cleaning` (erasing its disks).
+    pub state: String,
+    /// The agent's latest progress of this generation, and when it came.
+    pub progress: Option<(InstallationProgress, SystemTime)>,
+}
+
+impl UnderWay {
+    /// How far, in percent, when the agent knows the total.
+    pub fn percent(&self) -> Option<f64> {
+        let (p, _) = self.progress.as_ref()?;
+        let done = if p.phase() == shepherd_proto::api::installation_progress::Phase::Erasing {
+            p.bytes_written
+        } else {
+            p.bytes_fetched
+        };
+        (p.bytes_total > 0).then(|| (done as f64 * 100.0 / p.bytes_total as f64).clamp(0.0, 100.0))
+    }
+
+    /// The agent's phase, in words (`writing`, `erasing`, …).
+    pub fn phase(&self) -> Option<String> {
+        let (p, _) = self.progress.as_ref()?;
+        Some(
+            p.phase()
+                .as_str_name()
+                .trim_start_matches("PHASE_")
+                .to_lowercase()
+                .replace('_', " "),
+        )
+    }
+}
+
+/// The machines installing or erasing now (a range of the kept states'
+/// index), `limit` at most, in provider ID order.
+const UNDER_WAY: &str = "SELECT s.machine_id, s.provider_id, s.state, r.progress_raw, r.progress_at, \
+       r.generation, i.generation FROM machine_summary s \
+       LEFT JOIN machine_installation_progress r ON r.machine_id = s.machine_id \
+       LEFT JOIN machine_os_installation_request i ON i.machine_id = s.machine_id \
+     WHERE s.state IN ('installing', 'cleaning') \
+     ORDER BY s.state, s.provider_id, s.machine_id LIMIT $1";
+
+pub async fn under_way(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<UnderWay>, BmdbError> {
+    Ok(tx
+        .query(UNDER_WAY, &[&limit])
+        .await?
+        .iter()
+        .map(|r| {
+            let progress = match (
+                r.get::<_, Option<Vec<u8>>>(3),
+                r.get::<_, Option<SystemTime>>(4),
+                r.get::<_, Option<i64>>(5),
+                r.get::<_, Option<i32>>(6),
+            ) {
+                (Some(raw), Some(at), Some(g), Some(asked)) if g == i64::from(asked) => {
+                    InstallationProgress::decode(raw.as_slice())
+                        .ok()
+                        .map(|p| (p, at))
+                }
+                _ => None,
+            };
+            UnderWay {
+                machine_id: r.get(0),
+                provider_id: r.get(1),
+                state: r.get(2),
+                progress,
+            }
+        })
+        .collect())
+}

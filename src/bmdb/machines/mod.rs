@@ -20,9 +20,11 @@ use super::{BmdbError, HistoryEvent, Process, Provider, ProviderStatus, Tx};
 #[macro_use]
 mod fleet;
 mod detail;
+mod timeline;
 
 pub use detail::*;
 pub use fleet::*;
+pub use timeline::{Happening, Moment, timeline};
 
 /// A machine the provider has for us, to be recorded in the BMDB.
 #[derive(Debug, Clone)]

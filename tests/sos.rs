@@ -385,6 +385,37 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
     for who in ["operator alice", "operator bob", "tenant project"] {
         assert!(audit.contains(who), "{who}: {audit}");
     }
+    // The timeline holds the connections too.
+    let timeline = page
+        .split("<table id=\"history\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the timeline: {page}"));
+    assert!(
+        timeline.contains("operator alice on the console over SSH")
+            && timeline.contains("held the keyboard; left"),
+        "{timeline}"
+    );
+    println!("what alice's terminal showed:\n{}", a.text());
+    println!("what the tenant's terminal showed:\n{}", t.text());
+    // SHEPHERD_SCREENSHOTS=DIR: the machine page as a browser shows it.
+    if let Some(shots) = std::env::var_os("SHEPHERD_SCREENSHOTS") {
+        let png = Path::new(&shots).join("machine-console-sessions.png");
+        let out = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/browser/admin_pages.py"
+            ))
+            .args(["screenshot", &format!("http://{admin}/machines/{machine}")])
+            .arg(&png)
+            .args(["1280", "1600"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // No password and no private key shown to anyone, nor logged.
     shepherd.terminate(Duration::from_secs(20));

@@ -216,13 +216,17 @@ fn progress_section(under: &[UnderWay]) -> Markup {
 /// The fleet page's live updates: `GET /events`' frames redraw the counts
 /// (the life cycle's and the table's), the agents and the installations
 /// and erasures under way. It writes text only (`textContent`), never
-/// markup.
+/// markup. The stream is opened once its first frame would be news (the
+/// page is fresh as rendered): a headless browser's dump, whose virtual
+/// time stands still while a request is open, is not held by it.
 const LIVE_SCRIPT: &str = r##"(function () {
+  var LIVE_DELAY_MS = 2500;
   if (!window.EventSource) return;
   var live = document.getElementById("live");
   var say = function (t) { if (live) live.textContent = t; };
   var set = function (id, t) { var e = document.getElementById(id); if (e) e.textContent = t; };
   var cell = function (tr, t) { var td = document.createElement("td"); td.textContent = t; tr.appendChild(td); return td; };
+  var listen = function () {
   var es = new EventSource("events");
   es.addEventListener("fleet", function (e) {
     var f = JSON.parse(e.data);
@@ -269,6 +273,8 @@ const LIVE_SCRIPT: &str = r##"(function () {
   });
   es.addEventListener("trouble", function (e) { say("live: the fleet could not be read (" + e.data + ")"); });
   es.onerror = function () { say("live: reconnecting"); };
+  };
+  setTimeout(listen, LIVE_DELAY_MS);
 })();"##;
 
 /// The banner while the brake holds (with its release form), or while an

@@ -27,7 +27,8 @@ pub struct ConsoleSettings {
     #[serde(with = "humantime_serde")]
     pub write_every: Duration,
     /// After the console's reader ended (the BMC closed it), the wait
-    /// before it is opened again.
+    /// before it is opened again (doubled, up to a minute, while it ends
+    /// without printing a byte).
     #[serde(with = "humantime_serde")]
     pub reopen_after: Duration,
     /// Where machines' consoles are served over SSH (`ssh -p PORT

@@ -68,6 +68,7 @@ impl Consoles {
             reader: None,
             generation: 0,
             viewers: Viewers::default(),
+            silent_opens: 0,
         }
         .start();
         actors.insert(machine_id, (source.clone(), addr.clone()));
@@ -253,6 +254,8 @@ pub struct Console {
     generation: u64,
     /// The people on it now (over shepherd's SSH).
     viewers: Viewers,
+    /// Readers in a row that ended without a byte.
+    silent_opens: u32,
 }
 
 impl Actor for Console {
@@ -544,6 +547,7 @@ impl Handler<FromReader> for Console {
     fn handle(&mut self, msg: FromReader, ctx: &mut Context<Self>) {
         match msg {
             FromReader::Bytes { generation, bytes } if generation == self.generation => {
+                self.silent_opens = 0;
                 self.tail.push(&bytes);
                 if !self.viewers.is_empty() {
                     self.viewers.send(&ToViewer::Printed(bytes));
@@ -557,10 +561,18 @@ impl Handler<FromReader> for Console {
                 if !self.needs_reader() {
                     return;
                 }
-                tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), %why, "the console's reader ended: opened again after console.reopen_after");
+                // A console that ends again and again without a byte (a BMC
+                // without SOL, a payload someone else holds) is asked less
+                // and less often: console.reopen_after, doubled each time,
+                // up to a minute.
+                let wait = (self.settings.reopen_after * 2u32.pow(self.silent_opens.min(4)))
+                    .min(Duration::from_secs(60))
+                    .max(self.settings.reopen_after);
+                self.silent_opens = self.silent_opens.saturating_add(1);
+                tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), %why, after = ?wait, "the console's reader ended: opened again");
                 self.viewers.send(&ToViewer::Interrupted(why.clone()));
                 self.error = Some(why);
-                ctx.run_later(self.settings.reopen_after, |me, ctx| {
+                ctx.run_later(wait, |me, ctx| {
                     if me.needs_reader() && me.reader.is_none() {
                         me.start_reader(ctx);
                     }

@@ -81,19 +81,20 @@ const FLEET_ALL: &str = concat!(
 /// `machine_summary_listing_state`, merged with those whose backoff ran out
 /// since it was kept (few: the fleet-tally round settles them), in order.
 /// Each side stops at the page's end (a walk of its index, not a sort of
-/// every machine in the state).
+/// every machine in the state; the end never past the largest bigint,
+/// whatever offset is asked).
 const FLEET_IN_STATE: &str = concat!(
     "SELECT * FROM ((SELECT ",
     listed_columns!(),
     " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
      WHERE s.state = $3 AND (s.state_until IS NULL OR s.state_until > now()) AND ",
     other_filters!(),
-    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + $2::bigint) UNION ALL (SELECT ",
+    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + LEAST($2::bigint, 9223372036854775807 - $1::bigint)) UNION ALL (SELECT ",
     listed_columns!(),
     " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
      WHERE s.state_until <= now() AND machine_state(s) = $3 AND ",
     other_filters!(),
-    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + $2::bigint)) f \
+    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + LEAST($2::bigint, 9223372036854775807 - $1::bigint))) f \
      ORDER BY provider_id, machine_id LIMIT $1 OFFSET $2"
 );
 

@@ -185,14 +185,6 @@ impl Enroller {
     }
 }
 
-/// `cause`, with what the console printed last when there is any.
-async fn with_console(cause: String, capture: Option<crate::console::Capture>) -> String {
-    match capture {
-        Some(c) => c.told(cause).await,
-        None => cause,
-    }
-}
-
 /// What a boot writes when its lease ends.
 #[derive(Debug)]
 pub enum Enrollment {
@@ -464,7 +456,10 @@ impl LeaseLoop for Enroller {
                                 .transact(async |tx| boot::media_ended(tx, issued.boot_id).await)
                                 .await;
                         }
-                        return failed(BootOutcome::bmc_failed, with_console(cause, capture).await);
+                        return failed(
+                            BootOutcome::bmc_failed,
+                            crate::console::told(capture, cause).await,
+                        );
                     }
                 }
             }
@@ -497,7 +492,10 @@ impl LeaseLoop for Enroller {
                 if let Err(e) = ejected {
                     cause.push_str(&format!("; then {e}"));
                 }
-                return failed(BootOutcome::no_callback, with_console(cause, capture).await);
+                return failed(
+                    BootOutcome::no_callback,
+                    crate::console::told(capture, cause).await,
+                );
             }
             Err(e) => {
                 return failed(

@@ -282,17 +282,7 @@ async fn a_failed_boot_shows_what_its_console_printed_over_the_bmc_s_ssh() {
     );
 
     // The machine page shows it next to the failure, and so does the API.
-    let client = awc::Client::default();
-    let page = client
-        .get(format!("http://{admin}/machines/{machine}"))
-        .send()
-        .await
-        .unwrap()
-        .body()
-        .limit(4 << 20)
-        .await
-        .unwrap();
-    let page = String::from_utf8_lossy(&page);
+    let page = shepherd_sim::testing::page(&format!("http://{admin}/machines/{machine}")).await;
     let console = page
         .split("<section id=\"console\">")
         .nth(1)
@@ -301,7 +291,7 @@ async fn a_failed_boot_shows_what_its_console_printed_over_the_bmc_s_ssh() {
     assert!(console.contains(NO_BOOT), "{console}");
     assert!(console.contains("SeaBIOS"), "{console}");
     assert!(console.contains("ssh "), "{console}");
-    let api: serde_json::Value = client
+    let api: serde_json::Value = awc::Client::default()
         .get(format!("http://{admin}/api/v1/machines/{machine}"))
         .send()
         .await
@@ -328,22 +318,7 @@ async fn a_failed_boot_shows_what_its_console_printed_over_the_bmc_s_ssh() {
             (format!("http://{admin}/"), "fleet.png"),
             (format!("http://{admin}/machines/{machine}"), "machine.png"),
         ] {
-            let png = Path::new(&dir).join(png);
-            let out = Command::new("python3")
-                .arg(concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/tests/browser/admin_pages.py"
-                ))
-                .args(["screenshot", &url])
-                .arg(&png)
-                .args(["1280", "1800"])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            shepherd_sim::testing::screenshot(&url, &Path::new(&dir).join(png), 1280, 1800);
         }
     }
     // No key or password in what shepherd shows or logs.

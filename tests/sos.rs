@@ -368,16 +368,7 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
     assert!(sa.bytes_shown > 0 && st.bytes_shown > 0, "{sessions:?}");
 
     // The machine page shows them.
-    let page = awc::Client::default()
-        .get(format!("http://{admin}/machines/{machine}"))
-        .send()
-        .await
-        .unwrap()
-        .body()
-        .limit(4 << 20)
-        .await
-        .unwrap();
-    let page = String::from_utf8_lossy(&page);
+    let page = shepherd_sim::testing::page(&format!("http://{admin}/machines/{machine}")).await;
     let audit = page
         .split("<table id=\"console-sessions\">")
         .nth(1)
@@ -399,21 +390,11 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
     println!("what the tenant's terminal showed:\n{}", t.text());
     // SHEPHERD_SCREENSHOTS=DIR: the machine page as a browser shows it.
     if let Some(shots) = std::env::var_os("SHEPHERD_SCREENSHOTS") {
-        let png = Path::new(&shots).join("machine-console-sessions.png");
-        let out = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/browser/admin_pages.py"
-            ))
-            .args(["screenshot", &format!("http://{admin}/machines/{machine}")])
-            .arg(&png)
-            .args(["1280", "1600"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        shepherd_sim::testing::screenshot(
+            &format!("http://{admin}/machines/{machine}"),
+            &Path::new(&shots).join("machine-console-sessions.png"),
+            1280,
+            1600,
         );
     }
 

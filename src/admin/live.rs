@@ -64,7 +64,7 @@ impl From<&UnderWay> for Progress {
 }
 
 /// The fleet now, and the installations and erasures under way.
-pub async fn read(admin: &Admin) -> Result<(Frame, Vec<UnderWay>), crate::bmdb::BmdbError> {
+pub async fn read(admin: &Admin) -> Result<Frame, crate::bmdb::BmdbError> {
     let stale = admin.heartbeat_stale_after;
     let (tally, (heartbeating, silent), under) = admin
         .bmdb
@@ -76,7 +76,7 @@ pub async fn read(admin: &Admin) -> Result<(Frame, Vec<UnderWay>), crate::bmdb::
             ))
         })
         .await?;
-    let frame = Frame {
+    Ok(Frame {
         total: tally.states.iter().map(|(_, n)| n).sum(),
         counts: tally
             .states
@@ -87,8 +87,7 @@ pub async fn read(admin: &Admin) -> Result<(Frame, Vec<UnderWay>), crate::bmdb::
         silent,
         under_way: under.iter().map(Progress::from).collect(),
         at: rfc3339(SystemTime::now()),
-    };
-    Ok((frame, under))
+    })
 }
 
 /// `GET /events`: the stream (see the module's note). A read that fails
@@ -102,7 +101,7 @@ pub async fn events(admin: web::Data<Admin>) -> HttpResponse {
             actix_rt::time::sleep(LIVE_EVERY).await;
         }
         match read(&admin).await {
-            Ok((frame, _)) => {
+            Ok(frame) => {
                 let json = serde_json::to_string(&frame).unwrap_or_default();
                 out.push_str(&format!("event: fleet\ndata: {json}\n\n"));
             }

@@ -133,6 +133,20 @@ impl Consoles {
     }
 }
 
+/// `cause`, with what the console printed last when a capture ran (for a
+/// failure's cause; the capture ended), or saying it printed nothing.
+pub async fn told(capture: Option<Capture>, cause: String) -> String {
+    let Some(c) = capture else {
+        return cause;
+    };
+    let lines = c.end().await;
+    if lines.is_empty() {
+        format!("{cause}; its console printed nothing")
+    } else {
+        format!("{cause}; its console's last lines: {}", lines.join(" | "))
+    }
+}
+
 /// What the console printed last, shown to someone coming on it.
 const BACKLOG_BYTES: usize = 4096;
 
@@ -179,17 +193,6 @@ impl Capture {
         })
         .await
         .unwrap_or_default()
-    }
-
-    /// Ends the capture: `cause`, with what the console printed last (for
-    /// a failure's cause), or saying it printed nothing.
-    pub async fn told(self, cause: String) -> String {
-        let lines = self.end().await;
-        if lines.is_empty() {
-            format!("{cause}; its console printed nothing")
-        } else {
-            format!("{cause}; its console's last lines: {}", lines.join(" | "))
-        }
     }
 
     /// Lets the capture run on by itself, for `for_` at most (never past

@@ -22,7 +22,7 @@ mod tail;
 mod viewers;
 
 pub use capture::LINES_IN_A_CAUSE;
-pub use capture::{Attached, Capture, ConsoleLink, Consoles};
+pub use capture::{Attached, Capture, ConsoleLink, Consoles, told};
 pub use tail::{Tail, last_lines, text};
 pub use viewers::{ToViewer, VIEWER_BACKLOG};
 

@@ -486,19 +486,22 @@ impl Recoverer {
             if requested { "reboot" } else { "recovery" },
         )
         .await;
-        let told = async |cause: String| match capture {
-            Some(c) => c.told(cause).await,
-            None => cause,
-        };
         if let Err(c) = power_cycle(&shared.provider, &shared.wait, &recovery.machine).await {
-            return Err(fail(Step::failed, told(format!("{c}{gentle_note}")).await));
+            return Err(fail(
+                Step::failed,
+                crate::console::told(capture, format!("{c}{gentle_note}")).await,
+            ));
         }
         match called_since(session, mid, powered_at, shared.waits.after_reboot).await {
             Ok(true) => Ok(Step::rebooted),
             Ok(false) => Ok(Step::taken_over_again),
             Err(e) => Err(fail(
                 Step::failed,
-                told(format!("rebooted, then watching for the agent: {e}")).await,
+                crate::console::told(
+                    capture,
+                    format!("rebooted, then watching for the agent: {e}"),
+                )
+                .await,
             )),
         }
     }

@@ -426,10 +426,7 @@ impl Servicer {
                         let cause = format!(
                             "applied {applied}, but the restart through its BMC failed: {e}"
                         );
-                        return Err(Fault::Machine(match capture {
-                            Some(c) => c.told(cause).await,
-                            None => cause,
-                        }));
+                        return Err(Fault::Machine(crate::console::told(capture, cause).await));
                     }
                 }
             }

@@ -36,7 +36,7 @@ pub use boot::{
     BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc,
     fetch_as_bmc_with, gpt_image, https_client, image_server, live_agent,
 };
-pub use browser::browse;
+pub use browser::{browse, page, screenshot};
 pub use db::{
     OwnPostgres, TEST_ENDPOINT, TestDb, count, installation_history, machine, pairs,
     serve_test_endpoint, served_since,

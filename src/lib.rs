@@ -48,6 +48,7 @@ pub mod ipmi;
 pub mod mac;
 pub mod metal;
 pub mod netboot;
+pub mod plan_labels;
 pub mod provider;
 pub mod provisioner;
 pub mod recoverer;

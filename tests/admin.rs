@@ -218,6 +218,54 @@ async fn the_json_api_shows_the_fleet() {
         one["history"][1]["cause"],
         "connect to <127.0.0.2>: refused & gone"
     );
+    // Its timeline: the same work, newest first, the failure marked.
+    let timeline: Vec<(&str, &str, bool)> = one["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["kind"].as_str().unwrap(),
+                m["what"].as_str().unwrap(),
+                m["failed"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        timeline,
+        [
+            ("work", "ShepherdAgentStart Failed", true),
+            ("work", "ShepherdAgentStart Started", false)
+        ]
+    );
+    assert_eq!(
+        one["timeline"][0]["detail"],
+        "connect to <127.0.0.2>: refused & gone"
+    );
+    // The filters beyond the state: location (all four at "sv"), project
+    // (none assigned), BMC (none read), boot path (all over SSH); a bad
+    // value is a 400 naming the field.
+    let count = async |q: &str| {
+        json(format!("http://{a}/api/v1/machines?{q}")).await["machines"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count("location=sv").await, 4);
+    assert_eq!(count("location=elsewhere").await, 0);
+    assert_eq!(count(&format!("project={}", Uuid::new_v4())).await, 0);
+    assert_eq!(count("bmc=none&boot=ssh").await, 4);
+    assert_eq!(count("bmc=ipmi").await, 0);
+    assert_eq!(count("plan=c3.small.x86").await, 0);
+    for (q, named) in [
+        ("project=acme", "project"),
+        ("bmc=serial", "bmc"),
+        ("boot=floppy", "boot"),
+    ] {
+        let (status, body) = get(format!("http://{a}/api/v1/machines?{q}"), None).await;
+        assert_eq!(status, 400, "{q}: {body}");
+        assert!(body.contains(named), "{q}: {body}");
+    }
     let started = json(format!("http://{a}/api/v1/machines/{}", f.started)).await;
     assert_eq!(
         started["tags"]["agent_started"]["public_key"],
@@ -676,6 +724,52 @@ async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser()
         seen["chart"],
         json!({"takeovers": "1", "failures": "1", "recoveries": "0"})
     );
+    // A click on the drawn life cycle's backoff state filters the fleet.
+    assert_eq!(seen["drawn_count"], "1", "{seen}");
+    assert!(
+        seen["drawn_state_url"]
+            .as_str()
+            .unwrap()
+            .ends_with("/?state=backoff"),
+        "{seen}"
+    );
+    assert_eq!(seen["drawn_state_rows"], json!([f.backed_off.to_string()]));
+    // The bulk hold: reviewed (both listed, the button says how many),
+    // confirmed, done on each, both held, audited with the reason.
+    let mut chosen = vec![f.backed_off.to_string(), f.leased.to_string()];
+    chosen.sort();
+    assert_eq!(seen["bulk_chosen"], json!(chosen), "{seen}");
+    assert_eq!(seen["bulk_title"], "shepherd: Hold machines?", "{seen}");
+    assert_eq!(seen["bulk_listed"], json!(chosen), "{seen}");
+    assert_eq!(seen["bulk_button"], "Confirm: Hold 2 machines", "{seen}");
+    assert_eq!(
+        seen["bulk_done"], "Hold: done on 2 of 2 machines.",
+        "{seen}"
+    );
+    for m in &chosen {
+        assert_eq!(seen["bulk_outcomes"][m], "done", "{seen}");
+    }
+    // The backed-off one shows held; the leased one shows its lease until
+    // the lease ends (its hold is audited below all the same).
+    assert_eq!(
+        seen["held_after_bulk"],
+        json!([f.backed_off.to_string()]),
+        "{seen}"
+    );
+    for m in [f.backed_off, f.leased] {
+        let audit: Vec<(String, String, Option<String>)> = f
+            .bmdb
+            .transact(async |tx| shepherd::bmdb::actions::audit(tx, m).await)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.actor, a.action, a.reason))
+            .collect();
+        assert_eq!(
+            audit,
+            vec![("admin".into(), "hold".into(), Some("power work".into()))]
+        );
+    }
     // The button worked: the page shows the audit entry.
     assert!(
         seen["after_hold_url"]

@@ -44,6 +44,7 @@ const LAYERS: &[&[&str]] = &[
         "fleet_tally",
         "initializer",
         "netboot",
+        "plan_labels",
         "provisioner",
         "recoverer",
         "rollouts",

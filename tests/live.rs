@@ -30,6 +30,55 @@ async fn provided(bmdb: &Bmdb, name: &str) -> Uuid {
         .unwrap()
 }
 
+/// A machine installing: its agent started, an installation asked (no
+/// progress reported yet). Its ID and the installation's generation.
+async fn installing(bmdb: &Bmdb, name: &str) -> (Uuid, i32) {
+    let id = provided(bmdb, name).await;
+    let asked = bmdb
+        .transact(async |tx| {
+            machines::set_agent_started(tx, id, &[7; 32], None).await?;
+            let image = ImageInstallation {
+                url: "https://images.example/os.img".into(),
+                digest: format!("sha256:{}", "ab".repeat(32)),
+                ..Default::default()
+            };
+            let asker = Asker {
+                actor: "live-test",
+                action_id: Uuid::new_v4(),
+                rollout_id: None,
+                reason: None,
+            };
+            installations::ask(tx, id, &image, &asker).await
+        })
+        .await
+        .unwrap();
+    let Asked::Done { generation, .. } = asked else {
+        panic!("not asked: {asked:?}");
+    };
+    (id, generation)
+}
+
+/// The agent reports a quarter of the image written.
+async fn quarter_written(bmdb: &Bmdb, id: Uuid, generation: i32) {
+    let report = InstallationProgress {
+        generation: i64::from(generation),
+        phase: Phase::Writing as i32,
+        bytes_fetched: 256 << 20,
+        bytes_total: 1 << 30,
+        ..Default::default()
+    };
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO machine_installation_progress (machine_id, generation, progress_raw, progress_at) \
+             VALUES ($1, $2, $3, now())",
+            &[&id, &i64::from(generation), &report.encode_to_vec()],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+}
+
 /// The events' frames as they come: `(event, data)`.
 struct Events {
     body: std::pin::Pin<
@@ -70,30 +119,8 @@ impl Events {
 async fn the_fleet_streams_its_counts_and_progress_without_a_reload() {
     let db = TestDb::new().await;
     let bmdb = db.bmdb().await;
-    let installing = provided(&bmdb, "rack1-u3").await;
+    let (installing, generation) = installing(&bmdb, "rack1-u3").await;
     provided(&bmdb, "rack1-u4").await;
-    // rack1-u3 installs: its agent started, an installation asked.
-    let generation = bmdb
-        .transact(async |tx| {
-            machines::set_agent_started(tx, installing, &[7; 32], None).await?;
-            let image = ImageInstallation {
-                url: "https://images.example/os.img".into(),
-                digest: format!("sha256:{}", "ab".repeat(32)),
-                ..Default::default()
-            };
-            let asker = Asker {
-                actor: "live-test",
-                action_id: Uuid::new_v4(),
-                rollout_id: None,
-                reason: None,
-            };
-            installations::ask(tx, installing, &image, &asker).await
-        })
-        .await
-        .unwrap();
-    let Asked::Done { generation, .. } = generation else {
-        panic!("not asked: {generation:?}");
-    };
     let addr = admin::serve(Admin::new(bmdb.clone()), "127.0.0.1:0".parse().unwrap()).unwrap();
 
     // The page: the section the events redraw, the script, and a reload
@@ -148,23 +175,7 @@ async fn the_fleet_streams_its_counts_and_progress_without_a_reload() {
     assert!(f["under_way"][0]["percent"].is_null(), "{f}");
 
     // The agent reports a quarter written: the next frames show it.
-    let report = InstallationProgress {
-        generation: i64::from(generation),
-        phase: Phase::Writing as i32,
-        bytes_fetched: 256 << 20,
-        bytes_total: 1 << 30,
-        ..Default::default()
-    };
-    bmdb.transact(async |tx| {
-        tx.execute(
-            "INSERT INTO machine_installation_progress (machine_id, generation, progress_raw, progress_at) \
-             VALUES ($1, $2, $3, now())",
-            &[&installing, &i64::from(generation), &report.encode_to_vec()],
-        )
-        .await
-    })
-    .await
-    .unwrap();
+    quarter_written(&bmdb, installing, generation).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (event, data) = events.next().await;
@@ -178,4 +189,110 @@ async fn the_fleet_streams_its_counts_and_progress_without_a_reload() {
         }
         assert!(Instant::now() < deadline, "never moved: {f}");
     }
+}
+
+/// In a real browser: the fleet page's progress bar appears as the agent
+/// reports, on the page as loaded (no reload); the machine's console view
+/// shows what the last boot printed, and its link downloads all of it.
+#[actix_rt::test]
+async fn a_browser_sees_progress_without_a_reload_and_opens_a_console() {
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let (id, generation) = installing(&bmdb, "rack2-u7").await;
+    let printed = "UEFI firmware starting\r\nBooting from virtual media\r\n\x1b[1mKernel panic - not syncing: \
+                   VFS: Unable to mount root fs\x1b[0m\r\n";
+    bmdb.transact(async |tx| {
+        let capture = Uuid::new_v4();
+        shepherd::bmdb::console::begin(tx, capture, id, "enroll", "sol ipmi://127.0.0.1:6230", 5)
+            .await?;
+        shepherd::bmdb::console::write(
+            tx,
+            capture,
+            printed.as_bytes(),
+            printed.len() as u64,
+            None,
+            true,
+        )
+        .await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let addr = admin::serve(Admin::new(bmdb.clone()), "127.0.0.1:0".parse().unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let shots = std::env::var_os("SHEPHERD_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.path().to_path_buf());
+    let ready = dir.path().join("loaded");
+
+    // The agent reports once the browser has the page.
+    let (seen, ()) = tokio::join!(
+        shepherd_sim::testing::browse(vec![
+            "live".into(),
+            format!("http://{addr}"),
+            id.to_string(),
+            ready.display().to_string(),
+            shots.join("fleet-live.png").display().to_string(),
+        ]),
+        async {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !ready.exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the browser never loaded the page"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            quarter_written(&bmdb, id, generation).await;
+        }
+    );
+    assert!(
+        seen["before"]
+            .as_str()
+            .unwrap()
+            .contains("not reported yet"),
+        "{seen}"
+    );
+    assert_eq!(seen["bars_before"], 0, "{seen}");
+    assert_eq!(seen["value"], "25", "{seen}");
+    assert!(
+        seen["after"].as_str().unwrap().contains("writing"),
+        "{seen}"
+    );
+    assert_eq!(seen["same_page"], true, "drawn without a reload: {seen}");
+    assert!(
+        seen["live"].as_str().unwrap().starts_with("live: updated"),
+        "{seen}"
+    );
+
+    let seen = shepherd_sim::testing::browse(vec![
+        "console".into(),
+        format!("http://{addr}"),
+        id.to_string(),
+        shots.join("machine-console.png").display().to_string(),
+    ])
+    .await;
+    assert_eq!(seen["captures"], 1, "{seen}");
+    let tail = seen["tail"].as_str().unwrap();
+    assert!(
+        tail.contains("Booting from virtual media")
+            && tail.contains("Kernel panic - not syncing: VFS: Unable to mount root fs")
+            && !tail.contains('\x1b'),
+        "{seen}"
+    );
+    let download = &seen["download"];
+    assert_eq!(download["status"], 200, "{seen}");
+    assert_eq!(download["type"], "text/plain; charset=utf-8", "{seen}");
+    assert!(
+        download["disposition"]
+            .as_str()
+            .unwrap()
+            .starts_with("attachment; filename=\"console-"),
+        "{seen}"
+    );
+    let text = download["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("UEFI firmware starting") && text.contains("Unable to mount root fs"),
+        "{seen}"
+    );
 }

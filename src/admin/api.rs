@@ -257,6 +257,10 @@ pub struct MachineDetailBody {
     /// Who was on its console over shepherd's SSH, newest first (ten at
     /// most).
     pub console_sessions: Vec<ConsoleSessionBody>,
+    /// Everything that happened to it, newest first (200 at most): work,
+    /// operators' actions, installations and erasures, servicings, power
+    /// cycles, console captures and connections.
+    pub timeline: Vec<super::timeline::MomentBody>,
 }
 
 /// A machine against its baseline (`[[baselines]]`).
@@ -730,6 +734,7 @@ impl From<&MachineDetail> for MachineDetailBody {
                 .iter()
                 .map(ConsoleSessionBody::from)
                 .collect(),
+            timeline: d.timeline.iter().map(Into::into).collect(),
         }
     }
 }
@@ -1067,6 +1072,22 @@ name_schema!(
     Heartbeat::ALL.iter().map(|h| h.as_str().to_string()),
     true,
     "Whether the agent calls (empty: any)"
+);
+name_schema!(
+    BmcName,
+    crate::bmdb::machines::BmcKind::ALL
+        .iter()
+        .map(|b| b.as_str().to_string()),
+    true,
+    "A BMC's protocol as last read, or none (empty: any)"
+);
+name_schema!(
+    BootName,
+    crate::config::BootMethod::ALL
+        .iter()
+        .map(|b| b.as_str().to_string()),
+    true,
+    "How shepherd reaches a machine first (empty: any)"
 );
 name_schema!(
     ProcessName,

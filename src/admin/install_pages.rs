@@ -202,6 +202,16 @@ pub(super) struct ImageForm {
     pub(super) heartbeat: String,
     #[serde(default)]
     pub(super) q: String,
+    #[serde(default)]
+    pub(super) location: String,
+    #[serde(default)]
+    pub(super) project: String,
+    #[serde(default)]
+    pub(super) bmc: String,
+    #[serde(default)]
+    pub(super) boot: String,
+    #[serde(default)]
+    pub(super) plan: String,
 }
 
 impl auth::Form for ImageForm {

@@ -18,8 +18,8 @@
 //! bodies), `state` ([`Admin`], [`Operator`]), `auth`, the pages
 //! (`pages`, `install_pages`, `rollout_pages`, `html`: maud, escaped by
 //! construction), installations ([`installs`]),
-//! rollouts (`rollouts`), the API's types ([`api`]) and its description
-//! (`openapi`).
+//! rollouts (`rollouts`), the API's types ([`api`], [`consoles`],
+//! [`timeline`]) and its description (`openapi`).
 
 pub mod api;
 mod auth;
@@ -42,6 +42,7 @@ mod servicing;
 mod state;
 mod tenancy;
 mod text;
+pub mod timeline;
 pub mod tls;
 
 pub use auth::{in_the_clear, token_name as operator_token};

@@ -163,6 +163,19 @@ pub struct Page {
     pub heartbeat: Option<String>,
     /// A machine ID's prefix, part of a provider ID, an address's prefix.
     pub q: Option<String>,
+    /// The provider's location (an inventory host's `location`), exactly.
+    pub location: Option<String>,
+    /// A project's ID: machines assigned to it or holding its devices.
+    #[param(value_type = Option<uuid::Uuid>)]
+    pub project: Option<String>,
+    /// The BMC's protocol as last read (`none`: no BMC read).
+    #[param(value_type = Option<api::BmcName>)]
+    pub bmc: Option<String>,
+    /// How shepherd reaches the machine first.
+    #[param(value_type = Option<api::BootName>)]
+    pub boot: Option<String>,
+    /// A plan's slug (`metal.plans`), as the machine is labeled.
+    pub plan: Option<String>,
     /// Machines on the page (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
@@ -172,6 +185,30 @@ pub struct Page {
 }
 
 impl Page {
+    /// The filters by name, as a query string, a form's hidden fields or
+    /// a rollout's description carry them (the empty ones too).
+    pub fn filters(&self) -> [(&'static str, Option<&str>); 9] {
+        [
+            ("state", self.state.as_deref()),
+            ("provider_status", self.provider_status.as_deref()),
+            ("heartbeat", self.heartbeat.as_deref()),
+            ("q", self.q.as_deref()),
+            ("location", self.location.as_deref()),
+            ("project", self.project.as_deref()),
+            ("bmc", self.bmc.as_deref()),
+            ("boot", self.boot.as_deref()),
+            ("plan", self.plan.as_deref()),
+        ]
+    }
+
+    /// The filters given (not empty), by name.
+    pub fn given(&self) -> Vec<(&'static str, &str)> {
+        self.filters()
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v.filter(|v| !v.is_empty())?)))
+            .collect()
+    }
+
     /// (limit, offset): `default` without a limit; a limit outside 1 to
     /// 1000 or a negative offset is a 400 naming it.
     pub fn window(&self, default: i64) -> Result<(i64, i64), HttpResponse> {
@@ -188,7 +225,13 @@ impl Page {
 
     /// The filter, or a 400 naming the bad field.
     pub fn filter(&self, admin: &Admin) -> Result<machines::FleetFilter, HttpResponse> {
-        no_nul("q", self.q.as_deref()).map_err(bad_request)?;
+        for (k, v) in self.filters() {
+            no_nul(k, v).map_err(bad_request)?;
+        }
+        let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+        let one_of = |field: &str, all: Vec<String>| {
+            bad_request(format!("{field} must be one of {}", all.join(", ")))
+        };
         let provider_status = match self.provider_status.as_deref() {
             None | Some("") => None,
             Some(s) => Some(
@@ -196,20 +239,53 @@ impl Page {
                     .into_iter()
                     .find(|p| p.to_string() == s)
                     .ok_or_else(|| {
-                        let all: Vec<String> =
-                            ProviderStatus::ALL.iter().map(|p| p.to_string()).collect();
-                        bad_request(format!("provider_status must be one of {}", all.join(", ")))
+                        one_of(
+                            "provider_status",
+                            ProviderStatus::ALL.iter().map(|p| p.to_string()).collect(),
+                        )
                     })?,
             ),
         };
         let heartbeat = match self.heartbeat.as_deref() {
             None | Some("") => None,
             Some(s) => Some(machines::Heartbeat::parse(s).ok_or_else(|| {
-                let all: Vec<&str> = machines::Heartbeat::ALL
-                    .iter()
-                    .map(|h| h.as_str())
-                    .collect();
-                bad_request(format!("heartbeat must be one of {}", all.join(", ")))
+                one_of(
+                    "heartbeat",
+                    machines::Heartbeat::ALL
+                        .iter()
+                        .map(|h| h.as_str().into())
+                        .collect(),
+                )
+            })?),
+        };
+        let project = match self.project.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(uuid::Uuid::parse_str(s).map_err(|_| {
+                bad_request(format!("project: {s:?} is not a project's ID (a UUID)"))
+            })?),
+        };
+        let bmc = match self.bmc.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(machines::BmcKind::parse(s).ok_or_else(|| {
+                one_of(
+                    "bmc",
+                    machines::BmcKind::ALL
+                        .iter()
+                        .map(|b| b.as_str().into())
+                        .collect(),
+                )
+            })?),
+        };
+        let boot = match self.boot.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(crate::config::BootMethod::parse(s).ok_or_else(|| {
+                one_of(
+                    "boot",
+                    crate::config::BootMethod::ALL
+                        .iter()
+                        .map(|b| b.as_str().into())
+                        .collect(),
+                )
             })?),
         };
         Ok(machines::FleetFilter {
@@ -218,6 +294,11 @@ impl Page {
             heartbeat,
             stale_after: admin.heartbeat_stale_after,
             search: self.q.clone(),
+            location: given(&self.location),
+            project,
+            bmc,
+            boot,
+            plan: given(&self.plan),
         })
     }
 }

@@ -95,6 +95,11 @@ pub(super) async fn rollout_form(
         provider_status: some(&form.provider_status),
         heartbeat: some(&form.heartbeat),
         q: some(&form.q),
+        location: some(&form.location),
+        project: some(&form.project),
+        bmc: some(&form.bmc),
+        boot: some(&form.boot),
+        plan: some(&form.plan),
         request_id: None,
     };
     match rollouts::create_rollout(&admin, &operator, body).await {

@@ -45,7 +45,34 @@ pub struct RolloutBody {
     #[schema(value_type = Option<super::api::HeartbeatName>)]
     pub heartbeat: Option<String>,
     pub q: Option<String>,
+    pub location: Option<String>,
+    #[schema(value_type = Option<Uuid>)]
+    pub project: Option<String>,
+    #[schema(value_type = Option<super::api::BmcName>)]
+    pub bmc: Option<String>,
+    #[schema(value_type = Option<super::api::BootName>)]
+    pub boot: Option<String>,
+    pub plan: Option<String>,
     pub request_id: Option<Uuid>,
+}
+
+impl RolloutBody {
+    /// Its filters, as the fleet's listing reads them.
+    fn page(&self) -> Page {
+        Page {
+            state: self.state.clone(),
+            provider_status: self.provider_status.clone(),
+            heartbeat: self.heartbeat.clone(),
+            q: self.q.clone(),
+            location: self.location.clone(),
+            project: self.project.clone(),
+            bmc: self.bmc.clone(),
+            boot: self.boot.clone(),
+            plan: self.plan.clone(),
+            limit: None,
+            offset: None,
+        }
+    }
 }
 
 /// Creates a rollout; the rollout, or the error.
@@ -55,6 +82,7 @@ pub async fn create_rollout(
     body: RolloutBody,
 ) -> Result<Rollout, ApiError> {
     let bad = ApiError::Invalid;
+    let page = body.page();
     let max_parallel = body.max_parallel.unwrap_or(1);
     if !(1..=10_000).contains(&max_parallel) {
         return Err(bad(format!(
@@ -88,47 +116,26 @@ pub async fn create_rollout(
             (ImageInstallation::default(), None)
         }
     };
-    let page = Page {
-        state: body.state.clone(),
-        provider_status: body.provider_status.clone(),
-        heartbeat: body.heartbeat.clone(),
-        q: body.q.clone(),
-        limit: None,
-        offset: None,
-    };
-    let by_filter = page.state.is_some()
-        || page.provider_status.is_some()
-        || page.heartbeat.is_some()
-        || page.q.is_some();
+    let given = page.given();
+    let by_filter = !given.is_empty();
     if body.machines.is_some() && by_filter {
-        return Err(bad(
-            "machines: give machine IDs or filters (state, provider_status, heartbeat, q), not both"
-                .into(),
-        ));
+        let names: Vec<&str> = page.filters().iter().map(|(k, _)| *k).collect();
+        return Err(bad(format!(
+            "machines: give machine IDs or filters ({}), not both",
+            names.join(", ")
+        )));
     }
     let filter = page.filter(admin).map_err(|_| {
         bad("a filter is not valid: see GET /api/v1/machines for the values".into())
     })?;
     let selection = match &body.machines {
         Some(ids) => format!("{} machines by ID", ids.len()),
-        None => {
-            let mut parts = Vec::new();
-            for (k, v) in [
-                ("state", &page.state),
-                ("provider_status", &page.provider_status),
-                ("heartbeat", &page.heartbeat),
-                ("q", &page.q),
-            ] {
-                if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
-                    parts.push(format!("{k}={v}"));
-                }
-            }
-            if parts.is_empty() {
-                "every machine".to_string()
-            } else {
-                parts.join(" ")
-            }
-        }
+        None if given.is_empty() => "every machine".to_string(),
+        None => given
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
     };
     let id = body.request_id.unwrap_or_else(Uuid::new_v4);
     let machines = body.machines;

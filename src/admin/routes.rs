@@ -110,7 +110,12 @@ fn bounded_by_the_database() -> actix_web::Scope<
         .service(post_only("/brake/release", pages::brake_form))
         .service(read_only("/", pages::fleet_page))
         .service(read_only("/events", super::live::events))
+        .service(read_and_post("/bulk", pages::bulk_page, pages::bulk_form))
         .service(read_only("/machines/{id}", pages::machine_page))
+        .service(read_only(
+            "/machines/{id}/console/{capture}",
+            pages::console_download,
+        ))
         .service(read_only("/firmware", firmware::firmware_page))
         .service(post_only(
             "/machines/{id}/install",

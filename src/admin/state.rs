@@ -43,6 +43,9 @@ pub struct Admin {
     /// What should be below machines' operating systems (`[[baselines]]`):
     /// the drift the pages, the API and `/metrics` show.
     pub baselines: std::sync::Arc<crate::baselines::Baselines>,
+    /// The configured plans' slugs (`metal.plans`), in order: the fleet's
+    /// plan filter offers them.
+    pub plans: Vec<String>,
 }
 
 impl Admin {
@@ -63,6 +66,7 @@ impl Admin {
             images: None,
             database_timeout: std::time::Duration::from_secs(1),
             baselines: Default::default(),
+            plans: Vec::new(),
         }
     }
 }

@@ -17,6 +17,8 @@ use super::{BmdbError, Session};
 pub enum Duty {
     Provisioning,
     ProviderUpdates,
+    /// Labeling machines with their plans (`crate::plan_labels`).
+    PlanLabels,
 }
 
 impl Duty {
@@ -24,6 +26,7 @@ impl Duty {
         match self {
             Duty::Provisioning => "provisioning",
             Duty::ProviderUpdates => "provider-updates",
+            Duty::PlanLabels => "plan-labels",
         }
     }
 }

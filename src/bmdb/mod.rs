@@ -33,6 +33,7 @@ mod migrate;
 mod model;
 pub mod netboot;
 pub mod overview;
+pub mod plan_labels;
 pub mod rollouts;
 pub mod selectors;
 pub mod servicing;

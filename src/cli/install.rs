@@ -157,7 +157,7 @@ impl Targets {
         }
         if self.ids.is_empty() && !self.by_filter() {
             anyhow::bail!(
-                "name the machines: IDs, or filters (--state, --provider-status, --heartbeat, --search)"
+                "name the machines: IDs, or filters (--state, --provider-status, --heartbeat, --search, --location, --project, --bmc, --boot, --plan)"
             );
         }
         Ok((self.ids.len() == 1).then(|| self.ids[0]))
@@ -182,20 +182,7 @@ async fn start_rollout(
     }
     let filter = t.filter.fleet(cfg.recoverer.heartbeat_stale_after);
     let selection = if t.ids.is_empty() {
-        let mut parts = Vec::new();
-        if let Some(s) = t.filter.state {
-            parts.push(format!("state={s}"));
-        }
-        if let Some(s) = t.filter.provider_status {
-            parts.push(format!("provider_status={s}"));
-        }
-        if let Some(h) = t.filter.heartbeat {
-            parts.push(format!("heartbeat={}", h.as_str()));
-        }
-        if let Some(q) = &t.filter.search {
-            parts.push(format!("q={q}"));
-        }
-        parts.join(" ")
+        t.filter.described()
     } else {
         format!("{} machines by ID", t.ids.len())
     };

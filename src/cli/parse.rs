@@ -61,6 +61,36 @@ pub struct FilterArgs {
     /// ID, or an address's prefix.
     #[arg(long)]
     pub search: Option<String>,
+    /// Machines at this provider location (an inventory host's `location`).
+    #[arg(long)]
+    pub location: Option<String>,
+    /// Machines assigned to this project (its ID), or holding its devices.
+    #[arg(long)]
+    pub project: Option<uuid::Uuid>,
+    /// Machines whose BMC speaks redfish or ipmi (as last read), or none.
+    #[arg(long, value_parser = parse_bmc)]
+    pub bmc: Option<machines::BmcKind>,
+    /// Machines shepherd reaches first over ssh, virtual-media or network.
+    #[arg(long, value_parser = parse_boot)]
+    pub boot: Option<shepherd::config::BootMethod>,
+    /// Machines labeled with this plan (a `metal.plans` slug).
+    #[arg(long)]
+    pub plan: Option<String>,
+}
+
+pub fn parse_bmc(s: &str) -> Result<machines::BmcKind, String> {
+    machines::BmcKind::parse(s).ok_or_else(|| {
+        let all: Vec<&str> = machines::BmcKind::ALL.iter().map(|b| b.as_str()).collect();
+        format!("not a BMC protocol; one of: {}", all.join(", "))
+    })
+}
+
+pub fn parse_boot(s: &str) -> Result<shepherd::config::BootMethod, String> {
+    use shepherd::config::BootMethod;
+    BootMethod::parse(s).ok_or_else(|| {
+        let all: Vec<&str> = BootMethod::ALL.iter().map(|b| b.as_str()).collect();
+        format!("not a boot path; one of: {}", all.join(", "))
+    })
 }
 
 impl FilterArgs {
@@ -70,6 +100,35 @@ impl FilterArgs {
             || self.provider_status.is_some()
             || self.heartbeat.is_some()
             || self.search.is_some()
+            || self.location.is_some()
+            || self.project.is_some()
+            || self.bmc.is_some()
+            || self.boot.is_some()
+            || self.plan.is_some()
+    }
+
+    /// The filters given, as `name=value` words (a rollout's selection,
+    /// named as the API's filters are).
+    pub fn described(&self) -> String {
+        let words = [
+            ("state", self.state.map(|s| s.to_string())),
+            (
+                "provider_status",
+                self.provider_status.map(|s| s.to_string()),
+            ),
+            ("heartbeat", self.heartbeat.map(|h| h.as_str().to_string())),
+            ("q", self.search.clone()),
+            ("location", self.location.clone()),
+            ("project", self.project.map(|p| p.to_string())),
+            ("bmc", self.bmc.map(|b| b.as_str().to_string())),
+            ("boot", self.boot.map(|b| b.as_str().to_string())),
+            ("plan", self.plan.clone()),
+        ];
+        words
+            .into_iter()
+            .filter_map(|(k, v)| Some(format!("{k}={}", v?)))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// The BMDB's filter, silence judged after `stale_after`.
@@ -80,6 +139,11 @@ impl FilterArgs {
             heartbeat: self.heartbeat,
             stale_after,
             search: self.search.clone(),
+            location: self.location.clone(),
+            project: self.project,
+            bmc: self.bmc,
+            boot: self.boot,
+            plan: self.plan.clone(),
         }
     }
 }

@@ -123,6 +123,17 @@ pub fn plan_of<'a>(
     plans.iter().find(|p| p.meets(report, bmc_secure_boot))
 }
 
+/// [`plan_of`] by the agent's raw report (none without one, or with one
+/// that does not decode).
+pub fn plan_of_raw<'a>(
+    plans: &'a [PlanConfig],
+    raw: Option<&[u8]>,
+    bmc_secure_boot: Option<bool>,
+) -> Option<&'a PlanConfig> {
+    let report = shepherd_proto::summary::summarize(raw?).ok()?;
+    plan_of(plans, &report, bmc_secure_boot)
+}
+
 /// An operating system: an image shepherd serves, by a slug.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]

@@ -67,8 +67,7 @@ impl Catalog {
         raw: Option<&[u8]>,
         bmc_secure_boot: Option<bool>,
     ) -> Option<&PlanConfig> {
-        let report = shepherd_proto::summary::summarize(raw?).ok()?;
-        self.plan_of(&report, bmc_secure_boot)
+        crate::config::metal::plan_of_raw(&self.plans, raw, bmc_secure_boot)
     }
 
     /// A machine's metro: its inventory location, else the default.

@@ -151,6 +151,10 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
         InstallationDeadline::new(deadline, allowance)
     }));
     loops.push(Registration::round(FleetTally::default));
+    let (plans, every) = (cfg.metal.plans.clone(), cfg.metal.interval);
+    loops.push(Registration::round(move || {
+        crate::plan_labels::PlanLabels::new(plans.clone(), every)
+    }));
 
     if cfg.metal.enabled {
         let every = cfg.metal.interval;

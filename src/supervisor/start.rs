@@ -238,6 +238,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             supervisor: Some(supervisor.clone().recipient()),
             loops: Some(supervisor.clone().recipient()),
             images: catalog,
+            plans: metal_cfg.plans.iter().map(|p| p.slug.clone()).collect(),
             ..admin
         },
         supervisor,

@@ -7,6 +7,7 @@ mod bmc_boot;
 mod brake;
 mod callback;
 mod deadlines;
+mod filters;
 mod firmware;
 mod history;
 mod leases;

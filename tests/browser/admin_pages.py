@@ -4,6 +4,8 @@ operator would, and prints what it saw as JSON (tests/admin.rs asserts it).
     admin_pages.py walk BASE TOKEN PENDING_ID BACKED_OFF_ID STARTED_PROVIDER_ID EVIL_ORIGIN
     admin_pages.py screenshot URL PNG [WIDTH HEIGHT]
     admin_pages.py install BASE MACHINE_ID SERVED_IMAGE PNG
+    admin_pages.py live BASE MACHINE_ID READY_FILE PNG
+    admin_pages.py console BASE MACHINE_ID PNG
 """
 
 import json
@@ -78,6 +80,36 @@ def walk(base, token, pending, backed_off, started_provider, evil):
         seen["chart"] = {g.get_attribute("data-series"): g.get_attribute("data-total")
                          for g in d.find_elements(By.CSS_SELECTOR, "svg#chart g.series")}
 
+        # The drawn life cycle: a click on a state filters the fleet.
+        d.get(base + "/")
+        state = d.find_element(By.CSS_SELECTOR, 'svg g.state[data-state="backoff"]')
+        seen["drawn_count"] = state.get_attribute("data-count")
+        navigate(d, state.click)
+        seen["drawn_state_url"] = d.current_url
+        seen["drawn_state_rows"] = rows(d)
+
+        # A bulk action: check two machines, choose hold, review, confirm.
+        # (Of the machines without an agent, the two other than the one
+        # held below.)
+        d.get(base + "/?heartbeat=no-agent")
+        chosen = [m for m in rows(d) if m != pending]
+        seen["bulk_chosen"] = sorted(chosen)
+        for m in chosen:
+            d.find_element(By.CSS_SELECTOR, f'#machine-list input[name=machine][value="{m}"]').click()
+        Select(d.find_element(By.ID, "bulk-action")).select_by_value("hold")
+        navigate(d, d.find_element(By.ID, "button-bulk").click)
+        seen["bulk_title"] = d.title
+        seen["bulk_listed"] = sorted(r.get_attribute("data-machine")
+                                     for r in d.find_elements(By.CSS_SELECTOR, "#bulk-machines tr.machine"))
+        seen["bulk_button"] = d.find_element(By.ID, "button-confirm").text
+        d.find_element(By.CSS_SELECTOR, "#form-bulk input[name=reason]").send_keys("power work")
+        navigate(d, d.find_element(By.ID, "button-confirm").click)
+        seen["bulk_done"] = d.find_element(By.ID, "bulk-done").text
+        seen["bulk_outcomes"] = {r.get_attribute("data-machine"): r.get_attribute("class")
+                                 for r in d.find_elements(By.CSS_SELECTOR, "#bulk-outcomes tr[data-machine]")}
+        d.get(base + "/?state=held")
+        seen["held_after_bulk"] = sorted(rows(d))
+
         # The machine page: hold it with a reason, by the button.
         d.get(base + "/machines/" + pending)
         form = d.find_element(By.ID, "form-hold")
@@ -96,6 +128,60 @@ def walk(base, token, pending, backed_off, started_provider, evil):
         seen["cross_site_body"] = d.find_element(By.TAG_NAME, "body").text
         d.get(base + "/machines/" + pending)
         seen["state_after_cross_site"] = d.find_element(By.ID, "state").text
+    finally:
+        d.quit()
+    print(json.dumps(seen))
+
+
+def live(base, machine, ready, png):
+    """Loads the fleet page, says so (READY_FILE), and waits for the
+    machine's row in the installations under way to show a progress bar,
+    which the page's live updates draw: the page is never reloaded."""
+    import time
+    seen = {}
+    d = browser(1280, 1400)
+    try:
+        d.get(base + "/")
+        row = f'#progress tr[data-machine="{machine}"]'
+        d.execute_script("window.__shepherd_same_page = true")
+        seen["before"] = text(d, row)
+        seen["bars_before"] = len(d.find_elements(By.CSS_SELECTOR, row + " progress"))
+        open(ready, "w").close()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            bars = d.find_elements(By.CSS_SELECTOR, row + " progress")
+            if bars:
+                seen["value"] = bars[0].get_attribute("value")
+                seen["after"] = text(d, row)
+                break
+            time.sleep(0.2)
+        seen["same_page"] = d.execute_script("return window.__shepherd_same_page === true")
+        seen["live"] = text(d, "#live")
+        d.save_screenshot(png)
+    finally:
+        d.quit()
+    print(json.dumps(seen))
+
+
+def console(base, machine, png):
+    """Opens a machine's console view on its page (the last boot's tail,
+    open) and downloads what the console kept, as its link does."""
+    seen = {}
+    d = browser(1280, 1400)
+    try:
+        d.get(f"{base}/machines/{machine}#console")
+        opened = d.find_elements(By.CSS_SELECTOR, "#console details.console[open] pre.console-tail")
+        seen["tail"] = opened[0].text if opened else None
+        seen["captures"] = len(d.find_elements(By.CSS_SELECTOR, "#console details.console"))
+        link = d.find_element(By.CSS_SELECTOR, "#console details.console[open] a.console-download")
+        seen["download"] = d.execute_async_script(
+            "var done = arguments[arguments.length - 1];"
+            "fetch(arguments[0]).then(function (r) { return r.text().then(function (t) {"
+            " done({status: r.status, type: r.headers.get('content-type'),"
+            " disposition: r.headers.get('content-disposition'), text: t}); }); });",
+            link.get_attribute("href"))
+        d.find_element(By.ID, "console").location_once_scrolled_into_view
+        d.save_screenshot(png)
     finally:
         d.quit()
     print(json.dumps(seen))
@@ -164,5 +250,9 @@ if __name__ == "__main__":
         screenshot(*sys.argv[2:])
     elif sys.argv[1] == "install":
         install(*sys.argv[2:6])
+    elif sys.argv[1] == "live":
+        live(*sys.argv[2:6])
+    elif sys.argv[1] == "console":
+        console(*sys.argv[2:5])
     else:
-        sys.exit("walk, screenshot or install")
+        sys.exit("walk, screenshot, install, live or console")

@@ -1,7 +1,8 @@
 //! The fleet page: the brake's banner, the life cycle drawn with its
-//! counts, the activity chart, the machines (filters, search, paging, the
-//! rollout form), the sessions, this process's loops, the callback
-//! endpoints, the provisioner and the Equinix request budget.
+//! counts, the installations and erasures under way, the activity chart,
+//! the sessions, this process's loops, the callback endpoints, the
+//! provisioner, the Equinix request budget, and the machines
+//! (`machines.rs`) with the rollout form.
 
 use std::time::{Duration, SystemTime};
 
@@ -17,13 +18,13 @@ use super::super::rollout_pages::fleet_rollout_form;
 use super::super::state::Admin;
 use super::super::text::rfc3339;
 use super::charts;
-use super::parts::{ago, csrf_field, options, req_operator};
-use crate::bmdb::ProviderStatus;
+use super::machines::{Choices, machines_section};
+use super::parts::{ago, csrf_field, req_operator};
 use crate::bmdb::brake::BrakeState;
 use crate::bmdb::callback::ServedEndpoint as Endpoint;
 use crate::bmdb::duty::Holder;
 use crate::bmdb::installations::UnderWay;
-use crate::bmdb::machines::{self, Heartbeat, Listing, MachineState};
+use crate::bmdb::machines::{Listing, MachineState};
 use crate::bmdb::overview::{self, SessionView};
 use crate::status::SupervisorStatus as Status;
 
@@ -98,10 +99,11 @@ pub(in super::super) async fn fleet_page(
                 },
                 crate::bmdb::callback::endpoints(tx).await?,
                 crate::bmdb::installations::under_way(tx, UNDER_WAY_SHOWN).await?,
+                crate::bmdb::tenants::project_names(tx).await?,
             ))
         })
         .await;
-    let (listing, activity, sessions, brake, endpoints, under_way) = match r {
+    let (listing, activity, sessions, brake, endpoints, under_way, projects) = match r {
         Ok(v) => v,
         Err(e) => return internal(e),
     };
@@ -161,18 +163,11 @@ pub(in super::super) async fn fleet_page(
             (budget_section(&admin))
         }
         // The machines go last (they are long); the overview stays on top.
-        (machines_section(&q, &filter, &listing, offset, limit))
-        (fleet_rollout_form(
-            &admin,
-            operator.as_ref(),
-            &[
-                ("state", q.state.as_deref()),
-                ("provider_status", q.provider_status.as_deref()),
-                ("heartbeat", q.heartbeat.as_deref()),
-                ("q", q.q.as_deref()),
-            ],
-            listing.matching,
-        ))
+        (machines_section(&q, &filter, &listing, (offset, limit), &Choices {
+            projects,
+            plans: admin.plans.clone(),
+        }))
+        (fleet_rollout_form(&admin, operator.as_ref(), &q.filters(), listing.matching))
         p.muted {
             "Rendered " (rfc3339(SystemTime::now())) "; "
             span #live { "kept up to date as it changes (without scripts: reloaded every " (REFRESH_SECONDS) " s)" }
@@ -275,6 +270,13 @@ const LIVE_SCRIPT: &str = r##"(function () {
   es.onerror = function () { say("live: reconnecting"); };
   };
   setTimeout(listen, LIVE_DELAY_MS);
+  var all = document.getElementById("check-all");
+  if (all) {
+    all.hidden = false;
+    all.addEventListener("change", function () {
+      document.querySelectorAll("#machine-list input[name=machine]").forEach(function (c) { c.checked = all.checked; });
+    });
+  }
 })();"##;
 
 /// The banner while the brake holds (with its release form), or while an
@@ -471,107 +473,6 @@ fn budget_section(admin: &Admin) -> Markup {
                             fill=(if pct > 80.0 { "#c33" } else { "#4a8" }) {}
                     }
                 },
-            }
-        }
-    }
-}
-
-/// The query string of a fleet page with `offset` (its filters and page
-/// size kept).
-fn page_query(q: &Page, offset: i64) -> String {
-    let mut s = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in [
-        ("state", &q.state),
-        ("provider_status", &q.provider_status),
-        ("heartbeat", &q.heartbeat),
-        ("q", &q.q),
-    ] {
-        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
-            s.append_pair(k, v);
-        }
-    }
-    if let Some(limit) = q.limit {
-        s.append_pair("limit", &limit.to_string());
-    }
-    if offset > 0 {
-        s.append_pair("offset", &offset.to_string());
-    }
-    format!("?{}", s.finish())
-}
-
-/// The fleet page's machines: the filter form, paging and the table.
-fn machines_section(
-    q: &Page,
-    filter: &machines::FleetFilter,
-    listing: &Listing,
-    offset: i64,
-    limit: i64,
-) -> Markup {
-    let list = &listing.machines;
-    let matching = listing.matching;
-    let shown_to = offset + list.len() as i64;
-    html! {
-        section #machines {
-            h2 { "Machines" }
-            // Filters: a plain GET form.
-            form.filters method="get" action="" {
-                label { "state " select name="state" {
-                    (options(MachineState::ALL.map(|s| (s, s.to_string())), filter.state))
-                } }
-                label { "provider status " select name="provider_status" {
-                    (options(ProviderStatus::ALL.map(|s| (s, s.to_string())), filter.provider_status))
-                } }
-                label { "heartbeat " select name="heartbeat" {
-                    (options(Heartbeat::ALL.map(|h| (h, h.as_str().to_string())), filter.heartbeat))
-                } }
-                label { "search "
-                    input type="search" name="q" value=(q.q.as_deref().unwrap_or(""))
-                        placeholder="machine ID, provider ID, address" size="32";
-                }
-                button type="submit" { "Show" }
-                " "
-                a href="./" { "clear" }
-            }
-            @if list.is_empty() {
-                p #matching { "no machines match" @if offset > 0 { " on this page" } }
-            } @else {
-                p #matching {
-                    span #match-count { (matching) } " matching; showing " (offset + 1) " to " (shown_to)
-                }
-            }
-            p.paging {
-                @if offset > 0 {
-                    a rel="prev" href=(page_query(q, (offset - limit).max(0))) { "previous" }
-                    " "
-                }
-                @if shown_to < matching.count || matching.more {
-                    a rel="next" href=(page_query(q, shown_to)) { "next" }
-                }
-            }
-            table #machine-list {
-                tr {
-                    th { "machine" } th { "provider ID" } th { "address" } th { "provider status" }
-                    th { "state" } th { "last heartbeat" } th { "tenant" }
-                }
-                @for m in list {
-                    tr.machine.held[m.state == MachineState::Held] data-machine=(m.machine_id) {
-                        td { a href={ "machines/" (m.machine_id) } { (m.machine_id) } }
-                        td { (m.provider_id.as_deref().unwrap_or("-")) }
-                        td { (m.address.as_deref().unwrap_or("-")) }
-                        td { @match m.provider_status { Some(s) => (s), None => "-" } }
-                        td.state { (m.state) }
-                        td { @match m.agent_heartbeat { Some(t) => (ago(t)), None => "-" } }
-                        td.tenant {
-                            @match listing.tenants.get(&m.machine_id) {
-                                None => "-",
-                                Some(t) => {
-                                    (t.project.as_deref().unwrap_or("shared pool"))
-                                    @if let Some((_, host)) = &t.device { ": " (host) }
-                                },
-                            }
-                        }
-                    }
-                }
             }
         }
     }

@@ -169,6 +169,9 @@ fn console(d: &MachineDetail) -> Markup {
                             p.muted { "it printed nothing" }
                         } @else {
                             pre.console-tail { (lines.join("\n")) }
+                            p { a.console-download href={ (d.summary.machine_id) "/console/" (c.capture_id) } download {
+                                "download all it kept (" (c.tail.len()) " bytes)"
+                            } }
                         }
                     }
                 }
@@ -178,6 +181,34 @@ fn console(d: &MachineDetail) -> Markup {
             }
         }
     }
+}
+
+/// `GET /machines/{id}/console/{capture}`: what a boot's console kept,
+/// whole, as text (terminal escapes removed), to download.
+pub(in super::super) async fn console_download(
+    admin: web::Data<Admin>,
+    path: web::Path<(String, String)>,
+) -> HttpResponse {
+    let (id, capture) = path.into_inner();
+    let d = attempt!(load_detail(&admin, &id).await);
+    let Some(c) = d
+        .consoles
+        .iter()
+        .find(|c| c.capture_id.to_string() == capture)
+    else {
+        return error_page(
+            actix_web::http::StatusCode::NOT_FOUND,
+            &format!("machine {id} has no console capture {capture} (only its last ones are kept)"),
+            "../",
+        );
+    };
+    HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .insert_header((
+            "Content-Disposition",
+            format!("attachment; filename=\"console-{id}-{}.txt\"", c.capture_id),
+        ))
+        .body(crate::console::text(&c.tail))
 }
 
 /// Who was on the console over shepherd's SSH (the audit).

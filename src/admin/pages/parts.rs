@@ -33,6 +33,20 @@ pub(in super::super) fn options<T: PartialEq + Copy>(
     }
 }
 
+/// A `<select>`'s options where a value is not its label (a project's ID
+/// and name): "any" (empty), then one per value, the chosen one selected.
+pub(in super::super) fn labeled_options(
+    values: impl IntoIterator<Item = (String, String)>,
+    selected: Option<&str>,
+) -> Markup {
+    html! {
+        option value="" { "any" }
+        @for (v, label) in values {
+            option value=(v) selected[selected == Some(v.as_str())] { (label) }
+        }
+    }
+}
+
 pub(in super::super) fn req_operator(req: &HttpRequest) -> Option<Operator> {
     req.extensions().get::<Operator>().cloned()
 }

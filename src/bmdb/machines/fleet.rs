@@ -39,7 +39,7 @@ macro_rules! listed_columns {
     };
 }
 
-/// The listing's filters but the state, on $4..$7.
+/// The listing's filters but the state, on $4..$12 (see [`FleetFilter`]).
 macro_rules! other_filters {
     () => {
         "($4::provider_status IS NULL OR p.provider_status = $4) \
@@ -50,7 +50,20 @@ macro_rules! other_filters {
                ELSE s.agent_started_at IS NULL END) \
          AND ($7::text IS NULL OR s.machine_id::text LIKE $7 || '%' \
                OR s.provider_id ILIKE '%' || $7 || '%' ESCAPE '\\' \
-               OR s.address LIKE $7 || '%' ESCAPE '\\')"
+               OR s.address LIKE $7 || '%' ESCAPE '\\') \
+         AND ($8::text IS NULL OR p.provider_location = $8) \
+         AND ($9::uuid IS NULL \
+               OR EXISTS (SELECT 1 FROM machine_project mp \
+                           WHERE mp.machine_id = s.machine_id AND mp.project_id = $9) \
+               OR EXISTS (SELECT 1 FROM device d WHERE d.machine_id = s.machine_id \
+                           AND d.deleted_at IS NULL AND d.project_id = $9)) \
+         AND ($10::text IS NULL OR $10 = COALESCE( \
+               (SELECT CASE WHEN f.bmc_url LIKE 'ipmi://%' THEN 'ipmi' ELSE 'redfish' END \
+                  FROM machine_bmc_facts f WHERE f.machine_id = s.machine_id), 'none')) \
+         AND ($11::text IS NULL OR $11 = COALESCE( \
+               (SELECT b.via FROM machine_bmc_boot b WHERE b.machine_id = s.machine_id), 'ssh')) \
+         AND ($12::text IS NULL OR EXISTS (SELECT 1 FROM machine_plan mpl \
+               WHERE mpl.machine_id = s.machine_id AND mpl.plan = $12))"
     };
 }
 
@@ -171,6 +184,32 @@ impl Heartbeat {
     }
 }
 
+/// A machine's BMC as the fleet page filters it: the protocol its URL
+/// names, as the Updater last read it, or none known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BmcKind {
+    Redfish,
+    Ipmi,
+    /// No BMC read: none in the inventory, or not read yet.
+    None,
+}
+
+impl BmcKind {
+    pub const ALL: [BmcKind; 3] = [BmcKind::Redfish, BmcKind::Ipmi, BmcKind::None];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcKind::Redfish => crate::config::BmcProtocol::Redfish.as_str(),
+            BmcKind::Ipmi => crate::config::BmcProtocol::Ipmi.as_str(),
+            BmcKind::None => "none",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BmcKind> {
+        Self::ALL.into_iter().find(|b| b.as_str() == s)
+    }
+}
+
 /// Which machines a fleet listing shows. Default: all.
 #[derive(Debug, Clone, Default)]
 pub struct FleetFilter {
@@ -182,6 +221,30 @@ pub struct FleetFilter {
     /// A machine ID's prefix, part of a provider ID (any case), or an
     /// address's prefix.
     pub search: Option<String>,
+    /// The provider's location (an inventory host's `location`), exactly.
+    pub location: Option<String>,
+    /// The project it is assigned to, or whose device it holds.
+    pub project: Option<Uuid>,
+    pub bmc: Option<BmcKind>,
+    /// How shepherd reaches it first: booted by its BMC (virtual media,
+    /// the network), else over SSH.
+    pub boot: Option<crate::config::BootMethod>,
+    /// Its plan's slug, as labeled (`crate::plan_labels`).
+    pub plan: Option<String>,
+}
+
+impl FleetFilter {
+    /// Whether it asks for more than a state: its matches are counted,
+    /// not read off the tally.
+    fn narrows(&self) -> bool {
+        self.provider_status.is_some()
+            || self.heartbeat.is_some()
+            || self.location.is_some()
+            || self.project.is_some()
+            || self.bmc.is_some()
+            || self.boot.is_some()
+            || self.plan.is_some()
+    }
 }
 
 /// A page of the fleet, in provider ID order, with the number of machines
@@ -218,27 +281,31 @@ async fn page_of(
     let state = filter.state.map(|s| s.as_str());
     let heartbeat = filter.heartbeat.map(|h| h.as_str());
     let stale = filter.stale_after.as_secs_f64();
+    let bmc = filter.bmc.map(|b| b.as_str());
+    let boot = filter.boot.map(|b| b.as_str());
     let query = if state.is_some() {
         FLEET_IN_STATE
     } else {
         FLEET_ALL
     };
-    let rows = tx
-        .query(
-            query,
-            &[
-                &limit,
-                &offset,
-                &state,
-                &filter.provider_status,
-                &heartbeat,
-                &stale,
-                &search,
-            ],
-        )
-        .await?;
+    // $3 on: the state and the other filters, as `other_filters!` reads them.
+    let filters: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+        &state,
+        &filter.provider_status,
+        &heartbeat,
+        &stale,
+        &search,
+        &filter.location,
+        &filter.project,
+        &bmc,
+        &boot,
+        &filter.plan,
+    ];
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&limit, &offset];
+    params.extend(filters);
+    let rows = tx.query(query, &params).await?;
     let page: Vec<MachineSummary> = rows.iter().map(MachineSummary::from_row).collect();
-    let matching = if filter.provider_status.is_none() && heartbeat.is_none() && search.is_none() {
+    let matching = if !filter.narrows() && search.is_none() {
         let tally = match known {
             Some(t) => t,
             None => &tally(tx).await?,
@@ -248,27 +315,33 @@ async fn page_of(
             None => tally.machines(),
         })
     } else {
-        let n: i64 = tx
-            .query_one(
-                MATCHING,
-                &[
-                    &MATCHING_CAP,
-                    &0i64,
-                    &state,
-                    &filter.provider_status,
-                    &heartbeat,
-                    &stale,
-                    &search,
-                ],
-            )
-            .await?
-            .get(0);
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            vec![&MATCHING_CAP, &0i64];
+        params.extend(filters);
+        let n: i64 = tx.query_one(MATCHING, &params).await?.get(0);
         Matching {
             count: n.min(MATCHING_CAP),
             more: n > MATCHING_CAP,
         }
     };
     Ok((page, matching))
+}
+
+/// Machines by ID, in the listing's order (absent IDs left out): a
+/// selection as the bulk actions' confirmation lists it.
+pub async fn summaries(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<MachineSummary>, BmdbError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        listed_columns!(),
+        " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+         WHERE s.machine_id = ANY($1) ORDER BY s.provider_id, s.machine_id"
+    );
+    Ok(tx
+        .query(SQL, &[&ids])
+        .await?
+        .iter()
+        .map(MachineSummary::from_row)
+        .collect())
 }
 
 /// How many machines a listing's filter matches.

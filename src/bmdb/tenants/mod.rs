@@ -152,6 +152,17 @@ pub async fn projects(tx: &mut Tx<'_>) -> Result<Vec<Project>, BmdbError> {
     Ok(tx.query(sql, &[]).await?.iter().map(project_from).collect())
 }
 
+/// Every project's ID and name, by name (no counts: the fleet page's
+/// project filter, read whatever the fleet's size).
+pub async fn project_names(tx: &mut Tx<'_>) -> Result<Vec<(Uuid, String)>, BmdbError> {
+    Ok(tx
+        .query("SELECT project_id, name FROM project ORDER BY name", &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
 pub async fn project(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<Project>, BmdbError> {
     let sql = concat!(project_select!(), "WHERE p.project_id = $1");
     Ok(tx.query_opt(sql, &[&id]).await?.as_ref().map(project_from))

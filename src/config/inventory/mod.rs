@@ -70,6 +70,16 @@ pub enum BootMethod {
 }
 
 impl BootMethod {
+    pub const ALL: [BootMethod; 3] = [
+        BootMethod::Ssh,
+        BootMethod::VirtualMedia,
+        BootMethod::Network,
+    ];
+
+    pub fn parse(s: &str) -> Option<BootMethod> {
+        Self::ALL.into_iter().find(|b| b.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             BootMethod::Ssh => "ssh",

@@ -165,8 +165,9 @@ pub struct Page {
     pub q: Option<String>,
     /// The provider's location (an inventory host's `location`), exactly.
     pub location: Option<String>,
-    /// A project's ID: machines assigned to it or holding its devices.
-    #[param(value_type = Option<uuid::Uuid>)]
+    /// A project's ID: machines assigned to it or holding its devices
+    /// (empty: any).
+    #[param(value_type = Option<String>, pattern = r"^$|^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
     pub project: Option<String>,
     /// The BMC's protocol as last read (`none`: no BMC read).
     #[param(value_type = Option<api::BmcName>)]

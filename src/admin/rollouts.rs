@@ -46,7 +46,8 @@ pub struct RolloutBody {
     pub heartbeat: Option<String>,
     pub q: Option<String>,
     pub location: Option<String>,
-    #[schema(value_type = Option<Uuid>)]
+    /// A project's ID (empty: any).
+    #[schema(value_type = Option<String>, pattern = r"^$|^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
     pub project: Option<String>,
     #[schema(value_type = Option<super::api::BmcName>)]
     pub bmc: Option<String>,

@@ -13,7 +13,7 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_hardware_accepted', 'project', 'machine_project', 'api_token', 'project_ssh_key', \
      'device', 'project_event', 'tenant_audit', 'machine_firmware', 'machine_firmware_history', \
      'machine_firmware_read', 'machine_bios', 'machine_storage', 'firmware_grant', \
-     'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console', 'console_session')";
+     'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console', 'console_session', 'machine_plan', 'plan_catalog')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -49,14 +49,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V24__fleet_tally",
             "V25__console",
             "V26__tally_agents",
-            "V27__console_sessions"
+            "V27__console_sessions",
+            "V28__plan_labels"
         ]
     );
-    assert_eq!(first.version, Some(27));
-    assert_eq!(count(&bmdb, TABLES).await, 53);
+    assert_eq!(first.version, Some(28));
+    assert_eq!(count(&bmdb, TABLES).await, 55);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(27));
+    assert_eq!(again.version, Some(28));
 }
 
 #[actix_rt::test]
@@ -69,13 +70,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 27],
+        [0, 28],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 53);
+    assert_eq!(count(&a, TABLES).await, 55);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        27
+        28
     );
 }
 
@@ -126,7 +127,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V24__fleet_tally",
             "V25__console",
             "V26__tally_agents",
-            "V27__console_sessions"
+            "V27__console_sessions",
+            "V28__plan_labels"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -209,7 +211,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V24__fleet_tally",
             "V25__console",
             "V26__tally_agents",
-            "V27__console_sessions"
+            "V27__console_sessions",
+            "V28__plan_labels"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

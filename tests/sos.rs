@@ -229,6 +229,9 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
             "SHEPHERD__LOG__LEVEL",
             "info,shepherd=debug,tokio_postgres=warn".into(),
         ),
+        // Connections told alive every second: a killed shepherd's are
+        // ended within seconds (below).
+        ("SHEPHERD__CONSOLE__KEEP_ALIVE", "1s".into()),
     ];
     let mut shepherd = ShepherdProcess::start(
         Path::new(SHEPHERD),
@@ -416,4 +419,65 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
             "{what} shows the console's private key"
         );
     }
+
+    // A shepherd killed with someone on a console cannot end the
+    // connection: the next shepherd's console server ends it once no one
+    // has told it alive for four seconds.
+    let mut shepherd = ShepherdProcess::start(
+        Path::new(SHEPHERD),
+        &path,
+        dir.path().join("shepherd-killed.log"),
+        &env,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        shepherd.assert_running();
+        assert!(Instant::now() < deadline, "{}", shepherd.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut a = Client::connect("alice", port, &alice, &machine.to_string());
+    a.sees("the keyboard is yours").await;
+    shepherd.kill();
+    let _ = a.exits().await;
+    let open = |s: &[shepherd::bmdb::console_sessions::ConsoleSession]| {
+        s.iter().filter(|s| s.ended_at.is_none()).count()
+    };
+    let recent = async || {
+        bmdb.transact(async |tx| shepherd::bmdb::console_sessions::recent(tx, machine, 10).await)
+            .await
+            .unwrap()
+    };
+    let s = recent().await;
+    assert_eq!(
+        (s.len(), open(&s)),
+        (4, 1),
+        "the killed one's connection stays open: {s:?}"
+    );
+    let mut next = ShepherdProcess::start(
+        Path::new(SHEPHERD),
+        &path,
+        dir.path().join("shepherd-next.log"),
+        &env,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = loop {
+        let s = recent().await;
+        if open(&s) == 0 {
+            break s;
+        }
+        next.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "never ended: {s:?}\n{}",
+            next.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let killed = &ended[0];
+    assert!(killed.who.starts_with("operator alice"), "{ended:?}");
+    assert_eq!(
+        killed.end_reason.as_deref(),
+        Some("its shepherd stopped without ending it (no word from it since)")
+    );
+    next.terminate(Duration::from_secs(20));
 }

@@ -65,6 +65,26 @@ const TENANT: &str = "SELECT d.machine_id, d.project_id, k.label, s.provider_id 
      WHERE d.device_id = $1 AND d.deleted_at IS NULL AND d.deleting_at IS NULL \
        AND k.fingerprint = $2";
 
+/// The connections this console server serves, still alive ($1).
+const KEEP: &str = "UPDATE console_session SET seen_at = now() \
+     WHERE session_id = ANY($1) AND ended_at IS NULL";
+/// Connections no console server kept alive for $1 seconds: their shepherd
+/// stopped without ending them.
+const SWEEP: &str = "UPDATE console_session SET ended_at = seen_at, \
+       end_reason = 'its shepherd stopped without ending it (no word from it since)' \
+     WHERE ended_at IS NULL AND seen_at < now() - make_interval(secs => $1)";
+
+/// Keeps `sessions` (the connections this console server serves) alive.
+pub async fn keep(tx: &mut Tx<'_>, sessions: &[Uuid]) -> Result<u64, BmdbError> {
+    tx.execute(KEEP, &[&sessions]).await
+}
+
+/// Ends the connections no console server kept alive for `silent`: their
+/// shepherd stopped. Returns how many.
+pub async fn sweep(tx: &mut Tx<'_>, silent: std::time::Duration) -> Result<u64, BmdbError> {
+    tx.execute(SWEEP, &[&silent.as_secs_f64()]).await
+}
+
 /// Records a console connection's start.
 pub async fn begin(tx: &mut Tx<'_>, login: &Login) -> Result<(), BmdbError> {
     tx.execute(

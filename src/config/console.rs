@@ -41,6 +41,11 @@ pub struct ConsoleSettings {
     /// comment the operator's name in the audit), read at each login;
     /// unset: only tenants, with their projects' keys.
     pub operator_keys: Option<PathBuf>,
+    /// How often the console server tells the BMDB its connections are
+    /// alive; a connection not told so for four times this is ended in
+    /// the audit by any shepherd's console server (its shepherd stopped).
+    #[serde(with = "humantime_serde")]
+    pub keep_alive: Duration,
 }
 
 impl Default for ConsoleSettings {
@@ -55,6 +60,7 @@ impl Default for ConsoleSettings {
             listen: None,
             host_key_file: PathBuf::from("var/ssh/console_host_ed25519"),
             operator_keys: None,
+            keep_alive: Duration::from_secs(30),
         }
     }
 }
@@ -67,6 +73,7 @@ impl ConsoleSettings {
             ("console.capture_for", self.capture_for),
             ("console.write_every", self.write_every),
             ("console.reopen_after", self.reopen_after),
+            ("console.keep_alive", self.keep_alive),
         ] {
             ConfigError::positive(k, v)?;
         }

@@ -55,10 +55,12 @@ pub enum SosError {
 pub struct ConsoleServer {
     pub addr: SocketAddr,
     stop: russh::server::RunningServerHandle,
+    keeper: actix_rt::task::JoinHandle<()>,
 }
 
 impl Drop for ConsoleServer {
     fn drop(&mut self) {
+        self.keeper.abort();
         self.stop.shutdown("shepherd is stopping".into());
     }
 }
@@ -99,7 +101,10 @@ pub async fn serve(
         provider,
         bmdb,
         operator_keys: settings.operator_keys.clone(),
+        open: Default::default(),
+        keep_alive: settings.keep_alive,
     });
+    let keeper = actix_rt::spawn(door.clone().keep_alive());
     actix_rt::spawn(async move {
         while let Some(r) = rx.recv().await {
             actix_rt::spawn(door.clone().answer(r));
@@ -119,7 +124,7 @@ pub async fn serve(
         source: std::io::Error::other("the console server did not start"),
     })?;
     tracing::info!(%addr, host_key = %identity.public_key(), "serving machines' consoles over SSH");
-    Ok(Some(ConsoleServer { addr, stop }))
+    Ok(Some(ConsoleServer { addr, stop, keeper }))
 }
 
 /// russh's server: a handler per connection, each with the door's line.
@@ -145,6 +150,39 @@ struct Door {
     provider: SharedProvider,
     bmdb: Bmdb,
     operator_keys: Option<PathBuf>,
+    /// The connections open here, kept alive in the BMDB…
+    open: std::cell::RefCell<std::collections::HashSet<Uuid>>,
+    /// …this often (`console.keep_alive`); a connection without a word
+    /// for four times this is ended (its shepherd stopped).
+    keep_alive: Duration,
+}
+
+impl Door {
+    /// Keeps this server's connections alive and ends those of stopped
+    /// shepherds: at the start, then every `keep_alive`.
+    async fn keep_alive(self: Rc<Self>) {
+        loop {
+            let open: Vec<Uuid> = self.open.borrow().iter().copied().collect();
+            let r = self
+                .bmdb
+                .transact(async |tx| {
+                    console_sessions::keep(tx, &open).await?;
+                    console_sessions::sweep(tx, self.keep_alive * 4).await
+                })
+                .await;
+            match r {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    connections = n,
+                    "ended console connections whose shepherd stopped"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the console connections could not be kept alive")
+                }
+            }
+            tokio::time::sleep(self.keep_alive).await;
+        }
+    }
 }
 
 impl Door {
@@ -184,6 +222,7 @@ impl Door {
                 reason,
             } => {
                 tracing::info!(%session, %reason, typed, shown, "left a machine's console");
+                self.open.borrow_mut().remove(&session);
                 let r = self
                     .bmdb
                     .transact(async |tx| {
@@ -287,10 +326,20 @@ impl Door {
                 tracing::warn!(machine_id = %m, error = %e, "a console connection was not recorded: refused");
                 "shepherd could not record this connection (its database): try again".to_string()
             })?;
-        let (link, attached) = self
+        // Kept alive from now on; a connection that does not open is
+        // swept once it is no longer kept.
+        self.open.borrow_mut().insert(session);
+        let (link, attached) = match self
             .consoles
             .attach(m, &source, session, &grant.who, out)
-            .await?;
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                self.open.borrow_mut().remove(&session);
+                return Err(e);
+            }
+        };
         tracing::info!(machine_id = %m, who = %grant.who, %session, keyboard = attached.keyboard.is_ok(), "on a machine's console");
         Ok(Opened {
             link,

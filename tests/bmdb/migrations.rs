@@ -50,14 +50,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V25__console",
             "V26__tally_agents",
             "V27__console_sessions",
-            "V28__plan_labels"
+            "V28__plan_labels",
+            "V29__console_keep_alive"
         ]
     );
-    assert_eq!(first.version, Some(28));
+    assert_eq!(first.version, Some(29));
     assert_eq!(count(&bmdb, TABLES).await, 55);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(28));
+    assert_eq!(again.version, Some(29));
 }
 
 #[actix_rt::test]
@@ -70,13 +71,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 28],
+        [0, 29],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 55);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        28
+        29
     );
 }
 
@@ -128,7 +129,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V25__console",
             "V26__tally_agents",
             "V27__console_sessions",
-            "V28__plan_labels"
+            "V28__plan_labels",
+            "V29__console_keep_alive"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -212,7 +214,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V25__console",
             "V26__tally_agents",
             "V27__console_sessions",
-            "V28__plan_labels"
+            "V28__plan_labels",
+            "V29__console_keep_alive"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

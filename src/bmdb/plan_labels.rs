@@ -1,5 +1,5 @@
 //! Each machine's plan as labeled in the BMDB (`machine_plan`,
-//! `migrations/V28__plan_labels.sql`): the rows whose report, BMC Secure
+//! `migrations/V28__fleet_filters.sql`): the rows whose report, BMC Secure
 //! Boot or configured plans changed since they were labeled, and the
 //! labels written back over the generation read.
 

@@ -50,7 +50,7 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V25__console",
             "V26__tally_agents",
             "V27__console_sessions",
-            "V28__plan_labels",
+            "V28__fleet_filters",
             "V29__console_keep_alive"
         ]
     );
@@ -129,7 +129,7 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V25__console",
             "V26__tally_agents",
             "V27__console_sessions",
-            "V28__plan_labels",
+            "V28__fleet_filters",
             "V29__console_keep_alive"
         ]
     );
@@ -214,7 +214,7 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V25__console",
             "V26__tally_agents",
             "V27__console_sessions",
-            "V28__plan_labels",
+            "V28__fleet_filters",
             "V29__console_keep_alive"
         ]
     );

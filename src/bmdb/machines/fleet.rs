@@ -39,34 +39,6 @@ macro_rules! listed_columns {
     };
 }
 
-/// The listing's filters but the state, on $4..$12 (see [`FleetFilter`]).
-macro_rules! other_filters {
-    () => {
-        "($4::provider_status IS NULL OR p.provider_status = $4) \
-         AND ($5::text IS NULL OR CASE $5 \
-               WHEN 'heartbeating' THEN s.agent_heartbeat_at > now() - make_interval(secs => $6) \
-               WHEN 'silent' THEN s.agent_started_at IS NOT NULL AND (s.agent_heartbeat_at IS NULL \
-                    OR s.agent_heartbeat_at <= now() - make_interval(secs => $6)) \
-               ELSE s.agent_started_at IS NULL END) \
-         AND ($7::text IS NULL OR s.machine_id::text LIKE $7 || '%' \
-               OR s.provider_id ILIKE '%' || $7 || '%' ESCAPE '\\' \
-               OR s.address LIKE $7 || '%' ESCAPE '\\') \
-         AND ($8::text IS NULL OR p.provider_location = $8) \
-         AND ($9::uuid IS NULL \
-               OR EXISTS (SELECT 1 FROM machine_project mp \
-                           WHERE mp.machine_id = s.machine_id AND mp.project_id = $9) \
-               OR EXISTS (SELECT 1 FROM device d WHERE d.machine_id = s.machine_id \
-                           AND d.deleted_at IS NULL AND d.project_id = $9)) \
-         AND ($10::text IS NULL OR $10 = COALESCE( \
-               (SELECT CASE WHEN f.bmc_url LIKE 'ipmi://%' THEN 'ipmi' ELSE 'redfish' END \
-                  FROM machine_bmc_facts f WHERE f.machine_id = s.machine_id), 'none')) \
-         AND ($11::text IS NULL OR $11 = COALESCE( \
-               (SELECT b.via FROM machine_bmc_boot b WHERE b.machine_id = s.machine_id), 'ssh')) \
-         AND ($12::text IS NULL OR EXISTS (SELECT 1 FROM machine_plan mpl \
-               WHERE mpl.machine_id = s.machine_id AND mpl.plan = $12))"
-    };
-}
-
 /// One machine's listing row ($3).
 macro_rules! fleet_one {
     () => {
@@ -79,47 +51,68 @@ macro_rules! fleet_one {
     };
 }
 
-/// The whole fleet (no state asked: $3 is NULL), in provider ID order: a
-/// walk of `machine_summary_listing` that stops at the page's end.
-const FLEET_ALL: &str = concat!(
+/// The listing's rows: `machine_summary s` with `machine_provided p`.
+const LISTED_FROM: &str = concat!(
     "SELECT ",
     listed_columns!(),
-    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-     WHERE $3::text IS NULL AND ",
-    other_filters!(),
-    " ORDER BY s.provider_id, s.machine_id LIMIT $1 OFFSET $2"
+    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id"
 );
 
-/// The machines in one state ($3): those whose kept state holds, from
-/// `machine_summary_listing_state`, merged with those whose backoff ran out
-/// since it was kept (few: the fleet-tally round settles them), in order.
-/// Each side stops at the page's end (a walk of its index, not a sort of
-/// every machine in the state; the end never past the largest bigint,
-/// whatever offset is asked).
-const FLEET_IN_STATE: &str = concat!(
-    "SELECT * FROM ((SELECT ",
-    listed_columns!(),
-    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-     WHERE s.state = $3 AND (s.state_until IS NULL OR s.state_until > now()) AND ",
-    other_filters!(),
-    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + LEAST($2::bigint, 9223372036854775807 - $1::bigint)) UNION ALL (SELECT ",
-    listed_columns!(),
-    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-     WHERE s.state_until <= now() AND machine_state(s) = $3 AND ",
-    other_filters!(),
-    " ORDER BY s.provider_id, s.machine_id LIMIT $1::bigint + LEAST($2::bigint, 9223372036854775807 - $1::bigint))) f \
-     ORDER BY provider_id, machine_id LIMIT $1 OFFSET $2"
-);
+/// A page's end, never past the largest bigint whatever offset is asked.
+const PAGE_END: &str = "$1::bigint + LEAST($2::bigint, 9223372036854775807 - $1::bigint)";
 
-/// Machines a filter with more than a state matches, counted up to
-/// [`MATCHING_CAP`] (one more, to tell the cap was passed).
-const MATCHING: &str = concat!(
-    "SELECT count(*) FROM (SELECT 1 \
-       FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-      WHERE ($3::text IS NULL OR machine_state(s) = $3) AND ",
-    other_filters!(),
-    " LIMIT $1::bigint + 1 OFFSET $2::bigint) c"
-);
+/// The whole fleet in provider ID order ($1 limit, $2 offset, the filters
+/// from $3): a walk of `machine_summary_listing` that stops at the page's
+/// end, or a read of a rare filter's index and a sort of what it found.
+fn fleet_all(conditions: &[String]) -> String {
+    format!(
+        "{LISTED_FROM} WHERE {} ORDER BY s.provider_id, s.machine_id LIMIT $1 OFFSET $2",
+        and(conditions)
+    )
+}
+
+/// The machines in one state ($3; $1 limit, $2 offset, the filters from
+/// $4): those whose kept state holds, from `machine_summary_listing_state`,
+/// merged with those whose backoff ran out since it was kept (few: the
+/// fleet-tally round settles them), in order. Each side stops at the
+/// page's end (a walk of its index, not a sort of every machine in the
+/// state).
+fn fleet_in_state(conditions: &[String]) -> String {
+    let c = and(conditions);
+    format!(
+        "SELECT * FROM (({LISTED_FROM} \
+           WHERE s.state = $3 AND (s.state_until IS NULL OR s.state_until > now()) AND {c} \
+           ORDER BY s.provider_id, s.machine_id LIMIT {PAGE_END}) \
+         UNION ALL ({LISTED_FROM} \
+           WHERE s.state_until <= now() AND machine_state(s) = $3 AND {c} \
+           ORDER BY s.provider_id, s.machine_id LIMIT {PAGE_END})) f \
+         ORDER BY provider_id, machine_id LIMIT $1 OFFSET $2"
+    )
+}
+
+/// Machines a filter with more than a state matches ($1 the cap, $2 the
+/// state or NULL, the filters from $3), counted up to [`MATCHING_CAP`]
+/// (one more, to tell the cap was passed).
+fn matching(conditions: &[String]) -> String {
+    format!(
+        "SELECT count(*) FROM (SELECT 1 \
+           FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
+          WHERE ($2::text IS NULL \
+                 OR (s.state = $2 AND (s.state_until IS NULL OR s.state_until > now())) \
+                 OR (s.state_until <= now() AND machine_state(s) = $2)) \
+            AND {} LIMIT $1::bigint + 1) c",
+        and(conditions)
+    )
+}
+
+/// Conditions joined by AND (none: true).
+fn and(conditions: &[String]) -> String {
+    if conditions.is_empty() {
+        "true".into()
+    } else {
+        conditions.join(" AND ")
+    }
+}
 
 /// A filtered listing counts its matches up to this; past it the fleet
 /// page says "more than".
@@ -153,100 +146,6 @@ const FOLD_TALLY: &str = "WITH d AS (DELETE FROM machine_tally_delta RETURNING k
                 ON CONFLICT (key) DO UPDATE SET n = machine_tally.n + EXCLUDED.n) \
      SELECT count(*) FROM d";
 
-/// Whether a machine's agent heartbeats, as the fleet page filters it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Heartbeat {
-    /// A heartbeat within the staleness threshold.
-    Heartbeating,
-    /// An agent started, with no heartbeat within it.
-    Silent,
-    /// No agent started.
-    NoAgent,
-}
-
-impl Heartbeat {
-    pub const ALL: [Heartbeat; 3] = [
-        Heartbeat::Heartbeating,
-        Heartbeat::Silent,
-        Heartbeat::NoAgent,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Heartbeat::Heartbeating => "heartbeating",
-            Heartbeat::Silent => "silent",
-            Heartbeat::NoAgent => "no-agent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Heartbeat> {
-        Self::ALL.into_iter().find(|h| h.as_str() == s)
-    }
-}
-
-/// A machine's BMC as the fleet page filters it: the protocol its URL
-/// names, as the Updater last read it, or none known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BmcKind {
-    Redfish,
-    Ipmi,
-    /// No BMC read: none in the inventory, or not read yet.
-    None,
-}
-
-impl BmcKind {
-    pub const ALL: [BmcKind; 3] = [BmcKind::Redfish, BmcKind::Ipmi, BmcKind::None];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BmcKind::Redfish => crate::config::BmcProtocol::Redfish.as_str(),
-            BmcKind::Ipmi => crate::config::BmcProtocol::Ipmi.as_str(),
-            BmcKind::None => "none",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<BmcKind> {
-        Self::ALL.into_iter().find(|b| b.as_str() == s)
-    }
-}
-
-/// Which machines a fleet listing shows. Default: all.
-#[derive(Debug, Clone, Default)]
-pub struct FleetFilter {
-    pub state: Option<MachineState>,
-    pub provider_status: Option<ProviderStatus>,
-    pub heartbeat: Option<Heartbeat>,
-    /// A heartbeat older than this is silent.
-    pub stale_after: std::time::Duration,
-    /// A machine ID's prefix, part of a provider ID (any case), or an
-    /// address's prefix.
-    pub search: Option<String>,
-    /// The provider's location (an inventory host's `location`), exactly.
-    pub location: Option<String>,
-    /// The project it is assigned to, or whose device it holds.
-    pub project: Option<Uuid>,
-    pub bmc: Option<BmcKind>,
-    /// How shepherd reaches it first: booted by its BMC (virtual media,
-    /// the network), else over SSH.
-    pub boot: Option<crate::config::BootMethod>,
-    /// Its plan's slug, as labeled (`crate::plan_labels`).
-    pub plan: Option<String>,
-}
-
-impl FleetFilter {
-    /// Whether it asks for more than a state: its matches are counted,
-    /// not read off the tally.
-    fn narrows(&self) -> bool {
-        self.provider_status.is_some()
-            || self.heartbeat.is_some()
-            || self.location.is_some()
-            || self.project.is_some()
-            || self.bmc.is_some()
-            || self.boot.is_some()
-            || self.plan.is_some()
-    }
-}
-
 /// A page of the fleet, in provider ID order, with the number of machines
 /// the filter matches: exact from the tally when the filter is a state or
 /// nothing, else counted up to [`MATCHING_CAP`] (see [`Matching`]).
@@ -267,45 +166,22 @@ async fn page_of(
     offset: i64,
     known: Option<&Tally>,
 ) -> Result<(Vec<MachineSummary>, Matching), BmdbError> {
-    let search = filter
-        .search
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.replace('\\', "\\\\")
-                .replace('%', "\\%")
-                .replace('_', "\\_")
-                .to_lowercase()
-        });
-    let state = filter.state.map(|s| s.as_str());
-    let heartbeat = filter.heartbeat.map(|h| h.as_str());
-    let stale = filter.stale_after.as_secs_f64();
-    let bmc = filter.bmc.map(|b| b.as_str());
-    let boot = filter.boot.map(|b| b.as_str());
-    let query = if state.is_some() {
-        FLEET_IN_STATE
-    } else {
-        FLEET_ALL
+    let state = filter.state.map(|s| s.as_str().to_string());
+    let (query, first) = match &state {
+        Some(_) => (fleet_in_state as fn(&[String]) -> String, 4),
+        None => (fleet_all as fn(&[String]) -> String, 3),
     };
-    // $3 on: the state and the other filters, as `other_filters!` reads them.
-    let filters: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
-        &state,
-        &filter.provider_status,
-        &heartbeat,
-        &stale,
-        &search,
-        &filter.location,
-        &filter.project,
-        &bmc,
-        &boot,
-        &filter.plan,
-    ];
-    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&limit, &offset];
-    params.extend(filters);
-    let rows = tx.query(query, &params).await?;
+    let (conditions, values) = filter.conditions(first);
+    let mut params: Vec<SqlValue> = vec![Box::new(limit), Box::new(offset)];
+    if let Some(s) = &state {
+        params.push(Box::new(s.clone()));
+    }
+    params.extend(values);
+    let rows = tx
+        .query(interned(query(&conditions)), &sql_refs(&params))
+        .await?;
     let page: Vec<MachineSummary> = rows.iter().map(MachineSummary::from_row).collect();
-    let matching = if !filter.narrows() && search.is_none() {
+    let matching = if !filter.narrows() {
         let tally = match known {
             Some(t) => t,
             None => &tally(tx).await?,
@@ -315,10 +191,13 @@ async fn page_of(
             None => tally.machines(),
         })
     } else {
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-            vec![&MATCHING_CAP, &0i64];
-        params.extend(filters);
-        let n: i64 = tx.query_one(MATCHING, &params).await?.get(0);
+        let (conditions, values) = filter.conditions(3);
+        let mut params: Vec<SqlValue> = vec![Box::new(MATCHING_CAP), Box::new(state)];
+        params.extend(values);
+        let n: i64 = tx
+            .query_one(interned(matching(&conditions)), &sql_refs(&params))
+            .await?
+            .get(0);
         Matching {
             count: n.min(MATCHING_CAP),
             more: n > MATCHING_CAP,

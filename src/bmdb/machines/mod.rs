@@ -4,6 +4,7 @@
 //!
 //! - `fleet.rs`: the fleet listing (one summary row a machine, filtered,
 //!   paged and counted);
+//! - `filter.rs`: the listing's filters, and the SQL each asks;
 //! - `detail.rs`: one machine read whole (its history, backoffs, leases,
 //!   tenancy).
 
@@ -20,9 +21,12 @@ use super::{BmdbError, HistoryEvent, Process, Provider, ProviderStatus, Tx};
 #[macro_use]
 mod fleet;
 mod detail;
+mod filter;
 mod timeline;
 
 pub use detail::*;
+pub use filter::{BmcKind, FleetFilter, Heartbeat};
+use filter::{SqlValue, interned, sql_refs};
 pub use fleet::*;
 pub use timeline::{Happening, Moment, timeline};
 

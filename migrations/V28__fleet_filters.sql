@@ -1,3 +1,5 @@
+-- The fleet's filters beyond the state, read from indexes.
+--
 -- Each machine's plan (metal.plans: the first whose minimums its hardware
 -- report meets, with the BMC's Secure Boot where the plan asks for it),
 -- labeled by the plan-labels round (src/plan_labels.rs), so that the fleet
@@ -52,3 +54,8 @@ CREATE TRIGGER machine_plan_secure_boot_changed AFTER UPDATE ON machine_bmc_fact
 
 -- Machines that reported already: labeled by the first round.
 INSERT INTO machine_plan (machine_id) SELECT machine_id FROM machine_hardware_report;
+
+-- The fleet filtered by location (a rack, a room): read from this index
+-- when the location is a small part of the fleet.
+CREATE INDEX machine_provided_location ON machine_provided (provider_location)
+    WHERE provider_location IS NOT NULL;

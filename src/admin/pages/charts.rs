@@ -70,7 +70,11 @@ fn edge_of_box((ax, ay): (f64, f64), (bx, by): (f64, f64)) -> (f64, f64) {
 
 /// The declared life cycle (`bmdb::lifecycle::TRANSITIONS`), each state
 /// with its count; `chosen` is the state the fleet is filtered by.
-pub(super) fn life_cycle(counts: &[(MachineState, i64)], chosen: Option<MachineState>) -> Markup {
+pub(super) fn life_cycle(
+    counts: &[(MachineState, i64)],
+    chosen: Option<MachineState>,
+    link: &dyn Fn(MachineState) -> String,
+) -> Markup {
     let count = |s: MachineState| counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
     let mut edges: Vec<(MachineState, MachineState)> = TRANSITIONS
         .iter()
@@ -102,7 +106,7 @@ pub(super) fn life_cycle(counts: &[(MachineState, i64)], chosen: Option<MachineS
             @for s in MachineState::ALL {
                 @let (cx, cy) = centre(s);
                 @let n = count(s);
-                a href={ "?state=" (s) } {
+                a href=(link(s)) {
                     g.state.empty[n == 0].chosen[chosen == Some(s)] data-state=(s) data-count=(n) {
                         title { (s) ": " (n) " machines; show them" }
                         rect x=(cx - BOX_W / 2.0) y=(cy - BOX_H / 2.0) width=(BOX_W) height=(BOX_H)

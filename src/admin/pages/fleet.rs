@@ -18,7 +18,7 @@ use super::super::rollout_pages::fleet_rollout_form;
 use super::super::state::Admin;
 use super::super::text::rfc3339;
 use super::charts;
-use super::machines::{Choices, machines_section};
+use super::machines::{Choices, in_state, machines_section};
 use super::parts::{ago, csrf_field, req_operator};
 use crate::bmdb::brake::BrakeState;
 use crate::bmdb::callback::ServedEndpoint as Endpoint;
@@ -137,13 +137,13 @@ pub(in super::super) async fn fleet_page(
                     span #silent { (listing.silent) } " silent (no heartbeat within "
                     (humantime::format_duration(admin.heartbeat_stale_after)) ")"
                 }
-                (charts::life_cycle(&listing.counts, filter.state))
+                (charts::life_cycle(&listing.counts, filter.state, &|s| in_state(&q, s)))
                 table #counts {
                     tr { th { "state" } th { "machines" } }
                     @for s in MachineState::ALL {
                         @let n = listing.counts.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n);
                         tr data-state=(s) {
-                            td { a href={ "?state=" (s) } { (s) } }
+                            td { a href=(in_state(&q, s)) { (s) } }
                             td.count { (n) }
                         }
                     }

@@ -37,6 +37,19 @@ fn page_query(q: &Page, offset: i64) -> String {
     format!("?{}", s.finish())
 }
 
+/// The fleet in `state`, the other filters kept (a click on the drawn
+/// life cycle or the counts narrows what is shown).
+pub(super) fn in_state(q: &Page, state: MachineState) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in q.given() {
+        if k != "state" {
+            s.append_pair(k, v);
+        }
+    }
+    s.append_pair("state", state.as_str());
+    format!("?{}", s.finish())
+}
+
 /// The filter form: a plain GET form.
 fn filters(q: &Page, filter: &FleetFilter, choices: &Choices) -> Markup {
     let text = |v: &Option<String>| v.clone().unwrap_or_default();

@@ -757,16 +757,8 @@ async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser()
         "{seen}"
     );
     for m in [f.backed_off, f.leased] {
-        let audit: Vec<(String, String, Option<String>)> = f
-            .bmdb
-            .transact(async |tx| shepherd::bmdb::actions::audit(tx, m).await)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|a| (a.actor, a.action, a.reason))
-            .collect();
         assert_eq!(
-            audit,
+            audit_of(&f.bmdb, m).await,
             vec![("admin".into(), "hold".into(), Some("power work".into()))]
         );
     }
@@ -809,18 +801,20 @@ async fn an_operator_logs_in_filters_searches_and_holds_a_machine_in_a_browser()
         "{seen}"
     );
     assert_eq!(seen["state_after_cross_site"], "held");
-    let audit: Vec<(String, String, Option<String>)> = f
-        .bmdb
-        .transact(async |tx| shepherd::bmdb::actions::audit(tx, f.pending).await)
+    assert_eq!(
+        audit_of(&f.bmdb, f.pending).await,
+        vec![("admin".into(), "hold".into(), Some("rack move".into()))]
+    );
+}
+
+/// A machine's operators' actions: (actor, action, reason).
+async fn audit_of(bmdb: &shepherd::bmdb::Bmdb, m: Uuid) -> Vec<(String, String, Option<String>)> {
+    bmdb.transact(async |tx| shepherd::bmdb::actions::audit(tx, m).await)
         .await
         .unwrap()
         .into_iter()
         .map(|a| (a.actor, a.action, a.reason))
-        .collect();
-    assert_eq!(
-        audit,
-        vec![("admin".into(), "hold".into(), Some("rack move".into()))]
-    );
+        .collect()
 }
 
 /// Form posts as a browser (or a forger) would send them.

@@ -137,118 +137,87 @@ async fn the_fleet_filters_by_location_project_bmc_boot_and_plan() {
         .unwrap();
 
     let f = FleetFilter::default;
-    assert_eq!(
-        listed(
-            &bmdb,
+    let cases = [
+        (
             FleetFilter {
                 location: Some("rack-a".into()),
                 ..f()
-            }
-        )
-        .await,
-        sorted(vec![a, b])
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![a, b],
+        ),
+        (
             FleetFilter {
                 project: Some(project),
                 ..f()
-            }
-        )
-        .await,
-        vec![c]
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![c],
+        ),
+        (
             FleetFilter {
                 project: Some(Uuid::new_v4()),
                 ..f()
-            }
-        )
-        .await,
-        Vec::<Uuid>::new()
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![],
+        ),
+        (
             FleetFilter {
                 bmc: Some(BmcKind::Ipmi),
                 ..f()
-            }
-        )
-        .await,
-        vec![a]
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![a],
+        ),
+        (
             FleetFilter {
                 bmc: Some(BmcKind::Redfish),
                 ..f()
-            }
-        )
-        .await,
-        sorted(vec![b, d])
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![b, d],
+        ),
+        (
             FleetFilter {
                 bmc: Some(BmcKind::None),
                 ..f()
-            }
-        )
-        .await,
-        vec![c]
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![c],
+        ),
+        (
             FleetFilter {
                 boot: Some(BootMethod::Network),
                 ..f()
-            }
-        )
-        .await,
-        vec![a]
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![a],
+        ),
+        (
             FleetFilter {
                 boot: Some(BootMethod::VirtualMedia),
                 ..f()
-            }
-        )
-        .await,
-        vec![b]
-    );
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![b],
+        ),
+        (
             FleetFilter {
                 boot: Some(BootMethod::Ssh),
                 ..f()
-            }
-        )
-        .await,
-        sorted(vec![c, d])
-    );
-    // Filters together: each narrows.
-    assert_eq!(
-        listed(
-            &bmdb,
+            },
+            vec![c, d],
+        ),
+        // Filters together: each narrows.
+        (
             FleetFilter {
                 location: Some("rack-b".into()),
                 bmc: Some(BmcKind::Redfish),
                 ..f()
-            }
-        )
-        .await,
-        vec![d]
-    );
+            },
+            vec![d],
+        ),
+    ];
+    for (filter, want) in cases {
+        assert_eq!(
+            listed(&bmdb, filter.clone()).await,
+            sorted(want),
+            "{filter:?}"
+        );
+    }
 
     // Plans: labeled by the round from the reports.
     let plans = vec![plan("big", 32), plan("small", 1)];

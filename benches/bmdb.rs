@@ -159,51 +159,58 @@ async fn detail(tx: &mut Tx<'_>) -> usize {
 /// in earlier runs). The 1 % made stale are an hour old: still silent.
 const STALE_AFTER: Duration = Duration::from_secs(30 * 60);
 
-/// The API's fleet list (`GET /api/v1/machines`): the first page of 100,
-/// what the filter matches, the tally and the agents.
+/// The API's fleet list (`GET /api/v1/machines`) with `filter`: the first
+/// page of 100, what the filter matches, the tally and the agents.
+async fn listed(tx: &mut Tx<'_>, filter: machines::FleetFilter) -> usize {
+    let l = machines::Listing::read(tx, &filter, (100, 0), STALE_AFTER)
+        .await
+        .unwrap();
+    l.machines.len()
+}
+
+/// The whole fleet.
 async fn fleet_list(tx: &mut Tx<'_>) -> usize {
-    let filter = machines::FleetFilter::default();
-    let l = machines::Listing::read(tx, &filter, (100, 0), STALE_AFTER)
-        .await
-        .unwrap();
-    l.machines.len()
+    listed(tx, Default::default()).await
 }
 
-/// The same, filtered to one state (a click on the drawn life cycle).
+/// One state (a click on the drawn life cycle).
 async fn fleet_list_state(tx: &mut Tx<'_>) -> usize {
-    let filter = machines::FleetFilter {
-        state: Some(machines::MachineState::Pending),
-        ..Default::default()
-    };
-    let l = machines::Listing::read(tx, &filter, (100, 0), STALE_AFTER)
-        .await
-        .unwrap();
-    l.machines.len()
+    let state = Some(machines::MachineState::Pending);
+    listed(
+        tx,
+        machines::FleetFilter {
+            state,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
-/// The fleet list filtered to one rack of a hundred (1 % of the fleet):
-/// a filter beyond the state, counted up to its cap.
+/// One rack of a hundred (1 % of the fleet): a filter beyond the state,
+/// read from its index and counted up to its cap.
 async fn fleet_list_location(tx: &mut Tx<'_>) -> usize {
-    let filter = machines::FleetFilter {
-        location: Some("rack-7".into()),
-        ..Default::default()
-    };
-    let l = machines::Listing::read(tx, &filter, (100, 0), STALE_AFTER)
-        .await
-        .unwrap();
-    l.machines.len()
+    let location = Some("rack-7".into());
+    listed(
+        tx,
+        machines::FleetFilter {
+            location,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
-/// The fleet list filtered to the plan 1 % of the fleet is labeled with.
+/// The plan 1 % of the fleet is labeled with.
 async fn fleet_list_plan(tx: &mut Tx<'_>) -> usize {
-    let filter = machines::FleetFilter {
-        plan: Some("big".into()),
-        ..Default::default()
-    };
-    let l = machines::Listing::read(tx, &filter, (100, 0), STALE_AFTER)
-        .await
-        .unwrap();
-    l.machines.len()
+    let plan = Some("big".into());
+    listed(
+        tx,
+        machines::FleetFilter {
+            plan,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// Everything the fleet page reads, in its snapshot: the list, the

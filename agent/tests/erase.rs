@@ -125,6 +125,97 @@ fn metadata_leaves_no_partition_table_nor_signature_and_reads_back_zeros() {
     assert!(e.disks[0].checked >= 5 * MIB, "{e}");
 }
 
+/// What blkid's low-level probe finds in `len` bytes from `at` of the
+/// disk (a partition's signatures, as a next OS would probe them).
+fn probe(d: &TestDisk, at: u64, len: u64) -> String {
+    let out = Command::new("blkid")
+        .args(["-p", "-O", &at.to_string(), "-S", &len.to_string()])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn metadata_erases_logical_partitions_found_through_their_ebrs() {
+    let d = TestDisk::new(96 * MIB);
+    // An MBR as sfdisk lays it out: a primary partition, then an extended
+    // one holding three logical partitions, each behind its EBR.
+    let script = "label: dos\nstart=2048, size=8192, type=83\nstart=10240, size=150000, type=5\n\
+                  size=16384, type=83\nsize=16384, type=8e\nsize=16384, type=fd\n";
+    let mut sfdisk = Command::new("sfdisk")
+        .args(["--no-reread", "--no-tell-kernel", "--quiet"])
+        .arg(d.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    sfdisk
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    let table = Command::new("sfdisk")
+        .arg("--json")
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let table: serde_json::Value = serde_json::from_slice(&table.stdout).unwrap();
+    let logical: Vec<(u64, u64)> = table["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["start"].as_u64().unwrap() * 512,
+                p["size"].as_u64().unwrap() * 512,
+            )
+        })
+        .filter(|(start, _)| *start > 10240 * 512)
+        .collect();
+    assert_eq!(logical.len(), 3, "{table}");
+    // The last tenant's signatures in each: ext4's magic, LVM's label.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.path())
+        .unwrap();
+    for &(start, _) in &logical {
+        f.write_all_at(&[0x53, 0xEF], start + 1080).unwrap();
+        f.write_all_at(
+            b"LABELONE\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x20\0\0\0LVM2 001",
+            start + 512,
+        )
+        .unwrap();
+    }
+    f.sync_all().unwrap();
+    let found: Vec<String> = logical.iter().map(|&(s, n)| probe(&d, s, n)).collect();
+    assert!(
+        found.iter().all(|p| p.contains("TYPE=")),
+        "blkid finds each first: {found:?}"
+    );
+
+    run(&request(Mode::Metadata), &[d.disk()], &Kernel).unwrap();
+    for &(start, len) in &logical {
+        assert_eq!(
+            probe(&d, start, len).trim(),
+            "",
+            "the partition at byte {start}"
+        );
+        assert_eq!(
+            nonzero(&d.read(start, MIB as usize)).0,
+            None,
+            "its first MiB, at byte {start}"
+        );
+    }
+    assert_eq!(
+        signatures(&d).trim(),
+        "",
+        "wipefs finds nothing on the disk"
+    );
+}
+
 #[test]
 fn overwrite_leaves_every_byte_zero() {
     let d = TestDisk::new(24 * MIB);

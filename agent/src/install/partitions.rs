@@ -8,10 +8,12 @@
 //! helpers here).
 //!
 //! The readers differ on purpose and each keeps its own rules: an erasure
-//! reads both GPT copies with either sector size and never fails (what it
-//! cannot read it leaves out); a boot entry and a first-boot volume read
-//! the primary header with the disk's sector size and fail, naming why.
-//! No reader checks a header's CRC.
+//! reads both GPT copies with either sector size, as libblkid does (a copy
+//! whose partition array fails its CRC is left for the other), follows an
+//! MBR's extended partitions through their chain of EBRs, and never fails
+//! (what it cannot read it leaves out); a boot entry and a first-boot
+//! volume read the primary header with the disk's sector size and fail,
+//! naming why. No reader checks a header's own CRC.
 
 use std::fs::File;
 use std::io;
@@ -224,12 +226,21 @@ pub fn gpt_entries(array: &[u8], entry_len: usize) -> impl Iterator<Item = GptEn
 }
 
 /// The partitions (byte ranges `[start, end)`) of the GPT of `file`
-/// (`size` bytes, read with `sector`-byte sectors): the primary header's,
-/// else the backup's (a header missing, its array out of bounds or not
-/// readable). Nothing when neither is there.
+/// (`size` bytes, read with `sector`-byte sectors), as libblkid reads
+/// them: every copy (the primary at LBA 1, the backup at the last LBA or
+/// where the primary says) whose partition array matches its CRC, so a
+/// primary whose array was lost yields to the backup's; when no array
+/// matches, the first copy whose array is in bounds, unchecked. Nothing
+/// when there is no GPT.
 pub fn gpt_ranges(file: &File, size: u64, sector: u64) -> Vec<(u64, u64)> {
     let last = (size / sector).saturating_sub(1);
-    for header_lba in [1, last] {
+    let mut copies = vec![1, last];
+    let mut checked = Vec::new();
+    let mut unchecked = None;
+    let mut i = 0;
+    while i < copies.len() {
+        let header_lba = copies[i];
+        i += 1;
         let Ok(b) = read_at(file, GPT_HEADER_LEN, header_lba * sector) else {
             continue;
         };
@@ -237,19 +248,34 @@ pub fn gpt_ranges(file: &File, size: u64, sector: u64) -> Vec<(u64, u64)> {
             continue;
         }
         let h = GptHeader::read(&b);
+        if header_lba == 1
+            && (2..last).contains(&h.alternate_lba)
+            && !copies.contains(&h.alternate_lba)
+        {
+            copies.push(h.alternate_lba);
+        }
         if !h.array_in_bounds() {
             continue;
         }
         let Ok(array) = read_at(file, h.array_len(), h.entries_lba * sector) else {
             continue;
         };
-        return gpt_entries(&array, h.entry_len as usize)
+        let ranges: Vec<(u64, u64)> = gpt_entries(&array, h.entry_len as usize)
             .filter(GptEntry::is_used)
             .map(|e| (e.first_lba * sector, (e.last_lba + 1) * sector))
             .filter(|(s, e)| s < e)
             .collect();
+        if crc32(&array) == h.entries_crc {
+            checked.extend(ranges);
+        } else if unchecked.is_none() {
+            unchecked = Some(ranges);
+        }
     }
-    Vec::new()
+    if checked.is_empty() {
+        unchecked.unwrap_or_default()
+    } else {
+        checked
+    }
 }
 
 /// Whether `mbr` (its 512 bytes) carries the MBR's signature.
@@ -288,8 +314,15 @@ pub fn mbr_entries(mbr: &[u8]) -> impl Iterator<Item = MbrEntry> + '_ {
     (0..4).map(move |i| MbrEntry::read(&mbr[mbr_slot(i)]))
 }
 
+/// MBR partition types of an extended partition (CHS, LBA, Linux), whose
+/// logical partitions are found through a chain of EBRs.
+pub const MBR_EXTENDED: [u8; 3] = [0x05, 0x0F, 0x85];
+/// The most EBRs a chain is followed through.
+const MAX_EBRS: usize = 256;
+
 /// The partitions (byte ranges) of the MBR of `file`, its protective
-/// entry left out; nothing without an MBR.
+/// entry left out, with each extended partition's logical partitions and
+/// the EBRs that list them; nothing without an MBR.
 pub fn mbr_ranges(file: &File) -> Vec<(u64, u64)> {
     let Ok(b) = read_at(file, MBR_LEN, 0) else {
         return Vec::new();
@@ -297,14 +330,53 @@ pub fn mbr_ranges(file: &File) -> Vec<(u64, u64)> {
     if !has_mbr_signature(&b) {
         return Vec::new();
     }
-    mbr_entries(&b)
-        .filter(|e| e.kind != 0 && e.kind != MBR_PROTECTIVE)
-        .map(|e| {
-            let (s, n) = (u64::from(e.start), u64::from(e.sectors));
-            (s * MBR_SECTOR, (s + n) * MBR_SECTOR)
-        })
-        .filter(|(s, e)| s < e)
-        .collect()
+    let mut out = Vec::new();
+    for e in mbr_entries(&b).filter(|e| e.kind != 0 && e.kind != MBR_PROTECTIVE) {
+        out.push(sectors_range(u64::from(e.start), u64::from(e.sectors)));
+        if MBR_EXTENDED.contains(&e.kind) {
+            out.extend(logical_ranges(file, u64::from(e.start)));
+        }
+    }
+    out.retain(|(s, e)| s < e);
+    out
+}
+
+/// `[start, start + n)` sectors of 512 bytes, as bytes.
+fn sectors_range(start: u64, n: u64) -> (u64, u64) {
+    (start * MBR_SECTOR, (start + n) * MBR_SECTOR)
+}
+
+/// The logical partitions of the extended partition starting at sector
+/// `extended` and the EBRs listing them: each EBR's first entry is a
+/// partition (from the EBR), its second the next EBR (from the extended
+/// partition's start). The chain stops where an EBR lacks its signature,
+/// points back, or after [`MAX_EBRS`].
+fn logical_ranges(file: &File, extended: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut ebr = extended;
+    for _ in 0..MAX_EBRS {
+        let Ok(b) = read_at(file, MBR_LEN, ebr * MBR_SECTOR) else {
+            break;
+        };
+        if !has_mbr_signature(&b) {
+            break;
+        }
+        out.push(sectors_range(ebr, 1));
+        let mut entries = mbr_entries(&b);
+        let (logical, next) = (entries.next().unwrap(), entries.next().unwrap());
+        if logical.kind != 0 && logical.sectors > 0 {
+            out.push(sectors_range(
+                ebr + u64::from(logical.start),
+                u64::from(logical.sectors),
+            ));
+        }
+        let following = extended + u64::from(next.start);
+        if !MBR_EXTENDED.contains(&next.kind) || next.start == 0 || following <= ebr {
+            break;
+        }
+        ebr = following;
+    }
+    out
 }
 
 /// The partitions (byte ranges) the kernel lists for the block device
@@ -402,6 +474,102 @@ mod tests {
         let zeros = vec![0u8; (sectors * 512) as usize];
         let (_t, f) = file_of(&zeros);
         assert!(gpt_ranges(&f, sectors * 512, 512).is_empty());
+    }
+
+    /// A GPT disk whose primary and backup copies hold one partition
+    /// each, their arrays sealed with their CRCs.
+    fn sealed_gpt(sectors: u64, primary: (u64, u64), backup: (u64, u64)) -> Vec<u8> {
+        let mut disk = vec![0u8; (sectors * 512) as usize];
+        for (header_lba, entries_lba, (first, last)) in
+            [(1, 2, primary), (sectors - 1, sectors - 33, backup)]
+        {
+            let e = (entries_lba * 512) as usize;
+            disk[e..][entry_at::TYPE].copy_from_slice(&BASIC_DATA);
+            put_u64(&mut disk[e..], entry_at::FIRST_LBA, first);
+            put_u64(&mut disk[e..], entry_at::LAST_LBA, last);
+            let crc = crc32(&disk[e..e + 128 * 128]);
+            let h = (header_lba * 512) as usize;
+            disk[h..h + 8].copy_from_slice(GPT_SIGNATURE);
+            put_u32(&mut disk[h..], header_at::SIZE, 92);
+            put_u64(&mut disk[h..], header_at::MY_LBA, header_lba);
+            put_u64(
+                &mut disk[h..],
+                header_at::ALTERNATE_LBA,
+                if header_lba == 1 { sectors - 1 } else { 1 },
+            );
+            put_u64(&mut disk[h..], header_at::ENTRIES_LBA, entries_lba);
+            put_u32(&mut disk[h..], header_at::ENTRIES, 128);
+            put_u32(&mut disk[h..], header_at::ENTRY_LEN, 128);
+            put_u32(&mut disk[h..], header_at::ENTRIES_CRC, crc);
+            seal_gpt_header(&mut disk[h..], 92);
+        }
+        disk
+    }
+
+    #[test]
+    fn a_primary_array_lost_under_an_intact_header_yields_to_the_backup() {
+        let sectors = 256;
+        let disk = sealed_gpt(sectors, (34, 99), (34, 99));
+        let (_t, f) = file_of(&disk);
+        assert_eq!(
+            gpt_ranges(&f, sectors * 512, 512),
+            vec![(34 * 512, 100 * 512); 2]
+        );
+        // The primary's array zeroed, its header left: the backup's
+        // partition is still found (libblkid, partx and sgdisk read it).
+        let mut lost = disk.clone();
+        lost[2 * 512..34 * 512].fill(0);
+        let (_t, f) = file_of(&lost);
+        assert_eq!(
+            gpt_ranges(&f, sectors * 512, 512),
+            vec![(34 * 512, 100 * 512)]
+        );
+        // Two copies that differ: both are erased.
+        let differ = sealed_gpt(sectors, (34, 99), (120, 129));
+        let (_t, f) = file_of(&differ);
+        assert_eq!(
+            gpt_ranges(&f, sectors * 512, 512),
+            vec![(34 * 512, 100 * 512), (120 * 512, 130 * 512)]
+        );
+    }
+
+    #[test]
+    fn logical_partitions_are_found_through_the_chain_of_ebrs() {
+        let mut disk = vec![0u8; 64 * 1024 * 512];
+        let put = |b: &mut [u8], at: u64, i: usize, kind: u8, start: u32, sectors: u32| {
+            let sector = &mut b[(at * 512) as usize..][..512];
+            sector[510..512].copy_from_slice(&MBR_SIGNATURE);
+            let e = &mut sector[mbr_slot(i)];
+            e[mbr_entry_at::TYPE] = kind;
+            put_u32(e, mbr_entry_at::START, start);
+            put_u32(e, mbr_entry_at::SECTORS, sectors);
+        };
+        // A primary partition, and an extended one from sector 10240 with
+        // three logical partitions, each 2048 sectors after its EBR.
+        put(&mut disk, 0, 0, 0x83, 2048, 8192);
+        put(&mut disk, 0, 1, 0x05, 10240, 40960);
+        for (k, ebr) in [10240u64, 20480, 30720].into_iter().enumerate() {
+            put(&mut disk, ebr, 0, 0x83, 2048, 4096);
+            if k < 2 {
+                // The next EBR, 10240 sectors on, from the extended
+                // partition's start (sector 10240).
+                put(&mut disk, ebr, 1, 0x05, ebr as u32, 8192);
+            }
+        }
+        let (_t, f) = file_of(&disk);
+        let mut found = mbr_ranges(&f);
+        found.sort();
+        let mut want = vec![sectors_range(2048, 8192), sectors_range(10240, 40960)];
+        for ebr in [10240u64, 20480, 30720] {
+            want.push(sectors_range(ebr, 1));
+            want.push(sectors_range(ebr + 2048, 4096));
+        }
+        want.sort();
+        assert_eq!(found, want);
+        // A chain that points back ends.
+        put(&mut disk, 30720, 1, 0x05, 10240, 8192);
+        let (_t, f) = file_of(&disk);
+        assert_eq!(mbr_ranges(&f).len(), found.len());
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! Modes:
 //! - metadata: zeros over the partition tables at both ends of the disk and
 //!   over both ends of every partition found in them (filesystem, RAID,
-//!   LVM and ZFS signatures live there), every byte written read back.
+//!   LVM and ZFS signatures live there; GPTs from either copy, MBRs with
+//!   their logical partitions), and over LUKS2's second header wherever
+//!   its first says (`luks.rs`), every byte written read back.
 //! - discard: `BLKSECDISCARD` over the whole disk where the disk takes it
 //!   (eMMC, mostly), else `BLKDISCARD`, where the disk advertises discard;
 //!   then both ends and random samples read back as zeros (a disk that
@@ -30,6 +32,7 @@
 //! read by `install::partitions`.
 
 mod kernel;
+mod luks;
 mod nvme;
 mod secure;
 
@@ -341,13 +344,15 @@ pub fn erase(
 
 /// Byte ranges `[start, end)` of the disk that hold its partition tables
 /// and every partition's signatures: both ends of the disk and of each
-/// partition the disk's tables (or the kernel) list. Sorted, merged.
+/// partition the disk's tables (or the kernel) list, and LUKS2's second
+/// headers in any of them. Sorted, merged.
 pub fn regions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
     let size = d.size_bytes;
     let mut v = vec![
         (0, END_SPAN.min(size)),
         (size.saturating_sub(END_SPAN), size),
     ];
+    v.extend(luks::second_headers(file, 0, size));
     for (start, end) in partitions(file, d) {
         let (start, end) = (start.min(size), end.min(size));
         if start >= end {
@@ -355,6 +360,7 @@ pub fn regions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
         }
         v.push((start, (start + END_SPAN).min(end)));
         v.push((end.saturating_sub(END_SPAN).max(start), end));
+        v.extend(luks::second_headers(file, start, end));
     }
     v.sort();
     let mut merged: Vec<(u64, u64)> = Vec::new();

@@ -216,6 +216,120 @@ fn metadata_erases_logical_partitions_found_through_their_ebrs() {
     );
 }
 
+/// Runs a tool of the test's, which must succeed.
+fn tool(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn metadata_erases_partitions_only_the_backup_gpt_lists() {
+    let d = TestDisk::new(64 * MIB);
+    tool(
+        Command::new("sgdisk")
+            .args(["-n", "1:2048:+16M", "-n", "2:0:+16M"])
+            .arg(d.path()),
+    );
+    let parts: Vec<(u64, u64)> = [1, 2]
+        .iter()
+        .map(|n| {
+            let info = tool(Command::new("sgdisk").arg(format!("-i{n}")).arg(d.path()));
+            let sector = |what: &str| -> u64 {
+                let line = info.lines().find(|l| l.starts_with(what)).unwrap();
+                line.split_whitespace().nth(2).unwrap().parse().unwrap()
+            };
+            let (first, last) = (sector("First sector:"), sector("Last sector:"));
+            (first * 512, (last + 1 - first) * 512)
+        })
+        .collect();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.path())
+        .unwrap();
+    for &(start, _) in &parts {
+        f.write_all_at(&[0x53, 0xEF], start + 1080).unwrap();
+        f.write_all_at(
+            b"LABELONE\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x20\0\0\0LVM2 001",
+            start + 512,
+        )
+        .unwrap();
+    }
+    // The primary partition array lost, its header left as it was.
+    f.write_all_at(&vec![0u8; 32 * 512], 2 * 512).unwrap();
+    f.sync_all().unwrap();
+    for &(start, len) in &parts {
+        assert!(
+            probe(&d, start, len).contains("TYPE="),
+            "found first at byte {start}"
+        );
+    }
+    run(&request(Mode::Metadata), &[d.disk()], &Kernel).unwrap();
+    for &(start, len) in &parts {
+        assert_eq!(
+            probe(&d, start, len).trim(),
+            "",
+            "the partition at byte {start}"
+        );
+    }
+    assert_eq!(
+        signatures(&d).trim(),
+        "",
+        "wipefs finds nothing on the disk"
+    );
+}
+
+#[test]
+fn metadata_erases_luks2s_second_header_past_the_first_mib() {
+    let d = TestDisk::new(64 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, b"the last tenant's passphrase").unwrap();
+    tool(
+        Command::new("cryptsetup")
+            .args(["luksFormat", "--batch-mode", "--type", "luks2"])
+            .args(["--luks2-metadata-size", "4m", "--luks2-keyslots-size", "8m"])
+            .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+            .arg("--key-file")
+            .arg(&key)
+            .arg(d.path()),
+    );
+    let is_luks = || {
+        Command::new("cryptsetup")
+            .arg("isLuks")
+            .arg(d.path())
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(is_luks());
+    // What the erasure before this change left: the first MiB zeroed, the
+    // second header at 4 MiB still opens it.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.path())
+        .unwrap();
+    f.write_all_at(&vec![0u8; MIB as usize], 0).unwrap();
+    f.sync_all().unwrap();
+    assert!(is_luks(), "the second header alone is LUKS to cryptsetup");
+    run(&request(Mode::Metadata), &[d.disk()], &Kernel).unwrap();
+    assert!(!is_luks(), "no header left");
+    assert_eq!(
+        nonzero(&d.read(4 * MIB, 4 * MIB as usize)).0,
+        None,
+        "the second area is zeros"
+    );
+    assert_eq!(
+        signatures(&d).trim(),
+        "",
+        "wipefs finds nothing on the disk"
+    );
+}
+
 #[test]
 fn overwrite_leaves_every_byte_zero() {
     let d = TestDisk::new(24 * MIB);

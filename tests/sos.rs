@@ -233,12 +233,9 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
         // ended within seconds (below).
         ("SHEPHERD__CONSOLE__KEEP_ALIVE", "1s".into()),
     ];
-    let mut shepherd = ShepherdProcess::start(
-        Path::new(SHEPHERD),
-        &path,
-        dir.path().join("shepherd.log"),
-        &env,
-    );
+    let start =
+        |log: &str| ShepherdProcess::start(Path::new(SHEPHERD), &path, dir.path().join(log), &env);
+    let mut shepherd = start("shepherd.log");
     let deadline = Instant::now() + Duration::from_secs(60);
     let machine: Uuid = loop {
         if let Some(m) = one(
@@ -423,12 +420,7 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
     // A shepherd killed with someone on a console cannot end the
     // connection: the next shepherd's console server ends it once no one
     // has told it alive for four seconds.
-    let mut shepherd = ShepherdProcess::start(
-        Path::new(SHEPHERD),
-        &path,
-        dir.path().join("shepherd-killed.log"),
-        &env,
-    );
+    let mut shepherd = start("shepherd-killed.log");
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         shepherd.assert_running();
@@ -453,12 +445,7 @@ async fn operators_and_tenants_reach_consoles_over_ssh_one_keyboard_at_a_time() 
         (4, 1),
         "the killed one's connection stays open: {s:?}"
     );
-    let mut next = ShepherdProcess::start(
-        Path::new(SHEPHERD),
-        &path,
-        dir.path().join("shepherd-next.log"),
-        &env,
-    );
+    let mut next = start("shepherd-next.log");
     let deadline = Instant::now() + Duration::from_secs(30);
     let ended = loop {
         let s = recent().await;

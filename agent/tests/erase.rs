@@ -136,6 +136,24 @@ fn probe(d: &TestDisk, at: u64, len: u64) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The last tenant's signatures at the start of each of `parts` (byte
+/// ranges): ext4's magic and LVM's label. The disk, open for writing.
+fn plant(d: &TestDisk, parts: &[(u64, u64)]) -> std::fs::File {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.path())
+        .unwrap();
+    for &(start, _) in parts {
+        f.write_all_at(&[0x53, 0xEF], start + 1080).unwrap();
+        f.write_all_at(
+            b"LABELONE\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x20\0\0\0LVM2 001",
+            start + 512,
+        )
+        .unwrap();
+    }
+    f
+}
+
 #[test]
 fn metadata_erases_logical_partitions_found_through_their_ebrs() {
     let d = TestDisk::new(96 * MIB);
@@ -176,19 +194,7 @@ fn metadata_erases_logical_partitions_found_through_their_ebrs() {
         .filter(|(start, _)| *start > 10240 * 512)
         .collect();
     assert_eq!(logical.len(), 3, "{table}");
-    // The last tenant's signatures in each: ext4's magic, LVM's label.
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(d.path())
-        .unwrap();
-    for &(start, _) in &logical {
-        f.write_all_at(&[0x53, 0xEF], start + 1080).unwrap();
-        f.write_all_at(
-            b"LABELONE\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x20\0\0\0LVM2 001",
-            start + 512,
-        )
-        .unwrap();
-    }
+    let f = plant(&d, &logical);
     f.sync_all().unwrap();
     let found: Vec<String> = logical.iter().map(|&(s, n)| probe(&d, s, n)).collect();
     assert!(
@@ -247,18 +253,7 @@ fn metadata_erases_partitions_only_the_backup_gpt_lists() {
             (first * 512, (last + 1 - first) * 512)
         })
         .collect();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(d.path())
-        .unwrap();
-    for &(start, _) in &parts {
-        f.write_all_at(&[0x53, 0xEF], start + 1080).unwrap();
-        f.write_all_at(
-            b"LABELONE\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x20\0\0\0LVM2 001",
-            start + 512,
-        )
-        .unwrap();
-    }
+    let f = plant(&d, &parts);
     // The primary partition array lost, its header left as it was.
     f.write_all_at(&vec![0u8; 32 * 512], 2 * 512).unwrap();
     f.sync_all().unwrap();

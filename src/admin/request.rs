@@ -230,63 +230,28 @@ impl Page {
             no_nul(k, v).map_err(bad_request)?;
         }
         let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
-        let one_of = |field: &str, all: Vec<String>| {
-            bad_request(format!("{field} must be one of {}", all.join(", ")))
-        };
-        let provider_status = match self.provider_status.as_deref() {
-            None | Some("") => None,
-            Some(s) => Some(
-                ProviderStatus::ALL
-                    .into_iter()
-                    .find(|p| p.to_string() == s)
-                    .ok_or_else(|| {
-                        one_of(
-                            "provider_status",
-                            ProviderStatus::ALL.iter().map(|p| p.to_string()).collect(),
-                        )
-                    })?,
-            ),
-        };
-        let heartbeat = match self.heartbeat.as_deref() {
-            None | Some("") => None,
-            Some(s) => Some(machines::Heartbeat::parse(s).ok_or_else(|| {
-                one_of(
-                    "heartbeat",
-                    machines::Heartbeat::ALL
-                        .iter()
-                        .map(|h| h.as_str().into())
-                        .collect(),
-                )
-            })?),
-        };
+        let provider_status = named(
+            "provider_status",
+            &self.provider_status,
+            &ProviderStatus::ALL,
+            |p| p.to_string(),
+        )?;
+        let heartbeat = named(
+            "heartbeat",
+            &self.heartbeat,
+            &machines::Heartbeat::ALL,
+            |h| h.as_str().into(),
+        )?;
+        let bmc = named("bmc", &self.bmc, &machines::BmcKind::ALL, |b| {
+            b.as_str().into()
+        })?;
+        let boot = named("boot", &self.boot, &crate::config::BootMethod::ALL, |b| {
+            b.as_str().into()
+        })?;
         let project = match self.project.as_deref() {
             None | Some("") => None,
             Some(s) => Some(uuid::Uuid::parse_str(s).map_err(|_| {
                 bad_request(format!("project: {s:?} is not a project's ID (a UUID)"))
-            })?),
-        };
-        let bmc = match self.bmc.as_deref() {
-            None | Some("") => None,
-            Some(s) => Some(machines::BmcKind::parse(s).ok_or_else(|| {
-                one_of(
-                    "bmc",
-                    machines::BmcKind::ALL
-                        .iter()
-                        .map(|b| b.as_str().into())
-                        .collect(),
-                )
-            })?),
-        };
-        let boot = match self.boot.as_deref() {
-            None | Some("") => None,
-            Some(s) => Some(crate::config::BootMethod::parse(s).ok_or_else(|| {
-                one_of(
-                    "boot",
-                    crate::config::BootMethod::ALL
-                        .iter()
-                        .map(|b| b.as_str().into())
-                        .collect(),
-                )
             })?),
         };
         Ok(machines::FleetFilter {
@@ -301,6 +266,28 @@ impl Page {
             boot,
             plan: given(&self.plan),
         })
+    }
+}
+
+/// The one of `all` whose name (`name`) a filter's value is (none when
+/// absent or empty), or a 400 naming `field` and listing the names.
+fn named<T: Copy>(
+    field: &str,
+    value: &Option<String>,
+    all: &[T],
+    name: impl Fn(T) -> String,
+) -> Result<Option<T>, HttpResponse> {
+    match value.as_deref() {
+        None | Some("") => Ok(None),
+        Some(v) => all
+            .iter()
+            .copied()
+            .find(|t| name(*t) == v)
+            .map(Some)
+            .ok_or_else(|| {
+                let names: Vec<String> = all.iter().map(|t| name(*t)).collect();
+                bad_request(format!("{field} must be one of {}", names.join(", ")))
+            }),
     }
 }
 

@@ -32,9 +32,20 @@ const PRUNE: &str = "DELETE FROM machine_console WHERE capture_id IN ( \
 const WRITE: &str = "UPDATE machine_console SET tail = $2, bytes_seen = $3, error = $4, \
        updated_at = now(), ended_at = CASE WHEN $5 THEN now() END \
      WHERE capture_id = $1 AND ended_at IS NULL";
-const LATEST: &str = "SELECT capture_id, machine_id, cause, source, started_at, updated_at, \
-       ended_at, bytes_seen, tail, error FROM machine_console \
-     WHERE machine_id = $1 ORDER BY started_at DESC, capture_id LIMIT $2";
+macro_rules! capture_columns {
+    () => {
+        "SELECT capture_id, machine_id, cause, source, started_at, updated_at, \
+         ended_at, bytes_seen, tail, error FROM machine_console "
+    };
+}
+const LATEST: &str = concat!(
+    capture_columns!(),
+    "WHERE machine_id = $1 ORDER BY started_at DESC, capture_id LIMIT $2"
+);
+const ONE: &str = concat!(
+    capture_columns!(),
+    "WHERE machine_id = $1 AND capture_id = $2"
+);
 
 /// Begins capture `capture_id` of `machine_id`'s console, keeping the
 /// newest `kept` of its captures.
@@ -79,17 +90,34 @@ pub async fn latest(
         .query(LATEST, &[&machine_id, &n])
         .await?
         .iter()
-        .map(|r| ConsoleCapture {
-            capture_id: r.get(0),
-            machine_id: r.get(1),
-            cause: r.get(2),
-            source: r.get(3),
-            started_at: r.get(4),
-            updated_at: r.get(5),
-            ended_at: r.get(6),
-            bytes_seen: r.get(7),
-            tail: r.get(8),
-            error: r.get(9),
-        })
+        .map(capture_from)
         .collect())
+}
+
+/// One of `machine_id`'s captures, while it is kept.
+pub async fn capture(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    capture_id: Uuid,
+) -> Result<Option<ConsoleCapture>, BmdbError> {
+    Ok(tx
+        .query(ONE, &[&machine_id, &capture_id])
+        .await?
+        .first()
+        .map(capture_from))
+}
+
+fn capture_from(r: &tokio_postgres::Row) -> ConsoleCapture {
+    ConsoleCapture {
+        capture_id: r.get(0),
+        machine_id: r.get(1),
+        cause: r.get(2),
+        source: r.get(3),
+        started_at: r.get(4),
+        updated_at: r.get(5),
+        ended_at: r.get(6),
+        bytes_seen: r.get(7),
+        tail: r.get(8),
+        error: r.get(9),
+    }
 }

@@ -4,42 +4,64 @@
 
 use shepherd::bmdb::machines::{self, MachineState};
 
+/// The one of `all` named `s`, or what it is not (`not_a`) and the names.
+fn named<T: Copy>(
+    s: &str,
+    all: &[T],
+    name: impl Fn(T) -> String,
+    not_a: &str,
+) -> Result<T, String> {
+    all.iter().copied().find(|t| name(*t) == s).ok_or_else(|| {
+        let names: Vec<String> = all.iter().map(|t| name(*t)).collect();
+        format!("{not_a}one of: {}", names.join(", "))
+    })
+}
+
 pub fn parse_provider_status(s: &str) -> Result<shepherd::bmdb::ProviderStatus, String> {
     use shepherd::bmdb::ProviderStatus;
-    ProviderStatus::ALL
-        .into_iter()
-        .find(|p| p.to_string() == s)
-        .ok_or_else(|| {
-            let all: Vec<String> = ProviderStatus::ALL.iter().map(|p| p.to_string()).collect();
-            format!("not a provider status; one of: {}", all.join(", "))
-        })
+    named(
+        s,
+        &ProviderStatus::ALL,
+        |p| p.to_string(),
+        "not a provider status; ",
+    )
 }
 
 pub fn parse_heartbeat(s: &str) -> Result<machines::Heartbeat, String> {
-    machines::Heartbeat::parse(s).ok_or_else(|| {
-        let all: Vec<&str> = machines::Heartbeat::ALL
-            .iter()
-            .map(|h| h.as_str())
-            .collect();
-        format!("one of: {}", all.join(", "))
-    })
+    named(s, &machines::Heartbeat::ALL, |h| h.as_str().into(), "")
 }
 
 pub fn parse_process(s: &str) -> Result<shepherd::bmdb::Process, String> {
-    shepherd::bmdb::Process::parse(s).ok_or_else(|| {
-        let all: Vec<String> = shepherd::bmdb::Process::ALL
-            .iter()
-            .map(|p| p.to_string())
-            .collect();
-        format!("not a process; one of: {}", all.join(", "))
-    })
+    use shepherd::bmdb::Process;
+    named(s, &Process::ALL, |p| p.to_string(), "not a process; ")
 }
 
 pub fn parse_state(s: &str) -> Result<MachineState, String> {
-    MachineState::parse(s).ok_or_else(|| {
-        let all: Vec<&str> = MachineState::ALL.iter().map(|m| m.as_str()).collect();
-        format!("not a state; one of: {}", all.join(", "))
-    })
+    named(
+        s,
+        &MachineState::ALL,
+        |m| m.as_str().into(),
+        "not a state; ",
+    )
+}
+
+pub fn parse_bmc(s: &str) -> Result<machines::BmcKind, String> {
+    named(
+        s,
+        &machines::BmcKind::ALL,
+        |b| b.as_str().into(),
+        "not a BMC protocol; ",
+    )
+}
+
+pub fn parse_boot(s: &str) -> Result<shepherd::config::BootMethod, String> {
+    use shepherd::config::BootMethod;
+    named(
+        s,
+        &BootMethod::ALL,
+        |b| b.as_str().into(),
+        "not a boot path; ",
+    )
 }
 
 /// The fleet's filters, as `list` takes them and a rollout chooses its
@@ -76,21 +98,6 @@ pub struct FilterArgs {
     /// Machines labeled with this plan (a `metal.plans` slug).
     #[arg(long)]
     pub plan: Option<String>,
-}
-
-pub fn parse_bmc(s: &str) -> Result<machines::BmcKind, String> {
-    machines::BmcKind::parse(s).ok_or_else(|| {
-        let all: Vec<&str> = machines::BmcKind::ALL.iter().map(|b| b.as_str()).collect();
-        format!("not a BMC protocol; one of: {}", all.join(", "))
-    })
-}
-
-pub fn parse_boot(s: &str) -> Result<shepherd::config::BootMethod, String> {
-    use shepherd::config::BootMethod;
-    BootMethod::parse(s).ok_or_else(|| {
-        let all: Vec<&str> = BootMethod::ALL.iter().map(|b| b.as_str()).collect();
-        format!("not a boot path; one of: {}", all.join(", "))
-    })
 }
 
 impl FilterArgs {

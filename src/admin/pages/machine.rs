@@ -190,17 +190,27 @@ pub(in super::super) async fn console_download(
     path: web::Path<(String, String)>,
 ) -> HttpResponse {
     let (id, capture) = path.into_inner();
-    let d = attempt!(load_detail(&admin, &id).await);
-    let Some(c) = d
-        .consoles
-        .iter()
-        .find(|c| c.capture_id.to_string() == capture)
-    else {
-        return error_page(
+    let not_found = || {
+        error_page(
             actix_web::http::StatusCode::NOT_FOUND,
             &format!("machine {id} has no console capture {capture} (only its last ones are kept)"),
             "../",
-        );
+        )
+    };
+    let Ok(machine) = id.parse() else {
+        return super::super::request::bad_request("the path's machine ID is not a UUID".into());
+    };
+    let Ok(capture_id) = capture.parse() else {
+        return not_found();
+    };
+    let c = match admin
+        .bmdb
+        .snapshot(async |tx| crate::bmdb::console::capture(tx, machine, capture_id).await)
+        .await
+    {
+        Ok(Some(c)) => c,
+        Ok(None) => return not_found(),
+        Err(e) => return super::super::request::internal(e),
     };
     HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")

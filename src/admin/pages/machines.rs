@@ -21,33 +21,31 @@ pub(super) struct Choices {
     pub plans: Vec<String>,
 }
 
+/// A query string of these pairs.
+fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, v);
+    }
+    format!("?{}", s.finish())
+}
+
 /// The query string of a fleet page with `offset` (its filters and page
 /// size kept).
 fn page_query(q: &Page, offset: i64) -> String {
-    let mut s = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in q.given() {
-        s.append_pair(k, v);
-    }
-    if let Some(limit) = q.limit {
-        s.append_pair("limit", &limit.to_string());
-    }
-    if offset > 0 {
-        s.append_pair("offset", &offset.to_string());
-    }
-    format!("?{}", s.finish())
+    let (limit, offset) = (q.limit.map(|l| l.to_string()), offset.to_string());
+    let paging = [
+        limit.as_deref().map(|l| ("limit", l)),
+        (offset != "0").then_some(("offset", offset.as_str())),
+    ];
+    query_string(q.given().into_iter().chain(paging.into_iter().flatten()))
 }
 
 /// The fleet in `state`, the other filters kept (a click on the drawn
 /// life cycle or the counts narrows what is shown).
 pub(super) fn in_state(q: &Page, state: MachineState) -> String {
-    let mut s = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in q.given() {
-        if k != "state" {
-            s.append_pair(k, v);
-        }
-    }
-    s.append_pair("state", state.as_str());
-    format!("?{}", s.finish())
+    let others = q.given().into_iter().filter(|(k, _)| *k != "state");
+    query_string(others.chain([("state", state.as_str())]))
 }
 
 /// The filter form: a plain GET form.

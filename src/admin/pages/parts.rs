@@ -25,12 +25,15 @@ pub(in super::super) fn options<T: PartialEq + Copy>(
     values: impl IntoIterator<Item = (T, String)>,
     selected: Option<T>,
 ) -> Markup {
-    html! {
-        option value="" { "any" }
-        @for (v, label) in values {
-            option value=(label) selected[selected == Some(v)] { (label) }
-        }
-    }
+    let values: Vec<(T, String)> = values.into_iter().collect();
+    let chosen = values
+        .iter()
+        .find(|(v, _)| Some(*v) == selected)
+        .map(|(_, l)| l.clone());
+    labeled_options(
+        values.into_iter().map(|(_, l)| (l.clone(), l)),
+        chosen.as_deref(),
+    )
 }
 
 /// A `<select>`'s options where a value is not its label (a project's ID

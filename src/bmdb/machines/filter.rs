@@ -103,12 +103,6 @@ impl FleetFilter {
             })
     }
 
-    /// Whether it asks for more than a state: its matches are counted,
-    /// not read off the tally.
-    pub(super) fn narrows(&self) -> bool {
-        !self.conditions(1).0.is_empty()
-    }
-
     /// Its filters but the state, as SQL over `machine_summary s` and
     /// `machine_provided p`, with their values numbered from `$first`:
     /// only the filters given, each a condition of its own, so that the
@@ -194,12 +188,17 @@ impl FleetFilter {
 /// A query's value, owned (the filters' values and the paging's).
 pub(super) type SqlValue = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
 
-/// The values as `query` takes them.
-pub(super) fn sql_refs(values: &[SqlValue]) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
-    values
-        .iter()
-        .map(|v| v.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-        .collect()
+/// A query's parameters: `head`, then `tail`'s values.
+pub(super) fn params<'a>(
+    head: &[&'a (dyn tokio_postgres::types::ToSql + Sync)],
+    tail: &'a [SqlValue],
+) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+    let mut p = head.to_vec();
+    p.extend(
+        tail.iter()
+            .map(|v| v.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    p
 }
 
 /// A listing's SQL as the connection's statement cache keys it: each text

@@ -39,24 +39,28 @@ macro_rules! listed_columns {
     };
 }
 
-/// One machine's listing row ($3).
-macro_rules! fleet_one {
+/// The listing's tables: `machine_summary s` with `machine_provided p`.
+macro_rules! listed_tables {
     () => {
-        concat!(
-            "SELECT ",
-            listed_columns!(),
-            " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-             WHERE s.machine_id = $1"
-        )
+        "machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id"
     };
 }
 
-/// The listing's rows: `machine_summary s` with `machine_provided p`.
-const LISTED_FROM: &str = concat!(
-    "SELECT ",
-    listed_columns!(),
-    " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id"
-);
+/// The listing's rows.
+macro_rules! listed_from {
+    () => {
+        concat!("SELECT ", listed_columns!(), " FROM ", listed_tables!())
+    };
+}
+
+/// One machine's listing row ($1).
+macro_rules! fleet_one {
+    () => {
+        concat!(listed_from!(), " WHERE s.machine_id = $1")
+    };
+}
+
+const LISTED_FROM: &str = listed_from!();
 
 /// A page's end, never past the largest bigint whatever offset is asked.
 const PAGE_END: &str = "$1::bigint + LEAST($2::bigint, 9223372036854775807 - $1::bigint)";
@@ -71,36 +75,42 @@ fn fleet_all(conditions: &[String]) -> String {
     )
 }
 
+/// In state $3 as kept by the summary's trigger, still true…
+const KEPT_STATE: &str = "s.state = $3 AND (s.state_until IS NULL OR s.state_until > now())";
+/// …or derived anew where a backoff ran out since it was kept (few: the
+/// fleet-tally round settles them).
+const SETTLED_STATE: &str = "s.state_until <= now() AND machine_state(s) = $3";
+
 /// The machines in one state ($3; $1 limit, $2 offset, the filters from
 /// $4): those whose kept state holds, from `machine_summary_listing_state`,
-/// merged with those whose backoff ran out since it was kept (few: the
-/// fleet-tally round settles them), in order. Each side stops at the
-/// page's end (a walk of its index, not a sort of every machine in the
-/// state).
+/// merged with those whose backoff ran out since it was kept, in order.
+/// Each side stops at the page's end (a walk of its index, not a sort of
+/// every machine in the state).
 fn fleet_in_state(conditions: &[String]) -> String {
     let c = and(conditions);
     format!(
-        "SELECT * FROM (({LISTED_FROM} \
-           WHERE s.state = $3 AND (s.state_until IS NULL OR s.state_until > now()) AND {c} \
+        "SELECT * FROM (({LISTED_FROM} WHERE {KEPT_STATE} AND {c} \
            ORDER BY s.provider_id, s.machine_id LIMIT {PAGE_END}) \
-         UNION ALL ({LISTED_FROM} \
-           WHERE s.state_until <= now() AND machine_state(s) = $3 AND {c} \
+         UNION ALL ({LISTED_FROM} WHERE {SETTLED_STATE} AND {c} \
            ORDER BY s.provider_id, s.machine_id LIMIT {PAGE_END})) f \
          ORDER BY provider_id, machine_id LIMIT $1 OFFSET $2"
     )
 }
 
-/// Machines a filter with more than a state matches ($1 the cap, $2 the
-/// state or NULL, the filters from $3), counted up to [`MATCHING_CAP`]
-/// (one more, to tell the cap was passed).
-fn matching(conditions: &[String]) -> String {
+/// Machines a filter with more than a state matches, numbered as the page
+/// is ($1 the cap, $2 no offset, the state at $3 when `in_state`, the
+/// filters after), counted up to [`MATCHING_CAP`] (one more, to tell the
+/// cap was passed).
+fn matching(conditions: &[String], in_state: bool) -> String {
+    let state = if in_state {
+        format!("(({KEPT_STATE}) OR ({SETTLED_STATE})) AND ")
+    } else {
+        String::new()
+    };
     format!(
-        "SELECT count(*) FROM (SELECT 1 \
-           FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-          WHERE ($2::text IS NULL \
-                 OR (s.state = $2 AND (s.state_until IS NULL OR s.state_until > now())) \
-                 OR (s.state_until <= now() AND machine_state(s) = $2)) \
-            AND {} LIMIT $1::bigint + 1) c",
+        "SELECT count(*) FROM (SELECT 1 FROM {} \
+          WHERE {state}{} LIMIT $1::bigint + 1 OFFSET $2::bigint) c",
+        listed_tables!(),
         and(conditions)
     )
 }
@@ -166,22 +176,28 @@ async fn page_of(
     offset: i64,
     known: Option<&Tally>,
 ) -> Result<(Vec<MachineSummary>, Matching), BmdbError> {
-    let state = filter.state.map(|s| s.as_str().to_string());
-    let (query, first) = match &state {
-        Some(_) => (fleet_in_state as fn(&[String]) -> String, 4),
-        None => (fleet_all as fn(&[String]) -> String, 3),
+    let in_state = filter.state.is_some();
+    let (sql, first) = if in_state {
+        (fleet_in_state as fn(&[String]) -> String, 4)
+    } else {
+        (fleet_all as fn(&[String]) -> String, 3)
     };
+    // The filters once, for the page and for its count, numbered alike:
+    // after the state, if one is asked.
     let (conditions, values) = filter.conditions(first);
-    let mut params: Vec<SqlValue> = vec![Box::new(limit), Box::new(offset)];
-    if let Some(s) = &state {
-        params.push(Box::new(s.clone()));
+    let mut tail: Vec<SqlValue> = Vec::new();
+    if let Some(s) = filter.state {
+        tail.push(Box::new(s.as_str()));
     }
-    params.extend(values);
+    tail.extend(values);
     let rows = tx
-        .query(interned(query(&conditions)), &sql_refs(&params))
+        .query(
+            interned(sql(&conditions)),
+            &params(&[&limit, &offset], &tail),
+        )
         .await?;
     let page: Vec<MachineSummary> = rows.iter().map(MachineSummary::from_row).collect();
-    let matching = if !filter.narrows() {
+    let matching = if conditions.is_empty() {
         let tally = match known {
             Some(t) => t,
             None => &tally(tx).await?,
@@ -191,11 +207,9 @@ async fn page_of(
             None => tally.machines(),
         })
     } else {
-        let (conditions, values) = filter.conditions(3);
-        let mut params: Vec<SqlValue> = vec![Box::new(MATCHING_CAP), Box::new(state)];
-        params.extend(values);
+        let count = matching(&conditions, in_state);
         let n: i64 = tx
-            .query_one(interned(matching(&conditions)), &sql_refs(&params))
+            .query_one(interned(count), &params(&[&MATCHING_CAP, &0i64], &tail))
             .await?
             .get(0);
         Matching {
@@ -210,10 +224,8 @@ async fn page_of(
 /// selection as the bulk actions' confirmation lists it.
 pub async fn summaries(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<MachineSummary>, BmdbError> {
     const SQL: &str = concat!(
-        "SELECT ",
-        listed_columns!(),
-        " FROM machine_summary s LEFT JOIN machine_provided p ON p.machine_id = s.machine_id \
-         WHERE s.machine_id = ANY($1) ORDER BY s.provider_id, s.machine_id"
+        listed_from!(),
+        " WHERE s.machine_id = ANY($1) ORDER BY s.provider_id, s.machine_id"
     );
     Ok(tx
         .query(SQL, &[&ids])

@@ -26,7 +26,7 @@ mod timeline;
 
 pub use detail::*;
 pub use filter::{BmcKind, FleetFilter, Heartbeat};
-use filter::{SqlValue, interned, sql_refs};
+use filter::{SqlValue, interned, params};
 pub use fleet::*;
 pub use timeline::{Happening, Moment, timeline};
 

@@ -17,13 +17,13 @@ pub struct Unlabeled {
     pub bmc_secure_boot: Option<bool>,
 }
 
-/// Marks every label stale when the configured plans' fingerprint is not
-/// the one they were labeled with, and records it. Returns the rows marked.
-const CATALOG_CHANGED: &str = "WITH old AS (SELECT fingerprint FROM plan_catalog FOR UPDATE), \
-          new AS (INSERT INTO plan_catalog (fingerprint) VALUES ($1) \
+/// Records the configured plans' fingerprint ($1) when it is not the one
+/// the labels were computed with: one row then, none otherwise.
+const CATALOG_CHANGED: &str = "WITH new AS (INSERT INTO plan_catalog (fingerprint) VALUES ($1) \
                   ON CONFLICT (one) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, changed_at = now() \
                   WHERE plan_catalog.fingerprint <> EXCLUDED.fingerprint RETURNING 1) \
      SELECT count(*) FROM new";
+/// Every label stale (the plans changed).
 const MARK_ALL: &str =
     "UPDATE machine_plan SET stale = true, generation = generation + 1 WHERE NOT stale";
 

@@ -6,8 +6,15 @@ as_root() {
 }
 
 apt_updated=
-# need_package PACKAGE WHY TEST...: installs PACKAGE unless TEST succeeds.
+# need_package [--alone] PACKAGE WHY TEST...: installs PACKAGE unless TEST
+# succeeds; --alone: without the packages it recommends (mdadm's bring a
+# mail server).
 need_package() {
+  local alone=()
+  if [ "$1" = --alone ]; then
+    alone=(--no-install-recommends)
+    shift
+  fi
   local package=$1 why=$2
   shift 2
   if "$@" >/dev/null 2>&1; then
@@ -18,7 +25,7 @@ need_package() {
     as_root apt-get update -qq
     apt_updated=1
   fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${alone[@]}" "$package" >/dev/null
 }
 
 has_postgres_server() {

@@ -3,11 +3,13 @@
 //! reading back before it reports success.
 //!
 //! Modes:
-//! - metadata: zeros over the partition tables at both ends of the disk and
-//!   over both ends of every partition found in them (filesystem, RAID,
-//!   LVM and ZFS signatures live there; GPTs from either copy, MBRs with
-//!   their logical partitions), and over LUKS2's second header wherever
-//!   its first says (`luks.rs`), every byte written read back.
+//! - metadata: zeros over both ends of the disk, of every partition its
+//!   tables list (GPTs from either copy, MBRs with their logical
+//!   partitions) and of every volume nested in those (`layers.rs`: md
+//!   arrays, LVM logical volumes), over LUKS2's second header wherever its
+//!   first says (`luks.rs`), and over any signature libblkid would find
+//!   past those ends (`signatures.rs`); every byte written read back, and
+//!   every volume probed again (`metadata.rs`).
 //! - discard: `BLKSECDISCARD` over the whole disk where the disk takes it
 //!   (eMMC, mostly), else `BLKDISCARD`, where the disk advertises discard;
 //!   then both ends and random samples read back as zeros (a disk that
@@ -32,9 +34,12 @@
 //! read by `install::partitions`.
 
 mod kernel;
+mod layers;
 mod luks;
+pub mod metadata;
 mod nvme;
 mod secure;
+pub mod signatures;
 
 use std::fs::File;
 use std::io;
@@ -241,13 +246,21 @@ pub fn erase(
             }
             _ => None,
         };
-        // Read before anything is erased: the partition tables say where.
+        // Read before anything is erased: the partition tables (and the
+        // volumes in them) say where, and where to probe afterwards. Not
+        // for a secure erase, which may leave noise that looks like a
+        // magic.
+        let volumes = if mode == Mode::Secure {
+            Vec::new()
+        } else {
+            metadata::volumes(&file, &d)
+        };
         let spans = if mode == Mode::Metadata {
-            regions(&file, &d)
+            metadata::regions(&file, &volumes)
         } else {
             vec![(0, d.size_bytes)]
         };
-        plan.push((d, file, secure, spans));
+        plan.push((d, file, secure, spans, volumes));
     }
     let total: u64 = plan
         .iter()
@@ -256,7 +269,7 @@ pub fn erase(
     counters.total.store(total, Ordering::Relaxed);
     counters.set_phase(crate::api::installation_progress::Phase::Erasing);
     let mut done = Vec::new();
-    for (d, file, secure, spans) in plan {
+    for (d, file, secure, spans, volumes) in plan {
         counters.set_disk(&d.path.display().to_string());
         let over = || {
             if started.elapsed() > deadline {
@@ -275,8 +288,12 @@ pub fn erase(
             mode_name(mode)
         ));
         let e = match mode {
-            Mode::Metadata => metadata(&file, &d, &spans, counters)?,
-            Mode::Overwrite => overwrite(&file, &d, counters, &over)?,
+            Mode::Metadata => metadata::erase(&file, &d, &volumes, &spans, counters)?,
+            Mode::Overwrite => {
+                let e = overwrite(&file, &d, counters, &over)?;
+                metadata::check(&file, &d, &volumes, "the overwrite")?;
+                e
+            }
             Mode::Discard => {
                 let mut at = 0;
                 // Secure where the disk takes it: it says so by refusing
@@ -295,6 +312,7 @@ pub fn erase(
                     counters.written.fetch_add(len, Ordering::Relaxed);
                 }
                 let checked = sample(&file, &d, "discarded")?;
+                metadata::check(&file, &d, &volumes, "the discard")?;
                 ErasedDisk {
                     disk: d.path.display().to_string(),
                     bytes: d.size_bytes,
@@ -339,70 +357,6 @@ pub fn erase(
     Ok(Erased {
         disks: done,
         seconds: started.elapsed().as_secs_f64(),
-    })
-}
-
-/// Byte ranges `[start, end)` of the disk that hold its partition tables
-/// and every partition's signatures: both ends of the disk and of each
-/// partition the disk's tables (or the kernel) list, and LUKS2's second
-/// headers in any of them. Sorted, merged.
-pub fn regions(file: &File, d: &Disk) -> Vec<(u64, u64)> {
-    let size = d.size_bytes;
-    let mut v = vec![
-        (0, END_SPAN.min(size)),
-        (size.saturating_sub(END_SPAN), size),
-    ];
-    v.extend(luks::second_headers(file, 0, size));
-    for (start, end) in partitions(file, d) {
-        let (start, end) = (start.min(size), end.min(size));
-        if start >= end {
-            continue;
-        }
-        v.push((start, (start + END_SPAN).min(end)));
-        v.push((end.saturating_sub(END_SPAN).max(start), end));
-        v.extend(luks::second_headers(file, start, end));
-    }
-    v.sort();
-    let mut merged: Vec<(u64, u64)> = Vec::new();
-    for (s, e) in v {
-        match merged.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => merged.push((s, e)),
-        }
-    }
-    merged
-}
-
-fn metadata(
-    file: &File,
-    d: &Disk,
-    regions: &[(u64, u64)],
-    counters: &Counters,
-) -> Result<ErasedDisk, String> {
-    let zero = vec![0u8; END_SPAN as usize];
-    let name = d.path.display();
-    for &(s, e) in regions {
-        let mut at = s;
-        while at < e {
-            let n = (e - at).min(END_SPAN);
-            file.write_all_at(&zero[..n as usize], at)
-                .map_err(|err| format!("erasing {name} at byte {at}: {err}"))?;
-            counters.written.fetch_add(n, Ordering::Relaxed);
-            at += n;
-        }
-    }
-    file.sync_all()
-        .map_err(|e| format!("flushing {name}: {e}"))?;
-    drop_cache(file);
-    let mut checked = 0;
-    for &(s, e) in regions {
-        checked += check_zero(file, d, s, e - s, "erased")?;
-    }
-    Ok(ErasedDisk {
-        disk: name.to_string(),
-        bytes: checked,
-        checked,
-        how: format!("metadata: {} regions", regions.len()),
     })
 }
 

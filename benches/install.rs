@@ -365,6 +365,7 @@ async fn fifty(url: &str, ca: &[u8], seeds: &[[u8; 32]], size: u64) -> f64 {
                 &ca,
                 Some(&key),
                 Some(size),
+                None,
                 &FetchLimits::default(),
                 Count(total),
                 |_, _| {},

@@ -11,6 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prost::Message as _;
+
 use shepherd::bmdb::Bmdb;
 use shepherd::bmdb::installations::{self, Asked, Asker};
 use shepherd::callback::tls::new_ca;
@@ -44,6 +46,36 @@ async fn get_with(
     let mut r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let body = r.body().limit(1 << 20).await.unwrap();
     (r.status().as_u16(), body.to_vec())
+}
+
+/// GET `/manifests/<name>` as [`get_with`] does `/images/<name>`, until
+/// its digest is computed (503 meanwhile).
+async fn get_manifest(
+    server: &ImageServer,
+    ca_der: &[u8],
+    key: Option<[u8; 32]>,
+    name: &str,
+) -> (u16, Vec<u8>) {
+    let tls = tls_config(ca_der, key.map(AgentKey).as_ref()).unwrap();
+    let client = awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(Arc::new((*tls).clone())))
+        .timeout(Duration::from_secs(10))
+        .finish();
+    let url = format!("https://127.0.0.1:{}/manifests/{name}", server.addr.port());
+    for _ in 0..200 {
+        let mut r = client
+            .get(&url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let body = r.body().limit(1 << 20).await.unwrap();
+        if r.status().as_u16() != 503 {
+            return (r.status().as_u16(), body.to_vec());
+        }
+        assert!(r.headers().contains_key("retry-after"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url}: 503 for 10 s");
 }
 
 async fn get(server: &ImageServer, ca_der: &[u8], key: [u8; 32], name: &str) -> (u16, Vec<u8>) {
@@ -272,6 +304,31 @@ async fn downloads_need_the_key() {
     .await;
     assert_eq!(status, 206);
     assert!(body == image[100_000..], "the resumed bytes");
+    // Its manifest, to the same agent alone: the image's chunks by
+    // SHA-256 (one, the image being smaller than a chunk), and the
+    // digest an installation of it names.
+    let (status, body) = get_manifest(&server, &ca_der, Some(seed_a), "img.raw").await;
+    assert_eq!(status, 200, "{}", text(&body));
+    let m = shepherd_proto::api::ImageManifest::decode(body.as_slice()).unwrap();
+    assert_eq!(
+        (m.size_bytes, m.digest.as_str()),
+        (image.len() as u64, sha256(&image).as_str())
+    );
+    shepherd_proto::manifest::check(&m, &sha256(&image), Some(image.len() as u64)).unwrap();
+    assert!(shepherd_proto::manifest::matches(&m, 0, &[&image]));
+    let served = catalog.resolve("img.raw").unwrap();
+    assert_eq!(
+        served.manifest_digest,
+        shepherd_proto::manifest::sha256(&body)
+    );
+    assert_eq!(
+        served.manifest_url,
+        "https://127.0.0.1:7830/manifests/img.raw"
+    );
+    for (key, want) in [(Some(seed_b), 403), (Some(stranger), 403), (None, 401)] {
+        let (status, body) = get_manifest(&server, &ca_der, key, "img.raw").await;
+        assert_eq!(status, want, "{}", text(&body));
+    }
 
     // The grant ends with the request's answer.
     bmdb.transact(async |tx| {

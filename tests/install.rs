@@ -171,6 +171,19 @@ impl Rig {
         (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
     }
 
+    /// [`Self::post`] an installation, asked again while the served
+    /// image's digest is still being computed (503), as a client does.
+    async fn post_install(&self, path: &str, body: Value) -> (u16, Value) {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, answer) = self.post(path, body.clone()).await;
+            if status != 503 || Instant::now() > until {
+                return (status, answer);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     fn disk_holds_image(&self, ip: &str) -> bool {
         use std::os::unix::fs::FileExt;
         let Ok(f) = std::fs::File::open(self.disk(ip)) else {
@@ -229,7 +242,7 @@ async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api
     }
     std::fs::remove_file(&late).unwrap();
     let (status, body) = rig
-        .post(
+        .post_install(
             &format!("/api/v1/machines/{id}/install"),
             json!({"image": {"served": "debian.img.zst", "reboot": true}, "reason": "first OS"}),
         )
@@ -279,6 +292,20 @@ async fn an_operator_installs_an_image_shepherd_serves_and_follows_it_in_the_api
             .ends_with("/images/debian.img.zst")
     );
     assert_eq!(inst["requested_by"], "anonymous");
+    // The agent fetched the image's manifest before the image, from the
+    // image server, under the same grant.
+    let log = std::fs::read_to_string(&rig.shepherd.log).unwrap();
+    let asked: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("image download") && l.contains("debian.img.zst"))
+        .collect();
+    assert!(
+        asked
+            .first()
+            .is_some_and(|l| l.contains("what=\"manifest\""))
+            && asked.iter().any(|l| l.contains("what=\"image\"")),
+        "{asked:#?}"
+    );
     let p = &inst["progress"];
     assert_eq!(p["bytes_written"], rig.image.len() as u64, "{p:#}");
     assert_eq!(p["bytes_fetched"], p["bytes_total"], "{p:#}");
@@ -786,7 +813,7 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
     let (id, ip) = rig.machines().await[0].clone();
     let secret = "password-in-user-data-7f3e";
     let (status, body) = rig
-        .post(
+        .post_install(
             &format!("/api/v1/machines/{id}/install"),
             json!({"image": {"served": "gpt.img", "reboot": true, "first_boot": {"nocloud": {
                 "user-data": format!("#cloud-config\nchpasswd:\n  users:\n    - {{name: root, password: {secret}}}\n"),

@@ -9,19 +9,15 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use shepherd_agent::api::{
-    DiskHints, ImageInstallation, OsInstallationRequest, os_installation_request,
-};
-use shepherd_agent::install::disk::Disk;
-use shepherd_agent::install::fetch::FetchLimits;
+use shepherd_agent::api::{DiskHints, OsInstallationRequest, os_installation_request};
 use shepherd_agent::install::{Counters, Installer, Limits, install};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod common;
+use common::source::*;
 use common::*;
 
 /// Partitions partx finds in an image (None: no partx).
@@ -58,175 +54,6 @@ fn compress(program: &str, data: &[u8]) -> Vec<u8> {
 fn sha256(data: &[u8]) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
-}
-
-// ---------------------------------------------------------------- server
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Behaviour {
-    Normal,
-    /// The first response ends (the connection closed) after this many
-    /// body bytes.
-    DropOnceAt(u64),
-    /// Every response stops sending at this byte of the file, and hangs.
-    StallAt(u64),
-    /// Ignores Range (always the whole file), and the first response ends
-    /// after this many body bytes.
-    DropOnceIgnoringRanges(u64),
-}
-
-struct Server {
-    url: String,
-    /// Request lines, with their Range header if any.
-    log: Arc<Mutex<Vec<String>>>,
-    /// Body bytes sent over all connections.
-    sent: Arc<AtomicU64>,
-}
-
-async fn serve(data: Vec<u8>, behaviour: Behaviour) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let data = Arc::new(data);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let sent = Arc::new(AtomicU64::new(0));
-    let dropped = Arc::new(AtomicBool::new(false));
-    let (l, s) = (log.clone(), sent.clone());
-    tokio::spawn(async move {
-        loop {
-            let Ok((sock, _)) = listener.accept().await else {
-                return;
-            };
-            let (data, log, sent, dropped) = (data.clone(), l.clone(), s.clone(), dropped.clone());
-            tokio::spawn(async move {
-                let _ = respond(sock, data, behaviour, log, sent, dropped).await;
-            });
-        }
-    });
-    Server {
-        url: format!("http://{addr}/images/disk.img"),
-        log,
-        sent,
-    }
-}
-
-async fn respond(
-    mut sock: tokio::net::TcpStream,
-    data: Arc<Vec<u8>>,
-    behaviour: Behaviour,
-    log: Arc<Mutex<Vec<String>>>,
-    sent: Arc<AtomicU64>,
-    dropped: Arc<AtomicBool>,
-) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = sock.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let line = text.lines().next().unwrap_or("").to_string();
-    let range = text
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("range: bytes=")
-                .map(str::to_string)
-        })
-        .and_then(|r| r.trim_end_matches('-').parse::<u64>().ok())
-        .filter(|_| !matches!(behaviour, Behaviour::DropOnceIgnoringRanges(_)));
-    log.lock().unwrap().push(match range {
-        Some(r) => format!("{line} Range: bytes={r}-"),
-        None => line,
-    });
-    let len = data.len() as u64;
-    let start = range.unwrap_or(0);
-    let resp = if start > 0 {
-        format!(
-            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{}/{len}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n",
-            len - start,
-            len - 1
-        )
-    } else {
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n"
-        )
-    };
-    sock.write_all(resp.as_bytes()).await?;
-    let mut at = start;
-    while at < len {
-        let mut end = (at + (64 << 10)).min(len);
-        match behaviour {
-            Behaviour::DropOnceAt(n) | Behaviour::DropOnceIgnoringRanges(n)
-                if !dropped.load(Ordering::SeqCst) && end >= n =>
-            {
-                end = n;
-                sock.write_all(&data[at as usize..end as usize]).await?;
-                sent.fetch_add(end - at, Ordering::SeqCst);
-                dropped.store(true, Ordering::SeqCst);
-                // Close without sending the rest.
-                return Ok(());
-            }
-            Behaviour::StallAt(n) if end >= n => {
-                end = n.max(at);
-                sock.write_all(&data[at as usize..end as usize]).await?;
-                sent.fetch_add(end - at, Ordering::SeqCst);
-                sock.flush().await?;
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                return Ok(());
-            }
-            _ => {}
-        }
-        sock.write_all(&data[at as usize..end as usize]).await?;
-        sent.fetch_add(end - at, Ordering::SeqCst);
-        at = end;
-    }
-    sock.flush().await?;
-    Ok(())
-}
-
-// ---------------------------------------------------------------- helpers
-
-fn request(url: &str, digest: &str, size: Option<u64>) -> ImageInstallation {
-    ImageInstallation {
-        url: url.into(),
-        digest: digest.into(),
-        size_bytes: size.map(|s| s as i64),
-        ..Default::default()
-    }
-}
-
-fn quick() -> Limits {
-    Limits {
-        fetch: FetchLimits {
-            connect: Duration::from_secs(5),
-            stall: Duration::from_secs(2),
-            retries: 2,
-        },
-        deadline: Duration::from_secs(120),
-        ..Limits::default()
-    }
-}
-
-fn log_line(l: std::fmt::Arguments<'_>) {
-    eprintln!("agent: {l}");
-}
-
-async fn run(
-    req: &ImageInstallation,
-    disks: Vec<Disk>,
-) -> Result<shepherd_agent::install::Installed, String> {
-    install(
-        req,
-        disks,
-        Arc::new(Counters::default()),
-        &quick(),
-        &log_line,
-    )
-    .await
-    .map_err(|f| f.error)
 }
 
 // ---------------------------------------------------------------- tests

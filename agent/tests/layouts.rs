@@ -275,8 +275,9 @@ fn each_mode(name: &str, mib: u64, layout: &dyn Fn(&TestDisk) -> Vec<Volume>) {
         assert!(!before.is_empty(), "{name}: the tools find it first");
         let e = erase_in(&d, mode).unwrap_or_else(|e| panic!("{name}, {mode:?}: {e}"));
         let after = found(&d, &volumes);
+        // A line of its own, past the harness's "test … ".
         println!(
-            "| {name} | {} | {} | {} | {} |",
+            "\n| {name} | {} | {} | {} | {} |",
             erase::mode_name(mode),
             before.join("; "),
             if after.is_empty() {
@@ -298,7 +299,8 @@ fn a_gpt_of_every_common_filesystem_swap_and_luks2() {
         let mut v = vec![volume("the disk", (0, d.size()))];
         for (kind, &(at, len)) in kinds.iter().zip(&parts) {
             format(d, kind, at, len);
-            v.push(volume(format!("the {kind} partition"), (at, len)));
+            let name = kind.trim_end_matches("-4m").replace("luks2", "LUKS2");
+            v.push(volume(format!("the {name} partition"), (at, len)));
         }
         v
     });

@@ -10,6 +10,7 @@
 //!   enrollment (CONTRACTS.md §5).
 //! - [`takeover`]: the takeover's init message and the judge of its reply.
 //! - [`digest`]: an image's digest as an installation request names it.
+//! - [`manifest`]: an image's manifest, its chunks by SHA-256.
 //! - [`first_boot`]: the first-boot files' names, as both sides check them.
 //! - [`names`]: erase modes and phases as people name them, and the
 //!   checks of an erasure both ends make.
@@ -33,6 +34,7 @@ pub mod callback;
 pub mod digest;
 pub mod files;
 pub mod first_boot;
+pub mod manifest;
 pub mod names;
 pub mod summary;
 pub mod takeover;

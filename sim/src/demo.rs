@@ -660,11 +660,7 @@ async fn life_cycle(
             "#cloud-config\nruncmd:\n  - [sh, -c, 'echo first boot > /var/tmp/first-boot']\n",
         ),
     ];
-    let image = shepherd_proto::api::ImageInstallation {
-        url: served.url.clone(),
-        digest: served.digest.clone(),
-        size_bytes: Some(served.size_bytes as i64),
-        ca_certificate: served.ca_certificate.clone(),
+    let mut image = shepherd_proto::api::ImageInstallation {
         reboot: true,
         first_boot: Some(FirstBoot::Nocloud(FirstBootFiles {
             files: files
@@ -675,6 +671,7 @@ async fn life_cycle(
         })),
         ..Default::default()
     };
+    served.apply_to(&mut image);
     let asker = |reason| Asker {
         actor: "demo",
         action_id: uuid::Uuid::new_v4(),

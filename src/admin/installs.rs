@@ -193,10 +193,7 @@ pub async fn image_request(admin: &Admin, b: ImageBody) -> Result<ImageInstallat
                 )
                 .into());
             }
-            image.url = served.url;
-            image.digest = served.digest;
-            image.size_bytes = Some(served.size_bytes as i64);
-            image.ca_certificate = served.ca_certificate;
+            served.apply_to(&mut image);
         }
     }
     if let Some(d) = b.deadline.as_deref().filter(|d| !d.trim().is_empty()) {

@@ -278,10 +278,7 @@ pub async fn image_of(
             let served = catalog
                 .resolve(name)
                 .map_err(|e| anyhow::anyhow!("--served: {e}"))?;
-            image.url = served.url;
-            image.digest = served.digest;
-            image.size_bytes = Some(served.size_bytes as i64);
-            image.ca_certificate = served.ca_certificate;
+            served.apply_to(&mut image);
         }
     }
     image.disk = a.disk.hints();

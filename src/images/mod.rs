@@ -38,18 +38,19 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
-use sha2::Digest as _;
 
 use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 pub mod boot;
 mod firmware;
 mod gate;
+mod manifest;
 
 pub use gate::{DownloadGate, open_image, valid_name};
 use gate::{basic_auth, refuse, serve_file};
 
 pub use boot::{BootImage, NetbootFiles, SignedChain};
+pub use manifest::Known;
 
 /// What an installation needs to fetch a served image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +61,24 @@ pub struct ServedImage {
     pub digest: String,
     /// DER of the CA the server's certificate chains to.
     pub ca_certificate: Vec<u8>,
+    /// Where its manifest is, and the manifest's `sha256:<hex>`.
+    pub manifest_url: String,
+    pub manifest_digest: String,
 }
 
-/// A file's digest, valid while its length and modification time hold.
-type KnownDigest = (u64, SystemTime, String);
+impl ServedImage {
+    /// Makes `image` an installation of this served image.
+    pub fn apply_to(self, image: &mut shepherd_proto::api::ImageInstallation) {
+        image.url = self.url;
+        image.digest = self.digest;
+        image.size_bytes = Some(self.size_bytes as i64);
+        image.ca_certificate = self.ca_certificate;
+        image.manifest = Some(shepherd_proto::api::ImageManifestRef {
+            url: self.manifest_url,
+            digest: self.manifest_digest,
+        });
+    }
+}
 
 /// The served directory, and where agents reach it.
 #[derive(Clone)]
@@ -72,8 +87,9 @@ pub struct ImageCatalog {
     /// `https://host:port/images/`.
     base_url: String,
     ca_der: Vec<u8>,
-    /// Digests by file, valid while its length and modification time hold.
-    digests: Arc<Mutex<HashMap<PathBuf, KnownDigest>>>,
+    /// Digests and manifests by file, valid while its length and
+    /// modification time hold.
+    digests: Arc<Mutex<HashMap<PathBuf, Known>>>,
     /// Files whose digest a thread is computing.
     hashing: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
     /// The boot image, served per boot at `/boot/<boot>.iso`.
@@ -174,18 +190,28 @@ impl ImageCatalog {
     /// digest of a new or changed file is computed.
     pub fn resolve(&self, name: &str) -> Result<ServedImage, String> {
         let (path, file, meta) = self.open(name)?;
-        let digest = match self.known_digest(&path, &meta) {
-            Some(d) => d,
+        let known = match self.known(&path, &meta) {
+            Some(k) => k,
             None => {
-                let d = file_digest(file).map_err(|e| format!("reading image {name:?}: {e}"))?;
-                self.digests
-                    .lock()
-                    .unwrap()
-                    .insert(path, (meta.len(), modified(&meta), d.clone()));
-                d
+                let k =
+                    Known::of(file, &meta).map_err(|e| format!("reading image {name:?}: {e}"))?;
+                self.digests.lock().unwrap().insert(path, k.clone());
+                k
             }
         };
-        Ok(self.served(name, meta.len(), digest))
+        Ok(self.served(name, &known))
+    }
+
+    /// `name`'s manifest (encoded), when its digest is known; its digest
+    /// computed on a thread of its own meanwhile.
+    pub fn manifest(&self, name: &str) -> Result<Option<Known>, String> {
+        match self.resolve_soon(name, std::time::Duration::ZERO)? {
+            Ok(_) => {
+                let (path, _, meta) = self.open(name)?;
+                Ok(self.known(&path, &meta))
+            }
+            Err(_) => Ok(None),
+        }
     }
 
     /// [`Self::resolve`] for a caller that must answer soon (the API): a
@@ -198,8 +224,8 @@ impl ImageCatalog {
         wait: std::time::Duration,
     ) -> Result<Result<ServedImage, Hashing>, String> {
         let (path, _, meta) = self.open(name)?;
-        if let Some(d) = self.known_digest(&path, &meta) {
-            return Ok(Ok(self.served(name, meta.len(), d)));
+        if let Some(k) = self.known(&path, &meta) {
+            return Ok(Ok(self.served(name, &k)));
         }
         if !self.hashing.lock().unwrap().contains(&path) {
             let (catalog, image) = (self.clone(), name.to_string());
@@ -211,8 +237,8 @@ impl ImageCatalog {
         let until = std::time::Instant::now() + wait;
         while std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(10).min(wait));
-            if let Some(d) = self.known_digest(&path, &meta) {
-                return Ok(Ok(self.served(name, meta.len(), d)));
+            if let Some(k) = self.known(&path, &meta) {
+                return Ok(Ok(self.served(name, &k)));
             }
         }
         Ok(Err(Hashing {
@@ -254,24 +280,25 @@ impl ImageCatalog {
         Ok((self.dir.join(name), file, meta))
     }
 
-    /// The digest computed for `path` while its length and modification
-    /// time were those of `meta`.
-    fn known_digest(&self, path: &Path, meta: &std::fs::Metadata) -> Option<String> {
-        let mtime = modified(meta);
+    /// What was computed of `path` while its length and modification time
+    /// were those of `meta`.
+    fn known(&self, path: &Path, meta: &std::fs::Metadata) -> Option<Known> {
         self.digests
             .lock()
             .unwrap()
             .get(path)
-            .filter(|(len, t, _)| *len == meta.len() && *t == mtime)
-            .map(|(_, _, d)| d.clone())
+            .filter(|k| k.len == meta.len() && k.mtime == modified(meta))
+            .cloned()
     }
 
-    fn served(&self, name: &str, size_bytes: u64, digest: String) -> ServedImage {
+    fn served(&self, name: &str, k: &Known) -> ServedImage {
         ServedImage {
             url: format!("{}{name}", self.base_url),
-            size_bytes,
-            digest,
+            size_bytes: k.len,
+            digest: k.digest.clone(),
             ca_certificate: self.ca_der.clone(),
+            manifest_url: format!("{}{name}", self.base_url.replace("/images/", "/manifests/")),
+            manifest_digest: k.manifest_digest.clone(),
         }
     }
 }
@@ -298,20 +325,6 @@ impl std::fmt::Display for Hashing {
     }
 }
 
-fn file_digest(mut f: std::fs::File) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
-}
-
 /// The key a client proved in the TLS handshake, kept per connection.
 #[derive(Debug, Clone, Copy)]
 struct PeerKey([u8; crate::callback::tls::KEY_LEN]);
@@ -322,48 +335,58 @@ async fn image(
     req: HttpRequest,
     name: web::Path<String>,
 ) -> HttpResponse {
+    match granted(&gate, &req, &name, "image").await {
+        Ok(machine_id) => serve_file(dir.get_ref(), &name, &req, machine_id).await,
+        Err(refused) => refused,
+    }
+}
+
+/// The machine whose agent (by the key its TLS client certificate
+/// proved) has a pending installation of image `name`, which may fetch
+/// `what` of it; else the answer refusing it.
+async fn granted(
+    gate: &DownloadGate,
+    req: &HttpRequest,
+    name: &str,
+    what: &str,
+) -> Result<uuid::Uuid, HttpResponse> {
     use actix_web::http::StatusCode;
     let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
-        return refuse(
-            &req,
-            &name,
+        return Err(refuse(
+            req,
+            name,
             StatusCode::UNAUTHORIZED,
             "a download needs the agent's client certificate (the key of its callback)",
-        );
+        ));
     };
     let asked = gate
-        .ask(&req, &name, "whether this agent may download", async |tx| {
-            download_grant(tx, &key, &name).await
+        .ask(req, name, "whether this agent may download", async |tx| {
+            download_grant(tx, &key, name).await
         })
         .await;
-    let machine_id = match asked {
-        Err(unavailable) => return unavailable,
+    match asked {
+        Err(unavailable) => Err(unavailable),
         Ok(DownloadGrant::Allowed {
             machine_id,
             generation,
         }) => {
             let range = req.headers().contains_key(actix_web::http::header::RANGE);
-            tracing::info!(image = %name, machine = %machine_id, generation, range, "image download");
-            machine_id
+            tracing::info!(image = %name, machine = %machine_id, generation, range, what, "image download");
+            Ok(machine_id)
         }
-        Ok(DownloadGrant::UnknownAgent) => {
-            return refuse(
-                &req,
-                &name,
-                StatusCode::FORBIDDEN,
-                "no machine's agent holds this key",
-            );
-        }
-        Ok(DownloadGrant::NotAsked { machine_id }) => {
-            return refuse(
-                &req,
-                &name,
-                StatusCode::FORBIDDEN,
-                &format!("machine {machine_id} has no pending installation of this image"),
-            );
-        }
-    };
-    serve_file(dir.get_ref(), &name, &req, machine_id).await
+        Ok(DownloadGrant::UnknownAgent) => Err(refuse(
+            req,
+            name,
+            StatusCode::FORBIDDEN,
+            "no machine's agent holds this key",
+        )),
+        Ok(DownloadGrant::NotAsked { machine_id }) => Err(refuse(
+            req,
+            name,
+            StatusCode::FORBIDDEN,
+            &format!("machine {machine_id} has no pending installation of this image"),
+        )),
+    }
 }
 
 /// Whether `req` carries boot `credential`'s media user name and password
@@ -466,6 +489,7 @@ impl ImageServer {
         workers: usize,
     ) -> std::io::Result<ImageServer> {
         let dir = web::Data::new(catalog.dir.clone());
+        let images = web::Data::new(catalog.clone());
         let gate = web::Data::new(gate);
         let boot = web::Data::new(catalog.boot.clone().map(|b| (b, catalog.ca_der.clone())));
         let server = HttpServer::new(move || {
@@ -473,8 +497,11 @@ impl ImageServer {
                 .app_data(dir.clone())
                 .app_data(gate.clone())
                 .app_data(boot.clone())
+                .app_data(images.clone())
                 .route("/images/{name}", web::get().to(image))
                 .route("/images/{name}", web::head().to(image))
+                .route("/manifests/{name}", web::get().to(manifest::serve))
+                .route("/manifests/{name}", web::head().to(manifest::serve))
                 .route("/boot/{name}", web::get().to(boot_iso))
                 .route("/boot/{name}", web::head().to(boot_iso))
                 .route("/firmware/{grant}/{name}", web::get().to(firmware::fetch))

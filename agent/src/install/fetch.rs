@@ -16,6 +16,8 @@ use http::header;
 use http_body_util::BodyExt as _;
 use hyper_util::rt::TokioIo;
 
+use super::chunks::Chunks;
+
 /// Bytes are handed on in pieces of at least this size (the last may be
 /// shorter).
 pub const PIECE: usize = 1 << 20;
@@ -67,7 +69,8 @@ impl Piece {
         self.parts.drain(..drop);
     }
 
-    fn take(&mut self) -> Piece {
+    /// All of it, leaving it empty.
+    pub fn take(&mut self) -> Piece {
         std::mem::take(self)
     }
 }
@@ -104,6 +107,8 @@ pub struct Fetched {
     pub bytes: u64,
     /// Connections resumed after the first.
     pub resumes: u32,
+    /// Chunks that did not match the manifest, fetched again.
+    pub refused: u32,
 }
 
 /// Where the image is.
@@ -241,13 +246,17 @@ enum Attempt {
 
 /// Fetches `url` from byte 0 to its end, handing every piece (of at least
 /// [`PIECE`] bytes but the last, in order, each byte exactly once) to `sink`; a sink error
-/// stops the fetch with that error. `on_resume` is told of every
-/// resumption and its cause.
+/// stops the fetch with that error. With `chunks`, a piece is a chunk of
+/// the image's manifest, handed on once it matches; one that does not is
+/// fetched again from its start. `on_resume` is told of every resumption
+/// and its cause.
+#[allow(clippy::too_many_arguments)]
 pub async fn fetch<S, R>(
     url: &str,
     ca_der: &[u8],
     key: Option<&AgentKey>,
     expected_size: Option<u64>,
+    chunks: Option<Chunks>,
     limits: &FetchLimits,
     mut sink: S,
     mut on_resume: R,
@@ -263,12 +272,19 @@ where
         total: expected_size,
         validator: None,
         piece: Piece::default(),
+        chunks,
     };
     let mut resumes = 0;
     let mut fruitless = 0;
     loop {
         let before = state.taken;
-        let outcome = attempt(&src, &tls, limits, &mut state, &mut sink).await;
+        let mut outcome = attempt(&src, &tls, limits, &mut state, &mut sink).await;
+        if let (Attempt::Done, Some(c)) = (&outcome, &state.chunks)
+            && let Err(e) = c.finish()
+        {
+            state.taken = c.at();
+            outcome = Attempt::Broken(e);
+        }
         match outcome {
             Attempt::Done => {
                 if !state.piece.is_empty() {
@@ -277,6 +293,7 @@ where
                 return Ok(Fetched {
                     bytes: state.taken,
                     resumes,
+                    refused: state.chunks.map_or(0, |c| c.refused),
                 });
             }
             Attempt::Fatal(e) => return Err(e),
@@ -316,6 +333,8 @@ struct State {
     /// The first response's ETag (strong) or Last-Modified.
     validator: Option<String>,
     piece: Piece,
+    /// The manifest's check, and the chunk it gathers.
+    chunks: Option<Chunks>,
 }
 
 async fn attempt<S: AsyncSink>(
@@ -442,9 +461,25 @@ async fn attempt<S: AsyncSink>(
                 ));
             }
         }
-        state.piece.push(data);
-        if state.piece.len() >= PIECE {
-            if let Err(e) = sink.put(state.piece.take()).await {
+        let ready = match &mut state.chunks {
+            None => {
+                state.piece.push(data);
+                if state.piece.len() < PIECE {
+                    continue;
+                }
+                vec![state.piece.take()]
+            }
+            Some(c) => match c.push(data) {
+                Ok(ready) => ready,
+                Err(refused) => {
+                    // Again from the refused chunk's start.
+                    state.taken = c.start();
+                    return Attempt::Broken(refused);
+                }
+            },
+        };
+        for piece in ready {
+            if let Err(e) = sink.put(piece).await {
                 return Attempt::Fatal(e);
             }
         }

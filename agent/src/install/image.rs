@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::disk::{self, Disk};
-use super::{Counters, Limits, efi, fetch, first_boot, pipeline};
+use super::{Counters, Limits, chunks, efi, fetch, first_boot, pipeline};
 use crate::api::ImageInstallation;
 use crate::api::installation_progress::Phase;
 use shepherd_proto::digest::{ExpectedDigest, parse_digest};
@@ -137,6 +137,21 @@ pub async fn install(
     } else {
         limits.deadline
     };
+    // The manifest, when the request names one: fetched and checked
+    // before anything is written.
+    let chunks = tokio::time::timeout(
+        deadline,
+        chunks::fetch_manifest(req, limits.agent_key.as_ref(), &limits.fetch),
+    )
+    .await
+    .unwrap_or_else(|_| Err("the image's manifest did not come within the deadline".into()))
+    .map_err(|e| failed(format!("{e}; nothing was written")))?;
+    if let Some(c) = &chunks {
+        log(format_args!(
+            "checking each of the image's {} chunks against its manifest before writing it",
+            c.count()
+        ));
+    }
     let path = chosen.path.clone();
     let mut target = disk::Target::open(&chosen).map_err(failed)?;
     if chosen.boot {
@@ -207,6 +222,7 @@ pub async fn install(
             &ca,
             limits.agent_key.as_ref(),
             size,
+            chunks,
             &limits.fetch,
             sink,
             on_resume,
@@ -300,6 +316,12 @@ pub async fn install(
         }
     }
     let mut warnings = Vec::new();
+    if fetched.refused > 0 {
+        warnings.push(format!(
+            "{} chunks of the image did not match its manifest and were fetched again",
+            fetched.refused
+        ));
+    }
     if !chosen.boot {
         // The boot disk's partitions are in use: its table is read anew
         // at the reboot.

@@ -24,6 +24,7 @@
 //!
 //! Here: the limits an installation runs with and its [`Counters`].
 
+pub mod chunks;
 pub mod disk;
 pub mod efi;
 pub mod erase;

@@ -8,6 +8,8 @@ use std::process::Command;
 
 use shepherd_agent::install::disk::Disk;
 
+pub mod source;
+
 pub const MIB: u64 = 1 << 20;
 
 // ---------------------------------------------------------------- disks

@@ -37,23 +37,34 @@ pub fn first_boot_summary(image: &ImageInstallation) -> Option<String> {
     Some(format!("{volume}{on}: {}", each.join(", ")))
 }
 
+/// `url` is an http:// or https:// URL with a host; the error names `field`.
+fn check_url(field: &str, url: &str) -> Result<(), String> {
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(format!("{field}: required"));
+    }
+    match url.parse::<http::Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => Ok(()),
+        _ => Err(format!(
+            "{field}: {url:?} is not an http:// or https:// URL"
+        )),
+    }
+}
+
 /// Checks what shepherd can check of an image request before any agent
 /// sees it; the error names the field.
 pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
-    let url = image.url.trim();
-    if url.is_empty() {
-        return Err("image.url: required".into());
-    }
-    match url.parse::<http::Uri>() {
-        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {}
-        _ => {
-            return Err(format!(
-                "image.url: {url:?} is not an http:// or https:// URL"
-            ));
-        }
-    }
+    check_url("image.url", &image.url)?;
     shepherd_proto::digest::parse_digest(&image.digest)
         .map_err(|e| format!("image.digest: {e}"))?;
+    if let Some(m) = &image.manifest {
+        check_url("image.manifest.url", &m.url)?;
+        match shepherd_proto::digest::parse_digest(&m.digest) {
+            Ok(d) if d.algorithm == shepherd_proto::digest::Algorithm::Sha256 => {}
+            Ok(_) => return Err("image.manifest.digest: sha256:<hex> only".into()),
+            Err(e) => return Err(format!("image.manifest.digest: {e}")),
+        }
+    }
     if image.size_bytes.is_some_and(|s| s < 0) {
         return Err("image.size_bytes: negative".into());
     }

@@ -24,6 +24,16 @@ use uuid::Uuid;
 
 const SECRET: &[u8] = b"root:$6$not-for-anyone$:19000:0:99999:7:::\n";
 
+/// A client trusting `ca_der`, showing the certificate of `key` if given,
+/// as the agent's fetch does.
+fn client(ca_der: &[u8], key: Option<[u8; 32]>) -> awc::Client {
+    let tls = tls_config(ca_der, key.map(AgentKey).as_ref()).unwrap();
+    awc::Client::builder()
+        .connector(awc::Connector::new().rustls_0_23(Arc::new((*tls).clone())))
+        .timeout(Duration::from_secs(10))
+        .finish()
+}
+
 /// GET `name` from `server` with `headers`, trusting `ca_der`, showing the
 /// certificate of `key` if given: status and body.
 async fn get_with(
@@ -33,11 +43,7 @@ async fn get_with(
     name: &str,
     headers: &[(&str, &str)],
 ) -> (u16, Vec<u8>) {
-    let tls = tls_config(ca_der, key.map(AgentKey).as_ref()).unwrap();
-    let client = awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(Arc::new((*tls).clone())))
-        .timeout(Duration::from_secs(10))
-        .finish();
+    let client = client(ca_der, key);
     let url = format!("https://127.0.0.1:{}/images/{name}", server.addr.port());
     let mut req = client.get(&url);
     for (h, v) in headers {
@@ -56,11 +62,7 @@ async fn get_manifest(
     key: Option<[u8; 32]>,
     name: &str,
 ) -> (u16, Vec<u8>) {
-    let tls = tls_config(ca_der, key.map(AgentKey).as_ref()).unwrap();
-    let client = awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(Arc::new((*tls).clone())))
-        .timeout(Duration::from_secs(10))
-        .finish();
+    let client = client(ca_der, key);
     let url = format!("https://127.0.0.1:{}/manifests/{name}", server.addr.port());
     for _ in 0..200 {
         let mut r = client

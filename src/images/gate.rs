@@ -7,6 +7,7 @@ use std::path::Path;
 use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::bmdb::Bmdb;
+use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 /// A file name the catalog serves: no directories, nothing hidden.
 pub fn valid_name(name: &str) -> bool {
@@ -176,4 +177,56 @@ pub(super) fn basic_auth(req: &HttpRequest) -> Option<Vec<u8>> {
                 .decode(b.trim())
                 .ok()
         })
+}
+
+/// The key a client proved in the TLS handshake, kept per connection.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PeerKey(pub(super) [u8; crate::callback::tls::KEY_LEN]);
+
+/// The machine whose agent (by the key its TLS client certificate
+/// proved) has a pending installation of image `name`, which may fetch
+/// `what` of it; else the answer refusing it.
+pub(super) async fn granted(
+    gate: &DownloadGate,
+    req: &HttpRequest,
+    name: &str,
+    what: &str,
+) -> Result<uuid::Uuid, HttpResponse> {
+    use actix_web::http::StatusCode;
+    let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
+        return Err(refuse(
+            req,
+            name,
+            StatusCode::UNAUTHORIZED,
+            "a download needs the agent's client certificate (the key of its callback)",
+        ));
+    };
+    let asked = gate
+        .ask(req, name, "whether this agent may download", async |tx| {
+            download_grant(tx, &key, name).await
+        })
+        .await;
+    match asked {
+        Err(unavailable) => Err(unavailable),
+        Ok(DownloadGrant::Allowed {
+            machine_id,
+            generation,
+        }) => {
+            let range = req.headers().contains_key(actix_web::http::header::RANGE);
+            tracing::info!(image = %name, machine = %machine_id, generation, range, what, "image download");
+            Ok(machine_id)
+        }
+        Ok(DownloadGrant::UnknownAgent) => Err(refuse(
+            req,
+            name,
+            StatusCode::FORBIDDEN,
+            "no machine's agent holds this key",
+        )),
+        Ok(DownloadGrant::NotAsked { machine_id }) => Err(refuse(
+            req,
+            name,
+            StatusCode::FORBIDDEN,
+            &format!("machine {machine_id} has no pending installation of this image"),
+        )),
+    }
 }

@@ -35,11 +35,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
-
-use crate::bmdb::installations::{DownloadGrant, download_grant};
 
 pub mod boot;
 mod firmware;
@@ -47,10 +44,11 @@ mod gate;
 mod manifest;
 
 pub use gate::{DownloadGate, open_image, valid_name};
-use gate::{basic_auth, refuse, serve_file};
+use gate::{PeerKey, basic_auth, granted, serve_file};
 
 pub use boot::{BootImage, NetbootFiles, SignedChain};
 pub use manifest::Known;
+use manifest::modified;
 
 /// What an installation needs to fetch a served image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,10 +301,6 @@ impl ImageCatalog {
     }
 }
 
-fn modified(meta: &std::fs::Metadata) -> SystemTime {
-    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
 /// A served image whose digest is still being computed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hashing {
@@ -325,10 +319,6 @@ impl std::fmt::Display for Hashing {
     }
 }
 
-/// The key a client proved in the TLS handshake, kept per connection.
-#[derive(Debug, Clone, Copy)]
-struct PeerKey([u8; crate::callback::tls::KEY_LEN]);
-
 async fn image(
     dir: web::Data<PathBuf>,
     gate: web::Data<DownloadGate>,
@@ -341,51 +331,52 @@ async fn image(
     }
 }
 
-/// The machine whose agent (by the key its TLS client certificate
-/// proved) has a pending installation of image `name`, which may fetch
-/// `what` of it; else the answer refusing it.
-async fn granted(
-    gate: &DownloadGate,
-    req: &HttpRequest,
-    name: &str,
-    what: &str,
-) -> Result<uuid::Uuid, HttpResponse> {
-    use actix_web::http::StatusCode;
-    let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
-        return Err(refuse(
-            req,
-            name,
-            StatusCode::UNAUTHORIZED,
-            "a download needs the agent's client certificate (the key of its callback)",
-        ));
-    };
-    let asked = gate
-        .ask(req, name, "whether this agent may download", async |tx| {
-            download_grant(tx, &key, name).await
-        })
-        .await;
-    match asked {
-        Err(unavailable) => Err(unavailable),
-        Ok(DownloadGrant::Allowed {
-            machine_id,
-            generation,
-        }) => {
-            let range = req.headers().contains_key(actix_web::http::header::RANGE);
-            tracing::info!(image = %name, machine = %machine_id, generation, range, what, "image download");
-            Ok(machine_id)
+/// `GET /manifests/<name>`: the manifest of image `name`, to an agent
+/// with a pending installation of it; 503 with `Retry-After` while the
+/// image's digest is still being computed (an agent tries again).
+async fn manifest_file(
+    catalog: web::Data<ImageCatalog>,
+    gate: web::Data<DownloadGate>,
+    req: HttpRequest,
+    name: web::Path<String>,
+) -> HttpResponse {
+    use actix_web::http::header;
+    if let Err(refused) = granted(&gate, &req, &name, "manifest").await {
+        return refused;
+    }
+    let (catalog, image) = (catalog.get_ref().clone(), name.to_string());
+    let known = web::block(move || catalog.manifest(&image)).await;
+    match known {
+        Ok(Ok(Some(k))) => {
+            let etag = format!("\"{}\"", k.manifest_digest.trim_start_matches("sha256:"));
+            if req
+                .headers()
+                .get(header::IF_NONE_MATCH)
+                .is_some_and(|v| v.as_bytes() == etag.as_bytes())
+            {
+                return HttpResponse::NotModified()
+                    .insert_header((header::ETAG, etag))
+                    .finish();
+            }
+            HttpResponse::Ok()
+                .content_type("application/x-protobuf")
+                .insert_header((header::ETAG, etag))
+                .insert_header((header::CACHE_CONTROL, "no-cache"))
+                .body(k.manifest.as_ref().clone())
         }
-        Ok(DownloadGrant::UnknownAgent) => Err(refuse(
-            req,
-            name,
-            StatusCode::FORBIDDEN,
-            "no machine's agent holds this key",
-        )),
-        Ok(DownloadGrant::NotAsked { machine_id }) => Err(refuse(
-            req,
-            name,
-            StatusCode::FORBIDDEN,
-            &format!("machine {machine_id} has no pending installation of this image"),
-        )),
+        Ok(Ok(None)) => HttpResponse::ServiceUnavailable()
+            .insert_header((header::RETRY_AFTER, "5"))
+            .content_type("text/plain; charset=utf-8")
+            .body(format!(
+                "the SHA-256 of image {name:?} is being computed (once per version of the file): \
+                 ask again in a moment\n"
+            )),
+        Ok(Err(e)) => HttpResponse::NotFound()
+            .content_type("text/plain; charset=utf-8")
+            .body(format!("{e}\n")),
+        Err(e) => HttpResponse::InternalServerError()
+            .content_type("text/plain; charset=utf-8")
+            .body(format!("reading image {name:?}: {e}\n")),
     }
 }
 
@@ -500,8 +491,8 @@ impl ImageServer {
                 .app_data(images.clone())
                 .route("/images/{name}", web::get().to(image))
                 .route("/images/{name}", web::head().to(image))
-                .route("/manifests/{name}", web::get().to(manifest::serve))
-                .route("/manifests/{name}", web::head().to(manifest::serve))
+                .route("/manifests/{name}", web::get().to(manifest_file))
+                .route("/manifests/{name}", web::head().to(manifest_file))
                 .route("/boot/{name}", web::get().to(boot_iso))
                 .route("/boot/{name}", web::head().to(boot_iso))
                 .route("/firmware/{grant}/{name}", web::get().to(firmware::fetch))

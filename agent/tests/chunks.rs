@@ -157,3 +157,22 @@ async fn a_manifest_not_the_requests_stops_it_before_anything_is_written() {
         server.log.lock().unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_still_being_computed_is_waited_for() {
+    let data = image();
+    let len = data.len() as u64;
+    // More 503s in a row than the image's own fetch would take (two).
+    let server = serve(data.clone(), Behaviour::ManifestBusy(3)).await;
+    let disk = TestDisk::new(len + MIB);
+    let mut req = request(&server.url, &sha256(&data), Some(len));
+    req.manifest = Some(server.manifest.clone());
+    run(&req, vec![disk.disk()]).await.unwrap();
+    assert_eq!(disk.read(0, len as usize), data);
+    let log = server.log.lock().unwrap().clone();
+    assert_eq!(
+        log.iter().filter(|l| l.contains("/manifests/")).count(),
+        4,
+        "{log:?}"
+    );
+}

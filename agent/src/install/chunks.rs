@@ -12,6 +12,10 @@ use shepherd_proto::manifest;
 
 use super::fetch::{self, AgentKey, AsyncSink, FetchLimits, Piece};
 
+/// Attempts in a row that bring nothing before a manifest's fetch fails
+/// (10 s apart after the first few: about ten minutes).
+const MANIFEST_RETRIES: u32 = 64;
+
 /// The manifest `req` names, fetched as its image is (the same CA, the
 /// same client certificate) and checked: its digest the request's, its
 /// image the request's. None when the request names none.
@@ -47,13 +51,20 @@ pub async fn fetch_manifest(
     }
     let mut bytes = Vec::new();
     let sink = Collect(&mut bytes);
+    // Patient: a shepherd just restarted computes its images' manifests
+    // again, answering 503 meanwhile (minutes for a large image); the
+    // installation's deadline bounds the wait.
+    let patient = FetchLimits {
+        retries: limits.retries.max(MANIFEST_RETRIES),
+        ..limits.clone()
+    };
     fetch::fetch(
         &r.url,
         &req.ca_certificate,
         key,
         None,
         None,
-        limits,
+        &patient,
         sink,
         |_, _| {},
     )

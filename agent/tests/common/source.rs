@@ -33,6 +33,9 @@ pub enum Behaviour {
         at: u64,
         once: bool,
     },
+    /// Answers the first this many requests for the manifest 503, as a
+    /// shepherd computing it does.
+    ManifestBusy(usize),
 }
 
 pub struct Server {
@@ -114,6 +117,19 @@ async fn respond(
         None => line.clone(),
     });
     if line.starts_with("GET /manifests/") {
+        let asked = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("/manifests/"))
+            .count();
+        if let Behaviour::ManifestBusy(n) = behaviour
+            && asked <= n
+        {
+            let busy = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+            sock.write_all(busy.as_bytes()).await?;
+            return sock.flush().await;
+        }
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             manifest.len()

@@ -101,9 +101,9 @@ pub async fn capture(
     capture_id: Uuid,
 ) -> Result<Option<ConsoleCapture>, BmdbError> {
     Ok(tx
-        .query(ONE, &[&machine_id, &capture_id])
+        .query_opt(ONE, &[&machine_id, &capture_id])
         .await?
-        .first()
+        .as_ref()
         .map(capture_from))
 }
 

@@ -82,8 +82,9 @@ impl ServedImage {
 #[derive(Clone)]
 pub struct ImageCatalog {
     dir: PathBuf,
-    /// `https://host:port/images/`.
-    base_url: String,
+    /// `https://host:port/`: images under `images/`, their manifests
+    /// under `manifests/`.
+    root: String,
     ca_der: Vec<u8>,
     /// Digests and manifests by file, valid while its length and
     /// modification time hold.
@@ -92,7 +93,7 @@ pub struct ImageCatalog {
     hashing: Arc<Mutex<std::collections::HashSet<PathBuf>>>,
     /// The boot image, served per boot at `/boot/<boot>.iso`.
     boot: Option<BootServing>,
-    /// `https://host:port/` BMCs fetch boots from, when not `base_url`'s.
+    /// `https://host:port/` BMCs fetch boots from, when not `root`.
     boot_root: Option<String>,
 }
 
@@ -108,7 +109,7 @@ impl std::fmt::Debug for ImageCatalog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImageCatalog")
             .field("dir", &self.dir)
-            .field("base_url", &self.base_url)
+            .field("root", &self.root)
             .finish_non_exhaustive()
     }
 }
@@ -125,7 +126,7 @@ impl ImageCatalog {
         };
         ImageCatalog {
             dir,
-            base_url: format!("https://{host}:{port}/images/"),
+            root: format!("https://{host}:{port}/"),
             ca_der,
             digests: Default::default(),
             hashing: Default::default(),
@@ -156,7 +157,7 @@ impl ImageCatalog {
     fn bmc_root(&self) -> &str {
         match &self.boot_root {
             Some(r) => r.as_str(),
-            None => self.base_url.trim_end_matches("images/"),
+            None => self.root.as_str(),
         }
     }
 
@@ -203,13 +204,7 @@ impl ImageCatalog {
     /// `name`'s manifest (encoded), when its digest is known; its digest
     /// computed on a thread of its own meanwhile.
     pub fn manifest(&self, name: &str) -> Result<Option<Known>, String> {
-        match self.resolve_soon(name, std::time::Duration::ZERO)? {
-            Ok(_) => {
-                let (path, _, meta) = self.open(name)?;
-                Ok(self.known(&path, &meta))
-            }
-            Err(_) => Ok(None),
-        }
+        Ok(self.known_soon(name, std::time::Duration::ZERO)?.ok())
     }
 
     /// [`Self::resolve`] for a caller that must answer soon (the API): a
@@ -221,9 +216,20 @@ impl ImageCatalog {
         name: &str,
         wait: std::time::Duration,
     ) -> Result<Result<ServedImage, Hashing>, String> {
+        Ok(self.known_soon(name, wait)?.map(|k| self.served(name, &k)))
+    }
+
+    /// What is known of `name`, computed on a thread of its own (one per
+    /// file, however often asked) when new or changed, waited for `wait`
+    /// at most.
+    fn known_soon(
+        &self,
+        name: &str,
+        wait: std::time::Duration,
+    ) -> Result<Result<Known, Hashing>, String> {
         let (path, _, meta) = self.open(name)?;
         if let Some(k) = self.known(&path, &meta) {
-            return Ok(Ok(self.served(name, &k)));
+            return Ok(Ok(k));
         }
         if !self.hashing.lock().unwrap().contains(&path) {
             let (catalog, image) = (self.clone(), name.to_string());
@@ -236,7 +242,7 @@ impl ImageCatalog {
         while std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(10).min(wait));
             if let Some(k) = self.known(&path, &meta) {
-                return Ok(Ok(self.served(name, &k)));
+                return Ok(Ok(k));
             }
         }
         Ok(Err(Hashing {
@@ -291,11 +297,11 @@ impl ImageCatalog {
 
     fn served(&self, name: &str, k: &Known) -> ServedImage {
         ServedImage {
-            url: format!("{}{name}", self.base_url),
+            url: format!("{}images/{name}", self.root),
             size_bytes: k.len,
             digest: k.digest.clone(),
             ca_certificate: self.ca_der.clone(),
-            manifest_url: format!("{}{name}", self.base_url.replace("/images/", "/manifests/")),
+            manifest_url: format!("{}manifests/{name}", self.root),
             manifest_digest: k.manifest_digest.clone(),
         }
     }

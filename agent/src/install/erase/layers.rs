@@ -11,6 +11,7 @@
 
 use std::fs::File;
 
+use super::signatures::{md_0_90, md_1_0};
 use crate::install::partitions::{read_at, u32_at, u64_at};
 
 /// A volume inside another: its byte range on the disk, and what it is.
@@ -42,11 +43,7 @@ pub fn inner(file: &File, start: u64, end: u64) -> Vec<Inner> {
 fn md(file: &File, start: u64, end: u64) -> Vec<Inner> {
     let len = end.saturating_sub(start);
     let mut out = Vec::new();
-    let one = [
-        ("1.1", Some(0)),
-        ("1.2", Some(4096)),
-        ("1.0", (len & !0xfff).checked_sub(0x2000)),
-    ];
+    let one = [("1.1", Some(0)), ("1.2", Some(4096)), ("1.0", md_1_0(len))];
     for (version, at) in one {
         let Some(at) = at else { continue };
         let Ok(sb) = read_at(file, 256, start + at) else {
@@ -69,8 +66,7 @@ fn md(file: &File, start: u64, end: u64) -> Vec<Inner> {
             what: format!("md {version} array data"),
         });
     }
-    if len > 0x10000
-        && let at = (len & !0xffff) - 0x10000
+    if let Some(at) = md_0_90(len)
         && let Ok(sb) = read_at(file, 36, start + at)
         && u32_at(&sb, 0) == MD_MAGIC
         && u32_at(&sb, 4) == 0

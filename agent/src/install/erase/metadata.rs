@@ -15,7 +15,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
-use super::signatures::{self, Found};
+use super::signatures;
 use super::{Counters, END_SPAN, ErasedDisk, check_zero, drop_cache, layers, luks, partitions};
 use crate::install::disk::Disk;
 
@@ -117,16 +117,6 @@ fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     merged
 }
 
-/// The first signature any of `volumes` still holds, and in which.
-pub fn leftover<'a>(file: &File, volumes: &'a [Volume]) -> Option<(Found, &'a Volume)> {
-    volumes.iter().find_map(|v| {
-        signatures::probe(file, v.start, v.end)
-            .into_iter()
-            .next()
-            .map(|f| (f, v))
-    })
-}
-
 /// Zeros `regions`, reads them back, and probes `volumes` again.
 pub fn erase(
     file: &File,
@@ -169,7 +159,13 @@ pub fn erase(
 
 /// Fails naming the first signature `volumes` still hold after `what`.
 pub fn check(file: &File, d: &Disk, volumes: &[Volume], what: &str) -> Result<(), String> {
-    match leftover(file, volumes) {
+    let left = volumes.iter().find_map(|v| {
+        signatures::probe(file, v.start, v.end)
+            .into_iter()
+            .next()
+            .map(|f| (f, v))
+    });
+    match left {
         None => Ok(()),
         Some((f, v)) => Err(format!(
             "{}: a {} signature is still at byte {} ({}) after {what}: a next system would find it",

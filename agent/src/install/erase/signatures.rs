@@ -21,6 +21,9 @@ use crate::install::partitions::read_at;
 pub enum At {
     /// Bytes from the volume's start.
     Start(u64),
+    /// This many whole 512-byte sectors before the end, plus these bytes
+    /// (as libblkid counts: the volume's length in whole sectors).
+    Sector { back: u64, plus: u64 },
     /// From the volume's length (`None`: the volume is too small for it).
     End(fn(u64) -> Option<u64>),
 }
@@ -55,6 +58,14 @@ const fn start(name: &'static str, at: u64, magic: &'static [u8]) -> Signature {
     }
 }
 
+const fn sector(name: &'static str, back: u64, plus: u64, magic: &'static [u8]) -> Signature {
+    Signature {
+        name,
+        at: At::Sector { back, plus },
+        magic,
+    }
+}
+
 const fn end(name: &'static str, at: fn(u64) -> Option<u64>, magic: &'static [u8]) -> Signature {
     Signature {
         name,
@@ -85,12 +96,12 @@ fn sectors_before_end(len: u64, n: u64) -> Option<u64> {
 }
 
 /// md 0.90: the last 64 KiB-aligned 64 KiB but one.
-fn md_0_90(len: u64) -> Option<u64> {
+pub(super) fn md_0_90(len: u64) -> Option<u64> {
     (len > 0x10000).then(|| (len & !0xffff) - 0x10000)
 }
 
 /// md 1.0: 8 KiB before the end, 4 KiB-aligned.
-fn md_1_0(len: u64) -> Option<u64> {
+pub(super) fn md_1_0(len: u64) -> Option<u64> {
     (len & !0xfff).checked_sub(0x2000)
 }
 
@@ -107,7 +118,7 @@ pub static SIGNATURES: &[Signature] = &[
     start("dos", 510, &[0x55, 0xaa]),
     start("gpt", 512, b"EFI PART"),
     start("gpt", 4096, b"EFI PART"),
-    end("gpt", |l| sectors_before_end(l, 1), b"EFI PART"),
+    sector("gpt", 1, 0, b"EFI PART"),
     end("gpt", |l| l.checked_sub(4096), b"EFI PART"),
     start("mac", 0, b"ER"),
     start("sgi", 0, &[0x0b, 0xe5, 0xa9, 0x41]),
@@ -138,117 +149,29 @@ pub static SIGNATURES: &[Signature] = &[
     start("stratis", 4612, b"!Stra0tis\x86\xff\x02^Arh"),
     start("ubi", 0, b"UBI#"),
     start("VMFS_volume_member", 1 << 20, &[0x0d, 0xd0, 0x01, 0xc0]),
-    end(
-        "ddf_raid_member",
-        |l| sectors_before_end(l, 1),
-        &[0xde, 0x11, 0xde, 0x11],
-    ),
-    end(
-        "ddf_raid_member",
-        |l| sectors_before_end(l, 257),
-        &[0xde, 0x11, 0xde, 0x11],
-    ),
-    end(
-        "isw_raid_member",
-        |l| sectors_before_end(l, 2),
-        b"Intel Raid ISM Cfg Sig. ",
-    ),
-    end(
-        "lsi_mega_raid_member",
-        |l| sectors_before_end(l, 1),
-        b"$XIDE$",
-    ),
-    end(
-        "nvidia_raid_member",
-        |l| sectors_before_end(l, 2),
-        b"NVIDIA  ",
-    ),
-    end(
-        "hpt45x_raid_member",
-        |l| sectors_before_end(l, 11),
-        &[0xf3, 0x16, 0x78, 0x5a],
-    ),
-    end(
-        "hpt45x_raid_member",
-        |l| sectors_before_end(l, 11),
-        &[0xfd, 0x16, 0x78, 0x5a],
-    ),
-    end(
-        "adaptec_raid_member",
-        |l| sectors_before_end(l, 1),
-        &[0x37, 0xfc, 0x4d, 0x1e],
-    ),
-    end(
-        "silicon_medley_raid_member",
-        |l| sectors_before_end(l, 1).map(|o| o + 0x60),
-        &[0, 0, 0, 0x2f],
-    ),
-    end("jmicron_raid_member", |l| sectors_before_end(l, 1), b"JM"),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 63),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 255),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 256),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 16),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 399),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 591),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 675),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 735),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 911),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 974),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 991),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 951),
-        PROMISE,
-    ),
-    end(
-        "promise_fasttrack_raid_member",
-        |l| sectors_before_end(l, 3087),
-        PROMISE,
-    ),
+    sector("ddf_raid_member", 1, 0, &[0xde, 0x11, 0xde, 0x11]),
+    sector("ddf_raid_member", 257, 0, &[0xde, 0x11, 0xde, 0x11]),
+    sector("isw_raid_member", 2, 0, b"Intel Raid ISM Cfg Sig. "),
+    sector("lsi_mega_raid_member", 1, 0, b"$XIDE$"),
+    sector("nvidia_raid_member", 2, 0, b"NVIDIA  "),
+    sector("hpt45x_raid_member", 11, 0, &[0xf3, 0x16, 0x78, 0x5a]),
+    sector("hpt45x_raid_member", 11, 0, &[0xfd, 0x16, 0x78, 0x5a]),
+    sector("adaptec_raid_member", 1, 0, &[0x37, 0xfc, 0x4d, 0x1e]),
+    sector("silicon_medley_raid_member", 1, 0x60, &[0, 0, 0, 0x2f]),
+    sector("jmicron_raid_member", 1, 0, b"JM"),
+    sector("promise_fasttrack_raid_member", 63, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 255, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 256, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 16, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 399, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 591, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 675, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 735, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 911, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 974, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 991, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 951, 0, PROMISE),
+    sector("promise_fasttrack_raid_member", 3087, 0, PROMISE),
     end(
         "drbd",
         |l| l.checked_sub(4096 - 60),
@@ -319,11 +242,7 @@ pub static SIGNATURES: &[Signature] = &[
     start("f2fs", 1024, &[0x10, 0x20, 0xf5, 0xf2]),
     start("erofs", 1024, &[0xe2, 0xe1, 0xf5, 0xe0]),
     start("nilfs2", 1030, &[0x34, 0x34]),
-    end(
-        "nilfs2",
-        |l| sectors_before_end(l, 8).map(|o| o + 6),
-        &[0x34, 0x34],
-    ),
+    sector("nilfs2", 8, 6, &[0x34, 0x34]),
     start("jfs", 32768, b"JFS1"),
     start("reiserfs", 8212, b"ReIsErFs"),
     start("reiserfs", 8244, b"ReIsErFs"),
@@ -385,6 +304,7 @@ fn offset(s: &Signature, start: u64, end: u64) -> Option<u64> {
     let len = end.checked_sub(start)?;
     let at = match s.at {
         At::Start(at) => at,
+        At::Sector { back, plus } => sectors_before_end(len, back)? + plus,
         At::End(f) => f(len)?,
     };
     (at + s.magic.len() as u64 <= len).then_some(start + at)
@@ -406,23 +326,23 @@ pub fn probe(file: &File, start: u64, end: u64) -> Vec<Found> {
     let window = |at: u64, n: u64| read_at(file, n as usize, at).ok().map(|b| (at, b));
     let head = window(start, len.min(HEAD));
     let tail = window(end - len.min(TAIL), len.min(TAIL));
-    let bytes = |at: u64, n: usize| -> Option<Vec<u8>> {
+    // Whether `magic` is at `at`: in a window read, else read alone.
+    let holds = |at: u64, magic: &[u8]| -> bool {
+        let n = magic.len();
         for (w, b) in head.iter().chain(&tail) {
             if at >= *w && at + n as u64 <= w + b.len() as u64 {
                 let i = (at - w) as usize;
-                return Some(b[i..i + n].to_vec());
+                return &b[i..i + n] == magic;
             }
         }
-        read_at(file, n, at).ok()
+        read_at(file, n, at).is_ok_and(|b| b == magic)
     };
     let mut found: Vec<Found> = Vec::new();
     for s in SIGNATURES {
         let Some(at) = offset(s, start, end) else {
             continue;
         };
-        if bytes(at, s.magic.len()).is_some_and(|b| b == s.magic)
-            && !found.iter().any(|f| f.offset == at && f.name == s.name)
-        {
+        if holds(at, s.magic) && !found.iter().any(|f| f.offset == at && f.name == s.name) {
             found.push(Found {
                 name: s.name,
                 offset: at,

@@ -190,6 +190,8 @@ pub static SIGNATURES: &[Signature] = &[
     start("drbdmanage_control_volume", 0, b"$DRBDmgr=q"),
     // Encryption and integrity.
     start("crypto_LUKS", 0, LUKS),
+    // LUKS2's second header, at each metadata size LUKS2 allows (`luks.rs`'s
+    // `AREAS`, which erases the whole area it heads).
     start("crypto_LUKS", 16 << 10, LUKS2_SECOND),
     start("crypto_LUKS", 32 << 10, LUKS2_SECOND),
     start("crypto_LUKS", 64 << 10, LUKS2_SECOND),

@@ -16,7 +16,8 @@
 //!   checks of an erasure both ends make.
 //! - [`summary`]: a stored hardware report, decoded for operators.
 //! - [`callback`]: the callback's method paths, endpoint form, TLS errors.
-//! - [`files`]: private files (state, keys, shepherd's secrets).
+//! - [`files`]: files written whole or not at all (state, keys, shepherd's
+//!   secrets, the fleet CA it publishes).
 
 /// Generated from `agent.proto`, `callback.proto` and `bmaas_server.proto`.
 #[allow(clippy::large_enum_variant)]

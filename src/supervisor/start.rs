@@ -311,7 +311,7 @@ async fn admin_tls(cfg: &Config, bmdb: &crate::bmdb::Bmdb) -> anyhow::Result<rus
     let pem = pem::encode(&pem::Pem::new("CERTIFICATE", ca.certificate.clone()));
     if std::fs::read_to_string(&path).ok().as_deref() != Some(pem.as_str()) {
         std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&path, &pem))
+            .and_then(|()| shepherd_proto::files::write_whole(&path, pem.as_bytes(), 0o644))
             .map_err(|e| crate::ConfigError::key(dir_key, format!("{}: {e}", path.display())))?;
     }
     tracing::info!(ca = %path.display(), names = %names.join(", "), "admin TLS: a certificate issued by the fleet's CA");

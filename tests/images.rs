@@ -371,6 +371,199 @@ async fn downloads_need_the_key() {
     server.stop().await;
 }
 
+/// POSTs `body` to `/swarms/<name>` showing the certificate of `key` if
+/// given: status and body.
+async fn post_swarm(
+    server: &ImageServer,
+    ca_der: &[u8],
+    key: Option<[u8; 32]>,
+    name: &str,
+    body: Vec<u8>,
+) -> (u16, Vec<u8>) {
+    let url = format!("https://127.0.0.1:{}/swarms/{name}", server.addr.port());
+    let mut r = client(ca_der, key)
+        .post(&url)
+        .send_body(body)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let body = r.body().limit(1 << 20).await.unwrap();
+    (r.status().as_u16(), body.to_vec())
+}
+
+/// `seed`'s agent joins `name`'s swarm serving on `port`: the view.
+async fn join(
+    server: &ImageServer,
+    ca_der: &[u8],
+    seed: [u8; 32],
+    name: &str,
+    port: u32,
+) -> shepherd_proto::api::SwarmView {
+    let join = shepherd_proto::api::SwarmJoin {
+        port,
+        leaving: false,
+    };
+    let (status, body) = post_swarm(server, ca_der, Some(seed), name, join.encode_to_vec()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    shepherd_proto::api::SwarmView::decode(body.as_slice()).unwrap()
+}
+
+#[actix_rt::test]
+async fn a_swarm_is_joined_under_the_image_grant_and_each_member_asks_those_before_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("images");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("img.raw"), b"an image\n").unwrap();
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let seeds: Vec<[u8; 32]> = (1..=7).map(|i| [i; 32]).collect();
+    let (mut keys, mut ms) = (Vec::new(), Vec::new());
+    for seed in &seeds {
+        let m = machine(&bmdb, *seed).await;
+        ask(&bmdb, m, "img.raw").await;
+        ms.push(m);
+        keys.push(
+            ed25519_dalek::SigningKey::from_bytes(seed)
+                .verifying_key()
+                .to_bytes()
+                .to_vec(),
+        );
+    }
+    let (other, stranger) = ([20u8; 32], [21u8; 32]);
+    let o = machine(&bmdb, other).await;
+    ask(&bmdb, o, "other.raw").await;
+    let (ca_der, ca_key) = new_ca().unwrap();
+    let catalog = ImageCatalog::new(dir.clone(), "127.0.0.1:7830", ca_der.clone());
+    assert_eq!(
+        catalog.resolve("img.raw").unwrap().swarm_url.as_deref(),
+        Some("https://127.0.0.1:7830/swarms/img.raw"),
+        "on unless turned off"
+    );
+    let off = catalog.clone().with_peers(false);
+    let mut image = ImageInstallation::default();
+    off.resolve("img.raw").unwrap().apply_to(&mut image);
+    assert_eq!(image.swarm, None);
+    let server = start(&catalog, &bmdb, &ca_der, &ca_key);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let join_body = |port| {
+        shepherd_proto::api::SwarmJoin {
+            port,
+            leaving: false,
+        }
+        .encode_to_vec()
+    };
+
+    // Outside the grant: nobody learns of the members.
+    for (key, want) in [(None, 401), (Some(stranger), 403), (Some(other), 403)] {
+        let (status, body) = post_swarm(&server, &ca_der, key, "img.raw", join_body(4000)).await;
+        assert_eq!(status, want, "{}", text(&body));
+        assert!(!body.windows(4).any(|w| w == b"4001"), "{}", text(&body));
+    }
+    // A bad join: 400 naming what is wrong.
+    let (status, body) = post_swarm(
+        &server,
+        &ca_der,
+        Some(seeds[0]),
+        "img.raw",
+        b"\xff\xff".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400, "{}", text(&body));
+    assert!(text(&body).contains("SwarmJoin"), "{}", text(&body));
+    let (status, body) = post_swarm(
+        &server,
+        &ca_der,
+        Some(seeds[0]),
+        "img.raw",
+        join_body(70000),
+    )
+    .await;
+    assert_eq!(status, 400, "{}", text(&body));
+    assert!(text(&body).contains("70000"), "{}", text(&body));
+
+    // Seven members in join order: the first asks the server alone, the
+    // next four ask it, the sixth asks the second and then the first.
+    let mut views = Vec::new();
+    for (i, seed) in seeds.iter().enumerate() {
+        views.push(join(&server, &ca_der, *seed, "img.raw", 4001 + i as u32).await);
+    }
+    let sources = |v: &shepherd_proto::api::SwarmView| {
+        v.sources
+            .iter()
+            .map(|p| (p.address.clone(), p.key.clone()))
+            .collect::<Vec<_>>()
+    };
+    let at = |i: usize| (format!("127.0.0.1:{}", 4001 + i), keys[i].clone());
+    assert!(views[0].sources.is_empty());
+    for v in &views[1..5] {
+        assert_eq!(sources(v), [at(0)]);
+    }
+    assert_eq!(sources(&views[5]), [at(1), at(0)]);
+    assert_eq!(sources(&views[6]), [at(1), at(0)]);
+    assert_eq!(views[6].member_keys, keys, "every member, whom each serves");
+    assert!(views[6].refresh_seconds > 0);
+    // Joining again keeps a member's place.
+    let again = join(&server, &ca_der, seeds[5], "img.raw", 4006).await;
+    assert_eq!(sources(&again), [at(1), at(0)]);
+
+    // The first leaves: the second takes its place at the top.
+    let leaving = shepherd_proto::api::SwarmJoin {
+        port: 4001,
+        leaving: true,
+    };
+    let (status, body) = post_swarm(
+        &server,
+        &ca_der,
+        Some(seeds[0]),
+        "img.raw",
+        leaving.encode_to_vec(),
+    )
+    .await;
+    assert_eq!(status, 204, "{}", text(&body));
+    let second = join(&server, &ca_der, seeds[1], "img.raw", 4002).await;
+    assert!(second.sources.is_empty());
+    assert_eq!(second.member_keys, keys[1..]);
+    let sixth = join(&server, &ca_der, seeds[5], "img.raw", 4006).await;
+    assert_eq!(
+        sources(&sixth),
+        [at(1)],
+        "the sixth is the fifth now: below the second"
+    );
+
+    // A member whose installation was answered stays one while it serves,
+    // and leaves; it cannot join anew.
+    let answered = ms[2];
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO machine_os_installation_report (machine_id, generation, os_installation_result, os_installation_report_raw) \
+             SELECT machine_id, generation, 'Success', ''::bytea FROM machine_os_installation_request WHERE machine_id = $1",
+            &[&answered],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+    let stays = join(&server, &ca_der, seeds[2], "img.raw", 4003).await;
+    assert_eq!(stays.member_keys, keys[1..]);
+    let (status, _) = post_swarm(
+        &server,
+        &ca_der,
+        Some(seeds[2]),
+        "img.raw",
+        leaving.encode_to_vec(),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, body) =
+        post_swarm(&server, &ca_der, Some(seeds[2]), "img.raw", join_body(4003)).await;
+    assert_eq!(status, 403, "{}", text(&body));
+    assert!(
+        text(&body).contains("no pending installation"),
+        "{}",
+        text(&body)
+    );
+    server.stop().await;
+}
+
 /// `sha256:<hex>` of `data`.
 fn sha256(data: &[u8]) -> String {
     use sha2::Digest as _;

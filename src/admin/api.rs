@@ -776,6 +776,11 @@ pub struct Progress {
     pub rate_bytes_per_second: i64,
     pub disk: String,
     pub resumes: i32,
+    /// Of `bytes_fetched`, those from other machines installing the same
+    /// image (`installations.peers`) rather than the image server.
+    pub bytes_from_peers: i64,
+    /// Chunks a source sent wrong, refused and fetched again.
+    pub chunks_refused: i32,
     pub at: String,
 }
 
@@ -813,6 +818,8 @@ impl From<&Installation> for InstallationBody {
                 rate_bytes_per_second: p.rate_bytes_per_second,
                 disk: p.disk.clone(),
                 resumes: p.resumes,
+                bytes_from_peers: p.bytes_from_peers,
+                chunks_refused: p.chunks_refused,
                 at: rfc3339(*at),
             }),
             result: i.result.as_ref().map(|(r, _)| r.to_string()),

@@ -98,6 +98,12 @@ pub(super) fn machine_section(
                                 }
                             } }
                             tr { th { "rate" } td #install-rate { (bytes(p.rate_bytes_per_second)) "/s" } }
+                            @if p.bytes_from_peers > 0 || p.chunks_refused > 0 {
+                                tr { th { "from peers" } td #install-peers {
+                                    (bytes(p.bytes_from_peers)) " from other machines installing the image"
+                                    @if p.chunks_refused > 0 { "; " (p.chunks_refused) " chunks refused (wrong) and fetched again" }
+                                } }
+                            }
                             tr { th { "disk" } td #install-disk { (p.disk) } }
                             tr { th { "reported" } td {
                                 (rfc3339(*at))

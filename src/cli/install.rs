@@ -274,7 +274,8 @@ pub async fn image_of(
                     .as_deref()
                     .or(cfg.initializer.agent_endpoint.as_deref()),
             );
-            let catalog = shepherd::images::ImageCatalog::new(dir, &endpoint, ca.certificate);
+            let catalog = shepherd::images::ImageCatalog::new(dir, &endpoint, ca.certificate)
+                .with_peers(cfg.installations.peers);
             let served = catalog
                 .resolve(name)
                 .map_err(|e| anyhow::anyhow!("--served: {e}"))?;

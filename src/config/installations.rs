@@ -36,6 +36,11 @@ pub struct InstallationsConfig {
     /// image server serves per boot. Unset: `shepherd-boot.iso` beside the
     /// shepherd binary, if there is one.
     pub boot_image: Option<PathBuf>,
+    /// Whether machines installing one served image fetch its chunks from
+    /// each other (each checked against the image's manifest), the image
+    /// server answering what no machine holds. Off: every machine fetches
+    /// the whole image from the image server.
+    pub peers: bool,
 }
 
 impl Default for InstallationsConfig {
@@ -48,6 +53,7 @@ impl Default for InstallationsConfig {
             images_endpoint: None,
             boot_endpoint: None,
             boot_image: None,
+            peers: true,
         }
     }
 }

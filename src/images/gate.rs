@@ -183,6 +183,39 @@ pub(super) fn basic_auth(req: &HttpRequest) -> Option<Vec<u8>> {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PeerKey(pub(super) [u8; crate::callback::tls::KEY_LEN]);
 
+/// What the BMDB grants the agent whose key `req`'s TLS handshake proved,
+/// for image `name`; else the answer refusing it: 401 without a client
+/// certificate, 503 when the BMDB cannot tell within the bound.
+pub(super) async fn grant(
+    gate: &DownloadGate,
+    req: &HttpRequest,
+    name: &str,
+) -> Result<DownloadGrant, HttpResponse> {
+    let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
+        return Err(refuse(
+            req,
+            name,
+            actix_web::http::StatusCode::UNAUTHORIZED,
+            "a download needs the agent's client certificate (the key of its callback)",
+        ));
+    };
+    gate.ask(req, name, "whether this agent may download", async |tx| {
+        download_grant(tx, &key, name).await
+    })
+    .await
+}
+
+/// The answer to an agent `grant` allows nothing of image `name`.
+pub(super) fn refusal(req: &HttpRequest, name: &str, grant: &DownloadGrant) -> HttpResponse {
+    let why = match grant {
+        DownloadGrant::NotAsked { machine_id } => {
+            format!("machine {machine_id} has no pending installation of this image")
+        }
+        _ => "no machine's agent holds this key".into(),
+    };
+    refuse(req, name, actix_web::http::StatusCode::FORBIDDEN, &why)
+}
+
 /// The machine whose agent (by the key its TLS client certificate
 /// proved) has a pending installation of image `name`, which may fetch
 /// `what` of it; else the answer refusing it.
@@ -192,41 +225,15 @@ pub(super) async fn granted(
     name: &str,
     what: &str,
 ) -> Result<uuid::Uuid, HttpResponse> {
-    use actix_web::http::StatusCode;
-    let Some(PeerKey(key)) = req.conn_data::<PeerKey>().copied() else {
-        return Err(refuse(
-            req,
-            name,
-            StatusCode::UNAUTHORIZED,
-            "a download needs the agent's client certificate (the key of its callback)",
-        ));
-    };
-    let asked = gate
-        .ask(req, name, "whether this agent may download", async |tx| {
-            download_grant(tx, &key, name).await
-        })
-        .await;
-    match asked {
-        Err(unavailable) => Err(unavailable),
-        Ok(DownloadGrant::Allowed {
+    match grant(gate, req, name).await? {
+        DownloadGrant::Allowed {
             machine_id,
             generation,
-        }) => {
+        } => {
             let range = req.headers().contains_key(actix_web::http::header::RANGE);
             tracing::info!(image = %name, machine = %machine_id, generation, range, what, "image download");
             Ok(machine_id)
         }
-        Ok(DownloadGrant::UnknownAgent) => Err(refuse(
-            req,
-            name,
-            StatusCode::FORBIDDEN,
-            "no machine's agent holds this key",
-        )),
-        Ok(DownloadGrant::NotAsked { machine_id }) => Err(refuse(
-            req,
-            name,
-            StatusCode::FORBIDDEN,
-            &format!("machine {machine_id} has no pending installation of this image"),
-        )),
+        other => Err(refusal(req, name, &other)),
     }
 }

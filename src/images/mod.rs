@@ -42,6 +42,7 @@ pub mod boot;
 mod firmware;
 mod gate;
 mod manifest;
+mod swarm;
 
 pub use gate::{DownloadGate, open_image, valid_name};
 use gate::{PeerKey, basic_auth, granted, serve_file};
@@ -62,6 +63,9 @@ pub struct ServedImage {
     /// Where its manifest is, and the manifest's `sha256:<hex>`.
     pub manifest_url: String,
     pub manifest_digest: String,
+    /// Where agents installing it join its swarm, when machines may fetch
+    /// its chunks from each other (`installations.peers`).
+    pub swarm_url: Option<String>,
 }
 
 impl ServedImage {
@@ -75,6 +79,9 @@ impl ServedImage {
             url: self.manifest_url,
             digest: self.manifest_digest,
         });
+        image.swarm = self
+            .swarm_url
+            .map(|url| shepherd_proto::api::ImageSwarmRef { url });
     }
 }
 
@@ -83,7 +90,7 @@ impl ServedImage {
 pub struct ImageCatalog {
     dir: PathBuf,
     /// `https://host:port/`: images under `images/`, their manifests
-    /// under `manifests/`.
+    /// under `manifests/`, their swarms under `swarms/`.
     root: String,
     ca_der: Vec<u8>,
     /// Digests and manifests by file, valid while its length and
@@ -95,6 +102,8 @@ pub struct ImageCatalog {
     boot: Option<BootServing>,
     /// `https://host:port/` BMCs fetch boots from, when not `root`.
     boot_root: Option<String>,
+    /// Whether installations name the image's swarm (under `swarms/`).
+    peers: bool,
 }
 
 /// The boot image and what each boot's data tells its agent.
@@ -132,7 +141,15 @@ impl ImageCatalog {
             hashing: Default::default(),
             boot: None,
             boot_root: None,
+            peers: true,
         }
+    }
+
+    /// Whether machines installing one image fetch its chunks from each
+    /// other (`installations.peers`; on unless turned off).
+    pub fn with_peers(mut self, peers: bool) -> ImageCatalog {
+        self.peers = peers;
+        self
     }
 
     /// Serves `boot`'s image too, one copy per boot, fetched by BMCs at
@@ -303,6 +320,7 @@ impl ImageCatalog {
             ca_certificate: self.ca_der.clone(),
             manifest_url: format!("{}manifests/{name}", self.root),
             manifest_digest: k.manifest_digest.clone(),
+            swarm_url: self.peers.then(|| format!("{}swarms/{name}", self.root)),
         }
     }
 }
@@ -499,6 +517,7 @@ impl ImageServer {
                 .route("/images/{name}", web::head().to(image))
                 .route("/manifests/{name}", web::get().to(manifest_file))
                 .route("/manifests/{name}", web::head().to(manifest_file))
+                .route("/swarms/{name}", web::post().to(swarm::join))
                 .route("/boot/{name}", web::get().to(boot_iso))
                 .route("/boot/{name}", web::head().to(boot_iso))
                 .route("/firmware/{grant}/{name}", web::get().to(firmware::fetch))

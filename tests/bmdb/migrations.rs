@@ -51,14 +51,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V26__tally_agents",
             "V27__console_sessions",
             "V28__fleet_filters",
-            "V29__console_keep_alive"
+            "V29__console_keep_alive",
+            "V30__image_swarms"
         ]
     );
-    assert_eq!(first.version, Some(29));
-    assert_eq!(count(&bmdb, TABLES).await, 55);
+    assert_eq!(first.version, Some(30));
+    assert_eq!(count(&bmdb, TABLES).await, 56);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(29));
+    assert_eq!(again.version, Some(30));
 }
 
 #[actix_rt::test]
@@ -71,13 +72,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 29],
+        [0, 30],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 55);
+    assert_eq!(count(&a, TABLES).await, 56);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        29
+        30
     );
 }
 
@@ -130,7 +131,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V26__tally_agents",
             "V27__console_sessions",
             "V28__fleet_filters",
-            "V29__console_keep_alive"
+            "V29__console_keep_alive",
+            "V30__image_swarms"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -215,7 +217,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V26__tally_agents",
             "V27__console_sessions",
             "V28__fleet_filters",
-            "V29__console_keep_alive"
+            "V29__console_keep_alive",
+            "V30__image_swarms"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -116,6 +116,11 @@ impl Chunks {
         self.next * self.manifest.chunk_size
     }
 
+    /// The manifest checked against.
+    pub fn manifest(&self) -> &ImageManifest {
+        &self.manifest
+    }
+
     /// How many chunks the image has.
     pub fn count(&self) -> u64 {
         self.count

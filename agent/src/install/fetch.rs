@@ -113,16 +113,16 @@ pub struct Fetched {
 
 /// Where the image is.
 #[derive(Debug, Clone)]
-struct Source {
+pub(crate) struct Source {
     https: bool,
-    host: String,
-    port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// The request target: path and query.
-    target: String,
-    authority: String,
+    pub(crate) target: String,
+    pub(crate) authority: String,
 }
 
-fn parse(url: &str) -> Result<Source, String> {
+pub(crate) fn parse(url: &str) -> Result<Source, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("the image URL {url:?} is not a URL: {e}"))?;
@@ -159,7 +159,7 @@ fn parse(url: &str) -> Result<Source, String> {
     })
 }
 
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// The agent's ed25519 key, shown to shepherd's image server (the
@@ -205,7 +205,10 @@ pub fn tls_config(
     Ok(Arc::new(cfg))
 }
 
-async fn connect(src: &Source, tls: &Arc<rustls::ClientConfig>) -> Result<Box<dyn Io>, String> {
+pub(crate) async fn connect(
+    src: &Source,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<Box<dyn Io>, String> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((src.host.as_str(), src.port))
         .await
         .map_err(|e| format!("cannot resolve {}: {e}", src.host))?
@@ -495,7 +498,7 @@ async fn attempt<S: AsyncSink>(
 
 /// ": <the first line of the body>" of a refusal, when it has one
 /// (shepherd's image server says why), read within a second.
-async fn reason(resp: http::Response<hyper::body::Incoming>) -> String {
+pub(crate) async fn reason(resp: http::Response<hyper::body::Incoming>) -> String {
     let body = http_body_util::Limited::new(resp.into_body(), 1024);
     let text = match tokio::time::timeout(Duration::from_secs(1), body.collect()).await {
         Ok(Ok(b)) => b.to_bytes(),

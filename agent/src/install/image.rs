@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::disk::{self, Disk};
-use super::{Counters, Limits, chunks, efi, fetch, first_boot, pipeline};
+use super::{Counters, Limits, chunks, efi, fetch, first_boot, pipeline, swarm};
 use crate::api::ImageInstallation;
 use crate::api::installation_progress::Phase;
 use shepherd_proto::digest::{ExpectedDigest, parse_digest};
@@ -217,16 +217,46 @@ pub async fn install(
                 "resuming the download at byte {at} after: {cause}"
             ));
         };
-        let f = fetch::fetch(
-            &req.url,
-            &ca,
-            limits.agent_key.as_ref(),
-            size,
-            chunks,
-            &limits.fetch,
-            sink,
-            on_resume,
-        );
+        // The image's swarm, when the request names one: its chunks from
+        // the other machines installing it first.
+        let joined = match (&chunks, &req.swarm, limits.agent_key.as_ref()) {
+            (Some(c), Some(_), Some(key)) => {
+                match swarm::Swarm::join(req, c, key, limits.swarm_cache).await {
+                    Ok(s) => {
+                        let (members, sources) = s.sizes();
+                        log(format_args!(
+                            "fetching from the image's swarm ({members} machines; {sources} to ask before the image server)"
+                        ));
+                        Some(s)
+                    }
+                    Err(e) => {
+                        log(format_args!(
+                            "the image's swarm: {e}; fetching from the image server alone"
+                        ));
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let f = async {
+            match (joined, chunks) {
+                (Some(s), _) => s.fetch(&limits.fetch, &counters, sink, log).await,
+                (None, chunks) => {
+                    fetch::fetch(
+                        &req.url,
+                        &ca,
+                        limits.agent_key.as_ref(),
+                        size,
+                        chunks,
+                        &limits.fetch,
+                        sink,
+                        on_resume,
+                    )
+                    .await
+                }
+            }
+        };
         match tokio::time::timeout(deadline, f).await {
             Ok(r) => r,
             Err(_) => Err(format!(
@@ -236,6 +266,7 @@ pub async fn install(
         }
     };
     if let Ok(f) = &fetched {
+        counters.refused.fetch_max(f.refused, Ordering::Relaxed);
         if counters.total.load(Ordering::Relaxed) == 0 {
             counters.total.store(f.bytes, Ordering::Relaxed);
         }

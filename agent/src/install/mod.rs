@@ -5,6 +5,8 @@
 //! - [`disk`]: the machine's disks, the hints that choose one, the writer.
 //! - [`fetch`]: HTTP(S) with connect, stall and total limits, resumed with
 //!   a Range request after a dropped connection.
+//! - [`swarm`]: the image's chunks fetched from other machines installing
+//!   it (each checked against the manifest), and served to them.
 //! - [`pipeline`]: hashing, decompression (gzip, zstd, xz by their magic
 //!   bytes) and writing, on threads of their own.
 //! - [`efi`]: the EFI boot entry for the installed disk, when asked.
@@ -36,6 +38,7 @@ pub mod partitions;
 pub mod pipeline;
 pub mod record;
 pub mod sg;
+pub mod swarm;
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -62,6 +65,10 @@ pub struct Limits {
     pub deadline: Duration,
     /// efivarfs, where a boot entry is written when asked.
     pub efivars: PathBuf,
+    /// Bytes of chunks kept for the other machines installing the same
+    /// image (None: a quarter of the memory available, up to
+    /// [`swarm::CACHE_MAX`]).
+    pub swarm_cache: Option<usize>,
 }
 
 impl Default for Limits {
@@ -71,6 +78,7 @@ impl Default for Limits {
             agent_key: None,
             deadline: Duration::from_secs(2 * 3600),
             efivars: PathBuf::from("/sys/firmware/efi/efivars"),
+            swarm_cache: None,
         }
     }
 }
@@ -84,6 +92,10 @@ pub struct Counters {
     pub written: AtomicU64,
     pub total: AtomicU64,
     pub resumes: AtomicU32,
+    /// Of `fetched`, bytes from the image's swarm.
+    pub from_peers: AtomicU64,
+    /// Chunks that did not match the manifest, fetched again.
+    pub refused: AtomicU32,
     started: Instant,
     disk: Mutex<String>,
 }
@@ -96,6 +108,8 @@ impl Default for Counters {
             written: AtomicU64::new(0),
             total: AtomicU64::new(0),
             resumes: AtomicU32::new(0),
+            from_peers: AtomicU64::new(0),
+            refused: AtomicU32::new(0),
             started: Instant::now(),
             disk: Mutex::new(String::new()),
         }
@@ -133,6 +147,8 @@ impl Counters {
             },
             disk: self.disk.lock().unwrap().clone(),
             resumes: self.resumes.load(Ordering::Relaxed) as i32,
+            bytes_from_peers: self.from_peers.load(Ordering::Relaxed) as i64,
+            chunks_refused: self.refused.load(Ordering::Relaxed) as i32,
         }
     }
 }

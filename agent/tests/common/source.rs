@@ -46,6 +46,17 @@ pub struct Server {
     pub log: Arc<Mutex<Vec<String>>>,
     /// Body bytes sent over all connections.
     pub sent: Arc<AtomicU64>,
+    /// Where a swarm is joined (`POST`): answered [`Self::set_swarm`]'s
+    /// view.
+    pub swarm_url: String,
+    swarm: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Server {
+    /// What a join of the swarm is answered: `view`, encoded.
+    pub fn set_swarm(&self, view: &shepherd_agent::api::SwarmView) {
+        *self.swarm.lock().unwrap() = view.encode_to_vec();
+    }
 }
 
 pub async fn serve(data: Vec<u8>, behaviour: Behaviour) -> Server {
@@ -59,19 +70,20 @@ pub async fn serve(data: Vec<u8>, behaviour: Behaviour) -> Server {
         digest: manifest::sha256(&m),
     };
     let (data, m) = (Arc::new(data), Arc::new(m));
+    let swarm = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::new(Mutex::new(Vec::new()));
     let sent = Arc::new(AtomicU64::new(0));
     let dropped = Arc::new(AtomicBool::new(false));
-    let (l, s) = (log.clone(), sent.clone());
+    let (l, s, sw) = (log.clone(), sent.clone(), swarm.clone());
     tokio::spawn(async move {
         loop {
             let Ok((sock, _)) = listener.accept().await else {
                 return;
             };
             let (data, log, sent, dropped) = (data.clone(), l.clone(), s.clone(), dropped.clone());
-            let m = m.clone();
+            let (m, swarm) = (m.clone(), sw.clone());
             tokio::spawn(async move {
-                let _ = respond(sock, data, m, behaviour, log, sent, dropped).await;
+                let _ = respond(sock, data, m, swarm, behaviour, log, sent, dropped).await;
             });
         }
     });
@@ -80,13 +92,17 @@ pub async fn serve(data: Vec<u8>, behaviour: Behaviour) -> Server {
         manifest,
         log,
         sent,
+        swarm_url: format!("http://{addr}/swarms/disk.img"),
+        swarm,
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     mut sock: tokio::net::TcpStream,
     data: Arc<Vec<u8>>,
     manifest: Arc<Vec<u8>>,
+    swarm: Arc<Mutex<Vec<u8>>>,
     behaviour: Behaviour,
     log: Arc<Mutex<Vec<String>>>,
     sent: Arc<AtomicU64>,
@@ -103,6 +119,7 @@ async fn respond(
     }
     let text = String::from_utf8_lossy(&head).into_owned();
     let line = text.lines().next().unwrap_or("").to_string();
+    // `bytes=START-` or `bytes=START-END`.
     let range = text
         .lines()
         .find_map(|l| {
@@ -110,12 +127,45 @@ async fn respond(
                 .strip_prefix("range: bytes=")
                 .map(str::to_string)
         })
-        .and_then(|r| r.trim_end_matches('-').parse::<u64>().ok())
+        .and_then(|r| {
+            let (start, end) = r.split_once('-')?;
+            Some((start.parse::<u64>().ok()?, end.parse::<u64>().ok()))
+        })
         .filter(|_| !matches!(behaviour, Behaviour::DropOnceIgnoringRanges(_)));
     log.lock().unwrap().push(match range {
-        Some(r) => format!("{line} Range: bytes={r}-"),
+        Some((r, None)) => format!("{line} Range: bytes={r}-"),
+        Some((r, Some(e))) => format!("{line} Range: bytes={r}-{e}"),
         None => line.clone(),
     });
+    if line.starts_with("POST /swarms/") {
+        // The join's body read first (closing on unread bytes resets).
+        let length = text
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().to_string())
+            })
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let body_at = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let mut have = head.len() - body_at;
+        while have < length {
+            let n = sock.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            have += n;
+        }
+        let view = swarm.lock().unwrap().clone();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            view.len()
+        );
+        sock.write_all(head.as_bytes()).await?;
+        sock.write_all(&view).await?;
+        return sock.flush().await;
+    }
     if line.starts_with("GET /manifests/") {
         let asked = log
             .lock()
@@ -139,12 +189,14 @@ async fn respond(
         return sock.flush().await;
     }
     let len = data.len() as u64;
-    let start = range.unwrap_or(0);
-    let resp = if start > 0 {
+    let start = range.map_or(0, |(s, _)| s);
+    // One past the last byte sent.
+    let stop = range.and_then(|(_, e)| e).map_or(len, |e| (e + 1).min(len));
+    let resp = if range.is_some() {
         format!(
             "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{}/{len}\r\nETag: \"v1\"\r\nAccept-Ranges: bytes\r\nConnection: close\r\n\r\n",
-            len - start,
-            len - 1
+            stop - start,
+            stop - 1
         )
     } else {
         format!(
@@ -153,8 +205,8 @@ async fn respond(
     };
     sock.write_all(resp.as_bytes()).await?;
     let mut at = start;
-    while at < len {
-        let mut end = (at + (64 << 10)).min(len);
+    while at < stop {
+        let mut end = (at + (64 << 10)).min(stop);
         match behaviour {
             Behaviour::DropOnceAt(n) | Behaviour::DropOnceIgnoringRanges(n)
                 if !dropped.load(Ordering::SeqCst) && end >= n =>

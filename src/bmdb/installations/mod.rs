@@ -11,6 +11,8 @@
 //! - `kind.rs`: an installation or an erasure, the one word for each;
 //! - `view.rs`: an installation read back, with its progress and history;
 //! - `download.rs`: which agent may download which served image;
+//! - `swarm.rs`: the machines installing one image, fetching its chunks
+//!   from each other;
 //! - `deadline.rs`: an unanswered generation on which nothing moved for
 //!   too long, failed with its cause.
 
@@ -19,6 +21,7 @@ mod deadline;
 mod download;
 mod kind;
 mod request;
+pub mod swarm;
 mod view;
 
 pub use ask::{Asked, Asker, ErasureOfAccepted, Work, ask, ask_for, deprovision, erase_accepted};

@@ -65,6 +65,15 @@ pub fn check_image(image: &ImageInstallation) -> Result<(), String> {
             Err(e) => return Err(format!("image.manifest.digest: {e}")),
         }
     }
+    if let Some(swarm) = &image.swarm {
+        if image.manifest.is_none() {
+            return Err(
+                "image.swarm: needs image.manifest (a chunk from a peer is checked against it)"
+                    .into(),
+            );
+        }
+        check_url("image.swarm.url", &swarm.url)?;
+    }
     if image.size_bytes.is_some_and(|s| s < 0) {
         return Err("image.size_bytes: negative".into());
     }

@@ -1,0 +1,463 @@
+//! An image's chunks fetched from the other machines installing it, and
+//! served to them (`ImageInstallation.swarm`, CONTRACTS.md §4a).
+//!
+//! The agent starts its chunk server ([`serve`]), joins the image's swarm
+//! at shepherd's image server (which names, nearest first, the members to
+//! ask: its ancestors in a tree of those that joined before it), then
+//! takes the chunks in order: each from the first member that has it,
+//! else from the image server (a `Range`). Every chunk, whatever its
+//! source, is checked against the manifest before it is kept, served or
+//! handed to the disk: a lying member costs a chunk fetched again and is
+//! not asked again, never a wrong byte. Once its own fetch is done the
+//! agent serves on while members keep asking (up to [`LINGER_MAX`]),
+//! then leaves.
+//!
+//! - [`tls`]: members know each other by their callback keys;
+//! - [`store`]: the chunks held for the others, bounded;
+//! - [`serve`]: the chunk server;
+//! - [`client`]: one request at a time to a member or to a server.
+
+mod client;
+pub mod serve;
+pub mod store;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, header};
+use prost::Message as _;
+use shepherd_proto::api::{ImageInstallation, ImageManifest, SwarmJoin, SwarmView};
+use shepherd_proto::manifest;
+
+use super::Counters;
+use super::chunks::Chunks;
+use super::fetch::{self, AgentKey, AsyncSink, FetchLimits, Fetched, Piece};
+use client::{Conn, Failure};
+use serve::Members;
+use store::ChunkStore;
+
+/// A member that failed is not asked again for this long.
+const COOL: Duration = Duration::from_secs(30);
+/// Chunks kept for the other members, at most: a quarter of the memory
+/// available, up to this.
+pub const CACHE_MAX: usize = 256 << 20;
+/// Once its own fetch is done, the agent serves on until no member asked
+/// for this long, or for this long at most.
+const LINGER_IDLE: Duration = Duration::from_secs(15);
+pub const LINGER_MAX: Duration = Duration::from_secs(300);
+
+/// A swarm joined: the chunk server running, the membership kept up by
+/// a task of its own ([`keep_joined`]), whom to ask.
+pub struct Swarm {
+    manifest: ImageManifest,
+    image: Conn,
+    store: Arc<ChunkStore>,
+    membership: Arc<Membership>,
+    server: tokio::task::JoinHandle<()>,
+    joiner: tokio::task::JoinHandle<()>,
+    key: AgentKey,
+    /// Members' connections, by address and key.
+    peers: HashMap<(String, Vec<u8>), Peer>,
+}
+
+/// The swarm as shepherd last showed it.
+#[derive(Default)]
+struct Membership {
+    view: std::sync::Mutex<SwarmView>,
+    members: Arc<Members>,
+    /// Told to leave.
+    leave: tokio::sync::Notify,
+}
+
+struct Peer {
+    conn: Conn,
+    /// It sent a chunk that did not match: never asked again.
+    lied: bool,
+    resting_until: Option<Instant>,
+}
+
+/// The bytes to keep for the other members: `asked`, else a quarter of
+/// the memory available up to [`CACHE_MAX`].
+fn cache_bytes(asked: Option<usize>) -> usize {
+    asked.unwrap_or_else(|| {
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemAvailable:"))?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .map_or(CACHE_MAX, |kib| kib * 1024 / 4);
+        available.min(CACHE_MAX)
+    })
+}
+
+/// The address this machine reaches `url`'s host from (no packet sent):
+/// where its chunk server listens.
+async fn local_ip(url: &str) -> Result<IpAddr, String> {
+    let src = fetch::parse(url)?;
+    let to = tokio::net::lookup_host((src.host.as_str(), src.port))
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", src.host))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to no address", src.host))?;
+    let any: SocketAddr = if to.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let udp = tokio::net::UdpSocket::bind(any)
+        .await
+        .map_err(|e| e.to_string())?;
+    udp.connect(to)
+        .await
+        .map_err(|e| format!("no route to {to}: {e}"))?;
+    Ok(udp.local_addr().map_err(|e| e.to_string())?.ip())
+}
+
+/// Joins (or leaves) the swarm at `conn` once: who the members are now.
+async fn join_once(
+    conn: &mut Conn,
+    port: u16,
+    leaving: bool,
+    membership: &Membership,
+) -> Result<(), String> {
+    let body = SwarmJoin {
+        port: u32::from(port),
+        leaving,
+    }
+    .encode_to_vec();
+    let path = conn.target().to_string();
+    let (_, answer) = conn
+        .call(
+            Method::POST,
+            &path,
+            &[(header::CONTENT_TYPE, "application/x-protobuf".into())],
+            Bytes::from(body),
+            Duration::from_secs(15),
+            Duration::from_secs(15),
+            4 << 20,
+        )
+        .await
+        .map_err(|e| e.cause())?;
+    if leaving {
+        return Ok(());
+    }
+    let view =
+        SwarmView::decode(answer).map_err(|e| format!("the answer is not a SwarmView: {e}"))?;
+    membership.members.set(
+        view.member_keys
+            .iter()
+            .filter_map(|k| <[u8; 32]>::try_from(k.as_slice()).ok()),
+    );
+    *membership.view.lock().unwrap() = view;
+    Ok(())
+}
+
+/// Joins again every `refresh_seconds`, and at once when the chunk server
+/// met a key it does not know (a member that joined since); leaves when
+/// told. A failed join keeps the members known before.
+async fn keep_joined(mut conn: Conn, port: u16, membership: Arc<Membership>) {
+    loop {
+        let every = {
+            let v = membership.view.lock().unwrap();
+            Duration::from_secs(u64::from(v.refresh_seconds.clamp(1, 60)))
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = membership.members.stale.notified() => {}
+            _ = membership.leave.notified() => break,
+        }
+        let _ = join_once(&mut conn, port, false, &membership).await;
+    }
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        join_once(&mut conn, port, true, &membership),
+    )
+    .await;
+}
+
+impl Swarm {
+    /// Starts the chunk server and joins the swarm `req` names, keeping
+    /// `cache` bytes of chunks at most (None: [`cache_bytes`]).
+    pub async fn join(
+        req: &ImageInstallation,
+        chunks: &Chunks,
+        key: &AgentKey,
+        cache: Option<usize>,
+    ) -> Result<Swarm, String> {
+        let url = req
+            .swarm
+            .as_ref()
+            .map(|s| s.url.clone())
+            .ok_or("the request names no swarm")?;
+        let digest = req
+            .manifest
+            .as_ref()
+            .map(|m| m.digest.as_str())
+            .unwrap_or("");
+        let hex = digest
+            .trim()
+            .to_ascii_lowercase()
+            .trim_start_matches("sha256:")
+            .to_string();
+        let tls = fetch::tls_config(&req.ca_certificate, Some(key))?;
+        let ip = local_ip(&url).await?;
+        let listener = tokio::net::TcpListener::bind((ip, 0))
+            .await
+            .map_err(|e| format!("the chunk server cannot listen on {ip}: {e}"))?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let mut conn = Conn::server(&url, tls.clone())?;
+        let membership = Arc::new(Membership::default());
+        join_once(&mut conn, port, false, &membership)
+            .await
+            .map_err(|e| format!("joining at {url}: {e}"))?;
+        let store = Arc::new(ChunkStore::new(hex, chunks.count(), cache_bytes(cache)));
+        let server = tokio::spawn(serve::serve(
+            listener,
+            tls::server_config(key)?,
+            store.clone(),
+            membership.members.clone(),
+        ));
+        let joiner = tokio::spawn(keep_joined(conn, port, membership.clone()));
+        Ok(Swarm {
+            manifest: chunks.manifest().clone(),
+            image: Conn::server(&req.url, tls)?,
+            store,
+            membership,
+            server,
+            joiner,
+            key: key.clone(),
+            peers: HashMap::new(),
+        })
+    }
+
+    /// Members listed at the last join, and whom this one asks.
+    pub fn sizes(&self) -> (usize, usize) {
+        let v = self.membership.view.lock().unwrap();
+        (v.member_keys.len(), v.sources.len())
+    }
+
+    /// Chunk `i` from the first member that has it, checked; None when
+    /// none does.
+    async fn from_members(
+        &mut self,
+        i: u64,
+        stall: Duration,
+        counters: &Counters,
+        log: &(dyn Fn(std::fmt::Arguments<'_>) + Send + Sync),
+    ) -> Option<Bytes> {
+        let (_, len, _) = manifest::chunk(&self.manifest, i);
+        let path = format!("/chunks/{}/{i}", self.store.manifest);
+        let sources = self.membership.view.lock().unwrap().sources.clone();
+        for source in sources {
+            let Ok(key) = <[u8; 32]>::try_from(source.key.as_slice()) else {
+                continue;
+            };
+            let Ok(addr) = source.address.parse::<SocketAddr>() else {
+                continue;
+            };
+            let peer = match self
+                .peers
+                .entry((source.address.clone(), source.key.clone()))
+            {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let Ok(tls) = tls::client_config(&self.key, key) else {
+                        continue;
+                    };
+                    e.insert(Peer {
+                        conn: Conn::member(addr, tls),
+                        lied: false,
+                        resting_until: None,
+                    })
+                }
+            };
+            if peer.lied || peer.resting_until.is_some_and(|t| Instant::now() < t) {
+                continue;
+            }
+            let asked = peer
+                .conn
+                .call(
+                    Method::GET,
+                    &path,
+                    &[],
+                    Bytes::new(),
+                    serve::WAIT + Duration::from_secs(10),
+                    stall,
+                    len,
+                )
+                .await;
+            match asked {
+                Ok((_, chunk))
+                    if chunk.len() as u64 == len
+                        && manifest::matches(&self.manifest, i, &[&chunk]) =>
+                {
+                    counters.from_peers.fetch_add(len, Ordering::Relaxed);
+                    return Some(chunk);
+                }
+                Ok(_) => {
+                    peer.lied = true;
+                    counters.refused.fetch_add(1, Ordering::Relaxed);
+                    log(format_args!(
+                        "chunk {i} from {} does not match the image's manifest: refused, and that member is not asked again",
+                        peer.conn.name
+                    ));
+                }
+                Err(Failure::NotHeld) => {}
+                Err(Failure::Failed(e)) => {
+                    peer.resting_until = Some(Instant::now() + COOL);
+                    log(format_args!(
+                        "{} failed ({e}): not asked for {}",
+                        peer.conn.name,
+                        humantime::format_duration(COOL)
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Chunk `i` from the image server, checked; tried again as a whole
+    /// fetch is.
+    async fn from_server(
+        &mut self,
+        i: u64,
+        limits: &FetchLimits,
+        counters: &Counters,
+    ) -> Result<Bytes, String> {
+        let (start, len, _) = manifest::chunk(&self.manifest, i);
+        let range = format!("bytes={start}-{}", start + len - 1);
+        let target = self.image.target().to_string();
+        let mut fruitless = 0u32;
+        loop {
+            let asked = self
+                .image
+                .call(
+                    Method::GET,
+                    &target,
+                    &[
+                        (header::RANGE, range.clone()),
+                        (header::ACCEPT_ENCODING, "identity".into()),
+                    ],
+                    Bytes::new(),
+                    limits.connect,
+                    limits.stall,
+                    len,
+                )
+                .await;
+            let cause = match asked {
+                Ok((_, chunk))
+                    if chunk.len() as u64 == len
+                        && manifest::matches(&self.manifest, i, &[&chunk]) =>
+                {
+                    return Ok(chunk);
+                }
+                Ok(_) => {
+                    counters.refused.fetch_add(1, Ordering::Relaxed);
+                    format!(
+                        "chunk {i} from {} does not match the manifest",
+                        self.image.name
+                    )
+                }
+                Err(Failure::NotHeld) => {
+                    return Err(format!("{} answered 404 for {target}", self.image.name));
+                }
+                Err(Failure::Failed(e)) => e,
+            };
+            fruitless += 1;
+            if fruitless > limits.retries {
+                return Err(format!(
+                    "fetching chunk {i} (bytes {start}..{}) from {} failed: {cause} ({fruitless} attempts in a row)",
+                    start + len,
+                    self.image.name
+                ));
+            }
+            counters.resumes.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(
+                Duration::from_millis(250 * (1 << fruitless.min(5))).min(Duration::from_secs(10)),
+            )
+            .await;
+        }
+    }
+
+    /// Fetches the image chunk by chunk into `sink` (members first, then
+    /// the server), keeping each for the other members; then serves on
+    /// in the background while they keep asking.
+    pub async fn fetch<S: AsyncSink>(
+        mut self,
+        limits: &FetchLimits,
+        counters: &Counters,
+        mut sink: S,
+        log: &(dyn Fn(std::fmt::Arguments<'_>) + Send + Sync),
+    ) -> Result<Fetched, String> {
+        let count = manifest::chunks(self.manifest.size_bytes, self.manifest.chunk_size);
+        let before = counters.refused.load(Ordering::Relaxed);
+        let mut taken = 0u64;
+        let mut outcome = Ok(());
+        for i in 0..count {
+            let chunk = match self.from_members(i, limits.stall, counters, log).await {
+                Some(c) => c,
+                None => match self.from_server(i, limits, counters).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                },
+            };
+            taken += chunk.len() as u64;
+            self.store.put(i, chunk.clone());
+            if let Err(e) = sink.put(Piece::from(chunk)).await {
+                outcome = Err(e);
+                break;
+            }
+        }
+        self.store.end();
+        let refused = counters.refused.load(Ordering::Relaxed) - before;
+        match outcome {
+            Ok(()) => {
+                tokio::spawn(self.linger());
+                Ok(Fetched {
+                    bytes: taken,
+                    resumes: 0,
+                    refused,
+                })
+            }
+            Err(e) => {
+                self.leave().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Serves on while members keep asking, then leaves.
+    async fn linger(self) {
+        let started = Instant::now();
+        let mut served = self.store.served_chunks.load(Ordering::Relaxed);
+        let mut asked_at = started;
+        while started.elapsed() < LINGER_MAX && asked_at.elapsed() < LINGER_IDLE {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = self.store.served_chunks.load(Ordering::Relaxed);
+            if now != served {
+                (served, asked_at) = (now, Instant::now());
+            }
+        }
+        self.leave().await;
+    }
+
+    /// Leaves the swarm and stops serving.
+    async fn leave(self) {
+        self.server.abort();
+        self.membership.leave.notify_one();
+        let _ = self.joiner.await;
+    }
+}

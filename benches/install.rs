@@ -31,7 +31,6 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shepherd::bmdb::Bmdb;
 use shepherd::callback::{CertFiles, ServerIdentity};
 use shepherd::images::{DownloadGate, ImageCatalog, ImageServer};
 use shepherd_sim::testing::{Sshd, TestDb};
@@ -385,27 +384,6 @@ async fn fifty(url: &str, ca: &[u8], seeds: &[[u8; 32]], size: u64) -> f64 {
     (50 * size) as f64 / secs
 }
 
-/// A machine whose agent holds the key of `seed`, asked to install the
-/// served image `name` (the image server's grant).
-async fn asked_machine(bmdb: &Bmdb, seed: [u8; 32], name: &str) {
-    use shepherd::bmdb::installations::{Asker, ask};
-    let id = shepherd_sim::testing::machine(bmdb, Some(seed)).await;
-    let image = shepherd_proto::api::ImageInstallation {
-        url: format!("https://127.0.0.1:7831/images/{name}"),
-        digest: format!("sha256:{}", "0".repeat(64)),
-        ..Default::default()
-    };
-    let asker = Asker {
-        actor: "bench",
-        action_id: uuid::Uuid::new_v4(),
-        rollout_id: None,
-        reason: None,
-    };
-    bmdb.transact(async |tx| ask(tx, id, &image, &asker).await)
-        .await
-        .unwrap();
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("install: bench");
@@ -467,9 +445,9 @@ fn main() {
     system.block_on(async move {
         let db = TestDb::new().await;
         let bmdb = db.bmdb().await;
-        asked_machine(&bmdb, seed, "disk.img").await;
+        shepherd_sim::testing::asked_machine(&bmdb, seed, "disk.img").await;
         for s in &downloaders {
-            asked_machine(&bmdb, *s, "served.img").await;
+            shepherd_sim::testing::asked_machine(&bmdb, *s, "served.img").await;
         }
         let port = Sshd::free_port();
         let catalog = ImageCatalog::new(

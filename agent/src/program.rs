@@ -110,7 +110,7 @@ const USAGE: &str = "\
 Usage: takeover-agent                      (started by shepherd over SSH)
        takeover-agent --resident           (started by its systemd unit)
        takeover-agent --live FILE          (in shepherd's boot image)
-       takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]
+       takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE] [--manifest URL SHA256] [--swarm URL]
        takeover-agent --help | --version
 
 shepherd's agent. Started over SSH, it reads a TakeoverInit (protobuf) on

@@ -284,6 +284,19 @@ pub async fn run(resident: Resident, host: impl Host) {
                         }) {
                             installer.acknowledged(a.report.generation);
                             if a.reboot {
+                                // The machines still fetching the image
+                                // from this one first (they stop asking
+                                // soon after their own last chunk).
+                                if crate::install::swarm::lingering() {
+                                    host.log(format_args!(
+                                        "serving the image's swarm until its members stop asking"
+                                    ));
+                                    let _ = tokio::time::timeout(
+                                        crate::install::swarm::LINGER_MAX,
+                                        crate::install::swarm::settled(),
+                                    )
+                                    .await;
+                                }
                                 installer.rebooting(&|l| host.log(l));
                                 host.log(format_args!(
                                     "generation {} installed and reported: rebooting",

@@ -503,6 +503,27 @@ impl ImageServer {
         tls: rustls::ServerConfig,
         workers: usize,
     ) -> std::io::Result<ImageServer> {
+        // As actix binds: the address reused, a backlog for a rack's
+        // agents connecting at once.
+        let socket = match listen {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        let listener = socket.listen(1024)?.into_std()?;
+        ImageServer::start_on(catalog, gate, listener, tls, workers)
+    }
+
+    /// [`Self::start`] on a socket already listening (one handed over by
+    /// systemd, or bound in another network namespace).
+    pub fn start_on(
+        catalog: &ImageCatalog,
+        gate: DownloadGate,
+        listener: std::net::TcpListener,
+        tls: rustls::ServerConfig,
+        workers: usize,
+    ) -> std::io::Result<ImageServer> {
         let dir = web::Data::new(catalog.dir.clone());
         let images = web::Data::new(catalog.clone());
         let gate = web::Data::new(gate);
@@ -526,7 +547,7 @@ impl ImageServer {
         .on_connect(peer_key)
         .workers(workers.max(1))
         .disable_signals()
-        .bind_rustls_0_23(listen, tls)?;
+        .listen_rustls_0_23(listener, tls)?;
         let addr = server.addrs()[0];
         let server = server.run();
         let handle = server.handle();

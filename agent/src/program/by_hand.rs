@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-/// `takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]`:
+/// `takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]
+/// [--manifest URL SHA256] [--swarm URL]`:
 /// installs an image by hand, as an installation request would, onto DISK
 /// (a block device, or a file standing for one), and prints one JSON line:
 /// the outcome, the seconds it took, the seconds to the first byte on the
@@ -12,15 +13,37 @@ use std::time::Duration;
 /// installation benchmark. The key shepherd's image server asks for is
 /// FILE's first 32 bytes (the resident agent's state file, or a bare
 /// ed25519 seed); without `--key`, the resident's own state file beside
-/// this executable, if there is one.
+/// this executable, if there is one. `--manifest` checks every chunk
+/// against the image's manifest (shepherd's image server serves it at
+/// `/manifests/NAME`); `--swarm` (with it) fetches chunks from the other
+/// machines installing the image too (`/swarms/NAME`), and serves them
+/// on after the image is written until they stop asking.
 pub fn install_by_hand(args: Vec<String>) -> i32 {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
     let mut key_file = None;
+    let mut manifest = None;
+    let mut swarm = None;
     let mut positional = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--manifest" => match (it.next(), it.next()) {
+                (Some(url), Some(digest)) => {
+                    manifest = Some(crate::api::ImageManifestRef { url, digest })
+                }
+                _ => {
+                    eprintln!("takeover-agent: --manifest needs a URL and a sha256:<hex>");
+                    return 2;
+                }
+            },
+            "--swarm" => match it.next() {
+                Some(url) => swarm = Some(crate::api::ImageSwarmRef { url }),
+                None => {
+                    eprintln!("takeover-agent: --swarm needs a URL");
+                    return 2;
+                }
+            },
             "--key" => match it.next() {
                 Some(f) => key_file = Some(std::path::PathBuf::from(f)),
                 None => {
@@ -36,7 +59,9 @@ pub fn install_by_hand(args: Vec<String>) -> i32 {
         }
     }
     let [url, digest, disk, rest @ ..] = positional.as_slice() else {
-        eprintln!("usage: takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE]");
+        eprintln!(
+            "usage: takeover-agent --install URL DIGEST DISK [CA.der] [--key FILE] [--manifest URL SHA256] [--swarm URL]"
+        );
         return 2;
     };
     let ca = match rest.first() {
@@ -93,6 +118,8 @@ pub fn install_by_hand(args: Vec<String>) -> i32 {
         digest: digest.clone(),
         ca_certificate: ca,
         allow_boot_disk: true,
+        manifest,
+        swarm,
         ..Default::default()
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -129,6 +156,9 @@ pub fn install_by_hand(args: Vec<String>) -> i32 {
         &log,
     ));
     let seconds = started.elapsed().as_secs_f64();
+    // The other machines of the image's swarm served until they stop
+    // asking.
+    rt.block_on(crate::install::swarm::settled());
     if r.is_err() {
         counters.written.store(1, Ordering::Relaxed);
     }
@@ -145,8 +175,12 @@ pub fn install_by_hand(args: Vec<String>) -> i32 {
     match r {
         Ok(i) => {
             println!(
-                "{{\"ok\":true,\"seconds\":{seconds:.3},\"first_byte_seconds\":{first:.3},\"fetched\":{},\"written\":{},\"peak_rss_kb\":{peak_kb},\"digest\":\"{}\"}}",
-                i.fetched, i.written, i.digest
+                "{{\"ok\":true,\"seconds\":{seconds:.3},\"first_byte_seconds\":{first:.3},\"fetched\":{},\"written\":{},\"from_peers\":{},\"chunks_refused\":{},\"peak_rss_kb\":{peak_kb},\"digest\":\"{}\"}}",
+                i.fetched,
+                i.written,
+                counters.from_peers.load(Ordering::Relaxed),
+                counters.refused.load(Ordering::Relaxed),
+                i.digest
             );
             0
         }

@@ -132,6 +132,29 @@ pub async fn machine(bmdb: &Bmdb, agent_seed: Option<[u8; 32]>) -> uuid::Uuid {
     .expect("a machine in the BMDB")
 }
 
+/// A machine whose agent holds the key of `seed`, asked to install the
+/// served image `name` (so that the image server grants it the image, its
+/// manifest and its swarm); its ID.
+pub async fn asked_machine(bmdb: &Bmdb, seed: [u8; 32], name: &str) -> uuid::Uuid {
+    use shepherd::bmdb::installations::{Asker, ask};
+    let id = machine(bmdb, Some(seed)).await;
+    let image = shepherd_proto::api::ImageInstallation {
+        url: format!("https://127.0.0.1:7831/images/{name}"),
+        digest: format!("sha256:{}", "0".repeat(64)),
+        ..Default::default()
+    };
+    let asker = Asker {
+        actor: "test",
+        action_id: uuid::Uuid::new_v4(),
+        rollout_id: None,
+        reason: None,
+    };
+    bmdb.transact(async |tx| ask(tx, id, &image, &asker).await)
+        .await
+        .expect("an installation asked");
+    id
+}
+
 /// A PostgreSQL server of the test's own (the embedded server's code: unix
 /// socket, fsync off), for fault tests that stop and start it under a
 /// running shepherd. Stopped and removed on drop.

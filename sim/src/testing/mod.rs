@@ -38,7 +38,7 @@ pub use boot::{
 };
 pub use browser::{browse, page, screenshot};
 pub use db::{
-    OwnPostgres, TEST_ENDPOINT, TestDb, count, installation_history, machine, pairs,
+    OwnPostgres, TEST_ENDPOINT, TestDb, asked_machine, count, installation_history, machine, pairs,
     serve_test_endpoint, served_since,
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};

@@ -33,6 +33,35 @@ impl Failure {
     }
 }
 
+/// One request.
+pub struct Ask<'a> {
+    pub method: Method,
+    pub path: &'a str,
+    pub headers: &'a [(header::HeaderName, String)],
+    pub body: Bytes,
+}
+
+impl<'a> Ask<'a> {
+    /// `GET path` with `headers`.
+    pub fn get(path: &'a str, headers: &'a [(header::HeaderName, String)]) -> Ask<'a> {
+        Ask {
+            method: Method::GET,
+            path,
+            headers,
+            body: Bytes::new(),
+        }
+    }
+}
+
+/// An answer's bounds: its head within `head` of the ask, each piece of
+/// its body within `stall` of the last, at most `max` bytes of body.
+#[derive(Debug, Clone, Copy)]
+pub struct Within {
+    pub head: Duration,
+    pub stall: Duration,
+    pub max: u64,
+}
+
 enum Dial {
     Member(SocketAddr),
     Server(Source),
@@ -122,19 +151,19 @@ impl Conn {
         }
     }
 
-    /// `method path` with `body` and `headers`; the answer's status and
-    /// body (at most `max` bytes), its head within `head` of the ask, each
-    /// piece of its body within `stall` of the last.
+    /// `ask`; the answer's status and body, within `within`.
     pub async fn call(
         &mut self,
-        method: Method,
-        path: &str,
-        headers: &[(header::HeaderName, String)],
-        body: Bytes,
-        head: Duration,
-        stall: Duration,
-        max: u64,
+        ask: Ask<'_>,
+        within: Within,
     ) -> Result<(StatusCode, Bytes), Failure> {
+        let Ask {
+            method,
+            path,
+            headers,
+            body,
+        } = ask;
+        let Within { head, stall, max } = within;
         let authority = self.authority();
         let asked = async {
             let sender = tokio::time::timeout(CONNECT, self.ready())

@@ -25,7 +25,7 @@ pub mod tls;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -37,7 +37,7 @@ use shepherd_proto::manifest;
 use super::Counters;
 use super::chunks::Chunks;
 use super::fetch::{self, AgentKey, AsyncSink, FetchLimits, Fetched, Piece};
-use client::{Conn, Failure};
+use client::{Ask, Conn, Failure, Within};
 use serve::Members;
 use store::ChunkStore;
 
@@ -50,6 +50,23 @@ pub const CACHE_MAX: usize = 256 << 20;
 /// for this long, or for this long at most.
 const LINGER_IDLE: Duration = Duration::from_secs(15);
 pub const LINGER_MAX: Duration = Duration::from_secs(300);
+
+/// Swarms still served after their fetch ended ([`settled`]).
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a swarm is still served after its fetch ended.
+pub fn lingering() -> bool {
+    LINGERING.load(Ordering::Relaxed) > 0
+}
+
+/// Once no swarm is served any more (each stops once its members stop
+/// asking, [`LINGER_MAX`] at most): what a machine about to reboot, or a
+/// process about to end, waits for.
+pub async fn settled() {
+    while LINGERING.load(Ordering::Relaxed) > 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// A swarm joined: the chunk server running, the membership kept up by
 /// a task of its own ([`keep_joined`]), whom to ask.
@@ -136,18 +153,19 @@ async fn join_once(
     }
     .encode_to_vec();
     let path = conn.target().to_string();
-    let (_, answer) = conn
-        .call(
-            Method::POST,
-            &path,
-            &[(header::CONTENT_TYPE, "application/x-protobuf".into())],
-            Bytes::from(body),
-            Duration::from_secs(15),
-            Duration::from_secs(15),
-            4 << 20,
-        )
-        .await
-        .map_err(|e| e.cause())?;
+    let headers = [(header::CONTENT_TYPE, "application/x-protobuf".to_string())];
+    let ask = Ask {
+        method: Method::POST,
+        path: &path,
+        headers: &headers,
+        body: Bytes::from(body),
+    };
+    let within = Within {
+        head: Duration::from_secs(15),
+        stall: Duration::from_secs(15),
+        max: 4 << 20,
+    };
+    let (_, answer) = conn.call(ask, within).await.map_err(|e| e.cause())?;
     if leaving {
         return Ok(());
     }
@@ -248,7 +266,7 @@ impl Swarm {
 
     /// Chunk `i` from the first member that has it, checked; None when
     /// none does.
-    async fn from_members(
+    async fn ask_members(
         &mut self,
         i: u64,
         stall: Duration,
@@ -284,18 +302,12 @@ impl Swarm {
             if peer.lied || peer.resting_until.is_some_and(|t| Instant::now() < t) {
                 continue;
             }
-            let asked = peer
-                .conn
-                .call(
-                    Method::GET,
-                    &path,
-                    &[],
-                    Bytes::new(),
-                    serve::WAIT + Duration::from_secs(10),
-                    stall,
-                    len,
-                )
-                .await;
+            let within = Within {
+                head: serve::WAIT + Duration::from_secs(10),
+                stall,
+                max: len,
+            };
+            let asked = peer.conn.call(Ask::get(&path, &[]), within).await;
             match asked {
                 Ok((_, chunk))
                     if chunk.len() as u64 == len
@@ -328,7 +340,7 @@ impl Swarm {
 
     /// Chunk `i` from the image server, checked; tried again as a whole
     /// fetch is.
-    async fn from_server(
+    async fn ask_server(
         &mut self,
         i: u64,
         limits: &FetchLimits,
@@ -337,23 +349,18 @@ impl Swarm {
         let (start, len, _) = manifest::chunk(&self.manifest, i);
         let range = format!("bytes={start}-{}", start + len - 1);
         let target = self.image.target().to_string();
+        let headers = [
+            (header::RANGE, range),
+            (header::ACCEPT_ENCODING, "identity".to_string()),
+        ];
+        let within = Within {
+            head: limits.connect,
+            stall: limits.stall,
+            max: len,
+        };
         let mut fruitless = 0u32;
         loop {
-            let asked = self
-                .image
-                .call(
-                    Method::GET,
-                    &target,
-                    &[
-                        (header::RANGE, range.clone()),
-                        (header::ACCEPT_ENCODING, "identity".into()),
-                    ],
-                    Bytes::new(),
-                    limits.connect,
-                    limits.stall,
-                    len,
-                )
-                .await;
+            let asked = self.image.call(Ask::get(&target, &headers), within).await;
             let cause = match asked {
                 Ok((_, chunk))
                     if chunk.len() as u64 == len
@@ -404,9 +411,9 @@ impl Swarm {
         let mut taken = 0u64;
         let mut outcome = Ok(());
         for i in 0..count {
-            let chunk = match self.from_members(i, limits.stall, counters, log).await {
+            let chunk = match self.ask_members(i, limits.stall, counters, log).await {
                 Some(c) => c,
-                None => match self.from_server(i, limits, counters).await {
+                None => match self.ask_server(i, limits, counters).await {
                     Ok(c) => c,
                     Err(e) => {
                         outcome = Err(e);
@@ -425,6 +432,7 @@ impl Swarm {
         let refused = counters.refused.load(Ordering::Relaxed) - before;
         match outcome {
             Ok(()) => {
+                LINGERING.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(self.linger());
                 Ok(Fetched {
                     bytes: taken,
@@ -439,12 +447,16 @@ impl Swarm {
         }
     }
 
-    /// Serves on while members keep asking, then leaves.
+    /// Serves on while members keep asking, then leaves: at once when it
+    /// is the swarm's only member.
     async fn linger(self) {
         let started = Instant::now();
         let mut served = self.store.served_chunks.load(Ordering::Relaxed);
         let mut asked_at = started;
         while started.elapsed() < LINGER_MAX && asked_at.elapsed() < LINGER_IDLE {
+            if self.sizes().0 <= 1 {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = self.store.served_chunks.load(Ordering::Relaxed);
             if now != served {
@@ -452,6 +464,7 @@ impl Swarm {
             }
         }
         self.leave().await;
+        LINGERING.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Leaves the swarm and stops serving.

@@ -173,19 +173,7 @@ fn agent(url: &str, digest: &str, target: &Path, ca: &Path, key: &Path) -> Agent
         .arg(key)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "agent output {text:?} ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert_eq!(
-        v["ok"],
-        true,
-        "{v}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let v = shepherd_sim::testing::installed_by_hand(&out);
     AgentRun {
         seconds: v["seconds"].as_f64().unwrap(),
         first_byte: v["first_byte_seconds"].as_f64().unwrap(),

@@ -181,6 +181,16 @@ struct Figures {
     /// Bytes the agents say came from the server, and from each other.
     from_server: u64,
     from_peers: u64,
+    /// CPU seconds the agents used, all together.
+    cpu: f64,
+}
+
+/// CPU seconds of this process's waited-for children so far.
+fn children_cpu() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_CHILDREN).unwrap();
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    secs(u.user_time()) + secs(u.system_time())
 }
 
 #[derive(Clone)]
@@ -194,6 +204,7 @@ impl Agents {
     /// `n` machines install the image at once, with the swarm or not.
     fn install(&self, room: &Names, n: usize, swarm: bool) -> Figures {
         let before = room.server_sent();
+        let cpu = children_cpu();
         let mut children = Vec::new();
         for i in 0..n {
             let target = self.dir.join(format!("target-{i}.img"));
@@ -229,22 +240,10 @@ impl Agents {
             wire: 0,
             from_server: 0,
             from_peers: 0,
+            cpu: 0.0,
         };
         for c in children {
-            let out = c.wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-                panic!(
-                    "agent said {text:?} ({e}): {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-            assert_eq!(
-                v["ok"],
-                true,
-                "{v}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let v = shepherd_sim::testing::installed_by_hand(&c.wait_with_output().unwrap());
             assert_eq!(
                 format!(
                     "sha256:{}",
@@ -261,6 +260,7 @@ impl Agents {
             f.from_peers += peers;
         }
         f.wire = room.server_sent() - before;
+        f.cpu = children_cpu() - cpu;
         f
     }
 }
@@ -363,12 +363,12 @@ fn main() {
         );
         println!();
         println!(
-            "| machines | swarm | every machine installed | × one machine | server's link | × the image | from the server (agents) | between machines |"
+            "| machines | swarm | every machine installed | × one machine | server's link | × the image | from the server (agents) | between machines | agents' CPU |"
         );
-        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
         for (n, swarm, f, one) in rows {
             println!(
-                "| {n} | {} | {:.1} s | {:.2} | {:.1} MiB | {:.2} | {:.1} MiB | {:.1} MiB |",
+                "| {n} | {} | {:.1} s | {:.2} | {:.1} MiB | {:.2} | {:.1} MiB | {:.1} MiB | {:.1} s |",
                 if swarm { "on" } else { "off" },
                 f.seconds,
                 f.seconds / one,
@@ -376,6 +376,7 @@ fn main() {
                 f.wire as f64 / image as f64,
                 f.from_server as f64 / MIB as f64,
                 f.from_peers as f64 / MIB as f64,
+                f.cpu,
             );
         }
         server.stop().await;

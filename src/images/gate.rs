@@ -230,8 +230,15 @@ pub(super) async fn granted(
             machine_id,
             generation,
         } => {
-            let range = req.headers().contains_key(actix_web::http::header::RANGE);
-            tracing::info!(image = %name, machine = %machine_id, generation, range, what, "image download");
+            // A download from its first byte at info; a range further on
+            // (a resumption, or a chunk an agent's swarm did not hold: many
+            // per image) at debug.
+            let range = req.headers().get(actix_web::http::header::RANGE);
+            if range.is_none_or(|r| r.as_bytes().starts_with(b"bytes=0-")) {
+                tracing::info!(image = %name, machine = %machine_id, generation, range = range.is_some(), what, "image download");
+            } else {
+                tracing::debug!(image = %name, machine = %machine_id, generation, what, "image download of a range");
+            }
             Ok(machine_id)
         }
         other => Err(refusal(req, name, &other)),

@@ -174,7 +174,13 @@ pub async fn install(
 
     let (tx, rx) = tokio::sync::mpsc::channel(pipeline::QUEUE);
     let (write_done, written) = tokio::sync::oneshot::channel();
-    let mut hasher = pipeline::Hasher::new(expected.algorithm);
+    // With a manifest, every chunk is checked against it as it comes, and
+    // the manifest is of the request's image (its digest the request's,
+    // itself known by the SHA-256 the request names): all of them matching
+    // is the whole image's check, and the bytes are not hashed twice.
+    let mut hasher = chunks
+        .is_none()
+        .then(|| pipeline::Hasher::new(expected.algorithm));
     let wc = counters.clone();
     std::thread::Builder::new()
         .name("install-write".into())
@@ -184,10 +190,11 @@ pub async fn install(
         })
         .map_err(|e| failed(format!("cannot start a thread: {e}")))?;
 
-    /// Hashes each piece as it arrives and hands it to the writer.
+    /// Hashes each piece as it arrives (without a manifest) and hands it
+    /// to the writer.
     struct ToWriter<'a> {
         tx: &'a tokio::sync::mpsc::Sender<pipeline::Feed>,
-        hasher: &'a mut pipeline::Hasher,
+        hasher: Option<&'a mut pipeline::Hasher>,
         counters: &'a Counters,
     }
     impl fetch::AsyncSink for ToWriter<'_> {
@@ -195,7 +202,9 @@ pub async fn install(
             self.counters
                 .fetched
                 .fetch_add(piece.len() as u64, Ordering::Relaxed);
-            self.hasher.update(&piece);
+            if let Some(h) = &mut self.hasher {
+                h.update(&piece);
+            }
             self.tx
                 .send(pipeline::Feed::Piece(piece))
                 .await
@@ -207,7 +216,7 @@ pub async fn install(
     let fetched = {
         let sink = ToWriter {
             tx: &tx,
-            hasher: &mut hasher,
+            hasher: hasher.as_mut(),
             counters: &counters,
         };
         let rc = counters.clone();
@@ -273,7 +282,11 @@ pub async fn install(
         let _ = tx.send(pipeline::Feed::End).await;
     }
     drop(tx);
-    let digest = fetched.is_ok().then(|| hasher.finish());
+    let digest = fetched.is_ok().then(|| match hasher {
+        Some(h) => h.finish(),
+        // Every chunk matched the manifest of the request's image.
+        None => expected.hex.clone(),
+    });
     let (mut target, wrote) = written
         .await
         .map_err(|_| failed("the disk writer thread died"))?;

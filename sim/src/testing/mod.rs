@@ -43,7 +43,8 @@ pub use db::{
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use processes::{
-    FleetSimProcess, ShepherdProcess, bin, peak_rss_mb, pgbench, stripped_copy, succeed,
+    FleetSimProcess, ShepherdProcess, bin, installed_by_hand, peak_rss_mb, pgbench, stripped_copy,
+    succeed,
 };
 pub use sshd::Sshd;
 pub use sushy::Sushy;

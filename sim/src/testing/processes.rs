@@ -310,6 +310,25 @@ pub fn stripped_copy(binary: &std::path::Path) -> std::path::PathBuf {
     out
 }
 
+/// The one JSON line `takeover-agent --install` printed, asserted
+/// successful (the agent's error and its log otherwise).
+pub fn installed_by_hand(out: &std::process::Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the agent printed {text:?} ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(
+        v["ok"],
+        true,
+        "{v}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    v
+}
+
 /// A binary of the workspace, built by the profile of the running test or
 /// benchmark: `shepherd`, `takeover-agent` (with its test fault modes),
 /// `fleet-sim`, `equinix-sim`, `shepherd-demo`. `cargo test --workspace`

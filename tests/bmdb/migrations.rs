@@ -13,7 +13,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'machine_hardware_accepted', 'project', 'machine_project', 'api_token', 'project_ssh_key', \
      'device', 'project_event', 'tenant_audit', 'machine_firmware', 'machine_firmware_history', \
      'machine_firmware_read', 'machine_bios', 'machine_storage', 'firmware_grant', \
-     'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console', 'console_session', 'machine_plan', 'plan_catalog')";
+     'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console', 'console_session', 'machine_plan', 'plan_catalog', \
+     'image_swarm_member')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {

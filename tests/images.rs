@@ -438,6 +438,18 @@ async fn a_swarm_is_joined_under_the_image_grant_and_each_member_asks_those_befo
         Some("https://127.0.0.1:7830/swarms/img.raw"),
         "on unless turned off"
     );
+    let mut image = ImageInstallation::default();
+    catalog
+        .clone()
+        .with_peer_port(7832)
+        .resolve("img.raw")
+        .unwrap()
+        .apply_to(&mut image);
+    assert_eq!(
+        image.swarm.map(|s| s.port),
+        Some(7832),
+        "the port the room's firewall opens"
+    );
     let off = catalog.clone().with_peers(false);
     let mut image = ImageInstallation::default();
     off.resolve("img.raw").unwrap().apply_to(&mut image);

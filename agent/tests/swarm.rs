@@ -94,6 +94,7 @@ async fn install_with_member(
     req.manifest = Some(server.manifest.clone());
     req.swarm = Some(ImageSwarmRef {
         url: server.swarm_url.clone(),
+        port: 0,
     });
     let counters = Arc::new(Counters::default());
     let limits = Limits {

@@ -275,7 +275,8 @@ pub async fn image_of(
                     .or(cfg.initializer.agent_endpoint.as_deref()),
             );
             let catalog = shepherd::images::ImageCatalog::new(dir, &endpoint, ca.certificate)
-                .with_peers(cfg.installations.peers);
+                .with_peers(cfg.installations.peers)
+                .with_peer_port(cfg.installations.peer_port);
             let served = catalog
                 .resolve(name)
                 .map_err(|e| anyhow::anyhow!("--served: {e}"))?;

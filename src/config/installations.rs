@@ -41,6 +41,10 @@ pub struct InstallationsConfig {
     /// server answering what no machine holds. Off: every machine fetches
     /// the whole image from the image server.
     pub peers: bool,
+    /// The TCP port every agent's chunk server listens on (a room whose
+    /// firewall opens one port between machines). 0: one each agent
+    /// chooses.
+    pub peer_port: u16,
 }
 
 impl Default for InstallationsConfig {
@@ -54,6 +58,7 @@ impl Default for InstallationsConfig {
             boot_endpoint: None,
             boot_image: None,
             peers: true,
+            peer_port: 0,
         }
     }
 }

@@ -66,6 +66,8 @@ pub struct ServedImage {
     /// Where agents installing it join its swarm, when machines may fetch
     /// its chunks from each other (`installations.peers`).
     pub swarm_url: Option<String>,
+    /// The port their chunk servers listen on (0: each chooses).
+    pub peer_port: u16,
 }
 
 impl ServedImage {
@@ -81,7 +83,10 @@ impl ServedImage {
         });
         image.swarm = self
             .swarm_url
-            .map(|url| shepherd_proto::api::ImageSwarmRef { url });
+            .map(|url| shepherd_proto::api::ImageSwarmRef {
+                url,
+                port: u32::from(self.peer_port),
+            });
     }
 }
 
@@ -102,8 +107,10 @@ pub struct ImageCatalog {
     boot: Option<BootServing>,
     /// `https://host:port/` BMCs fetch boots from, when not `root`.
     boot_root: Option<String>,
-    /// Whether installations name the image's swarm (under `swarms/`).
+    /// Whether installations name the image's swarm (under `swarms/`),
+    /// and the port of the agents' chunk servers (0: each chooses).
     peers: bool,
+    peer_port: u16,
 }
 
 /// The boot image and what each boot's data tells its agent.
@@ -142,6 +149,7 @@ impl ImageCatalog {
             boot: None,
             boot_root: None,
             peers: true,
+            peer_port: 0,
         }
     }
 
@@ -149,6 +157,13 @@ impl ImageCatalog {
     /// other (`installations.peers`; on unless turned off).
     pub fn with_peers(mut self, peers: bool) -> ImageCatalog {
         self.peers = peers;
+        self
+    }
+
+    /// The port every agent's chunk server listens on
+    /// (`installations.peer_port`; 0: each chooses).
+    pub fn with_peer_port(mut self, port: u16) -> ImageCatalog {
+        self.peer_port = port;
         self
     }
 
@@ -321,6 +336,7 @@ impl ImageCatalog {
             manifest_url: format!("{}manifests/{name}", self.root),
             manifest_digest: k.manifest_digest.clone(),
             swarm_url: self.peers.then(|| format!("{}swarms/{name}", self.root)),
+            peer_port: self.peer_port,
         }
     }
 }

@@ -77,7 +77,8 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             &cfg.installations.images_endpoint(parts.serves.as_deref()),
             identity.ca_der.clone(),
         )
-        .with_peers(cfg.installations.peers);
+        .with_peers(cfg.installations.peers)
+        .with_peer_port(cfg.installations.peer_port);
         let c = match boot_image(&cfg, parts.serves.as_deref())? {
             Some(b) => c.with_boot_image(b, cfg.installations.boot_endpoint.as_deref()),
             None => c,

@@ -38,7 +38,7 @@ pub fn install_by_hand(args: Vec<String>) -> i32 {
                 }
             },
             "--swarm" => match it.next() {
-                Some(url) => swarm = Some(crate::api::ImageSwarmRef { url }),
+                Some(url) => swarm = Some(crate::api::ImageSwarmRef { url, port: 0 }),
                 None => {
                     eprintln!("takeover-agent: --swarm needs a URL");
                     return 2;

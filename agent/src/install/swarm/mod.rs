@@ -212,11 +212,13 @@ impl Swarm {
         key: &AgentKey,
         cache: Option<usize>,
     ) -> Result<Swarm, String> {
-        let url = req
+        let (url, asked_port) = req
             .swarm
             .as_ref()
-            .map(|s| s.url.clone())
+            .map(|s| (s.url.clone(), s.port))
             .ok_or("the request names no swarm")?;
+        let asked_port = u16::try_from(asked_port)
+            .map_err(|_| format!("the swarm's port {asked_port} is not a TCP port"))?;
         let digest = req
             .manifest
             .as_ref()
@@ -229,9 +231,11 @@ impl Swarm {
             .to_string();
         let tls = fetch::tls_config(&req.ca_certificate, Some(key))?;
         let ip = local_ip(&url).await?;
-        let listener = tokio::net::TcpListener::bind((ip, 0))
+        let listener = tokio::net::TcpListener::bind((ip, asked_port))
             .await
-            .map_err(|e| format!("the chunk server cannot listen on {ip}: {e}"))?;
+            .map_err(|e| {
+                format!("the chunk server cannot listen on {ip} port {asked_port}: {e}")
+            })?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         let mut conn = Conn::server(&url, tls.clone())?;
         let membership = Arc::new(Membership::default());

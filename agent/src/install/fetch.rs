@@ -312,15 +312,18 @@ where
                         state.taken, fruitless
                     ));
                 }
-                // At most 10 s between attempts.
-                let pause = Duration::from_millis(250 * (1 << fruitless.min(5)))
-                    .min(Duration::from_secs(10));
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(pause(fruitless)).await;
                 resumes += 1;
                 on_resume(state.taken, &cause);
             }
         }
     }
+}
+
+/// The wait before another attempt after `fruitless` attempts in a row
+/// that brought nothing: doubling from half a second, at most 10 s.
+pub(crate) fn pause(fruitless: u32) -> Duration {
+    Duration::from_millis(250 * (1 << fruitless.min(5))).min(Duration::from_secs(10))
 }
 
 /// Where the pieces go.

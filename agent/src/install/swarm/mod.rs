@@ -393,10 +393,7 @@ impl Swarm {
                 ));
             }
             counters.resumes.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(
-                Duration::from_millis(250 * (1 << fruitless.min(5))).min(Duration::from_secs(10)),
-            )
-            .await;
+            tokio::time::sleep(fetch::pause(fruitless)).await;
         }
     }
 

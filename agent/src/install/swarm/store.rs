@@ -30,9 +30,8 @@ pub struct ChunkStore {
     cap: usize,
     held: Mutex<Held>,
     progress: watch::Sender<Progress>,
-    /// Chunks and bytes served to other members.
+    /// Chunks served to other members (how long a member serves on).
     pub served_chunks: AtomicU64,
-    pub served_bytes: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -52,7 +51,6 @@ impl ChunkStore {
             held: Mutex::default(),
             progress: watch::Sender::new(Progress::default()),
             served_chunks: AtomicU64::new(0),
-            served_bytes: AtomicU64::new(0),
         }
     }
 
@@ -94,10 +92,8 @@ impl ChunkStore {
         let mut rx = self.progress.subscribe();
         let _ = tokio::time::timeout(wait, rx.wait_for(|p| p.next > i || p.ended)).await;
         let chunk = self.held.lock().unwrap().chunks.get(&i).cloned();
-        if let Some(c) = &chunk {
+        if chunk.is_some() {
             self.served_chunks.fetch_add(1, Ordering::Relaxed);
-            self.served_bytes
-                .fetch_add(c.len() as u64, Ordering::Relaxed);
         }
         chunk
     }

@@ -12,6 +12,10 @@ CREATE TABLE image_swarm_member (
     -- port it named.
     address text NOT NULL,
     joined_at timestamptz NOT NULL DEFAULT now(),
-    seen_at timestamptz NOT NULL DEFAULT now()
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    -- It left (its fetch done, no member asking): no longer listed, but
+    -- known to have joined since its installation was asked (whom the
+    -- others still wait for is who has not).
+    left_at timestamptz NULL
 );
 CREATE INDEX image_swarm_member_image ON image_swarm_member (image, joined_at);

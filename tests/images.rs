@@ -506,6 +506,9 @@ async fn a_swarm_is_joined_under_the_image_grant_and_each_member_asks_those_befo
     };
     let at = |i: usize| (format!("127.0.0.1:{}", 4001 + i), keys[i].clone());
     assert!(views[0].sources.is_empty());
+    // Those asked to install the image and not joined yet are awaited.
+    let awaited: Vec<u32> = views.iter().map(|v| v.awaited).collect();
+    assert_eq!(awaited, [6, 5, 4, 3, 2, 1, 0]);
     for v in &views[1..5] {
         assert_eq!(sources(v), [at(0)]);
     }
@@ -534,6 +537,7 @@ async fn a_swarm_is_joined_under_the_image_grant_and_each_member_asks_those_befo
     let second = join(&server, &ca_der, seeds[1], "img.raw", 4002).await;
     assert!(second.sources.is_empty());
     assert_eq!(second.member_keys, keys[1..]);
+    assert_eq!(second.awaited, 0, "one that joined and left is not awaited");
     let sixth = join(&server, &ca_der, seeds[5], "img.raw", 4006).await;
     assert_eq!(
         sources(&sixth),

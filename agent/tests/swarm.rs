@@ -87,6 +87,7 @@ async fn install_with_member(
         }],
         member_keys: vec![public(MEMBER), public(AGENT)],
         refresh_seconds: 10,
+        awaited: 0,
     });
     let len = data.len() as u64;
     let disk = TestDisk::new(len + MIB);

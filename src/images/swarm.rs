@@ -71,7 +71,7 @@ pub(super) async fn join(
     match view {
         Ok(None) => refusal(&req, &name, &DownloadGrant::NotAsked { machine_id }),
         Ok(Some(v)) => {
-            tracing::debug!(image = %name, machine = %machine_id, %address, members = v.members, sources = v.sources.len(), "swarm joined");
+            tracing::debug!(image = %name, machine = %machine_id, %address, members = v.members, awaited = v.awaited, sources = v.sources.len(), "swarm joined");
             let answer = SwarmView {
                 sources: v
                     .sources
@@ -83,6 +83,7 @@ pub(super) async fn join(
                     .collect(),
                 member_keys: v.member_keys,
                 refresh_seconds: swarm::REFRESH.as_secs() as u32,
+                awaited: u32::try_from(v.awaited).unwrap_or(u32::MAX),
             };
             HttpResponse::Ok()
                 .content_type("application/x-protobuf")

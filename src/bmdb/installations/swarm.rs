@@ -9,12 +9,15 @@
 //! asks its parent first, then the parent's parent, up to the first
 //! member, which asks the image server. The image crosses the server's
 //! link about once however many machines install it, and a member
-//! uploads it at most `FAN_OUT` times.
+//! uploads it at most `FAN_OUT` times. The view also counts the machines
+//! asked to install the image that have not joined yet, for whom a member
+//! alone serves on a while.
 
 use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::download::served_name;
 use crate::bmdb::{BmdbError, Tx};
 
 /// How often a member joins again to stay one.
@@ -42,23 +45,40 @@ pub struct SwarmView {
     pub member_keys: Vec<Vec<u8>>,
     /// Members listed.
     pub members: usize,
+    /// Machines asked to install the image that have not joined (yet).
+    pub awaited: usize,
 }
 
 const JOIN: &str = "INSERT INTO image_swarm_member (machine_id, image, address) \
      VALUES ($1, $2, $3) \
      ON CONFLICT (machine_id) DO UPDATE SET address = excluded.address, seen_at = now(), \
-       image = excluded.image, \
+       image = excluded.image, left_at = NULL, \
        joined_at = CASE WHEN image_swarm_member.image = excluded.image \
+         AND image_swarm_member.left_at IS NULL \
          AND image_swarm_member.seen_at > now() - make_interval(secs => $4) \
          THEN image_swarm_member.joined_at ELSE now() END";
 
 const STAY: &str = "UPDATE image_swarm_member SET address = $3, seen_at = now() \
-     WHERE machine_id = $1 AND image = $2 AND seen_at > now() - make_interval(secs => $4)";
+     WHERE machine_id = $1 AND image = $2 AND left_at IS NULL \
+       AND seen_at > now() - make_interval(secs => $4)";
 
 const MEMBERS: &str = "SELECT m.machine_id, m.address, a.agent_public_key \
      FROM image_swarm_member m JOIN machine_agent_started a USING (machine_id) \
-     WHERE m.image = $1 AND m.seen_at > now() - make_interval(secs => $2) \
+     WHERE m.image = $1 AND m.left_at IS NULL \
+       AND m.seen_at > now() - make_interval(secs => $2) \
      ORDER BY m.joined_at, m.machine_id";
+
+/// The URLs of the pending installations whose image may be `image`
+/// (their URL ends in `/images/<image>`) of machines that have not joined
+/// its swarm since they were asked (those that joined and left, or
+/// stopped, are not waited for): [`served_name`] says which are.
+const AWAITED: &str = "SELECT i.image_url FROM machine_installation i \
+     LEFT JOIN machine_os_installation_report r USING (machine_id) \
+     WHERE (r.generation IS NULL OR r.generation < i.generation) \
+       AND right(i.image_url, length($1) + 8) = '/images/' || $1 \
+       AND NOT EXISTS (SELECT 1 FROM image_swarm_member m \
+         WHERE m.machine_id = i.machine_id AND m.image = $1 \
+           AND m.seen_at >= i.requested_at)";
 
 /// Machine `machine_id`'s agent, serving chunks at `address`, is (still)
 /// a member of image `image`'s swarm; how it is to see the swarm. A
@@ -97,6 +117,12 @@ pub async fn join(
             )
         })
         .collect();
+    let awaited = tx
+        .query(AWAITED, &[&image])
+        .await?
+        .iter()
+        .filter(|r| served_name(r.get(0)) == Some(image))
+        .count();
     let me = members.iter().position(|(id, _)| *id == machine_id);
     Ok(Some(SwarmView {
         sources: me
@@ -107,13 +133,14 @@ pub async fn join(
             .collect(),
         member_keys: members.iter().map(|(_, p)| p.key.clone()).collect(),
         members: members.len(),
+        awaited,
     }))
 }
 
 /// Machine `machine_id` serves image `image`'s chunks no more.
 pub async fn leave(tx: &mut Tx<'_>, machine_id: Uuid, image: &str) -> Result<(), BmdbError> {
     tx.execute(
-        "DELETE FROM image_swarm_member WHERE machine_id = $1 AND image = $2",
+        "UPDATE image_swarm_member SET left_at = now() WHERE machine_id = $1 AND image = $2",
         &[&machine_id, &image],
     )
     .await?;

@@ -9,8 +9,9 @@
 //! source, is checked against the manifest before it is kept, served or
 //! handed to the disk: a lying member costs a chunk fetched again and is
 //! not asked again, never a wrong byte. Once its own fetch is done the
-//! agent serves on while members keep asking (up to [`LINGER_MAX`]),
-//! then leaves.
+//! agent serves on while members keep asking, or machines asked to
+//! install the image are still to join (up to [`LINGER_MAX`]), then
+//! leaves.
 //!
 //! - [`tls`]: members know each other by their callback keys;
 //! - [`store`]: the chunks held for the others, bounded;
@@ -50,6 +51,10 @@ pub const CACHE_MAX: usize = 256 << 20;
 /// for this long, or for this long at most.
 const LINGER_IDLE: Duration = Duration::from_secs(15);
 pub const LINGER_MAX: Duration = Duration::from_secs(300);
+/// ... or for this long while machines asked to install the image have
+/// not joined yet: more than an agent's heartbeat interval (30 s by
+/// default), within which each learns of its installation.
+const LINGER_AWAITED: Duration = Duration::from_secs(60);
 
 /// Swarms still served after their fetch ended ([`settled`]).
 static LINGERING: AtomicUsize = AtomicUsize::new(0);
@@ -171,12 +176,13 @@ async fn join_once(
     }
     let view =
         SwarmView::decode(answer).map_err(|e| format!("the answer is not a SwarmView: {e}"))?;
-    membership.members.set(
-        view.member_keys
-            .iter()
-            .filter_map(|k| <[u8; 32]>::try_from(k.as_slice()).ok()),
-    );
+    let keys: Vec<[u8; 32]> = view
+        .member_keys
+        .iter()
+        .filter_map(|k| <[u8; 32]>::try_from(k.as_slice()).ok())
+        .collect();
     *membership.view.lock().unwrap() = view;
+    membership.members.set(keys);
     Ok(())
 }
 
@@ -266,6 +272,19 @@ impl Swarm {
     pub fn sizes(&self) -> (usize, usize) {
         let v = self.membership.view.lock().unwrap();
         (v.member_keys.len(), v.sources.len())
+    }
+
+    /// How long a member that has its image serves on without being
+    /// asked: None when it is the only one and none is awaited.
+    fn idle_limit(&self) -> Option<Duration> {
+        let v = self.membership.view.lock().unwrap();
+        if v.awaited > 0 {
+            Some(LINGER_AWAITED)
+        } else if v.member_keys.len() > 1 {
+            Some(LINGER_IDLE)
+        } else {
+            None
+        }
     }
 
     /// Chunk `i` from the first member that has it, checked; None when
@@ -448,15 +467,19 @@ impl Swarm {
         }
     }
 
-    /// Serves on while members keep asking, then leaves: at once when it
-    /// is the swarm's only member.
+    /// Serves on while members keep asking, or machines asked to install
+    /// the image are still to join, then leaves: at once when it is the
+    /// swarm's only member and none is awaited (as shepherd says now,
+    /// not at the last join: a fetch may take less than a refresh).
     async fn linger(self) {
+        self.membership.members.renew().await;
         let started = Instant::now();
         let mut served = self.store.served_chunks.load(Ordering::Relaxed);
         let mut asked_at = started;
-        while started.elapsed() < LINGER_MAX && asked_at.elapsed() < LINGER_IDLE {
-            if self.sizes().0 <= 1 {
-                break;
+        while started.elapsed() < LINGER_MAX {
+            match self.idle_limit() {
+                Some(idle) if asked_at.elapsed() < idle => {}
+                _ => break,
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = self.store.served_chunks.load(Ordering::Relaxed);

@@ -54,10 +54,16 @@ impl Members {
         if self.contains(key) {
             return true;
         }
+        self.renew().await;
+        self.contains(key)
+    }
+
+    /// Asks shepherd who the members are now, waiting for the answer up
+    /// to 5 s.
+    pub async fn renew(&self) {
         let renewed = self.renewed.notified();
         self.stale.notify_one();
         let _ = tokio::time::timeout(Duration::from_secs(5), renewed).await;
-        self.contains(key)
     }
 }
 

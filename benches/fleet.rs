@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb, cpu_seconds};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
@@ -30,22 +30,6 @@ fn list(var: &str, default: &str) -> Vec<usize> {
         .split(',')
         .map(|s| s.trim().parse().expect(var))
         .collect()
-}
-
-/// CPU seconds (user + system) of a process so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis; utime and stime are
-    // the 14th and 15th of the whole line.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks / hz
 }
 
 /// The admin server's address, as the log gives it.

@@ -19,87 +19,8 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
-
-struct Bench {
-    shepherd: ShepherdProcess,
-    client: awc::Client,
-    base: String,
-    config: std::path::PathBuf,
-    env: Vec<(&'static str, String)>,
-}
-
-impl Bench {
-    fn cli(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new(shepherd_sim::bin("shepherd"))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let url = format!("{}{path}", self.base);
-        let mut req = self.client.request(
-            awc::http::Method::from_bytes(method.as_bytes()).unwrap(),
-            &url,
-        );
-        if let Some(t) = token {
-            req = req.insert_header(("X-Auth-Token", t));
-        }
-        let mut r = match body {
-            Some(b) => req.send_json(&b).await,
-            None => req.send().await,
-        }
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-        let status = r.status().as_u16();
-        let bytes = r.body().limit(64 << 20).await.unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    async fn count(&self, state: &str) -> usize {
-        let (_, b) = self
-            .call(
-                "GET",
-                &format!("/api/v1/machines?state={state}&limit=1000"),
-                None,
-                None,
-            )
-            .await;
-        b["machines"].as_array().map_or(0, Vec::len)
-    }
-
-    async fn wait(&mut self, state: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(600);
-        while self.count(state).await < n {
-            self.shepherd.assert_running();
-            assert!(
-                Instant::now() < deadline,
-                "{state}: {}",
-                self.shepherd.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
-}
+use serde_json::json;
+use shepherd_sim::testing::OwnedRack;
 
 fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -115,98 +36,14 @@ fn main() {
 }
 
 async fn run(n: usize) {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let fleet = FleetSimProcess::start(
-        &shepherd_sim::bin("fleet-sim"),
-        dir.path(),
-        n,
-        Ipv4Addr::new(127, 0, 81, 1),
-        &[
-            "--agent-interval",
-            "2s",
-            "--provider",
-            "static",
-            "--location",
-            "sv",
-        ],
-    );
-    let images = dir.path().join("images");
-    std::fs::create_dir(&images).unwrap();
-    shepherd_sim::testing::gpt_image(&images.join("os.img"), 16 << 20);
-    let config = dir.path().join("shepherd.toml");
-    let mut text = std::fs::read_to_string(&fleet.config).unwrap();
-    text.push_str(
-        "\n[admin.tls]\nenabled = true\n\n[[metal.plans]]\nslug = \"c3.small.x86\"\ncpus_min = 8\n\n\
-         [[metal.operating_systems]]\nslug = \"debian_12\"\nname = \"Debian 12\"\nimage = \"os.img\"\n",
-    );
-    std::fs::write(&config, text).unwrap();
-    let admin = format!("127.0.0.1:{}", Sshd::free_port());
-    let callback = format!("127.0.0.1:{}", Sshd::free_port());
-    let env: Vec<(&'static str, String)> = vec![
-        ("SHEPHERD__BMDB__URL", db.url()),
-        ("SHEPHERD__ADMIN__LISTEN", admin.clone()),
-        ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
-        ("SHEPHERD__BMAAS__ENDPOINT", callback),
-        (
-            "SHEPHERD__INSTALLATIONS__IMAGES_DIR",
-            images.display().to_string(),
-        ),
-        (
-            "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN",
-            format!("127.0.0.1:{}", Sshd::free_port()),
-        ),
-        ("SHEPHERD__LOG__LEVEL", "warn".into()),
-    ];
-    let shepherd = ShepherdProcess::start(
-        &shepherd_sim::bin("shepherd"),
-        &config,
-        dir.path().join("shepherd.log"),
-        &env,
-    );
-    let ca = dir.path().join("fleet/ssh/fleet-ca.pem");
-    while !ca.exists() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let der = pem::parse(std::fs::read(&ca).unwrap())
-        .unwrap()
-        .into_contents();
-    let mut b = Bench {
-        shepherd,
-        client: shepherd_sim::testing::https_client(&der, Duration::from_secs(60)),
-        base: format!("https://{admin}"),
-        config,
-        env,
-    };
+    let mut rack = OwnedRack::start(n, Ipv4Addr::new(127, 0, 81, 1), "2s", 16 << 20, &[]).await;
     // The machines taken over, erased once, available.
-    b.wait("agent-started", n).await;
-    let (_, list) = b
-        .call("GET", "/api/v1/machines?limit=1000", None, None)
-        .await;
-    for m in list["machines"].as_array().unwrap() {
-        let id = m["machine_id"].as_str().unwrap();
-        let (s, body) = b
-            .call(
-                "POST",
-                &format!("/api/v1/machines/{id}/deprovision"),
-                None,
-                Some(json!({"mode": "discard"})),
-            )
-            .await;
-        assert_eq!(s, 200, "{body}");
-    }
-    b.wait("available", n).await;
-    let project: uuid::Uuid = b
-        .cli(&["projects", "create", "bench"])
-        .trim()
-        .parse()
-        .unwrap();
-    let token = b
-        .cli(&["tokens", "create", "--project", &project.to_string()])
-        .lines()
-        .last()
-        .unwrap()
-        .to_string();
+    let ten = Duration::from_secs(600);
+    let b = &rack.admin;
+    b.wait(&mut rack.shepherd, "agent-started", n, ten).await;
+    rack.deprovision_all().await;
+    b.wait(&mut rack.shepherd, "available", n, ten).await;
+    let (project, token) = rack.project("bench");
 
     // 1. Reads, 8 clients for 5 s.
     let path = format!("/metal/v1/projects/{project}");
@@ -244,8 +81,8 @@ async fn run(n: usize) {
                 }
                 next.set(i + 1);
                 let t = Instant::now();
-                let body = json!({"metro": "sv", "plan": "c3.small.x86",
-                    "operating_system": "debian_12", "hostname": format!("bench-{i}")});
+                let body = json!({"metro": "sv", "plan": OwnedRack::PLAN,
+                    "operating_system": OwnedRack::OPERATING_SYSTEM, "hostname": format!("bench-{i}")});
                 let (s, d) = b.call("POST", create_path, Some(token), Some(body)).await;
                 assert_eq!(s, 201, "{d}");
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -256,7 +93,7 @@ async fn run(n: usize) {
     let create_secs = started.elapsed().as_secs_f64();
     let (c50, c99) = (quantile(&mut creates, 0.5), quantile(&mut creates, 0.99));
     let t = Instant::now();
-    let body = json!({"metro": "sv", "plan": "c3.small.x86", "operating_system": "debian_12"});
+    let body = json!({"metro": "sv", "plan": OwnedRack::PLAN, "operating_system": OwnedRack::OPERATING_SYSTEM});
     let (s, _) = b.call("POST", &create_path, Some(&token), Some(body)).await;
     assert_eq!(s, 422, "no capacity");
     let none_ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -316,5 +153,4 @@ async fn run(n: usize) {
     println!("| no-capacity answer | {none_ms:.1} ms |");
     println!("| device list, {n} devices in one page | p50 {l50:.1} ms |");
     println!("| first create to every device active | {all_active:.1} s |");
-    drop(fleet);
 }

@@ -55,6 +55,12 @@ impl Scrape {
         self.0.register(name, help, g);
     }
 
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        let c: Counter = Counter::default();
+        c.inc_by(value);
+        self.0.register(name, help, c);
+    }
+
     fn histograms(
         &mut self,
         name: &str,
@@ -410,6 +416,11 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             ("failed", tx.failed),
         ]
         .map(|(o, n)| (labels(&[("outcome", o)]), n)),
+    );
+    p.counter(
+        "shepherd_bmdb_statements",
+        "BMDB statements this process ran, BEGIN and COMMIT aside",
+        tx.statements,
     );
     loop_samples(&mut p, &st.loops);
     match db {

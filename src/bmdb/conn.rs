@@ -7,6 +7,7 @@
 //! round trip more than its statements: the COMMIT.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_postgres::types::ToSql;
@@ -29,6 +30,10 @@ pub struct PgConn {
     broken: bool,
 }
 
+/// Statements this process ran in the BMDB (BEGIN and COMMIT aside):
+/// `shepherd_bmdb_statements_total`.
+pub(crate) static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
 /// A connection idle for longer than this is pinged at checkout (a server
 /// restart or failover kills idle connections without our knowing).
 const IDLE_CHECK_AFTER: Duration = Duration::from_secs(1);
@@ -42,7 +47,10 @@ impl PgConn {
         &mut self.client
     }
 
+    /// `sql`'s prepared statement, about to run (counted in
+    /// [`STATEMENTS`]).
     async fn statement(&mut self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }

@@ -147,6 +147,9 @@ pub struct BmdbCounters {
     pub commit_unknown: u64,
     /// Failed: the error went to the caller.
     pub failed: u64,
+    /// Statements run (BEGIN and COMMIT aside), by every handle of this
+    /// process.
+    pub statements: u64,
 }
 
 #[derive(Default)]
@@ -166,6 +169,7 @@ impl Counters {
             retried_connection: self.retried_connection.load(Ordering::Relaxed),
             commit_unknown: self.commit_unknown.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
+            statements: conn::STATEMENTS.load(Ordering::Relaxed),
         }
     }
 

@@ -9,6 +9,9 @@
 //!
 //! The support is split by job:
 //!
+//! - `admin`: a running shepherd's admin API, command line and metrics,
+//!   as an operator drives them ([`Admin`]); `rack`: a simulated owned
+//!   rack under one shepherd ([`OwnedRack`]).
 //! - `db`: test databases ([`TestDb`]), a PostgreSQL of the test's own
 //!   ([`OwnPostgres`]) and helpers that read and seed the BMDB.
 //! - `sshd`: a private OpenSSH sshd ([`Sshd`]).
@@ -22,15 +25,18 @@
 //! - `ipmi_sim`: OpenIPMI's BMC emulator with Serial-over-LAN in front of
 //!   a QEMU guest ([`IpmiSim`]).
 
+mod admin;
 mod bmc;
 mod boot;
 mod browser;
 mod db;
 mod ipmi_sim;
 mod processes;
+mod rack;
 mod sshd;
 mod sushy;
 
+pub use admin::Admin;
 pub use bmc::{inventory_host, inventory_of, sim_bmc, sim_bmcs};
 pub use boot::{
     BOOT_SLOT_AT, BOOT_SLOT_LEN, boot_data_file, boot_image_stand_in, fetch_as_bmc,
@@ -43,8 +49,9 @@ pub use db::{
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use processes::{
-    FleetSimProcess, ShepherdProcess, bin, installed_by_hand, peak_rss_mb, pgbench, stripped_copy,
-    succeed,
+    FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand, peak_rss_mb, pgbench,
+    stripped_copy, succeed,
 };
+pub use rack::OwnedRack;
 pub use sshd::Sshd;
 pub use sushy::Sushy;

@@ -70,20 +70,31 @@ pub enum Claimed {
     ReservationBusy(String),
 }
 
+/// Candidates are read this many at a time: a create looks at the first
+/// few that fit, not at the whole fleet (nor at every hardware report).
+const BATCH: i64 = 32;
+
+/// The project's machines (its own first, then the shared pool's when
+/// `$2`), `available` unless one is named (`$3`, a reservation), holding
+/// no device, after `($4, $5)` in that order.
 const CANDIDATES: &str = concat!(
-    "SELECT s.machine_id, p.provider_id, p.provider_location, hr.hardware_report_raw, ",
+    "SELECT c.machine_id, c.provider_id, c.provider_location, hr.hardware_report_raw, \
+       c.state, f.secure_boot_enable, c.shared \
+     FROM (SELECT s.machine_id, p.provider_id, p.provider_location, mp.project_id IS NULL AS shared, ",
     crate::bmdb::lifecycle::state_column!(),
-    ", f.secure_boot_enable \
-     FROM machine_summary s \
-     JOIN machine_provided p ON p.machine_id = s.machine_id \
-     LEFT JOIN machine_project mp ON mp.machine_id = s.machine_id \
-     LEFT JOIN machine_hardware_report hr ON hr.machine_id = s.machine_id \
-     LEFT JOIN machine_bmc_facts f ON f.machine_id = s.machine_id \
-     WHERE (mp.project_id = $1 OR (mp.project_id IS NULL AND $2)) \
-       AND ($3::uuid IS NULL OR s.machine_id = $3) \
-       AND NOT EXISTS (SELECT 1 FROM device d WHERE d.machine_id = s.machine_id \
-                        AND d.deleted_at IS NULL) \
-     ORDER BY mp.project_id IS NULL, s.machine_id"
+    " FROM machine_summary s \
+       JOIN machine_provided p ON p.machine_id = s.machine_id \
+       LEFT JOIN machine_project mp ON mp.machine_id = s.machine_id \
+       WHERE (mp.project_id = $1 OR (mp.project_id IS NULL AND $2)) \
+         AND ($3::uuid IS NULL OR s.machine_id = $3) \
+         AND NOT EXISTS (SELECT 1 FROM device d WHERE d.machine_id = s.machine_id \
+                          AND d.deleted_at IS NULL)) c \
+     LEFT JOIN machine_hardware_report hr ON hr.machine_id = c.machine_id \
+     LEFT JOIN machine_bmc_facts f ON f.machine_id = c.machine_id \
+     WHERE ($3::uuid IS NOT NULL OR c.state = 'available') \
+       AND (c.shared, c.machine_id) > ($4::bool, $5::uuid) \
+     ORDER BY c.shared, c.machine_id \
+     LIMIT $6"
 );
 
 /// Claims a machine for a new device and asks its installation of
@@ -139,134 +150,151 @@ pub async fn claim(
             return Ok(Claimed::NoReservation);
         }
     }
-    let rows = tx
-        .query(CANDIDATES, &[&new.project_id, &shared, &new.reservation])
-        .await?;
     let mut refusals = Vec::new();
-    for row in &rows {
-        let state: String = row.get(4);
-        let c = Candidate {
-            machine_id: row.get(0),
-            provider_id: row.get(1),
-            location: row.get(2),
-            hardware_report: row.get(3),
-            bmc_secure_boot: row.get(5),
-        };
-        if state != "available" {
-            if new.reservation.is_some() {
-                refusals.push(format!("machine {} is {state}", c.machine_id));
-            }
-            continue;
-        }
-        let Placed {
-            plan,
-            metro,
-            secure_boot,
-        } = match place(&c) {
-            Ok(p) => p,
-            Err(why) => {
-                refusals.push(why);
-                continue;
-            }
-        };
-        // Taken by a racing create (locked, or claimed since this read):
-        // the next.
-        if tx
-            .query_opt(
-                "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE SKIP LOCKED",
-                &[&c.machine_id],
-            )
-            .await?
-            .is_none()
-        {
-            continue;
-        }
-        let taken = tx
-            .query_opt(
-                "SELECT 1 FROM device WHERE machine_id = $1 AND deleted_at IS NULL",
-                &[&c.machine_id],
+    let mut after = (false, Uuid::nil());
+    loop {
+        let rows = tx
+            .query(
+                CANDIDATES,
+                &[
+                    &new.project_id,
+                    &shared,
+                    &new.reservation,
+                    &after.0,
+                    &after.1,
+                    &BATCH,
+                ],
             )
             .await?;
-        if taken.is_some() {
-            continue;
-        }
-        let still: String = tx
-            .query_one(
-                concat!(
-                    "SELECT ",
-                    crate::bmdb::lifecycle::state_column!(),
-                    " FROM machine_summary s LEFT JOIN machine_provided p \
-                      ON p.machine_id = s.machine_id WHERE s.machine_id = $1"
-                ),
-                &[&c.machine_id],
-            )
-            .await?
-            .get(0);
-        if still != "available" {
-            continue;
-        }
-        let id = new.id;
-        tx.execute(
-            "INSERT INTO device (device_id, project_id, machine_id, hostname, description, tags, \
-                 plan, metro, operating_system, userdata, customdata, ssh_keys, created_at, \
-                 created_by, updated_at, locked, secure_boot) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(), $13, now(), $14, $15)",
-            &[
-                &id,
-                &new.project_id,
-                &c.machine_id,
-                &new.hostname,
-                &new.description,
-                &new.tags,
-                &plan,
-                &metro,
-                &new.operating_system,
-                &new.userdata,
-                &new.customdata,
-                &new.ssh_keys,
-                &new.actor,
-                &new.locked,
-                &secure_boot,
-            ],
-        )
-        .await?;
-        let asker = Asker {
-            actor: &new.actor,
-            action_id: Uuid::new_v4(),
-            rollout_id: None,
-            reason: Some("a tenant's device"),
-        };
-        match installations::ask_for(tx, c.machine_id, Work::Install(image), &asker).await? {
-            Asked::Done { generation, .. } => {
-                tx.execute(
-                    "UPDATE device SET install_generation = $2 WHERE device_id = $1",
-                    &[&id, &generation],
+        for row in &rows {
+            after = (row.get(6), row.get(0));
+            let state: String = row.get(4);
+            let c = Candidate {
+                machine_id: row.get(0),
+                provider_id: row.get(1),
+                location: row.get(2),
+                hardware_report: row.get(3),
+                bmc_secure_boot: row.get(5),
+            };
+            if state != "available" {
+                if new.reservation.is_some() {
+                    refusals.push(format!("machine {} is {state}", c.machine_id));
+                }
+                continue;
+            }
+            let Placed {
+                plan,
+                metro,
+                secure_boot,
+            } = match place(&c) {
+                Ok(p) => p,
+                Err(why) => {
+                    refusals.push(why);
+                    continue;
+                }
+            };
+            // Taken by a racing create (locked, or claimed since this read):
+            // the next.
+            if tx
+                .query_opt(
+                    "SELECT 1 FROM machines WHERE machine_id = $1 FOR UPDATE SKIP LOCKED",
+                    &[&c.machine_id],
+                )
+                .await?
+                .is_none()
+            {
+                continue;
+            }
+            let taken = tx
+                .query_opt(
+                    "SELECT 1 FROM device WHERE machine_id = $1 AND deleted_at IS NULL",
+                    &[&c.machine_id],
                 )
                 .await?;
-                event(
-                    tx,
-                    new.project_id,
-                    Some(id),
-                    "instance.created",
-                    &format!(
-                        "{} created ({plan} in {metro}, {})",
-                        new.hostname, new.operating_system
+            if taken.is_some() {
+                continue;
+            }
+            let still: String = tx
+                .query_one(
+                    concat!(
+                        "SELECT ",
+                        crate::bmdb::lifecycle::state_column!(),
+                        " FROM machine_summary s LEFT JOIN machine_provided p \
+                          ON p.machine_id = s.machine_id WHERE s.machine_id = $1"
                     ),
+                    &[&c.machine_id],
                 )
-                .await?;
-                let device = get(tx, id).await?.expect("inserted above");
-                return Ok(Claimed::Done(Box::new(device)));
+                .await?
+                .get(0);
+            if still != "available" {
+                continue;
             }
-            // Nothing was asked: the device row goes, the next machine.
-            Asked::Refused(why) => {
-                tx.execute("DELETE FROM device WHERE device_id = $1", &[&id])
+            let id = new.id;
+            tx.execute(
+                "INSERT INTO device (device_id, project_id, machine_id, hostname, description, tags, \
+                     plan, metro, operating_system, userdata, customdata, ssh_keys, created_at, \
+                     created_by, updated_at, locked, secure_boot) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(), $13, now(), $14, $15)",
+                &[
+                    &id,
+                    &new.project_id,
+                    &c.machine_id,
+                    &new.hostname,
+                    &new.description,
+                    &new.tags,
+                    &plan,
+                    &metro,
+                    &new.operating_system,
+                    &new.userdata,
+                    &new.customdata,
+                    &new.ssh_keys,
+                    &new.actor,
+                    &new.locked,
+                    &secure_boot,
+                ],
+            )
+            .await?;
+            let asker = Asker {
+                actor: &new.actor,
+                action_id: Uuid::new_v4(),
+                rollout_id: None,
+                reason: Some("a tenant's device"),
+            };
+            match installations::ask_for(tx, c.machine_id, Work::Install(image), &asker).await? {
+                Asked::Done { generation, .. } => {
+                    tx.execute(
+                        "UPDATE device SET install_generation = $2 WHERE device_id = $1",
+                        &[&id, &generation],
+                    )
                     .await?;
-                refusals.push(why);
-            }
-            Asked::NotFound => {
-                tx.execute("DELETE FROM device WHERE device_id = $1", &[&id])
+                    event(
+                        tx,
+                        new.project_id,
+                        Some(id),
+                        "instance.created",
+                        &format!(
+                            "{} created ({plan} in {metro}, {})",
+                            new.hostname, new.operating_system
+                        ),
+                    )
                     .await?;
+                    let device = get(tx, id).await?.expect("inserted above");
+                    return Ok(Claimed::Done(Box::new(device)));
+                }
+                // Nothing was asked: the device row goes, the next machine.
+                Asked::Refused(why) => {
+                    tx.execute("DELETE FROM device WHERE device_id = $1", &[&id])
+                        .await?;
+                    refusals.push(why);
+                }
+                Asked::NotFound => {
+                    tx.execute("DELETE FROM device WHERE device_id = $1", &[&id])
+                        .await?;
+                }
             }
+        }
+        if (rows.len() as i64) < BATCH {
+            break;
         }
     }
     if new.reservation.is_some() {

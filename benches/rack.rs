@@ -1,0 +1,258 @@
+//! A rack at once: N owned machines (`fleet-sim --provider static`, 1,000
+//! by default) brought to tenant-ready by one shepherd on this machine,
+//! phase by phase:
+//!
+//! 1. enroll: from shepherd's start to every machine's agent running and
+//!    reporting (taken over over SSH: the simulated floor's machines are
+//!    reached that way, not yet by BMC power and network boot);
+//! 2. erase: every machine deprovisioned (`discard`) to `available`;
+//! 3. creates: N devices created through the Metal API, 8 in flight;
+//! 4. install: from the first create to every device `active` (each
+//!    machine installs a served image, `SHEPHERD_BENCH_IMAGE_MIB`, 16 by
+//!    default, fetching it from the image server and from the machines
+//!    installing it with it).
+//!
+//! Prints per phase its wall time, shepherd's CPU seconds and its BMDB
+//! statements and transactions per machine (from its `/metrics`); then
+//! shepherd's peak RSS, the simulated floor's CPU, and the image's bytes
+//! from the image server and between machines (the agents' progress).
+//!
+//!     cargo bench --bench rack
+//!
+//! SHEPHERD_BENCH_MACHINES sizes the rack; SHEPHERD_BENCH_INTERVAL sets
+//! the agents' heartbeat interval (5s). Needs PostgreSQL at
+//! 127.0.0.1:5432 (or its server binaries) and sfdisk.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use shepherd_sim::testing::{OwnedRack, cpu_seconds};
+
+fn env<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What one phase cost.
+struct Phase {
+    name: String,
+    wall: f64,
+    cpu: f64,
+    statements: f64,
+    transactions: f64,
+}
+
+/// Shepherd's counters at one moment.
+struct Mark {
+    at: Instant,
+    cpu: f64,
+    statements: f64,
+    transactions: f64,
+}
+
+async fn mark(rack: &OwnedRack) -> Mark {
+    Mark {
+        at: Instant::now(),
+        cpu: cpu_seconds(rack.shepherd.pid()),
+        statements: rack
+            .admin
+            .metric("shepherd_bmdb_statements_total", "")
+            .await,
+        transactions: rack
+            .admin
+            .metric("shepherd_bmdb_transactions_total", "committed")
+            .await,
+    }
+}
+
+fn phase(name: String, from: &Mark, to: &Mark) -> Phase {
+    Phase {
+        name,
+        wall: (to.at - from.at).as_secs_f64(),
+        cpu: to.cpu - from.cpu,
+        statements: to.statements - from.statements,
+        transactions: to.transactions - from.transactions,
+    }
+}
+
+fn main() {
+    let n: usize = env("SHEPHERD_BENCH_MACHINES", 1000);
+    let image_mib: u64 = env("SHEPHERD_BENCH_IMAGE_MIB", 16);
+    let interval: String = env("SHEPHERD_BENCH_INTERVAL", "5s".to_string());
+    actix_rt::System::new().block_on(run(n, image_mib, interval));
+}
+
+async fn run(n: usize, image_mib: u64, interval: String) {
+    let mut rack = OwnedRack::start(
+        n,
+        Ipv4Addr::new(127, 0, 96, 1),
+        &interval,
+        image_mib << 20,
+        &[],
+    )
+    .await;
+    let fleet_cpu = cpu_seconds(rack.fleet.pid());
+    let limit = Duration::from_secs(1800);
+    let mut phases = Vec::new();
+    let start = Mark {
+        at: rack.started,
+        cpu: 0.0,
+        statements: 0.0,
+        transactions: 0.0,
+    };
+
+    // 1. Enroll.
+    rack.admin
+        .wait(&mut rack.shepherd, "agent-started", n, limit)
+        .await;
+    let enrolled = mark(&rack).await;
+    phases.push(phase(
+        "enroll: start to every agent running".into(),
+        &start,
+        &enrolled,
+    ));
+
+    // 2. Erase.
+    let busy = rack.deprovision_all().await;
+    rack.admin
+        .wait(&mut rack.shepherd, "available", n, limit)
+        .await;
+    let available = mark(&rack).await;
+    phases.push(phase(
+        "erase: deprovisioned to every machine available".into(),
+        &enrolled,
+        &available,
+    ));
+
+    // 3. Creates, 8 in flight.
+    let (project, token) = rack.project("rack");
+    let create_path = format!("/metal/v1/projects/{project}/devices");
+    let before_creates = mark(&rack).await;
+    let next = std::cell::Cell::new(0usize);
+    let admin = &rack.admin;
+    let workers = (0..8).map(|_| {
+        let (create_path, token, next) = (&create_path, &token, &next);
+        async move {
+            loop {
+                let i = next.get();
+                if i >= n {
+                    return;
+                }
+                next.set(i + 1);
+                let body = json!({"metro": "sv", "plan": OwnedRack::PLAN,
+                    "operating_system": OwnedRack::OPERATING_SYSTEM,
+                    "hostname": format!("rack-{i:04}")});
+                let (s, d) = admin
+                    .call("POST", create_path, Some(token), Some(body))
+                    .await;
+                assert_eq!(s, 201, "{d}");
+            }
+        }
+    });
+    futures::future::join_all(workers).await;
+    let created = mark(&rack).await;
+    phases.push(phase(
+        format!("creates: {n} through the Metal API, 8 in flight"),
+        &before_creates,
+        &created,
+    ));
+
+    // 4. Every device active.
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut active = 0;
+        for page in 1..=n.div_ceil(1000) {
+            let (_, l) = admin
+                .call(
+                    "GET",
+                    &format!("{create_path}?per_page=1000&page={page}"),
+                    Some(&token),
+                    None,
+                )
+                .await;
+            active += l["devices"]
+                .as_array()
+                .map_or(0, |d| d.iter().filter(|d| d["state"] == "active").count());
+        }
+        if active >= n {
+            break;
+        }
+        rack.shepherd.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "{active} of {n} devices active: {}",
+            rack.shepherd.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let active = mark(&rack).await;
+    phases.push(phase(
+        "install: first create to every device active".into(),
+        &before_creates,
+        &active,
+    ));
+    let total = phase(
+        "total: start to every device active".into(),
+        &start,
+        &active,
+    );
+
+    // The image's bytes, as the agents reported them.
+    let (mut from_server, mut from_peers, mut image) = (0u64, 0u64, 0u64);
+    for m in rack.admin.machines().await {
+        let id = m["machine_id"].as_str().unwrap();
+        let (_, d) = rack
+            .admin
+            .call("GET", &format!("/api/v1/machines/{id}"), None, None)
+            .await;
+        let p = &d["installation"]["progress"];
+        let fetched = p["bytes_fetched"].as_u64().unwrap_or(0);
+        let peers = p["bytes_from_peers"].as_u64().unwrap_or(0);
+        image = image.max(p["bytes_total"].as_u64().unwrap_or(0));
+        from_server += fetched - peers.min(fetched);
+        from_peers += peers;
+    }
+    let images = |b: u64| b as f64 / image.max(1) as f64;
+
+    println!(
+        "A rack of {n} simulated owned machines to tenant-ready, one shepherd, 2 cores (agents every {interval}, a {image_mib} MiB image)"
+    );
+    println!(
+        "| phase | wall s | shepherd CPU s | BMDB statements/machine | transactions/machine |"
+    );
+    println!("|---|---|---|---|---|");
+    let per = |v: f64| v / n as f64;
+    for p in phases.iter().chain([&total]) {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            p.name,
+            p.wall,
+            p.cpu,
+            per(p.statements),
+            per(p.transactions)
+        );
+    }
+    println!();
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!(
+        "| shepherd's peak RSS | {:.0} MB |",
+        rack.shepherd.peak_rss_mb()
+    );
+    println!(
+        "| the simulated floor's CPU (fleet-sim: SSH, {n} agents, their disks) | {:.1} s |",
+        cpu_seconds(rack.fleet.pid()) - fleet_cpu
+    );
+    println!("| deprovisions answered 503 (BMDB busy), asked again | {busy} |");
+    println!(
+        "| image bytes from the image server | {from_server} ({:.2} images) |",
+        images(from_server)
+    );
+    println!(
+        "| image bytes between machines | {from_peers} ({:.2} images) |",
+        images(from_peers)
+    );
+}

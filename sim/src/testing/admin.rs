@@ -1,0 +1,144 @@
+//! A running `shepherd run` as an operator drives it: its admin API over
+//! HTTPS, its command line on the same configuration, its `/metrics`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::processes::{ShepherdProcess, bin};
+
+/// The admin API of a shepherd process and its command line.
+pub struct Admin {
+    pub client: awc::Client,
+    /// `https://host:port`.
+    pub base: String,
+    /// The configuration file the process runs on.
+    pub config: PathBuf,
+    /// The overrides it runs with (the command line gets them too).
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl Admin {
+    /// Runs `shepherd --config … ARGS`: its stdout (panics naming stderr
+    /// when it fails).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new(bin("shepherd"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "shepherd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `METHOD path` with `token` (the Metal API's `X-Auth-Token`) and a
+    /// JSON body: the status and the JSON answered (Null if none).
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.client.request(
+            awc::http::Method::from_bytes(method.as_bytes()).unwrap(),
+            &url,
+        );
+        if let Some(t) = token {
+            req = req.insert_header(("X-Auth-Token", t));
+        }
+        let mut r = match body {
+            Some(b) => req.send_json(&b).await,
+            None => req.send().await,
+        }
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let status = r.status().as_u16();
+        let bytes = r.body().limit(64 << 20).await.unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Every machine the admin API lists, page by page.
+    pub async fn machines(&self) -> Vec<Value> {
+        let mut all = Vec::new();
+        loop {
+            let path = format!("/api/v1/machines?limit=1000&offset={}", all.len());
+            let (status, b) = self.call("GET", &path, None, None).await;
+            assert_eq!(status, 200, "{path}: {b}");
+            let page = b["machines"].as_array().cloned().unwrap_or_default();
+            let done = page.is_empty()
+                || all.len() + page.len() >= b["matching"].as_u64().unwrap_or(0) as usize;
+            all.extend(page);
+            if done {
+                return all;
+            }
+        }
+    }
+
+    /// Machines in each state (the list's counts).
+    pub async fn counts(&self) -> std::collections::BTreeMap<String, u64> {
+        let (status, b) = self
+            .call("GET", "/api/v1/machines?limit=1", None, None)
+            .await;
+        assert_eq!(status, 200, "{b}");
+        serde_json::from_value(b["counts"].clone()).unwrap_or_default()
+    }
+
+    /// Waits until `n` machines are in `state` (`limit` at most,
+    /// panicking with `shepherd`'s log tail and the counts then, or once
+    /// it exited).
+    pub async fn wait(
+        &self,
+        shepherd: &mut ShepherdProcess,
+        state: &str,
+        n: usize,
+        limit: Duration,
+    ) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let counts = self.counts().await;
+            if counts.get(state).copied().unwrap_or(0) as usize >= n {
+                return;
+            }
+            shepherd.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "not {n} machines {state} after {}: {counts:?}\n{}",
+                humantime::format_duration(limit),
+                shepherd.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// The sum of the `/metrics` samples named `name` whose labels
+    /// contain `labels` ("" for any).
+    pub async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let url = format!("{}/metrics", self.base);
+        let mut r = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let body = r.body().limit(64 << 20).await.unwrap_or_default();
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| {
+                l.split([' ', '{']).next() == Some(name)
+                    && (labels.is_empty() || l.contains(labels))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}

@@ -502,6 +502,9 @@ fn peer_key(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
     }
 }
 
+/// How long [`ImageServer::stop`] waits at most.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(35);
+
 /// A running image server.
 pub struct ImageServer {
     pub addr: SocketAddr,
@@ -572,7 +575,16 @@ impl ImageServer {
         Ok(ImageServer { addr, handle })
     }
 
+    /// Stops accepting and lets what is in flight finish (actix's 30 s
+    /// shutdown timeout); gives up waiting after [`STOP_WAIT`], naming
+    /// the server: a stop whose completion is never told must not hang
+    /// its caller.
     pub async fn stop(&self) {
-        self.handle.stop(true).await;
+        if tokio::time::timeout(STOP_WAIT, self.handle.stop(true))
+            .await
+            .is_err()
+        {
+            tracing::warn!(addr = %self.addr, "the image server did not say it stopped within {}s", STOP_WAIT.as_secs());
+        }
     }
 }

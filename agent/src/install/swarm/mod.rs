@@ -355,6 +355,9 @@ impl Swarm {
                         peer.conn.name,
                         humantime::format_duration(COOL)
                     ));
+                    // It may have left since the last join: whom to ask
+                    // instead, from the next chunk on.
+                    self.membership.members.stale.notify_one();
                 }
             }
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shepherd::bmdb::Bmdb;
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb, gpt_image};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, TestDb, gpt_image};
 
 pub const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
@@ -84,25 +84,12 @@ impl Rig {
         // An image with a partition table (for first-boot data), hashed
         // at start as every served image.
         gpt_image(&images.join("gpt.img"), 16 << 20);
-        let callback = format!("127.0.0.1:{}", Sshd::free_port());
-        let admin = format!("127.0.0.1:{}", Sshd::free_port());
-        let mut vars: Vec<(&str, String)> = vec![
-            ("SHEPHERD__BMDB__URL", db.url()),
+        let (mut vars, admin) = shepherd_sim::testing::loopback_env(db.url(), &images);
+        vars.extend([
             ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
-            ("SHEPHERD__ADMIN__LISTEN", admin.clone()),
-            ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
-            ("SHEPHERD__BMAAS__ENDPOINT", callback),
-            (
-                "SHEPHERD__INSTALLATIONS__IMAGES_DIR",
-                images.display().to_string(),
-            ),
-            (
-                "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN",
-                format!("127.0.0.1:{}", Sshd::free_port()),
-            ),
             ("SHEPHERD__INSTALLATIONS__ROLLOUT_INTERVAL", "500ms".into()),
             ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
-        ];
+        ]);
         vars.extend(more.iter().cloned());
         let shepherd = ShepherdProcess::start(
             Path::new(SHEPHERD),

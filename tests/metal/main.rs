@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use shepherd::bmdb::Bmdb;
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, TestDb};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
@@ -107,25 +107,12 @@ image = "debian-12.img"
 "#,
         );
         std::fs::write(&config, text).unwrap();
-        let callback = format!("127.0.0.1:{}", Sshd::free_port());
-        let admin = format!("127.0.0.1:{}", Sshd::free_port());
-        let env: Vec<(&str, String)> = vec![
-            ("SHEPHERD__BMDB__URL", db.url()),
+        let (mut env, admin) = shepherd_sim::testing::loopback_env(db.url(), &images);
+        env.extend([
             ("SHEPHERD__BMDB__SESSION_INTERVAL", "2s".into()),
-            ("SHEPHERD__ADMIN__LISTEN", admin.clone()),
-            ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
-            ("SHEPHERD__BMAAS__ENDPOINT", callback),
-            (
-                "SHEPHERD__INSTALLATIONS__IMAGES_DIR",
-                images.display().to_string(),
-            ),
-            (
-                "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN",
-                format!("127.0.0.1:{}", Sshd::free_port()),
-            ),
             ("SHEPHERD__UPDATER__INTERVAL", "1s".into()),
             ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
-        ];
+        ]);
         let shepherd = ShepherdProcess::start(
             Path::new(SHEPHERD),
             &config,

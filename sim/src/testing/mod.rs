@@ -49,8 +49,8 @@ pub use db::{
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use processes::{
-    FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand, peak_rss_mb, pgbench,
-    stripped_copy, succeed,
+    FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand, loopback_env,
+    peak_rss_mb, pgbench, stripped_copy, succeed,
 };
 pub use rack::OwnedRack;
 pub use sshd::Sshd;

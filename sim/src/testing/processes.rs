@@ -201,6 +201,30 @@ impl Drop for FleetSimProcess {
     }
 }
 
+/// The overrides a `shepherd run` under test takes on loopback: the BMDB
+/// at `bmdb_url`, served images from `images`, and a free port each for
+/// the admin server, the agents' callback and the image server. Returns
+/// them and the admin server's address.
+pub fn loopback_env(
+    bmdb_url: String,
+    images: &std::path::Path,
+) -> (Vec<(&'static str, String)>, String) {
+    let free = || format!("127.0.0.1:{}", super::sshd::Sshd::free_port());
+    let (admin, callback) = (free(), free());
+    let env = vec![
+        ("SHEPHERD__BMDB__URL", bmdb_url),
+        ("SHEPHERD__ADMIN__LISTEN", admin.clone()),
+        ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
+        ("SHEPHERD__BMAAS__ENDPOINT", callback),
+        (
+            "SHEPHERD__INSTALLATIONS__IMAGES_DIR",
+            images.display().to_string(),
+        ),
+        ("SHEPHERD__INSTALLATIONS__IMAGES_LISTEN", free()),
+    ];
+    (env, admin)
+}
+
 /// `shepherd run` as a process on a configuration file, with environment
 /// overrides; its log (stderr) in a file.
 pub struct ShepherdProcess {

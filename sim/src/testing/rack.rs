@@ -11,8 +11,7 @@ use rustls::pki_types::pem::PemObject as _;
 use super::admin::Admin;
 use super::boot::{gpt_image, https_client};
 use super::db::TestDb;
-use super::processes::{FleetSimProcess, ShepherdProcess, bin};
-use super::sshd::Sshd;
+use super::processes::{FleetSimProcess, ShepherdProcess, bin, loopback_env};
 
 pub struct OwnedRack {
     /// When shepherd was started (the fleet was up before).
@@ -67,23 +66,8 @@ impl OwnedRack {
             Self::OPERATING_SYSTEM,
         ));
         std::fs::write(&config, text).unwrap();
-        let listen = format!("127.0.0.1:{}", Sshd::free_port());
-        let callback = format!("127.0.0.1:{}", Sshd::free_port());
-        let mut all: Vec<(&'static str, String)> = vec![
-            ("SHEPHERD__BMDB__URL", db.url()),
-            ("SHEPHERD__ADMIN__LISTEN", listen.clone()),
-            ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
-            ("SHEPHERD__BMAAS__ENDPOINT", callback),
-            (
-                "SHEPHERD__INSTALLATIONS__IMAGES_DIR",
-                images.display().to_string(),
-            ),
-            (
-                "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN",
-                format!("127.0.0.1:{}", Sshd::free_port()),
-            ),
-            ("SHEPHERD__LOG__LEVEL", "warn".into()),
-        ];
+        let (mut all, listen) = loopback_env(db.url(), &images);
+        all.push(("SHEPHERD__LOG__LEVEL", "warn".into()));
         all.extend(env.iter().cloned());
         let started = std::time::Instant::now();
         let shepherd = ShepherdProcess::start(

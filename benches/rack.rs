@@ -3,8 +3,14 @@
 //! phase by phase:
 //!
 //! 1. enroll: from shepherd's start to every machine's agent running and
-//!    reporting (taken over over SSH: the simulated floor's machines are
-//!    reached that way, not yet by BMC power and network boot);
+//!    reporting. With `SHEPHERD_BENCH_BOOT=network` (the default as root)
+//!    the machines are blank and off: shepherd powers each on through its
+//!    simulated Redfish BMC (200 ms a request) with a one-time `Pxe`
+//!    override, and the machine boots through shepherd's real proxyDHCP-
+//!    less DHCP, TFTP and HTTP on a veth link between two network
+//!    namespaces (`fleet-sim --boot network`, `sim/src/pxe.rs`), then its
+//!    live agent enrolls with the boot's credential. With `ssh` the
+//!    machines answer SSH and are taken over;
 //! 2. erase: every machine deprovisioned (`discard`) to `available`;
 //! 3. creates: N devices created through the Metal API, 8 in flight;
 //! 4. install: from the first create to every device `active` (each
@@ -15,7 +21,9 @@
 //! Prints per phase its wall time, shepherd's CPU seconds and its BMDB
 //! statements and transactions per machine (from its `/metrics`); then
 //! shepherd's peak RSS, the simulated floor's CPU, and the image's bytes
-//! from the image server and between machines (the agents' progress).
+//! from the image server and between machines (the agents' progress);
+//! booting the network, the DHCP packets answered and dropped (by
+//! reason), TFTP and HTTP transfers, and the machines' own DHCP resends.
 //!
 //!     cargo bench --bench rack
 //!
@@ -82,18 +90,43 @@ fn main() {
     let n: usize = env("SHEPHERD_BENCH_MACHINES", 1000);
     let image_mib: u64 = env("SHEPHERD_BENCH_IMAGE_MIB", 16);
     let interval: String = env("SHEPHERD_BENCH_INTERVAL", "5s".to_string());
-    actix_rt::System::new().block_on(run(n, image_mib, interval));
+    let root = shepherd_sim::testing::is_root();
+    let network = match std::env::var("SHEPHERD_BENCH_BOOT").as_deref() {
+        Ok("network") if !root => {
+            eprintln!("rack: SHEPHERD_BENCH_BOOT=network needs root (network namespaces)");
+            std::process::exit(2);
+        }
+        Ok("network") => true,
+        Ok("ssh") => false,
+        Ok(other) => {
+            eprintln!("rack: SHEPHERD_BENCH_BOOT={other:?} is not \"network\" or \"ssh\"");
+            std::process::exit(2);
+        }
+        Err(_) => {
+            if !root {
+                eprintln!(
+                    "rack: not root, so no network namespaces: the machines are taken over over SSH (SHEPHERD_BENCH_BOOT=ssh)"
+                );
+            }
+            root
+        }
+    };
+    actix_rt::System::new().block_on(run(n, image_mib, interval, network));
 }
 
-async fn run(n: usize, image_mib: u64, interval: String) {
-    let mut rack = OwnedRack::start(
-        n,
-        Ipv4Addr::new(127, 0, 96, 1),
-        &interval,
-        image_mib << 20,
-        &[],
-    )
-    .await;
+async fn run(n: usize, image_mib: u64, interval: String, network: bool) {
+    let mut rack = if network {
+        OwnedRack::start_network(n, &interval, image_mib << 20, &[]).await
+    } else {
+        OwnedRack::start(
+            n,
+            Ipv4Addr::new(127, 0, 96, 1),
+            &interval,
+            image_mib << 20,
+            &[],
+        )
+        .await
+    };
     let fleet_cpu = cpu_seconds(rack.fleet.pid());
     let limit = Duration::from_secs(1800);
     let mut phases = Vec::new();
@@ -104,19 +137,29 @@ async fn run(n: usize, image_mib: u64, interval: String) {
         transactions: 0.0,
     };
 
-    // 1. Enroll.
+    // 1. Enroll: a machine booted into the live agent is `available`
+    // at once (blank, it held nothing); one taken over `agent-started`.
+    let (enrolled_state, enroll) = if network {
+        (
+            "available",
+            "enroll: start to every machine powered on, booted the network, enrolled",
+        )
+    } else {
+        ("agent-started", "enroll: start to every agent running")
+    };
     rack.admin
-        .wait(&mut rack.shepherd, "agent-started", n, limit)
+        .wait(&mut rack.shepherd, enrolled_state, n, limit)
         .await;
     let enrolled = mark(&rack).await;
-    phases.push(phase(
-        "enroll: start to every agent running".into(),
-        &start,
-        &enrolled,
-    ));
+    phases.push(phase(enroll.into(), &start, &enrolled));
+    let boot_figures = if network {
+        Some(network_boot_figures(&rack).await)
+    } else {
+        None
+    };
 
     // 2. Erase.
-    let busy = rack.deprovision_all().await;
+    let deprovisions = rack.deprovision_all().await;
     rack.admin
         .wait(&mut rack.shepherd, "available", n, limit)
         .await;
@@ -254,10 +297,17 @@ async fn run(n: usize, image_mib: u64, interval: String) {
         rack.shepherd.peak_rss_mb()
     );
     println!(
-        "| the simulated floor's CPU (fleet-sim: SSH, {n} agents, their disks) | {:.1} s |",
+        "| the simulated floor's CPU (fleet-sim: {n} machines, their agents and disks) | {:.1} s |",
         cpu_seconds(rack.fleet.pid()) - fleet_cpu
     );
-    println!("| deprovisions answered 503 (BMDB busy), asked again | {busy} |");
+    println!(
+        "| deprovisions answered 503 (BMDB busy), asked again | {} |",
+        deprovisions.busy
+    );
+    println!(
+        "| deprovisions answered 409 (the BMC not read yet), asked again | {} |",
+        deprovisions.bmc_unread
+    );
     println!("| creates answered 503 (BMDB busy), asked again | {creates_busy} |");
     println!(
         "| image bytes from the image server | {from_server} ({:.2} images) |",
@@ -267,4 +317,98 @@ async fn run(n: usize, image_mib: u64, interval: String) {
         "| image bytes between machines | {from_peers} ({:.2} images) |",
         images(from_peers)
     );
+    if let Some(rows) = boot_figures {
+        println!();
+        println!("The network boot, to every machine enrolled:");
+        println!();
+        println!("| figure | value |");
+        println!("|---|---|");
+        for (k, v) in rows {
+            println!("| {k} | {v} |");
+        }
+    }
+}
+
+/// What the network boot's services and the machines counted, as rows.
+async fn network_boot_figures(rack: &OwnedRack) -> Vec<(String, String)> {
+    let m = |name: &'static str, labels: &'static str| rack.admin.metric(name, labels);
+    let mut rows = vec![
+        (
+            "DHCP answers sent (offers, acks)".to_string(),
+            format!(
+                "{} ({}, {})",
+                m("shepherd_netboot_dhcp_answers_total", "").await,
+                m("shepherd_netboot_dhcp_answers_total", "message=\"offer\"").await,
+                m("shepherd_netboot_dhcp_answers_total", "message=\"ack\"").await
+            ),
+        ),
+        (
+            "DHCP packets dropped".to_string(),
+            format!("{}", m("shepherd_netboot_dhcp_ignored_total", "").await),
+        ),
+    ];
+    for reason in [
+        "busy",
+        "bmdb_unavailable",
+        "pool_full",
+        "no_boot",
+        "unknown_mac",
+    ] {
+        let v = rack
+            .admin
+            .metric(
+                "shepherd_netboot_dhcp_ignored_total",
+                &format!("reason=\"{reason}\""),
+            )
+            .await;
+        if v > 0.0 {
+            rows.push((format!("… of which {reason}"), format!("{v}")));
+        }
+    }
+    rows.push((
+        "TFTP transfers complete / not".to_string(),
+        format!(
+            "{} / {}",
+            m("shepherd_netboot_tftp_transfers_total", "complete").await,
+            m("shepherd_netboot_tftp_transfers_total", "").await
+                - m("shepherd_netboot_tftp_transfers_total", "complete").await
+        ),
+    ));
+    rows.push((
+        "HTTP boot files served / not".to_string(),
+        format!(
+            "{} / {}",
+            m("shepherd_netboot_http_requests_total", "served").await,
+            m("shepherd_netboot_http_requests_total", "").await
+                - m("shepherd_netboot_http_requests_total", "served").await
+        ),
+    ));
+    rows.push((
+        "BMC boots enrolled / failed / no callback".to_string(),
+        format!(
+            "{} / {} / {}",
+            m("shepherd_bmc_boots_total", "outcome=\"enrolled\"").await,
+            m("shepherd_bmc_boots_total", "outcome=\"bmc_failed\"").await,
+            m("shepherd_bmc_boots_total", "outcome=\"no_callback\"").await
+        ),
+    ));
+    let fleet = rack.fleet.report().await;
+    let b = &fleet["network_boots"];
+    for (k, what) in [
+        (
+            "started",
+            "network boots started (power ons with the Pxe override)",
+        ),
+        ("failed", "network boots failed"),
+        ("dhcp_sent", "DHCP messages the machines sent"),
+        ("dhcp_resent", "… sent again after a wait unanswered"),
+        ("tftp_bytes", "TFTP bytes received"),
+        (
+            "http_bytes",
+            "HTTP bytes received (scripts, kernels, initramfs)",
+        ),
+    ] {
+        rows.push((what.to_string(), b[k].to_string()));
+    }
+    rows
 }

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use dhcproto::v4::{Architecture, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable as _, Encodable as _};
 use shepherd::bmdb::Bmdb;
-use shepherd_sim::testing::{ShepherdProcess, Sshd, TestDb, boot_data_file, boot_image_stand_in};
+use shepherd_sim::testing::{
+    Netns, ShepherdProcess, Sshd, TestDb, boot_data_file, boot_image_stand_in, is_root,
+};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -31,10 +33,6 @@ const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xaa, 0x00, 0x01];
 const MAC_TEXT: &str = "52:54:00:AA:00:01";
 const ADMIN_TOKEN: &str = "netboot-test-admin-token-0123456789";
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
@@ -49,34 +47,6 @@ fn ok(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// A network namespace of this test's, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("sn{tag}{}-{n}", std::process::id() % 100_000);
-        let _ = run(Command::new("ip").args(["netns", "del", &name]));
-        ok(Command::new("ip").args(["netns", "add", &name]));
-        ok(Command::new("ip").args(["-n", &name, "link", "set", "lo", "up"]));
-        Netns(name)
-    }
-
-    /// `args` run inside the namespace.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.0]).args(args);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
 }
 
 /// Runs `f` on a thread that has entered namespace `ns` (sockets it makes
@@ -112,28 +82,6 @@ struct Bed {
     grub: Vec<u8>,
 }
 
-/// The BMDB as the process in the namespace reaches it: PostgreSQL's unix
-/// socket (127.0.0.1 there is the namespace's own).
-fn socket_url(db: &TestDb) -> Option<String> {
-    use tokio_postgres::config::Host;
-    match &db.config.get_hosts()[0] {
-        Host::Unix(_) => Some(db.url()),
-        Host::Tcp(_) => {
-            let port = db.config.get_ports().first().copied().unwrap_or(5432);
-            ["/var/run/postgresql", "/run/postgresql", "/tmp"]
-                .into_iter()
-                .find(|d| Path::new(&format!("{d}/.s.PGSQL.{port}")).exists())
-                .map(|d| {
-                    format!(
-                        "host={d} port={port} user={} dbname={}",
-                        db.config.get_user().unwrap_or("postgres"),
-                        db.name()
-                    )
-                })
-        }
-    }
-}
-
 fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
     (0..n as u32)
         .map(|i| (i.wrapping_add(seed).wrapping_mul(2654435761) >> 24) as u8)
@@ -152,7 +100,7 @@ impl Bed {
             return None;
         }
         let db = TestDb::new().await;
-        let Some(url) = socket_url(&db) else {
+        let Some(url) = db.socket_url() else {
             eprintln!("SKIPPED: no PostgreSQL unix socket for the shepherd in the namespace");
             return None;
         };

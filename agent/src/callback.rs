@@ -166,3 +166,68 @@ fn ed25519_pkcs8(seed: &[u8; 32]) -> Vec<u8> {
     v.extend_from_slice(seed);
     v
 }
+
+/// Presents a boot's credential (`data`, the boot image's
+/// `shepherd.boot.v1.BootData`) with the key of `seed` until shepherd
+/// answers, retrying while it cannot be reached (each failed try told to
+/// `log`); Err only when it refuses: another try would be refused too.
+pub async fn enroll(
+    data: &shepherd_proto::boot::BootData,
+    seed: &[u8; 32],
+    log: impl Fn(std::fmt::Arguments<'_>),
+) -> Result<(), String> {
+    let host = endpoint_host(&data.bmaas_endpoint)
+        .ok_or_else(|| format!("{:?} is not host:port", data.bmaas_endpoint))?
+        .to_string();
+    /// How one try ended badly.
+    enum Failed {
+        /// Shepherd said no: another try would be refused too.
+        Refused(String),
+        /// Not reached, or not able to answer now.
+        Again(String),
+    }
+    let mut pause = std::time::Duration::from_secs(1);
+    loop {
+        let tried = async {
+            let addr = tokio::net::lookup_host(data.bmaas_endpoint.as_str())
+                .await
+                .map_err(|e| Failed::Again(format!("cannot resolve {}: {e}", data.bmaas_endpoint)))?
+                .next()
+                .ok_or_else(|| {
+                    Failed::Again(format!("{} resolves to no address", data.bmaas_endpoint))
+                })?;
+            let channel = connect(addr, &host, &data.ca_certificate, seed)
+                .await
+                .map_err(Failed::Again)?;
+            call::<_, shepherd_proto::boot::EnrollResponse>(
+                channel,
+                shepherd_proto::callback::ENROLL_PATH,
+                shepherd_proto::boot::EnrollRequest {
+                    machine_id: data.machine_id.clone(),
+                    credential: data.credential.clone(),
+                    bmaas_endpoint: data.bmaas_endpoint.clone(),
+                },
+            )
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::Unauthenticated | tonic::Code::InvalidArgument => {
+                    Failed::Refused(s.message().to_string())
+                }
+                _ => Failed::Again(s.message().to_string()),
+            })
+        }
+        .await;
+        match tried {
+            Ok(_) => return Ok(()),
+            Err(Failed::Refused(why)) => {
+                return Err(format!("shepherd refused the enrollment: {why}"));
+            }
+            Err(Failed::Again(e)) => log(format_args!(
+                "enrolling: {e}; again in {}",
+                humantime::format_duration(pause)
+            )),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(30));
+    }
+}

@@ -26,8 +26,10 @@ use serde::Serialize;
 use crate::bmc::BmcSim;
 use crate::equinix::{Addressing, Faults, SimConfig, Simulator};
 use crate::machine::{MachineSim, Runs};
+use crate::pxe::ProvisioningLink;
 use shepherd::secret::write_private;
 use shepherd::ssh::SshIdentity;
+use std::sync::Arc;
 
 pub struct FleetOptions {
     pub machines: usize,
@@ -60,6 +62,9 @@ pub struct FleetOptions {
     pub location: Option<String>,
     /// How the BMCs' firmware updates behave (static only).
     pub firmware: crate::bmc::FirmwareOptions,
+    /// Blank machines booted through their BMCs and the network, not
+    /// reached over SSH (static only; in a network namespace).
+    pub network_boot: Option<crate::rack::NetworkBoot>,
 }
 
 /// Where the fleet's machines come from.
@@ -88,6 +93,7 @@ impl Default for FleetOptions {
             provider: FleetProvider::Equinix,
             location: None,
             firmware: crate::bmc::FirmwareOptions::default(),
+            network_boot: None,
         }
     }
 }
@@ -96,8 +102,10 @@ impl Default for FleetOptions {
 pub struct FleetSim {
     /// The Equinix simulator (rented machines only).
     pub api: Option<Simulator>,
-    /// The machines' BMCs (owned machines only).
+    /// The machines' BMCs (owned machines reached over SSH).
     pub bmcs: Option<BmcSim>,
+    /// The rack booted through its BMCs and the network.
+    pub rack: Option<crate::rack::Rack>,
     location: Option<String>,
     pub machines: MachineSim,
     control: actix_web::dev::ServerHandle,
@@ -124,6 +132,9 @@ pub struct FleetReport {
     pub taken_over_again: BTreeMap<IpAddr, u32>,
     /// Per machine (those that ran anything).
     pub runs: BTreeMap<IpAddr, Runs>,
+    /// What the machines booting the network did (`--boot network`):
+    /// `pxe::BootCounts`.
+    pub network_boots: Option<serde_json::Value>,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -133,7 +144,7 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 fn loopback_only(what: &str, ip: IpAddr) -> std::io::Result<()> {
-    if ip.is_loopback() {
+    if ip.is_loopback() || crate::rack::in_own_namespace() {
         Ok(())
     } else {
         Err(std::io::Error::other(format!(
@@ -171,17 +182,36 @@ impl FleetSim {
             0 => free_port()?,
             p => p,
         };
-        let machines =
-            MachineSim::start(opts.first_address, n, port, public, &machines_dir).await?;
-        machines.agents.set_interval(opts.agent_interval);
+        let addresses = (0..n)
+            .map(|i| IpAddr::V4(Ipv4Addr::from(u32::from(opts.first_address) + i as u32)))
+            .collect();
+        let rack = match (&opts.network_boot, opts.provider) {
+            (Some(boot), FleetProvider::Static) => Some(crate::rack::Rack::start(
+                addresses,
+                free_port()?,
+                &machines_dir,
+                &opts.dir,
+                boot.clone(),
+            )?),
+            (Some(_), FleetProvider::Equinix) => {
+                return Err(std::io::Error::other(
+                    "a network boot is of owned machines (--provider static)",
+                ));
+            }
+            (None, _) => None,
+        };
+        let machines = match &rack {
+            Some(_) => MachineSim::blank(Vec::new(), &machines_dir)?,
+            None => MachineSim::start(opts.first_address, n, port, public, &machines_dir).await?,
+        };
         for (name, ips) in &opts.names {
             for ip in ips {
                 loopback_only(&format!("name {name}'s address"), *ip)?;
             }
         }
-        machines
-            .agents
-            .set_names(opts.names.iter().cloned().collect());
+        let agents = &rack.as_ref().map_or(&machines, |r| &r.machines).agents;
+        agents.set_interval(opts.agent_interval);
+        agents.set_names(opts.names.iter().cloned().collect());
         let (api, bmcs) = match opts.provider {
             FleetProvider::Equinix => {
                 let api = Simulator::start(
@@ -200,6 +230,7 @@ impl FleetSim {
             }
             // Owned: a Redfish BMC per machine; a restart or a power-off
             // kills the machine's agent, as on real hardware.
+            FleetProvider::Static if rack.is_some() => (None, None),
             FleetProvider::Static => {
                 let bmcs = BmcSim::for_machines_with(&machines, opts.firmware.clone())?;
                 (None, Some(bmcs))
@@ -208,11 +239,16 @@ impl FleetSim {
         let token_file = opts.dir.join("api-token");
         write_private(&token_file, opts.token.as_bytes())?;
 
-        let agents = machines.agents.clone();
+        let agents = rack
+            .as_ref()
+            .map_or(&machines, |r| &r.machines)
+            .agents
+            .clone();
+        let link = rack.as_ref().map(|r| r.link.clone());
         let count = n;
         let server = HttpServer::new(move || {
             App::new()
-                .app_data(web::Data::new((agents.clone(), count)))
+                .app_data(web::Data::new((agents.clone(), count, link.clone())))
                 .route("/fleet", web::get().to(report))
                 .route("/fleet/silence", web::post().to(silence))
                 .route("/fleet/partition", web::post().to(partition))
@@ -228,6 +264,7 @@ impl FleetSim {
         Ok(FleetSim {
             api,
             bmcs,
+            rack,
             location: opts.location,
             machines,
             control,
@@ -243,14 +280,23 @@ impl FleetSim {
         format!("http://{}/fleet", self.control_addr)
     }
 
+    /// The fleet's machines: those reached over SSH, or the rack's.
+    pub fn machines(&self) -> &MachineSim {
+        self.rack.as_ref().map_or(&self.machines, |r| &r.machines)
+    }
+
     pub fn report(&self) -> FleetReport {
-        fleet_report(&self.machines.agents, self.machines.addresses.len())
+        fleet_report(
+            &self.machines().agents,
+            self.machines().addresses.len(),
+            self.rack.as_ref().map(|r| r.link.clone()),
+        )
     }
 
     /// A complete shepherd configuration for this fleet. The database is
     /// left to the defaults (embedded) or to `SHEPHERD__BMDB__URL`.
     pub fn config(&self) -> String {
-        let n = self.machines.addresses.len();
+        let n = self.machines().addresses.len();
         let every = self.agent_interval;
         let stale = humantime::format_duration(every * 5);
         let (endpoint, listen, others) = match self.names.first() {
@@ -263,11 +309,18 @@ impl FleetSim {
                     .collect::<Vec<_>>()
                     .join(", "),
             ),
-            _ => (
-                "127.0.0.1:7830".into(),
-                "127.0.0.1:7830".into(),
-                String::new(),
-            ),
+            _ => match &self.rack {
+                Some(r) => (
+                    format!("{}:7830", r.boot.server),
+                    format!("{}:7830", r.boot.server),
+                    String::new(),
+                ),
+                None => (
+                    "127.0.0.1:7830".into(),
+                    "127.0.0.1:7830".into(),
+                    String::new(),
+                ),
+            },
         };
         let others = if others.is_empty() {
             "give each its own callback address and endpoint".to_string()
@@ -276,7 +329,13 @@ impl FleetSim {
                 "the agents' endpoint resolves to the addresses {others} too: give each further shepherd one of them as SHEPHERD__BMAAS__LISTEN"
             )
         };
+        let location = self
+            .location
+            .as_deref()
+            .map(|l| format!("location = \"{}\"\n", toml_path(Path::new(l))))
+            .unwrap_or_default();
         let provider = match (&self.api, &self.bmcs) {
+            _ if self.rack.is_some() => self.rack.as_ref().unwrap().config(&location),
             (Some(api), _) => format!(
                 r#"# Equinix simulator stats: http://{stats}/_sim/stats
 
@@ -314,11 +373,6 @@ creation_interval = "0s"
                      # The Metal API's deleted devices: the simulated disks are files, a\n\
                      # discard punches them through.\n[metal]\nerase_mode = \"discard\"\n",
                 );
-                let location = self
-                    .location
-                    .as_deref()
-                    .map(|l| format!("location = \"{}\"\n", toml_path(Path::new(l))))
-                    .unwrap_or_default();
                 for (i, ip) in self.machines.addresses.iter().enumerate() {
                     inventory.push_str(&format!(
                         "\n[[provider.inventory.machines]]\nid = \"node-{:04}\"\naddress = \"{ip}\"\n{location}bmc = {{ url = \"{}\", username = \"{}\", password = \"{}\" }}\n",
@@ -371,7 +425,11 @@ listen = "{listen}"
 endpoint = "{endpoint}"
 "#,
             control = self.control_url(),
-            port = self.machines.port,
+            // A rack booted through the network answers no SSH: the default.
+            port = match self.machines().port {
+                0 => 22,
+                p => p,
+            },
             key = toml_path(&self.ssh_key),
             every = humantime::format_duration(every),
             grace = humantime::format_duration(every * 2),
@@ -387,19 +445,26 @@ endpoint = "{endpoint}"
         if let Some(bmcs) = self.bmcs {
             bmcs.stop().await;
         }
+        if let Some(rack) = self.rack {
+            rack.bmcs.stop().await;
+        }
         drop(self.machines);
     }
 }
 
 /// A path as a TOML basic string's contents.
-fn toml_path(p: &Path) -> String {
+pub(crate) fn toml_path(p: &Path) -> String {
     p.display()
         .to_string()
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
 }
 
-fn fleet_report(agents: &crate::machine::Agents, machines: usize) -> FleetReport {
+fn fleet_report(
+    agents: &crate::machine::Agents,
+    machines: usize,
+    network_boots: Option<Arc<ProvisioningLink>>,
+) -> FleetReport {
     let runs: BTreeMap<IpAddr, Runs> = agents.runs().into_iter().collect();
     FleetReport {
         machines,
@@ -413,13 +478,14 @@ fn fleet_report(agents: &crate::machine::Agents, machines: usize) -> FleetReport
             .map(|(ip, r)| (*ip, r.agents))
             .collect(),
         runs,
+        network_boots: network_boots.and_then(|l| serde_json::to_value(&l.counts).ok()),
     }
 }
 
-type Control = web::Data<(crate::machine::Agents, usize)>;
+type Control = web::Data<(crate::machine::Agents, usize, Option<Arc<ProvisioningLink>>)>;
 
 async fn report(c: Control) -> HttpResponse {
-    HttpResponse::Ok().json(fleet_report(&c.0, c.1))
+    HttpResponse::Ok().json(fleet_report(&c.0, c.1, c.2.clone()))
 }
 
 #[derive(serde::Deserialize)]

@@ -7,6 +7,10 @@
 //! - [`equinix`]: the Equinix Metal API simulator (`equinix-sim`).
 //! - [`machine`]: machines that answer SSH and run the uploaded agent.
 //! - [`bmc`]: Redfish BMCs for the simulated machines.
+//! - [`pxe`]: the machines' network boot (PXE ROM, iPXE), against
+//!   shepherd's real network boot service in a namespace.
+//! - [`rack`]: blank owned machines booted through their BMCs and the
+//!   network (`fleet-sim --boot network`).
 //! - [`fleet`]: a whole simulated fleet as a process (`fleet-sim`).
 //! - [`demo`]: `shepherd-demo` (the quick start of README.md and
 //!   docs/src/install.md, `scripts/demo`), the service run against the
@@ -19,6 +23,8 @@ pub mod demo;
 pub mod equinix;
 pub mod fleet;
 pub mod machine;
+pub mod pxe;
+pub mod rack;
 #[doc(hidden)]
 pub mod testing;
 

@@ -179,19 +179,74 @@ impl Agents {
         self.inner.lock().unwrap().runs.entry(ip).or_default().execs += 1;
     }
 
-    fn start(&self, ip: IpAddr, resident: shepherd_agent::resident::Resident) {
-        let mut inner = self.inner.lock().unwrap();
-        inner.runs.entry(ip).or_default().agents += 1;
-        let host = SimHost {
+    fn host(&self, inner: &AgentsInner, ip: IpAddr) -> SimHost {
+        SimHost {
             ip,
             interval: inner.interval,
             names: inner.names.clone(),
             dir: inner.root.join(ip.to_string()),
             rebooted: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             agents: self.clone(),
-        };
+        }
+    }
+
+    fn start(&self, ip: IpAddr, resident: shepherd_agent::resident::Resident) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.runs.entry(ip).or_default().agents += 1;
+        let host = self.host(&inner, ip);
         let machine_id = resident.machine_id.clone();
         let task = tokio::spawn(shepherd_agent::resident::run(resident, host));
+        if let Some(old) = inner.running.insert(ip, RunningAgent { machine_id, task }) {
+            old.task.abort();
+        }
+    }
+
+    /// Boots the machine at `ip` into shepherd's live agent: `boot` (its
+    /// network boot) yields the boot's data (an encoded `BootData`), with
+    /// whose credential the agent enrolls a fresh key and then heartbeats,
+    /// as the boot image's agent does. A boot that fails, or an enrollment
+    /// refused, leaves the machine at its firmware, as a real one stays
+    /// (shepherd's Enroller boots it again). A power off ends it.
+    pub fn boot_live<F>(&self, ip: IpAddr, boot: F)
+    where
+        F: std::future::Future<Output = Result<Vec<u8>, String>> + Send + 'static,
+    {
+        let mut inner = self.inner.lock().unwrap();
+        let host = self.host(&inner, ip);
+        let agents = self.clone();
+        let task = tokio::spawn(async move {
+            use prost::Message as _;
+            let data = match boot.await.and_then(|b| {
+                shepherd_proto::boot::BootData::decode(b.as_slice()).map_err(|e| e.to_string())
+            }) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(machine = %ip, error = %e, "network boot failed: the machine stays at its firmware");
+                    return;
+                }
+            };
+            let seed: [u8; 32] = rand::random();
+            let log = |line: std::fmt::Arguments<'_>| tracing::debug!(machine = %ip, "live agent: {line}");
+            if let Err(e) = shepherd_agent::callback::enroll(&data, &seed, log).await {
+                tracing::warn!(machine = %ip, error = %e, "the live agent did not enroll");
+                return;
+            }
+            {
+                let mut inner = agents.inner.lock().unwrap();
+                inner.runs.entry(ip).or_default().agents += 1;
+                if let Some(a) = inner.running.get_mut(&ip) {
+                    a.machine_id = data.machine_id.clone();
+                }
+            }
+            let resident = shepherd_agent::resident::Resident {
+                machine_id: data.machine_id,
+                endpoint: data.bmaas_endpoint,
+                ca_certificate: data.ca_certificate,
+                seed,
+            };
+            shepherd_agent::resident::run(resident, host).await;
+        });
+        let machine_id = String::new();
         if let Some(old) = inner.running.insert(ip, RunningAgent { machine_id, task }) {
             old.task.abort();
         }
@@ -413,6 +468,22 @@ pub fn simulated_hardware(ip: IpAddr) -> shepherd_agent::api::AgentHardwareRepor
 }
 
 impl MachineSim {
+    /// Blank machines known by the addresses of their BMCs (no system on
+    /// their disks, so nothing answers SSH): each gets an agent only by
+    /// booting the network ([`Agents::boot_live`]).
+    pub fn blank(addresses: Vec<IpAddr>, root: &Path) -> std::io::Result<MachineSim> {
+        for ip in &addresses {
+            std::fs::create_dir_all(root.join(ip.to_string()))?;
+        }
+        Ok(MachineSim {
+            port: 0,
+            addresses,
+            root: root.to_path_buf(),
+            agents: Agents::new(root.to_path_buf()),
+            tasks: Vec::new(),
+        })
+    }
+
     /// `count` machines from `first` (a 127.x address) on `port`, letting in
     /// `authorized`, keeping their files under `root/<address>/`.
     pub async fn start(

@@ -137,7 +137,9 @@ pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
         .enable_all()
         .build()
         .expect("a runtime");
-    if let Err(e) = rt.block_on(enroll(&data, &resident.seed)) {
+    if let Err(e) = rt.block_on(crate::callback::enroll(&data, &resident.seed, |line| {
+        eprintln!("takeover-agent: {line}")
+    })) {
         eprintln!("takeover-agent: {e}");
         return 3;
     }
@@ -158,65 +160,6 @@ pub fn live(path: &Path, exe: Option<PathBuf>) -> i32 {
 /// The key a live agent of this boot enrolled before, if one did.
 fn enrolled_seed(file: &Path) -> Option<[u8; 32]> {
     std::fs::read(file).ok()?.try_into().ok()
-}
-
-/// Presents the boot's credential with the key of `seed` until shepherd
-/// answers; Err only when it refuses.
-async fn enroll(data: &shepherd_proto::boot::BootData, seed: &[u8; 32]) -> Result<(), String> {
-    let host = crate::callback::endpoint_host(&data.bmaas_endpoint)
-        .ok_or_else(|| format!("{:?} is not host:port", data.bmaas_endpoint))?
-        .to_string();
-    /// How one try ended badly.
-    enum Failed {
-        /// Shepherd said no: another try would be refused too.
-        Refused(String),
-        /// Not reached, or not able to answer now.
-        Again(String),
-    }
-    let mut pause = Duration::from_secs(1);
-    loop {
-        let tried = async {
-            let addr = tokio::net::lookup_host(data.bmaas_endpoint.as_str())
-                .await
-                .map_err(|e| Failed::Again(format!("cannot resolve {}: {e}", data.bmaas_endpoint)))?
-                .next()
-                .ok_or_else(|| {
-                    Failed::Again(format!("{} resolves to no address", data.bmaas_endpoint))
-                })?;
-            let channel = crate::callback::connect(addr, &host, &data.ca_certificate, seed)
-                .await
-                .map_err(Failed::Again)?;
-            crate::callback::call::<_, shepherd_proto::boot::EnrollResponse>(
-                channel,
-                shepherd_proto::callback::ENROLL_PATH,
-                shepherd_proto::boot::EnrollRequest {
-                    machine_id: data.machine_id.clone(),
-                    credential: data.credential.clone(),
-                    bmaas_endpoint: data.bmaas_endpoint.clone(),
-                },
-            )
-            .await
-            .map_err(|s| match s.code() {
-                tonic::Code::Unauthenticated | tonic::Code::InvalidArgument => {
-                    Failed::Refused(s.message().to_string())
-                }
-                _ => Failed::Again(s.message().to_string()),
-            })
-        }
-        .await;
-        match tried {
-            Ok(_) => return Ok(()),
-            Err(Failed::Refused(why)) => {
-                return Err(format!("shepherd refused the enrollment: {why}"));
-            }
-            Err(Failed::Again(e)) => eprintln!(
-                "takeover-agent: enrolling: {e}; again in {}",
-                humantime::format_duration(pause)
-            ),
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(30));
-    }
 }
 
 /// `--resident`: the unit's agent, from the state its takeover left.

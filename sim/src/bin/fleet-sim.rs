@@ -95,6 +95,43 @@ struct Args {
     /// static`), the same machines every run.
     #[arg(long, default_value_t = 0.0)]
     firmware_failure_rate: f64,
+    /// `ssh`: machines with a system answering SSH; `network` (`--provider
+    /// static`, inside a network namespace): blank machines, powered off,
+    /// booted through their BMCs (at --first-address on) and the
+    /// provisioning link by shepherd's network boot service.
+    #[arg(long, default_value = "ssh", value_parser = ["ssh", "network"])]
+    boot: String,
+    /// The rack's end of the provisioning link (`--boot network`).
+    #[arg(long, default_value = "rack0")]
+    link: String,
+    /// shepherd's end of the link, its `netboot.interface`.
+    #[arg(long, default_value = "prov0")]
+    server_link: String,
+    /// shepherd's address on the link.
+    #[arg(long, default_value = "10.77.0.1")]
+    server_address: Ipv4Addr,
+    /// FIRST-LAST: the addresses shepherd's DHCP leases (routed to the
+    /// rack's namespace).
+    #[arg(long, default_value = "10.77.16.1-10.77.31.254", value_parser = parse_pool)]
+    pool: (Ipv4Addr, Ipv4Addr),
+    /// Latency added to every BMC request (`--boot network`).
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    bmc_latency: Duration,
+    /// The boot image's kernel and initramfs sizes, bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    kernel_bytes: usize,
+    #[arg(long, default_value_t = 24 << 20)]
+    initrd_bytes: usize,
+}
+
+fn parse_pool(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {
+    let (a, b) = s.split_once('-').ok_or("expected FIRST-LAST")?;
+    let ip = |v: &str| {
+        v.trim()
+            .parse::<Ipv4Addr>()
+            .map_err(|e| format!("{v}: {e}"))
+    };
+    Ok((ip(a)?, ip(b)?))
 }
 
 fn parse_name(s: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
@@ -154,6 +191,15 @@ fn main() {
             shepherd_sim::fleet::FleetProvider::Equinix
         },
         location: a.location,
+        network_boot: (a.boot == "network").then_some(shepherd_sim::rack::NetworkBoot {
+            interface: a.link,
+            server_interface: a.server_link,
+            server: a.server_address,
+            pool: a.pool,
+            bmc_latency: a.bmc_latency,
+            kernel_bytes: a.kernel_bytes,
+            initrd_bytes: a.initrd_bytes,
+        }),
         firmware: shepherd_sim::bmc::FirmwareOptions::failing_share(
             a.firmware_task_time,
             a.firmware_failure_rate,
@@ -169,7 +215,7 @@ fn main() {
         print!("{config}");
         eprintln!(
             "fleet-sim: {} machines up; control at {}; stop with SIGINT or SIGTERM",
-            fleet.machines.addresses.len(),
+            fleet.machines().addresses.len(),
             fleet.control_url()
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -37,8 +37,39 @@ pub use firmware::{FirmwareOptions, image as firmware_image};
 /// Called with a machine's address when its BMC restarts or stops it.
 pub type OnPowerOff = Arc<dyn Fn(IpAddr) + Send + Sync>;
 
+/// What a system boots when it comes on: the network (a boot override to
+/// `Pxe`), or its disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootFrom {
+    Network,
+    Disk,
+}
+
+/// Called with a machine's address when its system comes on (a reset's
+/// `On`, or the end of a restart), and what it boots.
+pub type OnPowerOn = Arc<dyn Fn(IpAddr, BootFrom) + Send + Sync>;
+
+/// How a rack's BMCs behave beyond [`BmcSim::start_with`]'s.
+#[derive(Clone)]
+pub struct RackBmcs {
+    /// Added to every request, as a real BMC's slowness.
+    pub latency: Duration,
+    /// Systems start off (a rack just powered), not on.
+    pub off: bool,
+    pub on_power_on: OnPowerOn,
+    /// The BMCs listen on addresses of a network namespace the test made
+    /// (not loopback).
+    pub in_namespace: bool,
+}
+
 struct System {
     on: bool,
+    /// `Boot.BootSourceOverrideTarget` and `…Enabled`.
+    override_target: String,
+    override_enabled: String,
+    /// Counts resets, so that a power on a later reset overtook is not
+    /// reported.
+    resets: u64,
     /// Off until then, after a restart.
     back_at: Option<Instant>,
     firmware: firmware::Firmware,
@@ -50,6 +81,9 @@ impl System {
     fn new(ip: IpAddr) -> System {
         System {
             on: true,
+            override_target: "None".into(),
+            override_enabled: "Disabled".into(),
+            resets: 0,
             back_at: None,
             firmware: firmware::Firmware::new(ip),
             bios: bios::Bios::default(),
@@ -71,6 +105,7 @@ struct State {
     /// What was asked of each system, to be read back: restarts, and
     /// updates refused because one ran (503).
     counts: Mutex<HashMap<IpAddr, Counts>>,
+    rack: Option<RackBmcs>,
 }
 
 /// What a simulated BMC was asked, for a test or a benchmark to check.
@@ -157,26 +192,79 @@ impl BmcSim {
         on_power_off: OnPowerOff,
         firmware: FirmwareOptions,
     ) -> std::io::Result<BmcSim> {
-        if let Some(a) = addresses.iter().find(|a| !a.is_loopback()) {
+        Self::start_all(addresses, port, restart_delay, on_power_off, firmware, None)
+    }
+
+    /// BMCs of a rack booted through them: as [`BmcSim::start_with`],
+    /// slowed, their systems' power ons told to `rack.on_power_on`.
+    pub fn start_rack(
+        addresses: &[IpAddr],
+        port: u16,
+        restart_delay: Duration,
+        on_power_off: OnPowerOff,
+        rack: RackBmcs,
+    ) -> std::io::Result<BmcSim> {
+        Self::start_all(
+            addresses,
+            port,
+            restart_delay,
+            on_power_off,
+            FirmwareOptions::default(),
+            Some(rack),
+        )
+    }
+
+    fn start_all(
+        addresses: &[IpAddr],
+        port: u16,
+        restart_delay: Duration,
+        on_power_off: OnPowerOff,
+        firmware: FirmwareOptions,
+        rack: Option<RackBmcs>,
+    ) -> std::io::Result<BmcSim> {
+        let in_namespace = rack.as_ref().is_some_and(|r| r.in_namespace);
+        if let Some(a) = addresses.iter().find(|a| !a.is_loopback() && !in_namespace) {
             return Err(std::io::Error::other(format!(
                 "simulated BMCs live on loopback, not {a}"
             )));
         }
+        let off = rack.as_ref().is_some_and(|r| r.off);
+        let latency = rack.as_ref().map_or(Duration::ZERO, |r| r.latency);
         let password = format!("{:032x}", rand::random::<u128>());
         let state = Arc::new(State {
             user: "admin".into(),
             password: password.clone(),
             restart_delay,
-            systems: Mutex::new(addresses.iter().map(|a| (*a, System::new(*a))).collect()),
+            systems: Mutex::new(
+                addresses
+                    .iter()
+                    .map(|a| {
+                        let mut s = System::new(*a);
+                        s.on = !off;
+                        (*a, s)
+                    })
+                    .collect(),
+            ),
             sessions: Mutex::new(HashMap::new()),
             on_power_off,
             tasks: Mutex::new(Vec::new()),
             firmware,
             counts: Mutex::new(HashMap::new()),
+            rack,
         });
         let data = web::Data::from(state.clone());
         let mut server = actix_web::HttpServer::new(move || {
             actix_web::App::new()
+                .wrap_fn(move |req, srv| {
+                    use actix_web::dev::Service as _;
+                    let answer = srv.call(req);
+                    async move {
+                        if !latency.is_zero() {
+                            tokio::time::sleep(latency).await;
+                        }
+                        answer.await
+                    }
+                })
                 .app_data(data.clone())
                 // Images pushed in the request.
                 .app_data(web::PayloadConfig::new(64 << 20))
@@ -188,6 +276,7 @@ impl BmcSim {
                 )
                 .route("/redfish/v1/Systems", web::get().to(systems))
                 .route("/redfish/v1/Systems/1", web::get().to(system))
+                .route("/redfish/v1/Systems/1", web::patch().to(patch_system))
                 .route(
                     "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
                     web::post().to(reset),
@@ -334,13 +423,18 @@ async fn system(req: HttpRequest, st: web::Data<State>) -> HttpResponse {
         return unauthorized();
     }
     let ip = machine(&req);
-    let (power_state, bios_version) = {
+    let (power_state, bios_version, boot) = {
         let mut systems = st.systems.lock().unwrap();
         let Some(s) = systems.get_mut(&ip) else {
             return HttpResponse::NotFound()
                 .json(error("Base.1.0.ResourceMissingAtURI", "no system"));
         };
-        (power(s), s.firmware.version("BIOS").to_string())
+        let boot = json!({
+            "BootSourceOverrideTarget": s.override_target,
+            "BootSourceOverrideEnabled": s.override_enabled,
+            "BootSourceOverrideTarget@Redfish.AllowableValues": OVERRIDE_TARGETS,
+        });
+        (power(s), s.firmware.version("BIOS").to_string(), boot)
     };
     HttpResponse::Ok().json(json!({
         "@odata.id": "/redfish/v1/Systems/1",
@@ -354,6 +448,7 @@ async fn system(req: HttpRequest, st: web::Data<State>) -> HttpResponse {
         "Storage": {"@odata.id": "/redfish/v1/Systems/1/Storage"},
         "Links": {"ManagedBy": [{"@odata.id": "/redfish/v1/Managers/1"}]},
         "PowerState": power_state,
+        "Boot": boot,
         "ProcessorSummary": {"Count": 1, "Model": "Simulated Xeon E-2278G"},
         "MemorySummary": {"TotalSystemMemoryGiB": 32},
         "Status": {"State": "Enabled", "Health": "OK"},
@@ -378,6 +473,7 @@ async fn reset(req: HttpRequest, st: web::Data<State>, body: web::Json<Value>) -
                 .json(error("Base.1.0.ResourceMissingAtURI", "no system"));
         };
         let was_on = power(s) == "On";
+        s.resets += 1;
         let restarts = matches!(kind, "GracefulRestart" | "ForceRestart" | "PowerCycle")
             || (matches!(kind, "On" | "ForceOn") && !was_on);
         if restarts {
@@ -408,10 +504,94 @@ async fn reset(req: HttpRequest, st: web::Data<State>, body: web::Json<Value>) -
                 ));
             }
         }
+        let comes_on = match kind {
+            "GracefulRestart" | "ForceRestart" | "PowerCycle" => Some(st.restart_delay),
+            "On" | "ForceOn" if !was_on => Some(Duration::ZERO),
+            _ => None,
+        };
+        if let (Some(after), Some(rack)) = (comes_on, &st.rack) {
+            let (reset, st, hook) = (s.resets, st.clone(), rack.on_power_on.clone());
+            actix_rt::spawn(async move {
+                tokio::time::sleep(after).await;
+                let from = {
+                    let mut systems = st.systems.lock().unwrap();
+                    let Some(s) = systems.get_mut(&ip).filter(|s| s.resets == reset) else {
+                        return;
+                    };
+                    s.on = true;
+                    s.back_at = None;
+                    s.boots()
+                };
+                hook(ip, from);
+            });
+        }
         was_on && !s.on
     };
     if powered_off {
         (st.on_power_off)(ip);
     }
+    HttpResponse::NoContent().finish()
+}
+
+/// What `Boot.BootSourceOverrideTarget` may be set to.
+const OVERRIDE_TARGETS: [&str; 4] = ["None", "Pxe", "Hdd", "Cd"];
+
+impl System {
+    /// What the system boots as it comes on; a `Once` override is used up.
+    fn boots(&mut self) -> BootFrom {
+        let from = match (
+            self.override_enabled.as_str(),
+            self.override_target.as_str(),
+        ) {
+            ("Once" | "Continuous", "Pxe") => BootFrom::Network,
+            _ => BootFrom::Disk,
+        };
+        if self.override_enabled == "Once" {
+            self.override_enabled = "Disabled".into();
+        }
+        from
+    }
+}
+
+/// `PATCH /redfish/v1/Systems/1`: the boot override (`Boot`'s
+/// `BootSourceOverrideTarget`, `…Enabled`; `…Mode` is taken and ignored).
+async fn patch_system(
+    req: HttpRequest,
+    st: web::Data<State>,
+    body: web::Json<Value>,
+) -> HttpResponse {
+    if !authorized(&req, &st) {
+        return unauthorized();
+    }
+    let ip = machine(&req);
+    let boot = &body["Boot"];
+    let target = boot["BootSourceOverrideTarget"].as_str();
+    let enabled = boot["BootSourceOverrideEnabled"].as_str();
+    if target.is_none() && enabled.is_none() {
+        return HttpResponse::BadRequest().json(error(
+            "Base.1.0.PropertyUnknown",
+            "only Boot.BootSourceOverrideTarget and BootSourceOverrideEnabled may be set",
+        ));
+    }
+    if let Some(t) = target.filter(|t| !OVERRIDE_TARGETS.contains(t)) {
+        return HttpResponse::BadRequest().json(error(
+            "Base.1.0.PropertyValueNotInList",
+            &format!("BootSourceOverrideTarget {t:?} is not one of {OVERRIDE_TARGETS:?}"),
+        ));
+    }
+    if let Some(e) = enabled.filter(|e| !["Disabled", "Once", "Continuous"].contains(e)) {
+        return HttpResponse::BadRequest().json(error(
+            "Base.1.0.PropertyValueNotInList",
+            &format!("BootSourceOverrideEnabled {e:?} is not Disabled, Once or Continuous"),
+        ));
+    }
+    st.with_system(ip, |s| {
+        if let Some(t) = target {
+            s.override_target = t.to_string();
+        }
+        if let Some(e) = enabled {
+            s.override_enabled = e.to_string();
+        }
+    });
     HttpResponse::NoContent().finish()
 }

@@ -301,6 +301,29 @@ impl TestDb {
         .expect("connect to the test database")
     }
 
+    /// This database through PostgreSQL's unix socket, as a key/value
+    /// connection string: how a process in a network namespace reaches it
+    /// (127.0.0.1 there is the namespace's own). None: no socket found.
+    pub fn socket_url(&self) -> Option<String> {
+        use tokio_postgres::config::Host;
+        match &self.config.get_hosts()[0] {
+            Host::Unix(_) => Some(self.url()),
+            Host::Tcp(_) => {
+                let port = self.config.get_ports().first().copied().unwrap_or(5432);
+                ["/var/run/postgresql", "/run/postgresql", "/tmp"]
+                    .into_iter()
+                    .find(|d| std::path::Path::new(&format!("{d}/.s.PGSQL.{port}")).exists())
+                    .map(|d| {
+                        format!(
+                            "host={d} port={port} user={} dbname={}",
+                            self.config.get_user().unwrap_or("postgres"),
+                            self.name
+                        )
+                    })
+            }
+        }
+    }
+
     /// This database as a key/value connection string.
     pub fn url(&self) -> String {
         use tokio_postgres::config::Host;

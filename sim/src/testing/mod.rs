@@ -22,6 +22,8 @@
 //! - `boot`: a stand-in boot image, its boot data, the live agent and
 //!   fetching as a BMC does.
 //! - `browser`: the admin pages in a headless browser ([`browse`]).
+//! - `netns`: network namespaces a test makes ([`Netns`]), and a rack's
+//!   two joined by its provisioning link ([`RackNetwork`]).
 //! - `ipmi_sim`: OpenIPMI's BMC emulator with Serial-over-LAN in front of
 //!   a QEMU guest ([`IpmiSim`]).
 
@@ -31,6 +33,7 @@ mod boot;
 mod browser;
 mod db;
 mod ipmi_sim;
+mod netns;
 mod processes;
 mod rack;
 mod sshd;
@@ -48,10 +51,11 @@ pub use db::{
     serve_test_endpoint, served_since,
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
+pub use netns::{Netns, RackNetwork, is_root};
 pub use processes::{
     FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand, loopback_env,
     peak_rss_mb, pgbench, stripped_copy, succeed,
 };
-pub use rack::OwnedRack;
+pub use rack::{Deprovisioned, OwnedRack};
 pub use sshd::Sshd;
 pub use sushy::Sushy;

@@ -132,10 +132,31 @@ impl FleetSimProcess {
         first: std::net::Ipv4Addr,
         extra: &[&str],
     ) -> FleetSimProcess {
-        let api = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
         let control = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
+        Self::start_by(
+            std::process::Command::new(exe),
+            control,
+            dir,
+            machines,
+            first,
+            extra,
+        )
+    }
+
+    /// [`FleetSimProcess::start`] with `command` as the fleet-sim
+    /// executable (`ip netns exec NS fleet-sim`, say), its control API on
+    /// `control`.
+    pub fn start_by(
+        mut command: std::process::Command,
+        control: std::net::SocketAddr,
+        dir: &std::path::Path,
+        machines: usize,
+        first: std::net::Ipv4Addr,
+        extra: &[&str],
+    ) -> FleetSimProcess {
+        let api = std::net::SocketAddr::from(([127, 0, 0, 1], Sshd::free_port()));
         let config = dir.join("fleet.toml");
-        let mut child = std::process::Command::new(exe)
+        let mut child = command
             .args(["--machines", &machines.to_string()])
             .args(["--first-address", &first.to_string()])
             .args(["--api-listen", &api.to_string()])

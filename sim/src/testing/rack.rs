@@ -1,6 +1,7 @@
 //! A simulated owned rack (`fleet-sim --provider static`) under one
 //! `shepherd run` serving HTTPS, a Metal plan and operating system
-//! configured: what the Metal API's benches drive.
+//! configured: what the Metal API's benches drive. Its machines answer
+//! SSH, or are blank and boot the network through their BMCs.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -11,7 +12,10 @@ use rustls::pki_types::pem::PemObject as _;
 use super::admin::Admin;
 use super::boot::{gpt_image, https_client};
 use super::db::TestDb;
+use super::netns::RackNetwork;
 use super::processes::{FleetSimProcess, ShepherdProcess, bin, loopback_env};
+use super::sshd::Sshd;
+use std::net::SocketAddr;
 
 pub struct OwnedRack {
     /// When shepherd was started (the fleet was up before).
@@ -21,6 +25,18 @@ pub struct OwnedRack {
     pub fleet: FleetSimProcess,
     pub dir: tempfile::TempDir,
     pub db: TestDb,
+    /// The namespaces of a rack booting the network, deleted after the
+    /// processes in them stopped.
+    pub net: Option<RackNetwork>,
+}
+
+/// What [`OwnedRack::deprovision_all`] asked again.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Deprovisioned {
+    /// Answered 503: the BMDB busy.
+    pub busy: usize,
+    /// Answered 409: the machine's BMC not read yet.
+    pub bmc_unread: usize,
 }
 
 impl OwnedRack {
@@ -28,10 +44,46 @@ impl OwnedRack {
     pub const PLAN: &str = "c3.small.x86";
     pub const OPERATING_SYSTEM: &str = "debian_12";
 
-    /// `n` machines from `first`, whose agents call every `interval`, in
-    /// the metro `sv`; the operating system an image of `image_len`
-    /// bytes; `env`: further overrides of shepherd's configuration.
+    /// `n` machines from `first`, reached over SSH, whose agents call
+    /// every `interval`, in the metro `sv`; the operating system an image
+    /// of `image_len` bytes; `env`: further overrides of shepherd's
+    /// configuration.
     pub async fn start(
+        n: usize,
+        first: Ipv4Addr,
+        interval: &str,
+        image_len: u64,
+        env: &[(&'static str, String)],
+    ) -> OwnedRack {
+        Self::start_on(None, n, first, interval, image_len, env).await
+    }
+
+    /// As [`OwnedRack::start`], but blank machines, powered off, that
+    /// shepherd boots through their BMCs and its network boot service
+    /// (`fleet-sim --boot network`): shepherd in one network namespace,
+    /// the rack in another ([`RackNetwork`]; root only). The admin API is
+    /// reached through a port forwarded from the host's loopback, the
+    /// BMDB through PostgreSQL's unix socket.
+    pub async fn start_network(
+        n: usize,
+        interval: &str,
+        image_len: u64,
+        env: &[(&'static str, String)],
+    ) -> OwnedRack {
+        let net = RackNetwork::new();
+        Self::start_on(
+            Some(net),
+            n,
+            RackNetwork::FIRST_BMC,
+            interval,
+            image_len,
+            env,
+        )
+        .await
+    }
+
+    async fn start_on(
+        net: Option<RackNetwork>,
         n: usize,
         first: Ipv4Addr,
         interval: &str,
@@ -40,23 +92,48 @@ impl OwnedRack {
     ) -> OwnedRack {
         let db = TestDb::new().await;
         let dir = tempfile::tempdir().unwrap();
-        let fleet = FleetSimProcess::start(
-            &bin("fleet-sim"),
-            dir.path(),
-            n,
-            first,
-            &[
-                "--agent-interval",
-                interval,
-                "--provider",
-                "static",
-                "--location",
-                "sv",
-            ],
-        );
+        let mut args = vec![
+            "--agent-interval",
+            interval,
+            "--provider",
+            "static",
+            "--location",
+            "sv",
+        ];
+        let free = || Sshd::free_port();
+        let fleet = match &net {
+            None => FleetSimProcess::start(&bin("fleet-sim"), dir.path(), n, first, &args),
+            Some(net) => {
+                args.extend(["--boot", "network"]);
+                let exe = bin("fleet-sim");
+                let control = SocketAddr::from((RackNetwork::RACK, free()));
+                let mut fleet = FleetSimProcess::start_by(
+                    net.rack.cmd(&[exe.to_str().unwrap()]),
+                    control,
+                    dir.path(),
+                    n,
+                    first,
+                    &args,
+                );
+                fleet.control = net.server.forward(control);
+                fleet
+            }
+        };
         let images = dir.path().join("images");
         std::fs::create_dir(&images).unwrap();
         gpt_image(&images.join("os.img"), image_len);
+        {
+            // Its partition holds data a disk can be checked for.
+            use std::os::unix::fs::FileExt as _;
+            let part: Vec<u8> = (0..8u32 << 20)
+                .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+                .collect();
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(images.join("os.img"))
+                .unwrap();
+            f.write_all_at(&part, 1 << 20).unwrap();
+        }
         let config = dir.path().join("shepherd.toml");
         let mut text = std::fs::read_to_string(&fleet.config).unwrap();
         text.push_str(&format!(
@@ -66,16 +143,39 @@ impl OwnedRack {
             Self::OPERATING_SYSTEM,
         ));
         std::fs::write(&config, text).unwrap();
-        let (mut all, listen) = loopback_env(db.url(), &images);
+        let url = match &net {
+            None => db.url(),
+            Some(_) => db.socket_url().expect(
+                "a rack booting the network reaches PostgreSQL through its unix socket: none found",
+            ),
+        };
+        let (mut all, listen) = loopback_env(url, &images);
+        if net.is_some() {
+            // The agents reach the callback and the image server over the
+            // provisioning link (the fleet's configuration names them).
+            all.retain(|(k, _)| !k.starts_with("SHEPHERD__BMAAS__"));
+            all.retain(|(k, _)| *k != "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN");
+            let images = format!("{}:{}", RackNetwork::SERVER, free());
+            all.push(("SHEPHERD__INSTALLATIONS__IMAGES_LISTEN", images));
+        }
         all.push(("SHEPHERD__LOG__LEVEL", "warn".into()));
         all.extend(env.iter().cloned());
         let started = std::time::Instant::now();
-        let shepherd = ShepherdProcess::start(
-            &bin("shepherd"),
-            &config,
-            dir.path().join("shepherd.log"),
-            &all,
-        );
+        let log = dir.path().join("shepherd.log");
+        let exe = bin("shepherd");
+        let shepherd = match &net {
+            None => ShepherdProcess::start(&exe, &config, log, &all),
+            Some(net) => ShepherdProcess::start_by(
+                net.server.cmd(&[exe.to_str().unwrap()]),
+                &config,
+                log,
+                &all,
+            ),
+        };
+        let base = match &net {
+            None => format!("https://{listen}"),
+            Some(net) => format!("https://{}", net.server.forward(listen.parse().unwrap())),
+        };
         // The admin API's certificate is signed by the fleet's CA, which
         // shepherd writes once it started.
         let ca = dir.path().join("fleet/ssh/fleet-ca.pem");
@@ -85,7 +185,7 @@ impl OwnedRack {
         let der = CertificateDer::from_pem_file(&ca).unwrap();
         let admin = Admin {
             client: https_client(der.as_ref(), Duration::from_secs(60)),
-            base: format!("https://{listen}"),
+            base,
             config,
             env: all,
         };
@@ -96,15 +196,18 @@ impl OwnedRack {
             fleet,
             dir,
             db,
+            net,
         }
     }
 
     /// Deprovisions every machine (`discard`): each erased and
-    /// `available` once its agent answered. A 503 (the BMDB busy past
-    /// `admin.database_timeout`) is asked again after a second, as an
-    /// operator's script would: how many were.
-    pub async fn deprovision_all(&self) -> usize {
-        let mut busy = 0;
+    /// `available` once its agent answered. Asked again after a second,
+    /// as an operator's script would: a 503 (the BMDB busy past
+    /// `admin.database_timeout`), and a 409 for a machine whose BMC the
+    /// Updater has not read yet (a machine just enrolled). How many of
+    /// each were.
+    pub async fn deprovision_all(&self) -> Deprovisioned {
+        let mut asked = Deprovisioned::default();
         for m in self.admin.machines().await {
             let id = m["machine_id"].as_str().unwrap();
             loop {
@@ -117,16 +220,22 @@ impl OwnedRack {
                         Some(serde_json::json!({"mode": "discard"})),
                     )
                     .await;
-                if s == 503 && busy < 10_000 {
-                    busy += 1;
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    continue;
-                }
-                assert_eq!(s, 200, "{id}: {body}");
-                break;
+                let again = match s {
+                    503 => &mut asked.busy,
+                    409 if body.to_string().contains("BMC has not been read yet") => {
+                        &mut asked.bmc_unread
+                    }
+                    _ => {
+                        assert_eq!(s, 200, "{id}: {body}");
+                        break;
+                    }
+                };
+                *again += 1;
+                assert!(*again < 10_000, "{id}: {body}");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }
-        busy
+        asked
     }
 
     /// A project and a token for it (the command line, as an operator

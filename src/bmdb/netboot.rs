@@ -168,20 +168,39 @@ fn v4(ip: IpAddr) -> Option<Ipv4Addr> {
 const OFFER_FREE: &str = "INSERT INTO netboot_lease (address, mac, expires_at, granted, updated_at) \
      SELECT a, $1::text::macaddr, now() + make_interval(secs => $5), false, now() FROM ( \
        SELECT a FROM ( \
-           SELECT $2::inet + g AS a, 0 AS pref FROM generate_series(0, $3::bigint) g \
-           UNION ALL SELECT $4::inet, -1 \
+           SELECT $2::inet + ((g + $6::bigint) % ($3::bigint + 1)) AS a, 0 AS pref, g AS ord \
+             FROM generate_series(0, $3::bigint) g \
+           UNION ALL SELECT $4::inet, -1, 0 \
             WHERE $4::inet IS NOT NULL AND $4::inet BETWEEN $2::inet AND $2::inet + $3::bigint \
          ) c WHERE NOT EXISTS (SELECT 1 FROM netboot_lease l WHERE l.address = c.a) \
-         ORDER BY pref, a LIMIT 1) f \
+         ORDER BY pref, ord LIMIT 1) f \
      ON CONFLICT DO NOTHING RETURNING address";
 
 /// How long an offered address is held for the request that takes it.
 pub const OFFER_HOLD: Duration = Duration::from_secs(60);
 
+/// Times an offer looks for an address again after its insert conflicted
+/// with another offer's (both picked one free address; or one MAC's
+/// discover resent while the first was answered).
+const OFFER_TRIES: usize = 8;
+
+/// Where in a pool of `size + 1` addresses `mac` looks first: its own
+/// place (so that machines booting at once rarely pick one address, and a
+/// machine tends to get the same one each boot).
+fn pool_place(mac: &MacAddr, size: i64) -> i64 {
+    let h = mac
+        .to_string()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    (h % (size as u64 + 1)) as i64
+}
+
 /// An address for `mac` from `first..=last` (in `mode = "dhcp"`): the one
 /// it holds, else `wanted` if it is free and in the pool, else the first
-/// free one; held for [`OFFER_HOLD`] (or kept as granted). None: the pool
-/// is full.
+/// free one from the MAC's own place in the pool; held for
+/// [`OFFER_HOLD`] (or kept as granted). None: the pool is full.
 pub async fn offer(
     tx: &mut Tx<'_>,
     mac: MacAddr,
@@ -189,6 +208,7 @@ pub async fn offer(
     last: Ipv4Addr,
     wanted: Option<Ipv4Addr>,
 ) -> Result<Option<Ipv4Addr>, BmdbError> {
+    let mac_addr = mac;
     let mac = mac.to_string();
     // Expired leases and offers give their addresses back.
     tx.execute(
@@ -196,38 +216,56 @@ pub async fn offer(
         &[],
     )
     .await?;
-    if let Some(r) = tx
-        .query_opt(
-            "UPDATE netboot_lease SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)), \
-                    updated_at = now() \
-              WHERE mac = $1::text::macaddr AND address BETWEEN $3 AND $4 RETURNING address",
-            &[&mac, &OFFER_HOLD.as_secs_f64(), &IpAddr::V4(first), &IpAddr::V4(last)],
-        )
-        .await?
-    {
-        return Ok(v4(r.get(0)));
-    }
-    // A lease outside today's pool is given up.
-    tx.execute(
-        "DELETE FROM netboot_lease WHERE mac = $1::text::macaddr",
-        &[&mac],
-    )
-    .await?;
     let size = i64::from(u32::from(last) - u32::from(first));
+    let place = pool_place(&mac_addr, size);
     let wanted = wanted.map(IpAddr::V4);
-    let r = tx
-        .query_opt(
-            OFFER_FREE,
-            &[
-                &mac,
-                &IpAddr::V4(first),
-                &size,
-                &wanted,
-                &OFFER_HOLD.as_secs_f64(),
-            ],
+    for _ in 0..OFFER_TRIES {
+        if let Some(r) = tx
+            .query_opt(
+                "UPDATE netboot_lease SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)), \
+                        updated_at = now() \
+                  WHERE mac = $1::text::macaddr AND address BETWEEN $3 AND $4 RETURNING address",
+                &[&mac, &OFFER_HOLD.as_secs_f64(), &IpAddr::V4(first), &IpAddr::V4(last)],
+            )
+            .await?
+        {
+            return Ok(v4(r.get(0)));
+        }
+        // A lease outside today's pool is given up.
+        tx.execute(
+            "DELETE FROM netboot_lease WHERE mac = $1::text::macaddr",
+            &[&mac],
         )
         .await?;
-    Ok(r.and_then(|r| v4(r.get(0))))
+        let r = tx
+            .query_opt(
+                OFFER_FREE,
+                &[
+                    &mac,
+                    &IpAddr::V4(first),
+                    &size,
+                    &wanted,
+                    &OFFER_HOLD.as_secs_f64(),
+                    &place,
+                ],
+            )
+            .await?;
+        if let Some(r) = r {
+            return Ok(v4(r.get(0)));
+        }
+        // Nothing inserted: the pool is full, or another offer took the
+        // address (or this MAC's row) meanwhile; its commit is seen now.
+        let free = tx
+            .query_one(
+                "SELECT count(*) < $2 FROM netboot_lease WHERE address BETWEEN $1::inet AND $1::inet + $3::bigint",
+                &[&IpAddr::V4(first), &(size + 1), &size],
+            )
+            .await?;
+        if !free.get::<_, bool>(0) {
+            return Ok(None);
+        }
+    }
+    Ok(None)
 }
 
 /// A DHCPREQUEST for `address`: granted for `lease` when it is `mac`'s (or

@@ -12,6 +12,7 @@ mod firmware;
 mod history;
 mod leases;
 mod migrations;
+mod netboot;
 mod selectors;
 mod servicing;
 mod sessions;

@@ -176,10 +176,11 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool) {
     let before_creates = mark(&rack).await;
     let next = std::cell::Cell::new(0usize);
     let admin = &rack.admin;
+    let log = &rack.shepherd.log;
     // A 503 (the BMDB did not answer within admin.database_timeout) is
     // asked again after 250 ms, as Equinix's clients do: how many were.
     let workers = (0..8).map(|_| {
-        let (create_path, token, next) = (&create_path, &token, &next);
+        let (create_path, token, next, log) = (&create_path, &token, &next, log);
         async move {
             let mut busy = 0;
             loop {
@@ -200,7 +201,15 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool) {
                         tokio::time::sleep(Duration::from_millis(250)).await;
                         continue;
                     }
-                    assert_eq!(s, 201, "{d}");
+                    if s != 201 {
+                        let kept = std::env::temp_dir().join("rack-bench-shepherd.log");
+                        let _ = std::fs::copy(log, &kept);
+                        panic!(
+                            "create {i}: {s} {d}; machines {:?}; shepherd's log kept in {}",
+                            admin.counts().await,
+                            kept.display()
+                        );
+                    }
                     break;
                 }
             }
@@ -215,33 +224,9 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool) {
     ));
 
     // 4. Every device active.
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut active = 0;
-        for page in 1..=n.div_ceil(1000) {
-            let (_, l) = admin
-                .call(
-                    "GET",
-                    &format!("{create_path}?per_page=1000&page={page}"),
-                    Some(&token),
-                    None,
-                )
-                .await;
-            active += l["devices"]
-                .as_array()
-                .map_or(0, |d| d.iter().filter(|d| d["state"] == "active").count());
-        }
-        if active >= n {
-            break;
-        }
-        rack.shepherd.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "{active} of {n} devices active: {}",
-            rack.shepherd.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    rack.admin
+        .wait_active(&mut rack.shepherd, &create_path, &token, n, limit)
+        .await;
     let active = mark(&rack).await;
     phases.push(phase(
         "install: first create to every device active".into(),

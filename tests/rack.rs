@@ -13,7 +13,7 @@
 //! saying so, without root.
 
 use std::os::unix::fs::FileExt as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use shepherd_sim::testing::{OwnedRack, is_root};
@@ -152,21 +152,9 @@ async fn blank_machines_boot_the_network_through_their_bmcs_are_erased_and_insta
             .await;
         assert_eq!(s, 201, "{d}");
     }
-    let deadline = Instant::now() + limit;
-    loop {
-        let (_, l) = rack.admin.call("GET", &path, Some(&token), None).await;
-        let devices = l["devices"].as_array().cloned().unwrap_or_default();
-        if devices.len() == MACHINES && devices.iter().all(|d| d["state"] == "active") {
-            break;
-        }
-        rack.shepherd.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "devices not active: {l:#}\n{}",
-            rack.shepherd.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    rack.admin
+        .wait_active(&mut rack.shepherd, &path, &token, MACHINES, limit)
+        .await;
     let image = std::fs::read(rack.dir.path().join("images/os.img")).unwrap();
     let part = &image[1 << 20..9 << 20];
     assert!(

@@ -394,6 +394,65 @@ fn a_restart_mid_install_never_installs_that_generation_twice() {
     );
 }
 
+/// The resident loop asks for the answer at every call; until shepherd
+/// stops asking for the generation, it sends the answer it holds again.
+/// Asked after the answer was taken, the installer has nothing new: it
+/// never turns a success it gave into a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installation_s_answer_is_given_once_and_never_turned_into_a_failure() {
+    let image = gpt_image(8 * MIB);
+    let disk = TestDisk::new(8 * MIB);
+    let server = serve(image.clone(), Behaviour::Normal).await;
+    let logger: shepherd_agent::resident::Logger = Arc::new(log_line);
+    let mut installer = Installer::new(None);
+    let ask = OsInstallationRequest {
+        generation: 3,
+        r#type: Some(os_installation_request::Type::Image(request(
+            &server.url,
+            &sha256(&image),
+            None,
+        ))),
+    };
+    assert!(
+        installer
+            .request(ask.clone(), || vec![disk.disk()], quick(), logger.clone())
+            .is_none()
+    );
+    let until = Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        if let Some(a) = installer.poll(&log_line) {
+            break a;
+        }
+        assert!(Instant::now() < until, "not installed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        matches!(
+            answer.report.result,
+            Some(shepherd_agent::api::os_installation_report::Result::Success(_))
+        ),
+        "{:?}",
+        answer.report
+    );
+    // shepherd has not taken the report in yet: asked again, the
+    // installer has no other answer; asked for the same generation, it
+    // starts nothing.
+    for _ in 0..5 {
+        assert!(installer.poll(&log_line).is_none());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        installer
+            .request(ask, || vec![disk.disk()], quick(), logger.clone())
+            .is_none()
+    );
+    assert!(installer.poll(&log_line).is_none());
+    assert_eq!(server.log.lock().unwrap().len(), 1, "fetched once");
+    installer.acknowledged(3);
+    assert_eq!(installer.busy(), None);
+    assert!(disk.read(0, image.len()) == image);
+}
+
 #[test]
 fn a_metropolis_request_is_answered_with_an_error() {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -78,20 +78,12 @@ impl std::fmt::Debug for ProvisioningLink {
 impl ProvisioningLink {
     /// The link on interface `device` (in the rack's namespace).
     pub fn open(device: &str) -> std::io::Result<Arc<ProvisioningLink>> {
-        let s = socket2::Socket::new(
-            socket2::Domain::IPV4,
-            socket2::Type::DGRAM,
-            Some(socket2::Protocol::UDP),
-        )?;
-        s.set_reuse_address(true)?;
-        s.set_broadcast(true)?;
-        s.bind_device(Some(device.as_bytes()))
-            .map_err(|e| std::io::Error::other(format!("interface {device}: {e}")))?;
-        s.set_nonblocking(true)?;
-        s.set_recv_buffer_size(4 << 20)?;
-        s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 68)).into())?;
+        let socket = shepherd::netboot::udp_socket(68, device)
+            .map_err(|e| std::io::Error::other(format!("port 68 on {device}: {e}")))?;
+        // A rack's broadcasts arrive at once.
+        socket2::SockRef::from(&socket).set_recv_buffer_size(4 << 20)?;
         let link = Arc::new(ProvisioningLink {
-            socket: UdpSocket::from_std(s.into())?,
+            socket,
             waiting: Mutex::new(HashMap::new()),
             counts: BootCounts::default(),
         });

@@ -73,8 +73,8 @@ pub fn interface_address(name: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {
 }
 
 /// A UDP socket on `port` of every address, bound to `device`, that may
-/// broadcast.
-fn udp_socket(port: u16, device: &str) -> std::io::Result<UdpSocket> {
+/// broadcast (a DHCP server's or client's).
+pub fn udp_socket(port: u16, device: &str) -> std::io::Result<UdpSocket> {
     let s = socket2::Socket::new(
         socket2::Domain::IPV4,
         socket2::Type::DGRAM,

@@ -37,7 +37,9 @@ struct Job {
     generation: i64,
     reboot: bool,
     counters: Arc<Counters>,
-    done: tokio::sync::oneshot::Receiver<Result<Finished, Failed>>,
+    /// The task's result; None once [`Installer::poll`] took it (the
+    /// caller holds the answer until shepherd received it).
+    done: Option<tokio::sync::oneshot::Receiver<Result<Finished, Failed>>>,
 }
 
 /// What a job did.
@@ -246,7 +248,7 @@ impl Installer {
             generation,
             reboot,
             counters,
-            done: rx,
+            done: Some(rx),
         });
         None
     }
@@ -312,22 +314,24 @@ impl Installer {
             generation,
             reboot: false,
             counters,
-            done: rx,
+            done: Some(rx),
         });
         None
     }
 
     /// The answer of the installation in hand once it is done (then the
-    /// record says so).
+    /// record says so), once: asked again before shepherd acknowledged it,
+    /// None (the caller holds the answer and sends it again).
     pub fn poll(&mut self, log: &dyn Fn(std::fmt::Arguments<'_>)) -> Option<Answer> {
         let job = self.job.as_mut()?;
-        let result = match job.done.try_recv() {
+        let result = match job.done.as_mut()?.try_recv() {
             Ok(r) => r,
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return None,
             Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
                 Err(failed("the installation task ended without a result"))
             }
         };
+        job.done = None;
         let (generation, reboot) = (job.generation, job.reboot);
         let erase = matches!(result, Ok(Finished::Erased(_)));
         let (outcome, disk) = match &result {

@@ -2,7 +2,7 @@
 //! HTTPS, its command line on the same configuration, its `/metrics`.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -104,21 +104,50 @@ impl Admin {
         n: usize,
         limit: Duration,
     ) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let counts = self.counts().await;
-            if counts.get(state).copied().unwrap_or(0) as usize >= n {
-                return;
-            }
-            shepherd.assert_running();
-            assert!(
-                Instant::now() < deadline,
-                "not {n} machines {state} after {}: {counts:?}\n{}",
-                humantime::format_duration(limit),
-                shepherd.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        shepherd
+            .until(limit, Duration::from_millis(300), async || {
+                let counts = self.counts().await;
+                if counts.get(state).copied().unwrap_or(0) as usize >= n {
+                    return Ok(());
+                }
+                Err(format!("not {n} machines {state}: {counts:?}"))
+            })
+            .await
+    }
+
+    /// Waits until the `n` devices of the project whose devices are at
+    /// `path` (`/metal/v1/projects/ID/devices`) are `active`, reading
+    /// them as `token`, 1,000 a page.
+    pub async fn wait_active(
+        &self,
+        shepherd: &mut ShepherdProcess,
+        path: &str,
+        token: &str,
+        n: usize,
+        limit: Duration,
+    ) {
+        shepherd
+            .until(limit, Duration::from_millis(500), async || {
+                let (mut active, mut listed) = (0, 0);
+                for page in 1..=n.div_ceil(1000) {
+                    let (_, l) = self
+                        .call(
+                            "GET",
+                            &format!("{path}?per_page=1000&page={page}"),
+                            Some(token),
+                            None,
+                        )
+                        .await;
+                    let devices = l["devices"].as_array().cloned().unwrap_or_default();
+                    listed += devices.len();
+                    active += devices.iter().filter(|d| d["state"] == "active").count();
+                }
+                if active >= n {
+                    return Ok(());
+                }
+                Err(format!("{active} of {n} devices active ({listed} listed)"))
+            })
+            .await
     }
 
     /// The sum of the `/metrics` samples named `name` whose labels

@@ -316,6 +316,32 @@ impl ShepherdProcess {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
+    /// Asks `f` every `every` until it answers Ok (its value); Err is
+    /// what it saw. Panics once the process exited, or after `limit` with
+    /// what `f` saw last and the log's tail.
+    pub async fn until<T>(
+        &mut self,
+        limit: Duration,
+        every: Duration,
+        mut f: impl AsyncFnMut() -> Result<T, String>,
+    ) -> T {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let seen = match f().await {
+                Ok(v) => return v,
+                Err(seen) => seen,
+            };
+            self.assert_running();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "after {}: {seen}\n{}",
+                humantime::format_duration(limit),
+                self.log_tail()
+            );
+            tokio::time::sleep(every).await;
+        }
+    }
+
     /// Panics with the log if the process has exited.
     pub fn assert_running(&mut self) {
         if let Some(status) = self.child.try_wait().unwrap() {

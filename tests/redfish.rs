@@ -250,3 +250,85 @@ async fn the_storage_read_is_the_emulators_and_a_part_it_fails_is_left_out_and_n
             .collect::<Vec<_>>()
     );
 }
+
+/// A BMC whose web server closes every connection soon after its first
+/// answer (a short idle timeout, as many BMCs have): each connection
+/// answers one request, then waits 50 ms and closes, counting a request
+/// that came meanwhile on the kept connection and got no answer.
+fn impatient_bmc() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let unanswered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = unanswered.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut s = stream;
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let path = String::from_utf8_lossy(&req)
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or("")
+                    .to_string();
+                let body = match path.trim_end_matches('/') {
+                    "/redfish/v1" => serde_json::json!({"Systems": {"@odata.id": "/redfish/v1/Systems"}}),
+                    "/redfish/v1/Systems" => serde_json::json!({"Members": [{"@odata.id": "/redfish/v1/Systems/1"}]}),
+                    "/redfish/v1/Systems/1" => serde_json::json!({"@odata.id": "/redfish/v1/Systems/1",
+                        "Id": "1", "PowerState": "On", "Manufacturer": "Impatient", "Status": {"Health": "OK"}}),
+                    _ => serde_json::json!({"error": {"message": "no such resource"}}),
+                }
+                .to_string();
+                let status = if body.contains("no such resource") {
+                    "404 Not Found"
+                } else {
+                    "200 OK"
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+                s.set_nonblocking(true).unwrap();
+                if matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (url, unanswered)
+}
+
+#[actix_rt::test]
+async fn a_kept_connection_the_bmc_closed_meanwhile_is_asked_again_on_a_new_one() {
+    let (url, unanswered) = impatient_bmc();
+    let bmc = BmcConfig {
+        url,
+        username: "admin".into(),
+        password: shepherd::secret::Secret::inline(PASSWORD),
+        system: None,
+        tls: Default::default(),
+        secure_boot: None,
+        console: None,
+    };
+    let bmcs = Bmcs::new(&RedfishConfig::default());
+    for _ in 0..3 {
+        let got = redfish::system(&bmcs, "node-1", &bmc).await.unwrap();
+        assert_eq!(got.power(), "On");
+        // Longer than the BMC keeps a connection, shorter than shepherd.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        unanswered.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "no request met a connection the BMC had closed: the case was not tried"
+    );
+}

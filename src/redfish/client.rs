@@ -132,32 +132,45 @@ impl Conn {
             .acquire()
             .await
             .expect("the BMC semaphore is never closed");
-        let mut req = self
-            .http
-            .request(method, format!("{}{}", self.cfg.url, path))
-            .insert_header(("Accept", "application/json"))
-            .timeout(self.timeout);
-        if auth {
-            match &self.auth {
-                Auth::Session { token: Some(t), .. } => {
-                    req = req.insert_header(("X-Auth-Token", t.as_str()))
-                }
-                _ => {
-                    req = req.basic_auth(&self.cfg.username, self.cfg.password.expose());
+        let idempotent = method != Method::POST;
+        let send = || async {
+            let mut req = self
+                .http
+                .request(method.clone(), format!("{}{}", self.cfg.url, path))
+                .insert_header(("Accept", "application/json"))
+                .timeout(self.timeout);
+            if auth {
+                match &self.auth {
+                    Auth::Session { token: Some(t), .. } => {
+                        req = req.insert_header(("X-Auth-Token", t.as_str()))
+                    }
+                    _ => {
+                        req = req.basic_auth(&self.cfg.username, self.cfg.password.expose());
+                    }
                 }
             }
-        }
-        let sent = match body {
-            Some(Body::Json(b)) => req.send_json(b).await,
-            Some(Body::Raw {
-                content_type,
-                bytes,
-            }) => {
-                req.insert_header(("Content-Type", content_type))
-                    .send_body(bytes.to_vec())
-                    .await
+            match body {
+                Some(Body::Json(b)) => req.send_json(b).await,
+                Some(Body::Raw {
+                    content_type,
+                    bytes,
+                }) => {
+                    req.insert_header(("Content-Type", content_type))
+                        .send_body(bytes.to_vec())
+                        .await
+                }
+                None => req.send().await,
             }
-            None => req.send().await,
+        };
+        let sent = match send().await {
+            // A kept connection the BMC closed meanwhile (its idle timeout
+            // raced ours): a request that changes nothing twice is sent
+            // again on a new one; an action is not, its caller backs off.
+            Err(e) if idempotent && stale_connection(&e) => {
+                tracing::debug!(bmc = %self.cfg.url, %path, error = %e, "the BMC closed a kept connection: asking again on a new one");
+                send().await
+            }
+            sent => sent,
         };
         let mut resp = sent.map_err(|e| self.err(BmcErrorKind::Unreachable(e.to_string())))?;
         let status = resp.status();
@@ -560,8 +573,36 @@ pub struct Reset {
 
 sequence!(Reset => (), |c, msg| c.reset(&msg.system, msg.target, &msg.reset_type).await);
 
+/// Whether a request failed because its kept connection was closed by the
+/// BMC before any answer (the end of the stream, or a reset).
+fn stale_connection(e: &awc::error::SendRequestError) -> bool {
+    use awc::error::{ConnectError, SendRequestError};
+    use std::io::ErrorKind;
+    let io_stale = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof
+        )
+    };
+    match e {
+        SendRequestError::Connect(ConnectError::Disconnected) => true,
+        SendRequestError::Send(e) => io_stale(e),
+        SendRequestError::Response(actix_web::error::ParseError::Io(e)) => io_stale(e),
+        SendRequestError::Response(actix_web::error::ParseError::Incomplete) => true,
+        _ => false,
+    }
+}
+
+/// How long a connection to a BMC is kept idle for the next request:
+/// briefly (a sequence of calls shares it), below the idle timeout of the
+/// BMCs' web servers (5 s and more), so that a BMC rarely closes one as
+/// it is taken again.
+const BMC_KEEP_ALIVE: Duration = Duration::from_secs(1);
+
 fn http_client(tls: &BmcTls, timeout: Duration) -> Result<awc::Client, String> {
-    let connector = awc::Connector::new().timeout(timeout.min(Duration::from_secs(10)));
+    let connector = awc::Connector::new()
+        .timeout(timeout.min(Duration::from_secs(10)))
+        .conn_keep_alive(BMC_KEEP_ALIVE);
     let connector = match tls {
         BmcTls::Verify => connector,
         BmcTls::Insecure => connector.rustls_0_23(Arc::new(super::tls::insecure_client_config())),

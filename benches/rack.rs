@@ -76,7 +76,18 @@ async fn mark(rack: &OwnedRack) -> Mark {
     }
 }
 
+/// The phase from `from` to `to`, its row printed at once (stderr): a
+/// run stopped later still shows what it measured.
 fn phase(name: String, from: &Mark, to: &Mark) -> Phase {
+    let p = phase_of(name, from, to);
+    eprintln!(
+        "rack: {}: {:.1} s wall, {:.1} s shepherd CPU, {:.0} statements",
+        p.name, p.wall, p.cpu, p.statements
+    );
+    p
+}
+
+fn phase_of(name: String, from: &Mark, to: &Mark) -> Phase {
     Phase {
         name,
         wall: (to.at - from.at).as_secs_f64(),

@@ -48,18 +48,33 @@ impl Admin {
         body: Option<Value>,
     ) -> (u16, Value) {
         let url = format!("{}{path}", self.base);
-        let mut req = self.client.request(
-            awc::http::Method::from_bytes(method.as_bytes()).unwrap(),
-            &url,
-        );
-        if let Some(t) = token {
-            req = req.insert_header(("X-Auth-Token", t));
-        }
-        let mut r = match body {
-            Some(b) => req.send_json(&b).await,
-            None => req.send().await,
-        }
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let send = || async {
+            let mut req = self.client.request(
+                awc::http::Method::from_bytes(method.as_bytes()).unwrap(),
+                &url,
+            );
+            if let Some(t) = token {
+                req = req.insert_header(("X-Auth-Token", t));
+            }
+            match &body {
+                Some(b) => req.send_json(b).await,
+                None => req.send().await,
+            }
+        };
+        // A read that failed (a kept connection the server closed, a
+        // handshake it dropped under load) is asked again, up to five
+        // times a second apart, as an operator's client would.
+        let mut tries = 0;
+        let mut r = loop {
+            match send().await {
+                Err(e) if method == "GET" && tries < 5 => {
+                    tries += 1;
+                    eprintln!("{url}: {e}; asking again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                sent => break sent.unwrap_or_else(|e| panic!("{url}: {e}")),
+            }
+        };
         let status = r.status().as_u16();
         let bytes = r.body().limit(64 << 20).await.unwrap();
         (

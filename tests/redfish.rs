@@ -112,18 +112,23 @@ async fn a_wrong_password_names_the_host_the_bmc_and_its_401_and_never_the_passw
     );
 }
 
-#[actix_rt::test]
-async fn a_bmc_that_is_down_is_named_unreachable() {
-    let url = format!("http://127.0.0.1:{}", Sshd::free_port());
-    let bmc = BmcConfig {
-        url: url.clone(),
+/// A BMC at `url` with the tests' credentials, its only system.
+fn bmc_at(url: &str) -> BmcConfig {
+    BmcConfig {
+        url: url.to_string(),
         username: "admin".into(),
         password: shepherd::secret::Secret::inline(PASSWORD),
         system: None,
         tls: Default::default(),
         secure_boot: None,
         console: None,
-    };
+    }
+}
+
+#[actix_rt::test]
+async fn a_bmc_that_is_down_is_named_unreachable() {
+    let url = format!("http://127.0.0.1:{}", Sshd::free_port());
+    let bmc = bmc_at(&url);
     let inv = inventory(vec![host("node-9", Some(bmc))]);
     let started = Instant::now();
     let e = inv.reboot("node-9").await.unwrap_err().to_string();
@@ -311,15 +316,7 @@ fn impatient_bmc() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 #[actix_rt::test]
 async fn a_kept_connection_the_bmc_closed_meanwhile_is_asked_again_on_a_new_one() {
     let (url, unanswered) = impatient_bmc();
-    let bmc = BmcConfig {
-        url,
-        username: "admin".into(),
-        password: shepherd::secret::Secret::inline(PASSWORD),
-        system: None,
-        tls: Default::default(),
-        secure_boot: None,
-        console: None,
-    };
+    let bmc = bmc_at(&url);
     let bmcs = Bmcs::new(&RedfishConfig::default());
     for _ in 0..3 {
         let got = redfish::system(&bmcs, "node-1", &bmc).await.unwrap();

@@ -361,24 +361,22 @@ async fn network_boot_figures(rack: &OwnedRack) -> Vec<(String, String)> {
             rows.push((format!("… of which {reason}"), format!("{v}")));
         }
     }
-    rows.push((
-        "TFTP transfers complete / not".to_string(),
-        format!(
-            "{} / {}",
-            m("shepherd_netboot_tftp_transfers_total", "complete").await,
-            m("shepherd_netboot_tftp_transfers_total", "").await
-                - m("shepherd_netboot_tftp_transfers_total", "complete").await
+    // Transfers that ended well, and the rest.
+    for (what, name, good) in [
+        (
+            "TFTP transfers complete / not",
+            "shepherd_netboot_tftp_transfers_total",
+            "complete",
         ),
-    ));
-    rows.push((
-        "HTTP boot files served / not".to_string(),
-        format!(
-            "{} / {}",
-            m("shepherd_netboot_http_requests_total", "served").await,
-            m("shepherd_netboot_http_requests_total", "").await
-                - m("shepherd_netboot_http_requests_total", "served").await
+        (
+            "HTTP boot files served / not",
+            "shepherd_netboot_http_requests_total",
+            "served",
         ),
-    ));
+    ] {
+        let (ok, all) = (m(name, good).await, m(name, "").await);
+        rows.push((what.to_string(), format!("{ok} / {}", all - ok)));
+    }
     rows.push((
         "BMC boots enrolled / failed / no callback".to_string(),
         format!(

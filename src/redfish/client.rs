@@ -24,7 +24,7 @@ use super::system::SystemInfo;
 use super::system::secure_boot_facts;
 pub use crate::bmc::{BmcError, BmcErrorKind};
 
-use crate::config::{BmcConfig, BmcTls};
+use crate::config::BmcConfig;
 
 /// A BMC's answers are small; anything bigger is refused.
 const MAX_RESPONSE_BYTES: usize = 4 << 20;
@@ -166,7 +166,7 @@ impl Conn {
             // A kept connection the BMC closed meanwhile (its idle timeout
             // raced ours): a request that changes nothing twice is sent
             // again on a new one; an action is not, its caller backs off.
-            Err(e) if idempotent && stale_connection(&e) => {
+            Err(e) if idempotent && super::http::stale_connection(&e) => {
                 tracing::debug!(bmc = %self.cfg.url, %path, error = %e, "the BMC closed a kept connection: asking again on a new one");
                 send().await
             }
@@ -509,7 +509,7 @@ impl BmcClient {
         limit: Arc<tokio::sync::Semaphore>,
         timeout: Duration,
     ) -> Result<BmcClient, String> {
-        let http = http_client(&cfg.tls, timeout)?;
+        let http = super::http::client(&cfg.tls, timeout)?;
         Ok(BmcClient {
             conn: Some(Conn {
                 http,
@@ -572,50 +572,3 @@ pub struct Reset {
 }
 
 sequence!(Reset => (), |c, msg| c.reset(&msg.system, msg.target, &msg.reset_type).await);
-
-/// Whether a request failed because its kept connection was closed by the
-/// BMC before any answer (the end of the stream, or a reset).
-fn stale_connection(e: &awc::error::SendRequestError) -> bool {
-    use awc::error::{ConnectError, SendRequestError};
-    use std::io::ErrorKind;
-    let io_stale = |e: &std::io::Error| {
-        matches!(
-            e.kind(),
-            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof
-        )
-    };
-    match e {
-        SendRequestError::Connect(ConnectError::Disconnected) => true,
-        SendRequestError::Send(e) => io_stale(e),
-        SendRequestError::Response(actix_web::error::ParseError::Io(e)) => io_stale(e),
-        SendRequestError::Response(actix_web::error::ParseError::Incomplete) => true,
-        _ => false,
-    }
-}
-
-/// How long a connection to a BMC is kept idle for the next request:
-/// briefly (a sequence of calls shares it), below the idle timeout of the
-/// BMCs' web servers (5 s and more), so that a BMC rarely closes one as
-/// it is taken again.
-const BMC_KEEP_ALIVE: Duration = Duration::from_secs(1);
-
-fn http_client(tls: &BmcTls, timeout: Duration) -> Result<awc::Client, String> {
-    let connector = awc::Connector::new()
-        .timeout(timeout.min(Duration::from_secs(10)))
-        .conn_keep_alive(BMC_KEEP_ALIVE);
-    let connector = match tls {
-        BmcTls::Verify => connector,
-        BmcTls::Insecure => connector.rustls_0_23(Arc::new(super::tls::insecure_client_config())),
-        BmcTls::CaFile { ca_file } => {
-            connector.rustls_0_23(Arc::new(super::tls::ca_client_config(ca_file)?))
-        }
-    };
-    Ok(awc::Client::builder()
-        .timeout(timeout)
-        .connector(connector)
-        .add_default_header((
-            "User-Agent",
-            concat!("shepherd/", env!("CARGO_PKG_VERSION")),
-        ))
-        .finish())
-}

@@ -40,6 +40,7 @@ macro_rules! sequence {
 
 pub mod client;
 pub mod firmware;
+mod http;
 pub mod media;
 pub mod servicing;
 pub mod system;

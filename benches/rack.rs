@@ -101,6 +101,8 @@ fn main() {
     let n: usize = env("SHEPHERD_BENCH_MACHINES", 1000);
     let image_mib: u64 = env("SHEPHERD_BENCH_IMAGE_MIB", 16);
     let interval: String = env("SHEPHERD_BENCH_INTERVAL", "5s".to_string());
+    // Every fourth machine's BMC speaks IPMI (ipmitool), the rest Redfish.
+    let ipmi_every: usize = env("SHEPHERD_BENCH_IPMI_EVERY", 4);
     let root = shepherd_sim::testing::is_root();
     let network = match std::env::var("SHEPHERD_BENCH_BOOT").as_deref() {
         Ok("network") if !root => {
@@ -122,12 +124,20 @@ fn main() {
             root
         }
     };
-    actix_rt::System::new().block_on(run(n, image_mib, interval, network));
+    actix_rt::System::new().block_on(run(n, image_mib, interval, network, ipmi_every));
 }
 
-async fn run(n: usize, image_mib: u64, interval: String, network: bool) {
+async fn run(n: usize, image_mib: u64, interval: String, network: bool, ipmi_every: usize) {
     let mut rack = if network {
-        OwnedRack::start_network(n, &interval, image_mib << 20, &[]).await
+        let every = ipmi_every.to_string();
+        OwnedRack::start_network(
+            n,
+            &interval,
+            image_mib << 20,
+            &[],
+            &["--ipmi-every", &every],
+        )
+        .await
     } else {
         OwnedRack::start(
             n,

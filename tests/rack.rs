@@ -1,8 +1,10 @@
 //! A rack of blank owned machines brought to tenant-ready through the real
 //! services, end to end: shepherd (`shepherd run`) in one network
 //! namespace, the rack (`fleet-sim --boot network`) in another, joined by
-//! a veth link. shepherd powers each machine on through its simulated
-//! Redfish BMC with a one-time `Pxe` override; the machine's PXE ROM and
+//! a veth link. shepherd powers each machine on through its simulated BMC
+//! with a one-time PXE boot (two through Redfish's `Pxe` override, the
+//! third through IPMI's boot flags, ipmitool speaking RMCP+ to the
+//! simulated BMC); the machine's PXE ROM and
 //! iPXE (`shepherd_sim::pxe`) lease an address from shepherd's DHCP, fetch
 //! iPXE over TFTP and the script, kernel and initramfs over HTTP; the live
 //! agent enrolls with the credential the initramfs carries. Then every
@@ -42,7 +44,9 @@ async fn blank_machines_boot_the_network_through_their_bmcs_are_erased_and_insta
         eprintln!("SKIPPED: the rack test needs root (network namespaces)");
         return;
     }
-    let mut rack = OwnedRack::start_network(MACHINES, "2s", 16 << 20, &[]).await;
+    // The third machine's BMC speaks IPMI, the others Redfish.
+    let mut rack =
+        OwnedRack::start_network(MACHINES, "2s", 16 << 20, &[], &["--ipmi-every", "3"]).await;
     let limit = Duration::from_secs(240);
 
     // Powered on through the BMC, booted the network, enrolled.
@@ -113,6 +117,39 @@ async fn blank_machines_boot_the_network_through_their_bmcs_are_erased_and_insta
             d.to_string().contains("Simulated Xeon E-2278G"),
             "{id}'s hardware report: {d:#}"
         );
+    }
+
+    // The third machine, enrolled through its IPMI BMC above, is read
+    // through it too: its FRU names it, its power is on.
+    let started = std::time::Instant::now();
+    loop {
+        let mut facts = None;
+        let mut seen = Vec::new();
+        for machine in rack.admin.machines().await {
+            let id = machine["machine_id"].as_str().unwrap();
+            let (_, d) = rack
+                .admin
+                .call("GET", &format!("/api/v1/machines/{id}"), None, None)
+                .await;
+            if d["tags"]["bmc"]["protocol"] == "ipmi" {
+                facts = Some(d["tags"]["bmc"].clone());
+            }
+            seen.push(d["tags"]["bmc"].clone());
+        }
+        let facts = facts.unwrap_or_default();
+        if facts["serial_number"] == "SIM-10.78.0.3" {
+            assert_eq!(
+                facts["manufacturer"], "Shepherd Simulated Metal",
+                "{facts:#}"
+            );
+            assert_eq!(facts["power_state"], "On", "{facts:#}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the IPMI BMC's FRU was not read: {facts:#}; the BMCs: {seen:#?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
     // A previous owner's data on every disk, then every machine erased.

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bmc::ipmi::IpmiSim;
 use crate::bmc::{BmcSim, BootFrom, RackBmcs};
 use crate::machine::MachineSim;
 use crate::pxe::ProvisioningLink;
@@ -37,6 +38,9 @@ pub struct NetworkBoot {
     /// The boot image's kernel and initramfs, bytes.
     pub kernel_bytes: usize,
     pub initrd_bytes: usize,
+    /// Every this many machines, one has an IPMI BMC (the last of each
+    /// group), the others Redfish; 0: none.
+    pub ipmi_every: usize,
 }
 
 /// Whether this process runs in a named network namespace (one `ip netns
@@ -74,7 +78,9 @@ fn mac_text(m: [u8; 6]) -> String {
 /// A running rack: its machines, their BMCs, their link.
 pub struct Rack {
     pub machines: MachineSim,
+    /// The Redfish BMCs, and the IPMI ones (`NetworkBoot::ipmi_every`).
     pub bmcs: BmcSim,
+    pub ipmi: IpmiSim,
     pub link: Arc<ProvisioningLink>,
     pub boot: NetworkBoot,
     /// The boot image and the iPXE binaries shepherd serves.
@@ -102,6 +108,11 @@ impl Rack {
         if !in_own_namespace() {
             return Err(std::io::Error::other(
                 "--boot network runs in a network namespace of its own (ip netns exec …): its BMCs and provisioning link have private addresses",
+            ));
+        }
+        if boot.ipmi_every == 1 {
+            return Err(std::io::Error::other(
+                "every machine with an IPMI BMC leaves none with Redfish: the rack mixes both",
             ));
         }
         let machines = MachineSim::blank(addresses, root)?;
@@ -136,11 +147,30 @@ impl Rack {
             BootFrom::Disk => tracing::debug!(machine = %ip, "powered on from its disk"),
         });
         let off_agents = machines.agents.clone();
-        let bmcs = BmcSim::start_rack(
-            &machines.addresses,
+        let on_power_off: crate::bmc::OnPowerOff = Arc::new(move |ip| off_agents.power_off(ip));
+        let speaks_ipmi =
+            |i: usize| boot.ipmi_every > 0 && i % boot.ipmi_every == boot.ipmi_every - 1;
+        let (ipmi, redfish): (Vec<_>, Vec<_>) = machines
+            .addresses
+            .iter()
+            .enumerate()
+            .partition(|(i, _)| speaks_ipmi(*i));
+        let addresses =
+            |v: Vec<(usize, &IpAddr)>| v.into_iter().map(|(_, a)| *a).collect::<Vec<_>>();
+        let restart_delay = Duration::from_secs(1);
+        let ipmi = IpmiSim::start(
+            &addresses(ipmi),
             port,
-            Duration::from_secs(1),
-            Arc::new(move |ip| off_agents.power_off(ip)),
+            boot.bmc_latency,
+            restart_delay,
+            on_power_on.clone(),
+            on_power_off.clone(),
+        )?;
+        let bmcs = BmcSim::start_rack(
+            &addresses(redfish),
+            port,
+            restart_delay,
+            on_power_off,
             RackBmcs {
                 latency: boot.bmc_latency,
                 off: true,
@@ -151,6 +181,7 @@ impl Rack {
         Ok(Rack {
             machines,
             bmcs,
+            ipmi,
             link,
             boot,
             boot_image,
@@ -178,13 +209,15 @@ impl Rack {
             image = crate::fleet::toml_path(&self.boot_image),
         );
         for (i, ip) in self.machines.addresses.iter().enumerate() {
+            let (url, user, password) = if self.ipmi.serves(*ip) {
+                (self.ipmi.url(*ip), &self.ipmi.user, &self.ipmi.password)
+            } else {
+                (self.bmcs.url(*ip), &self.bmcs.user, &self.bmcs.password)
+            };
             text.push_str(&format!(
-                "\n[[provider.inventory.machines]]\nid = \"node-{:04}\"\nboot = \"network\"\nmac = \"{}\"\n{location}bmc = {{ url = \"{}\", username = \"{}\", password = \"{}\" }}\n",
+                "\n[[provider.inventory.machines]]\nid = \"node-{:04}\"\nboot = \"network\"\nmac = \"{}\"\n{location}bmc = {{ url = \"{url}\", username = \"{user}\", password = \"{password}\" }}\n",
                 i + 1,
                 mac_text(boot_mac(*ip)),
-                self.bmcs.url(*ip),
-                self.bmcs.user,
-                self.bmcs.password,
             ));
         }
         text

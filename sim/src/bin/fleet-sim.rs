@@ -8,6 +8,13 @@
 //! SSH machine simulator (machines on 127.0.1.1, 127.0.1.2, …), prints a
 //! shepherd configuration for them on stdout (and writes it to
 //! `--config-out`), then serves until SIGINT or SIGTERM. Loopback only.
+//!
+//! A process serves at most 15,000 machines (a listening socket each); a
+//! larger rented fleet is served by several:
+//!
+//!     fleet-sim --machines 100000 --serve 0..12500 --config-out fleet.toml
+//!     fleet-sim --machines 100000 --serve 12500..25000 --no-api \
+//!       --ssh-port PORT --ssh-key KEY --dir …   # and so on
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -122,6 +129,30 @@ struct Args {
     kernel_bytes: usize,
     #[arg(long, default_value_t = 24 << 20)]
     initrd_bytes: usize,
+    /// Every N-th machine of the rack has an IPMI BMC (RMCP+ on UDP, the
+    /// BMC's port), the others Redfish (`--boot network`); 0: none.
+    #[arg(long, default_value_t = 0)]
+    ipmi_every: usize,
+    /// FROM..TO: serve only these machines (by index, TO excluded), for a
+    /// fleet larger than one process may serve (a listening socket per
+    /// machine): the other shares in other processes, started with the
+    /// first's --ssh-port and --ssh-key and --no-api (rented fleets).
+    #[arg(long, value_parser = parse_range)]
+    serve: Option<std::ops::Range<usize>>,
+    /// Serve no Equinix simulator: another fleet-sim process serves the
+    /// fleet's API (and writes its configuration).
+    #[arg(long)]
+    no_api: bool,
+}
+
+fn parse_range(s: &str) -> Result<std::ops::Range<usize>, String> {
+    let (a, b) = s.split_once("..").ok_or("expected FROM..TO")?;
+    let n = |v: &str| v.trim().parse::<usize>().map_err(|e| format!("{v}: {e}"));
+    let (from, to) = (n(a)?, n(b)?);
+    if from >= to {
+        return Err(format!("{from}..{to} holds no machine"));
+    }
+    Ok(from..to)
 }
 
 fn parse_pool(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {
@@ -158,8 +189,32 @@ fn main() {
             std::process::exit(2);
         }
     }
-    if !(1..=60_000).contains(&a.machines) {
-        eprintln!("fleet-sim: --machines must be within 1 and 60000");
+    if a.ipmi_every == 1 {
+        eprintln!(
+            "fleet-sim: --ipmi-every 1 leaves no Redfish BMC: the rack mixes both (2 or more, or 0 for none)"
+        );
+        std::process::exit(2);
+    }
+    let max = shepherd_sim::fleet::MAX_MACHINES;
+    if !(1..=max).contains(&a.machines) {
+        eprintln!("fleet-sim: --machines must be within 1 and {max}");
+        std::process::exit(2);
+    }
+    let served = a.serve.clone().unwrap_or(0..a.machines);
+    if served.end > a.machines {
+        eprintln!(
+            "fleet-sim: --serve {}..{} runs past --machines {}",
+            served.start, served.end, a.machines
+        );
+        std::process::exit(2);
+    }
+    if served.len() > shepherd_sim::fleet::MAX_SERVED {
+        eprintln!(
+            "fleet-sim: {} machines are more than one process serves (a listening socket each): \
+             at most {} (--serve FROM..TO, the rest from further processes with --no-api)",
+            served.len(),
+            shepherd_sim::fleet::MAX_SERVED
+        );
         std::process::exit(2);
     }
     let dir = a
@@ -199,11 +254,14 @@ fn main() {
             bmc_latency: a.bmc_latency,
             kernel_bytes: a.kernel_bytes,
             initrd_bytes: a.initrd_bytes,
+            ipmi_every: a.ipmi_every,
         }),
         firmware: shepherd_sim::bmc::FirmwareOptions::failing_share(
             a.firmware_task_time,
             a.firmware_failure_rate,
         ),
+        serve: a.serve,
+        no_api: a.no_api,
     };
     let config_out = a.config_out;
     let result = actix_rt::System::new().block_on(async move {

@@ -8,7 +8,7 @@
 //! settings pending until a reset (`bios.rs`), its RAID controller's
 //! volumes (`storage.rs`); what waits for a reset is done at a restart.
 //! The tests use OpenStack's emulator (sushy-tools) too; this one needs no
-//! Python, and scales to a fleet.
+//! Python, and scales to a fleet. A rack's IPMI BMCs are `ipmi.rs`.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +29,7 @@ macro_rules! authorize {
 
 mod bios;
 pub mod firmware;
+pub mod ipmi;
 mod storage;
 
 pub use bios::{ATTRIBUTES as BIOS_ATTRIBUTES, REGISTRY as BIOS_REGISTRY};

@@ -55,7 +55,7 @@ impl OwnedRack {
         image_len: u64,
         env: &[(&'static str, String)],
     ) -> OwnedRack {
-        Self::start_on(None, n, first, interval, image_len, env).await
+        Self::start_on(None, n, first, interval, image_len, env, &[]).await
     }
 
     /// As [`OwnedRack::start`], but blank machines, powered off, that
@@ -69,6 +69,7 @@ impl OwnedRack {
         interval: &str,
         image_len: u64,
         env: &[(&'static str, String)],
+        fleet_args: &[&str],
     ) -> OwnedRack {
         let net = RackNetwork::new();
         Self::start_on(
@@ -78,6 +79,7 @@ impl OwnedRack {
             interval,
             image_len,
             env,
+            fleet_args,
         )
         .await
     }
@@ -89,6 +91,7 @@ impl OwnedRack {
         interval: &str,
         image_len: u64,
         env: &[(&'static str, String)],
+        fleet_args: &[&str],
     ) -> OwnedRack {
         let db = TestDb::new().await;
         let dir = tempfile::tempdir().unwrap();
@@ -105,6 +108,7 @@ impl OwnedRack {
             None => FleetSimProcess::start(&bin("fleet-sim"), dir.path(), n, first, &args),
             Some(net) => {
                 args.extend(["--boot", "network"]);
+                args.extend(fleet_args);
                 let exe = bin("fleet-sim");
                 let control = SocketAddr::from((RackNetwork::RACK, free()));
                 let mut fleet = FleetSimProcess::start_by(

@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb, cpu_seconds};
+use shepherd_sim::testing::{FleetShares, ShepherdProcess, Sshd, TestDb, cpu_seconds};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
@@ -60,6 +60,10 @@ async fn metric(s: &ShepherdProcess, name: &str, labels: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// The machines one fleet-sim process serves: a listening socket each,
+/// within the 20,000 open files a process may have here.
+const PER_PROCESS: usize = 12_500;
+
 struct Run {
     seconds: f64,
     cpu_per_machine_ms: f64,
@@ -79,21 +83,21 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
     // Agents call every 10 s per thousand machines (at least 10 s): the
     // heartbeat load stays near a thousand calls a second.
     let interval = format!("{}s", (machines / 100).max(10));
-    let fleet = FleetSimProcess::start(
-        &shepherd_sim::bin("fleet-sim"),
+    let fleet = FleetShares::start(
         dir.path(),
         machines,
         first,
+        PER_PROCESS,
         &["--agent-interval", &interval],
     );
-    let fleet_cpu_before = cpu_seconds(fleet.pid());
+    let fleet_cpu_before = fleet.cpu_seconds();
     let started = Instant::now();
     let mut procs: Vec<ShepherdProcess> = (0..shepherds)
         .map(|i| {
             let callback = format!("127.0.0.1:{}", Sshd::free_port());
             ShepherdProcess::start(
                 Path::new(SHEPHERD),
-                &fleet.config,
+                &fleet.api().config,
                 dir.path().join(format!("shepherd-{i}.log")),
                 &[
                     ("SHEPHERD__BMDB__URL", db.url()),
@@ -118,7 +122,8 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
         std::env::var("SHEPHERD_BENCH_FLEET_TIMEOUT")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(900),
+            // 900 s, or 20 ms a machine for the largest fleets.
+            .unwrap_or(900.max(machines as u64 / 50)),
     );
     let mut last_print = Instant::now();
     let mut complete = false;
@@ -150,15 +155,21 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
     for p in &procs {
         lost_picks += metric(p, "shepherd_lease_selections_total", "result=\"lost\"").await;
     }
-    let stats = fleet.api_stats().await;
-    let report = fleet.report().await;
+    let stats = fleet.api().api_stats().await;
+    let mut again = 0;
+    for share in fleet.shares() {
+        again += share.report().await["taken_over_again"]
+            .as_object()
+            .map(|m| m.len() as u64)
+            .unwrap_or(0);
+    }
     let devices = stats["devices"].as_u64().unwrap_or(0).max(1) as f64;
     let requests = |op: &str| stats["requests"][op].as_u64().unwrap_or(0) as f64;
     let all: f64 = stats["requests"]
         .as_object()
         .map(|m| m.values().filter_map(|v| v.as_u64()).sum::<u64>() as f64)
         .unwrap_or(0.0);
-    let fleet_cpu = cpu_seconds(fleet.pid()) - fleet_cpu_before;
+    let fleet_cpu = fleet.cpu_seconds() - fleet_cpu_before;
     for p in &mut procs {
         p.terminate(Duration::from_secs(30));
     }
@@ -172,10 +183,7 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
         creates_per_device: (requests("create_device") + requests("get_reservation")) / devices,
         requests_per_device: all / devices,
         lost_picks,
-        again: report["taken_over_again"]
-            .as_object()
-            .map(|m| m.len() as u64)
-            .unwrap_or(0),
+        again,
         fleet_cpu,
         complete,
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use shepherd::bmdb::Bmdb;
-use shepherd_sim::testing::{FleetSimProcess, ShepherdProcess, Sshd, TestDb};
+use shepherd_sim::testing::{FleetShares, FleetSimProcess, ShepherdProcess, Sshd, TestDb};
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
 
@@ -310,6 +310,73 @@ async fn two_shepherds_take_a_fleet_of_a_hundred_over_each_machine_exactly_once(
     assert_eq!(rig.count(WORK).await, 0);
     assert_eq!(a.terminate(Duration::from_secs(20)), Some(0));
     assert_eq!(b.terminate(Duration::from_secs(20)), Some(0));
+}
+
+#[actix_rt::test]
+async fn a_fleet_served_by_three_processes_is_taken_over_whole_each_machine_once() {
+    // A fleet larger than one process serves (a listening socket per
+    // machine) is served in shares: 30 machines, 10 a process, the first
+    // with the Equinix API. One shepherd on the first's configuration.
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = FleetShares::start(
+        dir.path(),
+        30,
+        Ipv4Addr::new(127, 0, 88, 1),
+        10,
+        &["--agent-interval", "1s"],
+    );
+    assert_eq!(fleet.shares().len(), 3);
+    let callback = format!("127.0.0.1:{}", Sshd::free_port());
+    let mut s = ShepherdProcess::start(
+        Path::new(SHEPHERD),
+        &fleet.api().config,
+        dir.path().join("shepherd.log"),
+        &[
+            ("SHEPHERD__BMDB__URL", db.url()),
+            ("SHEPHERD__ADMIN__LISTEN", "127.0.0.1:0".into()),
+            ("SHEPHERD__BMAAS__LISTEN", callback.clone()),
+            ("SHEPHERD__BMAAS__ENDPOINT", callback),
+            ("SHEPHERD__LOG__LEVEL", "info,tokio_postgres=warn".into()),
+        ],
+    );
+    let started = Instant::now();
+    loop {
+        let n: i64 = bmdb
+            .transact(async |tx| Ok(tx.query_one(HEARTBEATING, &[]).await?.get(0)))
+            .await
+            .unwrap();
+        if n == 30 {
+            break;
+        }
+        s.assert_running();
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{n} of 30 heartbeating; shepherd's log: {}",
+            s.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Each process ran its own ten machines' agents, once each.
+    for (k, share) in fleet.shares().iter().enumerate() {
+        let report = share.report().await;
+        assert_eq!(report["machines"], 10, "share {k}: {report}");
+        assert_eq!(report["taken_over"], 10, "share {k}: {report}");
+        assert_eq!(report["agents_started"], 10, "share {k}: {report}");
+        assert_eq!(report["taken_over_again"], serde_json::json!({}));
+        let first = Ipv4Addr::new(127, 0, 88, 1 + 10 * k as u8);
+        let ran = report["runs"].as_object().unwrap();
+        assert!(
+            ran.contains_key(&first.to_string()),
+            "share {k} ran {:?}",
+            ran.keys()
+        );
+    }
+    // One create per device, all through the first process's API.
+    let stats = fleet.api().api_stats().await;
+    assert_eq!(create_requests(&stats), (30, 0), "{}", stats["statuses"]);
+    assert_eq!(s.terminate(Duration::from_secs(20)), Some(0));
 }
 
 #[actix_rt::test]

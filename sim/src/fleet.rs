@@ -65,6 +65,14 @@ pub struct FleetOptions {
     /// Blank machines booted through their BMCs and the network, not
     /// reached over SSH (static only; in a network namespace).
     pub network_boot: Option<crate::rack::NetworkBoot>,
+    /// The machines this process serves, by index (`None`: all). A fleet
+    /// larger than one process's open files (a listening socket per
+    /// machine) is served by several processes, each its share, on one
+    /// SSH port with one key (`fleet-sim --serve`).
+    pub serve: Option<std::ops::Range<usize>>,
+    /// Serve no Equinix simulator: the fleet's API is another process's
+    /// (`fleet-sim --no-api`, for the shares after the first).
+    pub no_api: bool,
 }
 
 /// Where the fleet's machines come from.
@@ -94,6 +102,8 @@ impl Default for FleetOptions {
             location: None,
             firmware: crate::bmc::FirmwareOptions::default(),
             network_boot: None,
+            serve: None,
+            no_api: false,
         }
     }
 }
@@ -137,6 +147,13 @@ pub struct FleetReport {
     pub network_boots: Option<serde_json::Value>,
 }
 
+/// The largest fleet one simulated Equinix project holds.
+pub const MAX_MACHINES: usize = 200_000;
+/// The most machines one process serves: a listening socket each, below
+/// the open files a process may have here (20,000), with room for the
+/// takeovers' connections and the agents' processes.
+pub const MAX_SERVED: usize = 15_000;
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -156,8 +173,29 @@ fn loopback_only(what: &str, ip: IpAddr) -> std::io::Result<()> {
 impl FleetSim {
     pub async fn start(opts: FleetOptions) -> std::io::Result<FleetSim> {
         let n = opts.machines;
-        if !(1..=60_000).contains(&n) {
-            return Err(std::io::Error::other("machines must be within 1 and 60000"));
+        if !(1..=MAX_MACHINES).contains(&n) {
+            return Err(std::io::Error::other(format!(
+                "machines must be within 1 and {MAX_MACHINES}"
+            )));
+        }
+        let serve = opts.serve.clone().unwrap_or(0..n);
+        if serve.is_empty() || serve.end > n {
+            return Err(std::io::Error::other(format!(
+                "the machines served ({}..{}) must be a non-empty part of 0..{n}",
+                serve.start, serve.end
+            )));
+        }
+        if serve.len() > MAX_SERVED {
+            return Err(std::io::Error::other(format!(
+                "{} machines in one process need a listening socket each, more than this \
+                 process may open: serve at most {MAX_SERVED} (--serve), the rest from other processes",
+                serve.len()
+            )));
+        }
+        if (serve != (0..n) || opts.no_api) && opts.provider != FleetProvider::Equinix {
+            return Err(std::io::Error::other(
+                "owned machines (an inventory in one configuration) are served by one process whole",
+            ));
         }
         loopback_only("the API's listen address", opts.api_listen.ip())?;
         loopback_only("the control listen address", opts.control_listen.ip())?;
@@ -182,6 +220,7 @@ impl FleetSim {
             0 => free_port()?,
             p => p,
         };
+        let first_served = Ipv4Addr::from(u32::from(opts.first_address) + serve.start as u32);
         let addresses = (0..n)
             .map(|i| IpAddr::V4(Ipv4Addr::from(u32::from(opts.first_address) + i as u32)))
             .collect();
@@ -202,7 +241,9 @@ impl FleetSim {
         };
         let machines = match &rack {
             Some(_) => MachineSim::blank(Vec::new(), &machines_dir)?,
-            None => MachineSim::start(opts.first_address, n, port, public, &machines_dir).await?,
+            None => {
+                MachineSim::start(first_served, serve.len(), port, public, &machines_dir).await?
+            }
         };
         for (name, ips) in &opts.names {
             for ip in ips {
@@ -213,6 +254,7 @@ impl FleetSim {
         agents.set_interval(opts.agent_interval);
         agents.set_names(opts.names.iter().cloned().collect());
         let (api, bmcs) = match opts.provider {
+            FleetProvider::Equinix if opts.no_api => (None, None),
             FleetProvider::Equinix => {
                 let api = Simulator::start(
                     SimConfig {
@@ -245,7 +287,7 @@ impl FleetSim {
             .agents
             .clone();
         let link = rack.as_ref().map(|r| r.link.clone());
-        let count = n;
+        let count = serve.len();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(web::Data::new((agents.clone(), count, link.clone())))
@@ -384,7 +426,9 @@ creation_interval = "0s"
                 }
                 inventory
             }
-            (None, None) => unreachable!("a fleet is rented or owned"),
+            // `--no-api`: this process serves a share of the machines; the
+            // configuration to use is the API's process's.
+            (None, None) => "# Machines only (--no-api): the fleet's configuration is written by the process serving its API.\n".to_string(),
         };
         format!(
             r#"# shepherd configuration for a simulated fleet of {n} machines (fleet-sim).

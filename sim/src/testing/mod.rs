@@ -18,7 +18,8 @@
 //! - `sushy`: the Redfish emulator sushy-tools as a process ([`Sushy`]);
 //!   `bmc`: inventories of hosts with BMCs, simulated BMCs ([`sim_bmcs`]).
 //! - `processes`: the workspace's binaries as processes ([`bin`],
-//!   [`FleetSimProcess`], [`ShepherdProcess`]), pgbench and memory use.
+//!   [`FleetSimProcess`], a fleet in several of them ([`FleetShares`]),
+//!   [`ShepherdProcess`]), pgbench and memory use.
 //! - `boot`: a stand-in boot image, its boot data, the live agent and
 //!   fetching as a BMC does.
 //! - `browser`: the admin pages in a headless browser ([`browse`]).
@@ -53,8 +54,8 @@ pub use db::{
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use netns::{Netns, RackNetwork, is_root};
 pub use processes::{
-    FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand, loopback_env,
-    peak_rss_mb, pgbench, stripped_copy, succeed,
+    FleetShares, FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand,
+    loopback_env, peak_rss_mb, pgbench, stripped_copy, succeed,
 };
 pub use rack::{Deprovisioned, OwnedRack};
 pub use sshd::Sshd;

@@ -222,6 +222,94 @@ impl Drop for FleetSimProcess {
     }
 }
 
+/// A rented fleet in one fleet-sim process, or in several when it is
+/// larger than `per_process` (a process serves a listening socket per
+/// machine, within its open files): the first serves the Equinix API and
+/// the first share and writes the configuration; the others serve the
+/// rest of the machines (`--serve`, `--no-api`) on its SSH port with its
+/// key.
+pub struct FleetShares(Vec<FleetSimProcess>);
+
+impl FleetShares {
+    /// `machines` from `first`, state under `dir`, `extra` arguments for
+    /// every process.
+    pub fn start(
+        dir: &std::path::Path,
+        machines: usize,
+        first: std::net::Ipv4Addr,
+        per_process: usize,
+        extra: &[&str],
+    ) -> FleetShares {
+        let exe = bin("fleet-sim");
+        let share = |k: usize| {
+            format!(
+                "{}..{}",
+                k * per_process,
+                ((k + 1) * per_process).min(machines)
+            )
+        };
+        let shares = machines.div_ceil(per_process);
+        let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        if shares > 1 {
+            args.extend(["--serve".to_string(), share(0)]);
+        }
+        fn strs(a: &[String]) -> Vec<&str> {
+            a.iter().map(String::as_str).collect()
+        }
+        let main = FleetSimProcess::start(&exe, dir, machines, first, &strs(&args));
+        let config = std::fs::read_to_string(&main.config).unwrap();
+        let port = config
+            .split("[ssh]")
+            .nth(1)
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("port = ")))
+            .expect("the fleet's configuration names its SSH port")
+            .trim()
+            .to_string();
+        let key = dir.join("fleet/ssh/shepherd_ed25519").display().to_string();
+        let mut all = vec![main];
+        for k in 1..shares {
+            let sub = dir.join(format!("share-{k}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            let mut a: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+            a.extend(
+                [
+                    "--serve",
+                    &share(k),
+                    "--no-api",
+                    "--ssh-port",
+                    &port,
+                    "--ssh-key",
+                    &key,
+                ]
+                .map(String::from),
+            );
+            all.push(FleetSimProcess::start(
+                &exe,
+                &sub,
+                machines,
+                first,
+                &strs(&a),
+            ));
+        }
+        FleetShares(all)
+    }
+
+    /// The process serving the Equinix API, and the fleet's configuration.
+    pub fn api(&self) -> &FleetSimProcess {
+        &self.0[0]
+    }
+
+    /// Every process, the API's first.
+    pub fn shares(&self) -> &[FleetSimProcess] {
+        &self.0
+    }
+
+    /// The processes' CPU seconds, together.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.0.iter().map(|p| cpu_seconds(p.pid())).sum()
+    }
+}
+
 /// The overrides a `shepherd run` under test takes on loopback: the BMDB
 /// at `bmdb_url`, served images from `images`, and a free port each for
 /// the admin server, the agents' callback and the image server. Returns

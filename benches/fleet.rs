@@ -5,6 +5,11 @@
 //!
 //!     cargo bench --bench fleet
 //!
+//! A fleet larger than 12,500 machines is served by several fleet-sim
+//! processes, 12,500 each (a process here may hold 20,000 open files; a
+//! machine's SSH is a listening socket): `SHEPHERD_BENCH_FLEET=100000
+//! SHEPHERD_BENCH_SHEPHERDS=1` is the 100,000-machine run.
+//!
 //! SHEPHERD_BENCH_FLEET (default "1000,10000") sets the fleet sizes,
 //! SHEPHERD_BENCH_SHEPHERDS (default "1,2,4") the process counts. Prints,
 //! per run: seconds to all heartbeating, machines/s, the shepherds' CPU

@@ -86,6 +86,11 @@ impl<T: Clone + 'static> Listing<T> {
         *self.cached.borrow_mut() = None;
     }
 
+    /// The cached listing whatever its age, if there is one.
+    fn any(&self) -> Option<Rc<Vec<T>>> {
+        self.cached.borrow().as_ref().map(|(_, list)| list.clone())
+    }
+
     /// Changes the cached listing, if there is one (copying it only if a
     /// caller still holds it).
     fn amend(&self, f: impl FnOnce(&mut Vec<T>)) {
@@ -262,8 +267,25 @@ impl Provider for Equinix {
             let plan = match &self.cfg.plan {
                 Some(p) => p.clone(),
                 None => {
-                    let listed = self.reservations().await?;
-                    match listed.iter().find(|r| r.id == reservation).cloned() {
+                    // A reservation's plan does not change: the last
+                    // listing that holds it serves, however old. Listing
+                    // again per create once the listing's time to live
+                    // ran out cost a whole listing (a hundred pages at
+                    // 100,000 reservations) per device.
+                    let known = self
+                        .reservations
+                        .any()
+                        .and_then(|l| l.iter().find(|r| r.id == reservation).cloned());
+                    let found = match known {
+                        Some(r) => Some(r),
+                        None => self
+                            .reservations()
+                            .await?
+                            .iter()
+                            .find(|r| r.id == reservation)
+                            .cloned(),
+                    };
+                    match found {
                         None => {
                             return Err(ProviderError::Unsupported(format!(
                                 "reservation {reservation} is no longer listed in the project \

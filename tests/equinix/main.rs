@@ -503,3 +503,47 @@ async fn one_device_listing_serves_both_loops_and_knows_what_was_created() {
     fresh.list_machines().await.unwrap();
     assert_eq!(count(&sim.stats(), Operation::ListDevices), 3);
 }
+
+/// A create looks its reservation's plan up in the last listing, however
+/// old: a listing's time to live running out does not cost a listing per
+/// device (at 100,000 reservations, a hundred pages each).
+#[actix_rt::test]
+async fn creates_find_the_plan_in_the_last_listing_however_old() {
+    use shepherd::provider::{MachineKind, Provider};
+    let sim = simulator(4).await;
+    let cfg = shepherd::config::EquinixProviderConfig {
+        metro: Some("sv".into()),
+        reservation_cache_ttl: Duration::from_millis(1),
+        ..Default::default()
+    };
+    let provider = shepherd::provider::equinix::Equinix::start(
+        client(settings(&sim)),
+        cfg,
+        "ssh-ed25519 AAAA test",
+    )
+    .await
+    .unwrap();
+    let capacity: Vec<_> = provider
+        .list_machines()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.kind == MachineKind::Capacity)
+        .collect();
+    assert_eq!(capacity.len(), 4);
+    for m in &capacity {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        provider.create_machine(m).await.unwrap();
+    }
+    let stats = sim.stats();
+    assert_eq!(count(&stats, Operation::CreateDevice), 4);
+    assert_eq!(
+        count(&stats, Operation::ListReservations),
+        1,
+        "{:?}",
+        stats.log
+    );
+    // The next round lists again: the listing is stale for capacity.
+    provider.list_machines().await.unwrap();
+    assert_eq!(count(&sim.stats(), Operation::ListReservations), 2);
+}

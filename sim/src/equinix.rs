@@ -458,11 +458,14 @@ struct PageQuery {
     include: Option<String>,
 }
 
-/// One page of `items` and its `meta`, or 422 for an out-of-range page size.
-fn paginate<T: Clone>(
-    items: &[T],
+/// One page of `items`, each rendered (only the page's: rendering all of
+/// a 100,000-machine fleet for each page made a listing quadratic), and
+/// its `meta`, or 422 for an out-of-range page size.
+fn paginate<S, T>(
+    items: &[S],
     q: &PageQuery,
     path: &str,
+    render: impl Fn(&S) -> T,
 ) -> Result<(Vec<T>, Meta), HttpResponse> {
     let per_page = q.per_page.unwrap_or(10);
     let page = q.page.unwrap_or(1);
@@ -489,7 +492,7 @@ fn paginate<T: Clone>(
         current_page: Some(page),
         last_page: Some(last_page),
     };
-    Ok((items[start..end].to_vec(), meta))
+    Ok((items[start..end].iter().map(render).collect(), meta))
 }
 
 fn check_project(st: &State, pid: &str) -> Result<(), HttpResponse> {
@@ -505,8 +508,9 @@ async fn list_devices(s: Data<Shared>, pid: Path<String>, q: Query<PageQuery>) -
     if let Err(r) = check_project(&st, &pid) {
         return r;
     }
-    let all: Vec<Device> = st.devices.iter().map(|d| st.render(d)).collect();
-    match paginate(&all, &q, &format!("/projects/{pid}/devices")) {
+    match paginate(&st.devices, &q, &format!("/projects/{pid}/devices"), |d| {
+        st.render(d)
+    }) {
         Ok((devices, meta)) => HttpResponse::Ok().json(DeviceList { devices, meta }),
         Err(r) => r,
     }
@@ -594,12 +598,12 @@ async fn list_reservations(
         .include
         .as_deref()
         .is_some_and(|i| i.split(',').any(|x| x == "device"));
-    let all: Vec<HardwareReservation> = st
-        .reservations
-        .iter()
-        .map(|r| st.render_reservation(r, include))
-        .collect();
-    match paginate(&all, &q, &format!("/projects/{pid}/hardware-reservations")) {
+    match paginate(
+        &st.reservations,
+        &q,
+        &format!("/projects/{pid}/hardware-reservations"),
+        |r| st.render_reservation(r, include),
+    ) {
         Ok((hardware_reservations, meta)) => HttpResponse::Ok().json(HardwareReservationList {
             hardware_reservations,
             meta,

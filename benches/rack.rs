@@ -350,7 +350,11 @@ async fn network_boot_figures(rack: &OwnedRack) -> Vec<(String, String)> {
         ),
         (
             "DHCP packets dropped".to_string(),
-            format!("{}", m("shepherd_netboot_dhcp_ignored_total", "").await),
+            // A sum of no series is -0: printed as 0.
+            format!(
+                "{}",
+                m("shepherd_netboot_dhcp_ignored_total", "").await + 0.0
+            ),
         ),
     ];
     for reason in [

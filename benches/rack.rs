@@ -262,12 +262,7 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool, ipmi_eve
 
     // The image's bytes, as the agents reported them.
     let (mut from_server, mut from_peers, mut image) = (0u64, 0u64, 0u64);
-    for m in rack.admin.machines().await {
-        let id = m["machine_id"].as_str().unwrap();
-        let (_, d) = rack
-            .admin
-            .call("GET", &format!("/api/v1/machines/{id}"), None, None)
-            .await;
+    for d in rack.admin.machine_details().await {
         let p = &d["installation"]["progress"];
         let fetched = p["bytes_fetched"].as_u64().unwrap_or(0);
         let peers = p["bytes_from_peers"].as_u64().unwrap_or(0);

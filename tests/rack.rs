@@ -107,15 +107,11 @@ async fn blank_machines_boot_the_network_through_their_bmcs_are_erased_and_insta
         );
     }
     // Every machine reported its hardware through the agent.
-    for machine in rack.admin.machines().await {
-        let id = machine["machine_id"].as_str().unwrap();
-        let (_, d) = rack
-            .admin
-            .call("GET", &format!("/api/v1/machines/{id}"), None, None)
-            .await;
+    for d in rack.admin.machine_details().await {
         assert!(
             d.to_string().contains("Simulated Xeon E-2278G"),
-            "{id}'s hardware report: {d:#}"
+            "{}'s hardware report: {d:#}",
+            d["machine_id"]
         );
     }
 
@@ -125,12 +121,7 @@ async fn blank_machines_boot_the_network_through_their_bmcs_are_erased_and_insta
     loop {
         let mut facts = None;
         let mut seen = Vec::new();
-        for machine in rack.admin.machines().await {
-            let id = machine["machine_id"].as_str().unwrap();
-            let (_, d) = rack
-                .admin
-                .call("GET", &format!("/api/v1/machines/{id}"), None, None)
-                .await;
+        for d in rack.admin.machine_details().await {
             if d["tags"]["bmc"]["protocol"] == "ipmi" {
                 facts = Some(d["tags"]["bmc"].clone());
             }

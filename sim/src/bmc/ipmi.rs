@@ -11,6 +11,10 @@
 //!   the boot options' boot flags (a one-time PXE boot, EFI or not),
 //!   the FRU's product area, and the session's close.
 //!
+//! Long on purpose (about 640 lines): one protocol's server, whose
+//! session setup, sealing and commands share the BMC's state; split, each
+//! part would reach into the others'.
+//!
 //! What it skips: IPMI 1.5 sessions, Serial-over-LAN, users beyond one
 //! administrator, sensors and SDRs, and idle sessions' expiry (a BMC keeps
 //! its 64 newest). Each packet is answered after the rack's BMC latency

@@ -83,6 +83,21 @@ impl Admin {
         )
     }
 
+    /// Every machine's whole record (`GET /api/v1/machines/{id}`), one
+    /// request each.
+    pub async fn machine_details(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for m in self.machines().await {
+            let id = m["machine_id"].as_str().unwrap();
+            out.push(
+                self.call("GET", &format!("/api/v1/machines/{id}"), None, None)
+                    .await
+                    .1,
+            );
+        }
+        out
+    }
+
     /// Every machine the admin API lists, page by page.
     pub async fn machines(&self) -> Vec<Value> {
         let mut all = Vec::new();

@@ -8,7 +8,8 @@
 //! - a machine the BMDB has but the provider does not is reported (log and
 //!   status), never deleted;
 //! - below `max_machines`, up to `chunk_size` machines are created from
-//!   capacity, `creation_interval` apart, each recorded as soon as it exists.
+//!   capacity, `creation_interval` apart, each recorded as soon as it exists
+//!   (a fleet at its limit lists no capacity).
 //!
 //! Where the reference refused all work on any disagreement, this keeps
 //! doing what is safe and reports the rest.
@@ -65,11 +66,16 @@ impl Round for Provisioner {
         session: &Session,
         counters: &ProvisionerCounters,
     ) -> Result<RoundOutcome, String> {
+        // At its limit the fleet lists no capacity: a round of a full
+        // fleet of 100,000 listed a hundred pages of reservations for none.
+        let capacity =
+            self.cfg.max_machines == 0 || counters.managed < self.cfg.max_machines as usize;
         reconcile(
             self.provider.clone(),
             session.clone(),
             self.cfg.clone(),
             counters.missing_in_provider.clone(),
+            capacity,
         )
         .await
     }
@@ -137,13 +143,14 @@ async fn reconcile(
     session: Session,
     cfg: ProvisionerConfig,
     known_missing: BTreeSet<String>,
+    capacity: bool,
 ) -> Result<RoundOutcome, String> {
     let kind = provider.kind();
     let crate::provider::Listings {
         listed,
         recorded,
         held,
-    } = crate::provider::listings(provider.as_ref(), &session).await?;
+    } = crate::provider::listings(provider.as_ref(), &session, capacity).await?;
     let in_bmdb: HashSet<&str> = recorded.iter().map(|m| m.provider_id.as_str()).collect();
     let ours: Vec<&ProviderMachine> = listed
         .iter()

@@ -117,7 +117,7 @@ async fn update(
         listed,
         mut recorded,
         held,
-    } = crate::provider::listings(provider.as_ref(), &session).await?;
+    } = crate::provider::listings(provider.as_ref(), &session, false).await?;
     // A held machine's record stays as the operator left it.
     recorded.retain(|r| !held.contains(&r.machine_id));
     let mut written = 0;

@@ -52,7 +52,9 @@ pub enum BeatOutcome {
 }
 
 /// Authenticates, writes and reads the pending request for a batch, in one
-/// statement. Data-modifying CTEs do not see each other's rows, so a
+/// statement. `a.machine_id = ANY($1)` tells the planner how few agents a
+/// batch names: without it, a batch of a hundred was joined by a scan of
+/// every agent (a hash join over the whole fleet per batch). Data-modifying CTEs do not see each other's rows, so a
 /// request answered by a report in this very batch is excluded by the
 /// batch's own generation.
 const WRITE_BEATS: &str = "WITH input AS ( \
@@ -62,7 +64,8 @@ const WRITE_BEATS: &str = "WITH input AS ( \
                   progress_phase, progress_written)), \
      auth AS ( \
          SELECT i.* FROM input i JOIN machine_agent_started a \
-             ON a.machine_id = i.machine_id AND a.agent_public_key = i.agent_key), \
+             ON a.machine_id = i.machine_id AND a.agent_public_key = i.agent_key \
+             AND a.machine_id = ANY($1)), \
      heartbeat AS ( \
          INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) \
          SELECT machine_id, now() FROM auth \
@@ -106,7 +109,8 @@ const WRITE_BEATS: &str = "WITH input AS ( \
 const WRITE_HEARTBEATS: &str = "WITH auth AS ( \
          SELECT i.machine_id FROM unnest($1::uuid[], $2::bytea[]) AS i(machine_id, agent_key) \
          JOIN machine_agent_started a \
-             ON a.machine_id = i.machine_id AND a.agent_public_key = i.agent_key), \
+             ON a.machine_id = i.machine_id AND a.agent_public_key = i.agent_key \
+             AND a.machine_id = ANY($1)), \
      heartbeat AS ( \
          INSERT INTO machine_agent_heartbeat (machine_id, agent_heartbeat_at) \
          SELECT machine_id, now() FROM auth \

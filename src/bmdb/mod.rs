@@ -191,11 +191,15 @@ pub struct Bmdb {
 
 struct Inner {
     pool: bb8::Pool<PgManager>,
+    /// What the pool connects with: a handle with a pool of its own
+    /// ([`Bmdb::with_own_pool`]) connects the same way.
+    pg: tokio_postgres::Config,
     options: BmdbOptions,
     acquire_timeout: Duration,
     pool_size: u32,
     connect_errors: LastConnectError,
-    counters: Counters,
+    /// Shared by every handle on the BMDB, whichever pool it draws from.
+    counters: Arc<Counters>,
     /// Kept alive as long as any handle is: the embedded server, if any.
     _embedded: Option<Arc<EmbeddedPostgres>>,
 }
@@ -302,14 +306,45 @@ impl Bmdb {
         Ok(Bmdb {
             inner: Arc::new(Inner {
                 pool,
+                pg,
                 options,
                 acquire_timeout,
                 pool_size,
                 connect_errors,
-                counters: Counters::default(),
+                counters: Arc::default(),
                 _embedded: None,
             }),
         })
+    }
+
+    /// A handle on the same BMDB that draws from a pool of its own, of up
+    /// to `size` connections, opened as they are needed: the admin API's,
+    /// so that fleet work holding every connection of the shared pool (an
+    /// enrollment storm) never turns an operator's request into a 503.
+    /// `size` 0: the same pool as this handle.
+    pub fn with_own_pool(&self, size: u32) -> Bmdb {
+        if size == 0 {
+            return self.clone();
+        }
+        let connect_errors = LastConnectError::default();
+        let pool = bb8::Pool::builder()
+            .max_size(size)
+            .connection_timeout(self.inner.acquire_timeout.min(POOL_WAIT_SLICE))
+            .test_on_check_out(true)
+            .error_sink(Box::new(connect_errors.clone()))
+            .build_unchecked(PgManager::new(self.inner.pg.clone()));
+        Bmdb {
+            inner: Arc::new(Inner {
+                pool,
+                pg: self.inner.pg.clone(),
+                options: self.inner.options.clone(),
+                acquire_timeout: self.inner.acquire_timeout,
+                pool_size: size,
+                connect_errors,
+                counters: self.inner.counters.clone(),
+                _embedded: self.inner._embedded.clone(),
+            }),
+        }
     }
 
     pub fn options(&self) -> &BmdbOptions {

@@ -83,6 +83,11 @@ pub struct AdminConfig {
     /// it (`/readyz`, the API, the pages; `/metrics` answers without it).
     #[serde(with = "humantime_serde")]
     pub database_timeout: Duration,
+    /// BMDB connections of the admin server's own (the API, the pages,
+    /// the Metal API), apart from `bmdb.pool_size`'s, which the fleet's
+    /// work shares: an enrollment storm holding those cannot keep an
+    /// operator or a tenant waiting. 0: share the fleet's pool.
+    pub database_connections: u32,
     /// HTTPS. Required when `listen` is not a loopback address: no token
     /// crosses a network in the clear.
     pub tls: AdminTlsConfig,
@@ -96,6 +101,7 @@ impl Default for AdminConfig {
             token: None,
             tokens: Default::default(),
             database_timeout: Duration::from_secs(1),
+            database_connections: 4,
             tls: AdminTlsConfig::default(),
         }
     }
@@ -133,6 +139,15 @@ impl AdminConfig {
             return Err(ConfigError::key(
                 "admin.database_timeout",
                 "must be within 100ms and 60s",
+            ));
+        }
+        if self.database_connections > 64 {
+            return Err(ConfigError::key(
+                "admin.database_connections",
+                format!(
+                    "{} is more than 64; a few serve operators and tenants (0 shares bmdb.pool_size's)",
+                    self.database_connections
+                ),
             ));
         }
         if let Some(t) = &mut self.token {

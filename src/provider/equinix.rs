@@ -41,17 +41,73 @@ pub struct Equinix {
     devices: Listing<ProviderMachine>,
 }
 
-type Fetch<T> = Shared<LocalBoxFuture<'static, Result<Rc<Vec<T>>, EquinixError>>>;
+type Fetch<T> = Shared<LocalBoxFuture<'static, Result<Rc<Listed<T>>, EquinixError>>>;
+
+/// What a listing's items are found by: a reservation's or a device's ID.
+trait Identified {
+    fn id(&self) -> &str;
+}
+
+impl Identified for HardwareReservation {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Identified for ProviderMachine {
+    fn id(&self) -> &str {
+        &self.provider_id
+    }
+}
+
+/// A listing's items, indexed by ID: a create finds its reservation and
+/// records its device without a scan of the fleet (three scans per
+/// create were a quarter of shepherd's CPU at 100,000 machines).
+#[derive(Clone)]
+struct Listed<T> {
+    items: Vec<T>,
+    by_id: HashMap<String, usize>,
+}
+
+impl<T: Identified> Listed<T> {
+    fn new(items: Vec<T>) -> Self {
+        let by_id = items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.id().to_string(), i))
+            .collect();
+        Listed { items, by_id }
+    }
+
+    fn get(&self, id: &str) -> Option<&T> {
+        self.by_id.get(id).map(|&i| &self.items[i])
+    }
+
+    fn get_mut(&mut self, id: &str) -> Option<&mut T> {
+        self.by_id.get(id).map(|&i| &mut self.items[i])
+    }
+
+    /// Puts `item` in place of the one with its ID, or adds it.
+    fn upsert(&mut self, item: T) {
+        match self.by_id.get(item.id()) {
+            Some(&i) => self.items[i] = item,
+            None => {
+                self.by_id.insert(item.id().to_string(), self.items.len());
+                self.items.push(item);
+            }
+        }
+    }
+}
 
 /// A listing shared by its callers: reused while fresh, and one fetch in
 /// flight at a time, whose result every caller waiting gets. Callers share
 /// one copy (a create looks one reservation up in a listing of thousands).
 struct Listing<T> {
-    cached: RefCell<Option<(Instant, Rc<Vec<T>>)>>,
+    cached: RefCell<Option<(Instant, Rc<Listed<T>>)>>,
     fetching: RefCell<Option<Fetch<T>>>,
 }
 
-impl<T: Clone + 'static> Listing<T> {
+impl<T: Identified + Clone + 'static> Listing<T> {
     fn new() -> Self {
         Listing {
             cached: RefCell::new(None),
@@ -63,7 +119,7 @@ impl<T: Clone + 'static> Listing<T> {
         &self,
         ttl: Duration,
         fetch: impl FnOnce() -> LocalBoxFuture<'static, Result<Vec<T>, EquinixError>>,
-    ) -> Result<Rc<Vec<T>>, EquinixError> {
+    ) -> Result<Rc<Listed<T>>, EquinixError> {
         if let Some((at, list)) = self.cached.borrow().as_ref()
             && at.elapsed() < ttl
         {
@@ -72,7 +128,12 @@ impl<T: Clone + 'static> Listing<T> {
         let f = self
             .fetching
             .borrow_mut()
-            .get_or_insert_with(|| fetch().map(|r| r.map(Rc::new)).boxed_local().shared())
+            .get_or_insert_with(|| {
+                fetch()
+                    .map(|r| r.map(|items| Rc::new(Listed::new(items))))
+                    .boxed_local()
+                    .shared()
+            })
             .clone();
         let result = f.await;
         *self.fetching.borrow_mut() = None;
@@ -87,13 +148,13 @@ impl<T: Clone + 'static> Listing<T> {
     }
 
     /// The cached listing whatever its age, if there is one.
-    fn any(&self) -> Option<Rc<Vec<T>>> {
+    fn any(&self) -> Option<Rc<Listed<T>>> {
         self.cached.borrow().as_ref().map(|(_, list)| list.clone())
     }
 
     /// Changes the cached listing, if there is one (copying it only if a
     /// caller still holds it).
-    fn amend(&self, f: impl FnOnce(&mut Vec<T>)) {
+    fn amend(&self, f: impl FnOnce(&mut Listed<T>)) {
         if let Some((_, list)) = self.cached.borrow_mut().as_mut() {
             f(Rc::make_mut(list));
         }
@@ -131,7 +192,7 @@ impl Equinix {
 
     /// The project's devices: the shared listing if fresh, else the one in
     /// flight, else a new one.
-    async fn devices(&self) -> Result<Rc<Vec<ProviderMachine>>, EquinixError> {
+    async fn devices(&self) -> Result<Rc<Listed<ProviderMachine>>, EquinixError> {
         let api = self.api.clone();
         let prefix = self.cfg.hostname_prefix.clone();
         self.devices
@@ -151,12 +212,9 @@ impl Equinix {
 
     /// What shepherd just created, in the shared listings.
     fn created(&self, d: &Device, reservation: &str) {
-        self.devices.amend(|list| {
-            list.retain(|x| x.provider_id != d.id);
-            list.push(machine_of(d));
-        });
+        self.devices.amend(|list| list.upsert(machine_of(d)));
         self.reservations.amend(|list| {
-            if let Some(r) = list.iter_mut().find(|r| r.id == reservation) {
+            if let Some(r) = list.get_mut(reservation) {
                 r.device = Some(DeviceOrHref::Href(Href {
                     href: format!("/metal/v1/devices/{}", d.id),
                 }));
@@ -164,7 +222,7 @@ impl Equinix {
         });
     }
 
-    async fn reservations(&self) -> Result<Rc<Vec<HardwareReservation>>, EquinixError> {
+    async fn reservations(&self) -> Result<Rc<Listed<HardwareReservation>>, EquinixError> {
         let api = self.api.clone();
         self.reservations
             .get(self.cfg.reservation_cache_ttl, move || {
@@ -229,8 +287,8 @@ impl Provider for Equinix {
 
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>> {
         Box::pin(async move {
-            let mut out: Vec<ProviderMachine> = self.devices().await?.as_ref().clone();
-            for r in self.reservations().await?.iter() {
+            let mut out: Vec<ProviderMachine> = self.devices().await?.items.clone();
+            for r in self.reservations().await?.items.iter() {
                 if r.provisionable && !r.is_occupied() && !self.is_penalized(&r.id) {
                     out.push(ProviderMachine {
                         boots_from_bmc: false,
@@ -246,6 +304,10 @@ impl Provider for Equinix {
             }
             Ok(out)
         })
+    }
+
+    fn list_ours(&self) -> Fut<'_, Vec<ProviderMachine>> {
+        Box::pin(async move { Ok(self.devices().await?.items.clone()) })
     }
 
     fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>> {
@@ -275,15 +337,10 @@ impl Provider for Equinix {
                     let known = self
                         .reservations
                         .any()
-                        .and_then(|l| l.iter().find(|r| r.id == reservation).cloned());
+                        .and_then(|l| l.get(&reservation).cloned());
                     let found = match known {
                         Some(r) => Some(r),
-                        None => self
-                            .reservations()
-                            .await?
-                            .iter()
-                            .find(|r| r.id == reservation)
-                            .cloned(),
+                        None => self.reservations().await?.get(&reservation).cloned(),
                     };
                     match found {
                         None => {
@@ -332,5 +389,40 @@ impl Provider for Equinix {
 
     fn reboot<'a>(&'a self, provider_id: &'a str) -> Fut<'a, ()> {
         Box::pin(async move { Ok(self.api.reboot_device(provider_id).await?) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(id: &str, status: ProviderStatus) -> ProviderMachine {
+        ProviderMachine {
+            provider_id: id.into(),
+            address: None,
+            location: None,
+            reservation_id: None,
+            status,
+            kind: MachineKind::Ours,
+            boots_from_bmc: false,
+            boot_macs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_listing_finds_replaces_and_adds_by_id() {
+        let mut l = Listed::new(vec![
+            machine("a", ProviderStatus::Provisioning),
+            machine("b", ProviderStatus::Running),
+        ]);
+        assert_eq!(l.get("b").unwrap().status, ProviderStatus::Running);
+        assert!(l.get("c").is_none());
+        l.upsert(machine("a", ProviderStatus::Running));
+        l.upsert(machine("c", ProviderStatus::Provisioning));
+        assert_eq!(l.items.len(), 3, "a replaced in place, c added");
+        assert_eq!(l.get("a").unwrap().status, ProviderStatus::Running);
+        assert_eq!(l.get("c").unwrap().status, ProviderStatus::Provisioning);
+        l.get_mut("c").unwrap().status = ProviderStatus::Stopped;
+        assert_eq!(l.items[2].status, ProviderStatus::Stopped);
     }
 }

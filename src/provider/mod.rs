@@ -79,6 +79,17 @@ pub trait Provider {
     /// Ours and capacity, every one.
     fn list_machines(&self) -> Fut<'_, Vec<ProviderMachine>>;
 
+    /// Ours only: what a refresh of the BMDB's records needs (listing the
+    /// capacity too cost the Updater a hundred pages of reservations a
+    /// round at 100,000).
+    fn list_ours(&self) -> Fut<'_, Vec<ProviderMachine>> {
+        Box::pin(async move {
+            let mut all = self.list_machines().await?;
+            all.retain(|m| m.kind == MachineKind::Ours);
+            Ok(all)
+        })
+    }
+
     /// One of ours, or None if the provider does not know it.
     fn get_machine<'a>(&'a self, provider_id: &'a str) -> Fut<'a, Option<ProviderMachine>>;
 
@@ -195,16 +206,23 @@ pub struct BmcRead {
 
 pub type SharedProvider = Rc<dyn Provider>;
 
-/// What the provider lists and what the BMDB records for it (with the
-/// machines an operator holds), fetched concurrently: the start of every
-/// Provisioner and Updater round.
+/// What the provider lists (with its capacity when `capacity`, else ours
+/// only) and what the BMDB records for it (with the machines an operator
+/// holds), fetched concurrently: the start of every Provisioner and
+/// Updater round.
 pub async fn listings(
     provider: &dyn Provider,
     session: &crate::bmdb::Session,
+    capacity: bool,
 ) -> Result<Listings, String> {
     let kind = provider.kind();
+    let listing = if capacity {
+        provider.list_machines()
+    } else {
+        provider.list_ours()
+    };
     let (listed, recorded) = futures::join!(
-        provider.list_machines(),
+        listing,
         session.transact(async |tx| Ok((
             crate::bmdb::machines::provided_by(tx, kind).await?,
             crate::bmdb::actions::held_ids(tx).await?

@@ -200,7 +200,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             interval: cfg.equinix.api_interval,
             parallelism: cfg.equinix.parallelism,
         }),
-        ..crate::admin::Admin::new(parts.bmdb.clone())
+        ..crate::admin::Admin::new(parts.bmdb.with_own_pool(cfg.admin.database_connections))
     };
     let endpoint = parts.takeover.as_ref().map(|t| t.endpoint.clone());
     let judge = Judge::new(&cfg.recoverer, parts.provider.kind(), endpoint);

@@ -155,6 +155,10 @@ fn ill_typed_keys_are_named() {
     );
     assert_rejected(&check_config("[log]\nlevel = \"[[\"\n", &[]), "log.level");
     assert_rejected(
+        &check_config("", &[("SHEPHERD__ADMIN__DATABASE_CONNECTIONS", "65")]),
+        "admin.database_connections",
+    );
+    assert_rejected(
         &check_config("[bmdb]\nurl = \"nope://\"\n", &[]),
         "bmdb.url",
     );

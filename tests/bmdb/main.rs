@@ -13,6 +13,7 @@ mod history;
 mod leases;
 mod migrations;
 mod netboot;
+mod pools;
 mod selectors;
 mod servicing;
 mod sessions;

@@ -23,9 +23,7 @@ use futures::future::{LocalBoxFuture, Shared};
 use super::{Fut, MachineKind, Provider, ProviderError, ProviderMachine};
 use crate::bmdb::{Provider as ProviderKind, ProviderStatus};
 use crate::config::EquinixProviderConfig;
-use crate::equinix::model::{
-    Device, DeviceCreateRequest, DeviceOrHref, DeviceState, HardwareReservation, Href,
-};
+use crate::equinix::model::{Device, DeviceCreateRequest, DeviceState, HardwareReservation};
 use crate::equinix::{EquinixApi, EquinixError};
 
 pub struct Equinix {
@@ -33,7 +31,7 @@ pub struct Equinix {
     cfg: EquinixProviderConfig,
     ssh_key_id: String,
     /// One actor's state (`Rc<dyn Provider>` lives on one arbiter).
-    reservations: Listing<HardwareReservation>,
+    reservations: Listing<Reservation>,
     penalized: RefCell<HashMap<String, Instant>>,
     listing_ttl: Duration,
     /// Our devices as machines: a fleet's listing is kept in the few
@@ -48,7 +46,34 @@ trait Identified {
     fn id(&self) -> &str;
 }
 
-impl Identified for HardwareReservation {
+/// A hardware reservation in the few fields a create reads: a fleet's
+/// listing is kept so, not as the API's objects (ten strings each; 100,000
+/// of those held some 70 MB for as long as the listing lived).
+#[derive(Debug, Clone)]
+struct Reservation {
+    id: String,
+    provisionable: bool,
+    /// A device occupies it (included or referenced).
+    occupied: bool,
+    /// Its plan's slug (or name).
+    plan: Option<String>,
+    /// Its facility's code.
+    location: Option<String>,
+}
+
+impl From<HardwareReservation> for Reservation {
+    fn from(r: HardwareReservation) -> Self {
+        Reservation {
+            occupied: r.is_occupied(),
+            provisionable: r.provisionable,
+            plan: r.plan.and_then(|p| p.slug.or(p.name)),
+            location: r.facility.map(|f| f.code),
+            id: r.id,
+        }
+    }
+}
+
+impl Identified for Reservation {
     fn id(&self) -> &str {
         &self.id
     }
@@ -215,18 +240,20 @@ impl Equinix {
         self.devices.amend(|list| list.upsert(machine_of(d)));
         self.reservations.amend(|list| {
             if let Some(r) = list.get_mut(reservation) {
-                r.device = Some(DeviceOrHref::Href(Href {
-                    href: format!("/metal/v1/devices/{}", d.id),
-                }));
+                r.occupied = true;
             }
         });
     }
 
-    async fn reservations(&self) -> Result<Rc<Listed<HardwareReservation>>, EquinixError> {
+    async fn reservations(&self) -> Result<Rc<Listed<Reservation>>, EquinixError> {
         let api = self.api.clone();
         self.reservations
             .get(self.cfg.reservation_cache_ttl, move || {
-                async move { api.list_reservations().await }.boxed_local()
+                async move {
+                    let all = api.list_reservations().await?;
+                    Ok(all.into_iter().map(Reservation::from).collect())
+                }
+                .boxed_local()
             })
             .await
     }
@@ -289,13 +316,13 @@ impl Provider for Equinix {
         Box::pin(async move {
             let mut out: Vec<ProviderMachine> = self.devices().await?.items.clone();
             for r in self.reservations().await?.items.iter() {
-                if r.provisionable && !r.is_occupied() && !self.is_penalized(&r.id) {
+                if r.provisionable && !r.occupied && !self.is_penalized(&r.id) {
                     out.push(ProviderMachine {
                         boots_from_bmc: false,
                         boot_macs: Vec::new(),
                         provider_id: r.id.clone(),
                         address: None,
-                        location: r.facility.as_ref().map(|f| f.code.clone()),
+                        location: r.location.clone(),
                         reservation_id: Some(r.id.clone()),
                         status: ProviderStatus::Missing,
                         kind: MachineKind::Capacity,
@@ -349,7 +376,7 @@ impl Provider for Equinix {
                                  (gone since it was chosen)"
                             )));
                         }
-                        Some(r) => r.plan.and_then(|p| p.slug.or(p.name)).ok_or_else(|| {
+                        Some(r) => r.plan.ok_or_else(|| {
                             ProviderError::Unsupported(format!(
                                 "reservation {reservation} has no plan; set provider.equinix.plan"
                             ))

@@ -183,6 +183,21 @@ impl Counters {
     }
 }
 
+/// How every pool of a [`Bmdb`] is built: `size` connections, tested on
+/// checkout only when closed or idle, waited for in slices (see
+/// [`Bmdb::connect`]), its connect failures kept in `errors`.
+fn pool_builder(
+    size: u32,
+    acquire_timeout: Duration,
+    errors: &LastConnectError,
+) -> bb8::Builder<PgManager> {
+    bb8::Pool::builder()
+        .max_size(size)
+        .connection_timeout(acquire_timeout.min(POOL_WAIT_SLICE))
+        .test_on_check_out(true)
+        .error_sink(Box::new(errors.clone()))
+}
+
 /// A handle on the BMDB: cheap to clone, shared by every actor.
 #[derive(Clone)]
 pub struct Bmdb {
@@ -281,11 +296,7 @@ impl Bmdb {
         // a connection that failed. A short slice keeps reconnecting brisk
         // after a database outage; `conn` waits slice after slice up to
         // `acquire_timeout`.
-        let pool = bb8::Pool::builder()
-            .max_size(pool_size)
-            .connection_timeout(acquire_timeout.min(POOL_WAIT_SLICE))
-            .test_on_check_out(true)
-            .error_sink(Box::new(connect_errors.clone()))
+        let pool = pool_builder(pool_size, acquire_timeout, &connect_errors)
             .build(PgManager::new(pg.clone()))
             .await
             .map_err(BmdbError::from)?;
@@ -327,11 +338,7 @@ impl Bmdb {
             return self.clone();
         }
         let connect_errors = LastConnectError::default();
-        let pool = bb8::Pool::builder()
-            .max_size(size)
-            .connection_timeout(self.inner.acquire_timeout.min(POOL_WAIT_SLICE))
-            .test_on_check_out(true)
-            .error_sink(Box::new(connect_errors.clone()))
+        let pool = pool_builder(size, self.inner.acquire_timeout, &connect_errors)
             .build_unchecked(PgManager::new(self.inner.pg.clone()));
         Bmdb {
             inner: Arc::new(Inner {

@@ -215,6 +215,9 @@ struct Inner {
     connect_errors: LastConnectError,
     /// Shared by every handle on the BMDB, whichever pool it draws from.
     counters: Arc<Counters>,
+    /// The connection sessions are kept alive through ([`Bmdb::keeper`]),
+    /// opened at the first session.
+    keeper: std::sync::OnceLock<Bmdb>,
     /// Kept alive as long as any handle is: the embedded server, if any.
     _embedded: Option<Arc<EmbeddedPostgres>>,
 }
@@ -323,6 +326,7 @@ impl Bmdb {
                 pool_size,
                 connect_errors,
                 counters: Arc::default(),
+                keeper: Default::default(),
                 _embedded: None,
             }),
         })
@@ -349,9 +353,21 @@ impl Bmdb {
                 pool_size: size,
                 connect_errors,
                 counters: self.inner.counters.clone(),
+                keeper: Default::default(),
                 _embedded: self.inner._embedded.clone(),
             }),
         }
+    }
+
+    /// The handle sessions start, heartbeat and close through: a
+    /// connection of their own, so that fleet work holding every connection
+    /// of the pool (a thousand agents reporting at once) never delays a
+    /// heartbeat past its deadline, which would cost every lease.
+    pub(crate) fn keeper(&self) -> Bmdb {
+        self.inner
+            .keeper
+            .get_or_init(|| self.with_own_pool(1))
+            .clone()
     }
 
     pub fn options(&self) -> &BmdbOptions {

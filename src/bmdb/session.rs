@@ -109,15 +109,16 @@ impl Bmdb {
                 .unwrap_or_default()
         );
         let served_for = Duration::from_secs(secs as u64);
-        self.transact(async |tx| {
-            tx.execute(SESSION_START, &[&id, &component, &runtime_info, &secs])
-                .await?;
-            if let Some(e) = &serves {
-                super::callback::serve(tx, e, served_for).await?;
-            }
-            Ok(())
-        })
-        .await?;
+        self.keeper()
+            .transact(async |tx| {
+                tx.execute(SESSION_START, &[&id, &component, &runtime_info, &secs])
+                    .await?;
+                if let Some(e) = &serves {
+                    super::callback::serve(tx, e, served_for).await?;
+                }
+                Ok(())
+            })
+            .await?;
         tracing::info!(session_id = %id, component, interval_s = secs, "BMDB session started");
         Ok(Session {
             inner: Arc::new(SessionInner {
@@ -188,6 +189,7 @@ impl Session {
         let n = self
             .inner
             .bmdb
+            .keeper()
             .transact(async |tx| {
                 let n = tx.execute(SESSION_POKE, &[&id]).await?;
                 if let (1, Some(e)) = (n, serves) {
@@ -216,6 +218,7 @@ impl Session {
         self.mark_expired();
         self.inner
             .bmdb
+            .keeper()
             .transact(async |tx| tx.execute(SESSION_DELETE, &[&id]).await)
             .await?;
         tracing::info!(session_id = %id, "BMDB session closed");
@@ -316,6 +319,8 @@ pub struct BmdbSession {
     ended: Option<SessionEndReason>,
     /// A close is under way: no more heartbeats, and no end but its own.
     closing: bool,
+    /// A collection of expired sessions is under way.
+    collecting: bool,
 }
 
 impl BmdbSession {
@@ -344,6 +349,7 @@ impl BmdbSession {
             retry: None,
             ended: None,
             closing: false,
+            collecting: false,
         }
     }
 
@@ -375,7 +381,6 @@ impl BmdbSession {
         }
         self.poking = true;
         let session = self.session.clone();
-        let grace = session.bmdb().options().session_gc_grace;
         // A poke that cannot land before the deadline is useless: give up on
         // it in time to try again.
         let left = session.deadline().saturating_duration_since(Instant::now());
@@ -391,10 +396,6 @@ impl BmdbSession {
                     )));
                 }
             }
-            // Collection is housekeeping: its failure is not the session's.
-            if let Err(e) = session.bmdb().collect_expired_sessions(grace).await {
-                tracing::warn!(error = %e, "garbage collection of expired sessions failed");
-            }
             Ok::<_, BmdbError>(())
         };
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
@@ -405,6 +406,7 @@ impl BmdbSession {
                         tracing::info!(session_id = %act.session.id(), failures = act.failures, "session heartbeat succeeded again");
                     }
                     act.failures = 0;
+                    act.collect(ctx);
                 }
                 Err(BmdbError::SessionExpired(_)) => act.end(SessionEndReason::Expired, ctx),
                 Err(e) if act.session.is_expired() => {
@@ -427,6 +429,28 @@ impl BmdbSession {
             }
         }));
     }
+
+    /// Deletes sessions expired past the grace period, after a good
+    /// heartbeat, one collection at a time. Housekeeping on the fleet's
+    /// pool: it never holds up the next heartbeat, and its failure is not
+    /// the session's.
+    fn collect(&mut self, ctx: &mut Context<Self>) {
+        if self.collecting {
+            return;
+        }
+        self.collecting = true;
+        let bmdb = self.session.bmdb().clone();
+        let grace = bmdb.options().session_gc_grace;
+        let fut = async move {
+            if let Err(e) = bmdb.collect_expired_sessions(grace).await {
+                tracing::warn!(error = %e, "garbage collection of expired sessions failed");
+            }
+        };
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(|(), act, _| act.collecting = false),
+        );
+    }
 }
 
 impl Actor for BmdbSession {
@@ -434,6 +458,9 @@ impl Actor for BmdbSession {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let period = self.session.interval() / 2;
+        // The deadline runs from the start's send: a start that was slow to
+        // commit leaves less than an interval, so the first poke goes now.
+        self.heartbeat(ctx);
         ctx.run_interval(period, |act, ctx| act.heartbeat(ctx));
         // The deadline by our clock (send time of the last good poke plus the
         // interval) is never later than the database's: once it passes, the

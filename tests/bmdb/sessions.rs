@@ -323,3 +323,61 @@ async fn a_cancelled_transaction_leaves_no_lock_behind() {
     );
     assert_eq!(count(&bmdb, "SELECT count(*) FROM sessions").await, 0);
 }
+
+/// Fleet work holding every connection of the pool (a thousand agents
+/// reporting at once) costs the session nothing: it starts and is kept
+/// alive over a connection of its own.
+#[actix_rt::test]
+async fn a_session_outlives_a_pool_held_whole_for_several_intervals() {
+    let db = TestDb::new().await;
+    let config: tokio_postgres::Config = db.url().parse().unwrap();
+    // One connection, taken before the session starts and held for three
+    // of its intervals.
+    let bmdb = shepherd::bmdb::Bmdb::connect(
+        config,
+        1,
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+        TestDb::options(shepherd::config::Isolation::ReadCommitted),
+    )
+    .await
+    .unwrap();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let bmdb = bmdb.clone();
+        actix_rt::spawn(async move {
+            let mut held = Some(held_tx);
+            bmdb.transact(async |tx| {
+                tx.query_one("SELECT 1", &[]).await?;
+                if let Some(h) = held.take() {
+                    let _ = h.send(());
+                }
+                tx.query_one("SELECT pg_sleep(3.5)", &[]).await?;
+                Ok(())
+            })
+            .await
+        })
+    };
+    held_rx.await.unwrap();
+    let (session, _addr, mut rx) = watched_session(&bmdb).await;
+    // The pool is still held: work waits for it, and fails naming it.
+    let err = bmdb.ping().await.unwrap_err().to_string();
+    assert!(err.contains("all 1 in use"), "{err}");
+    holder.await.unwrap().unwrap();
+    assert!(rx.try_recv().is_err(), "the session ended while the pool was held");
+    assert!(!session.is_expired());
+    // Its deadline in the database is ahead: the pokes landed.
+    let alive: bool = session
+        .transact(async |tx| {
+            Ok(tx
+                .query_one(
+                    "SELECT session_deadline > now() FROM sessions WHERE session_id = $1",
+                    &[&session.id()],
+                )
+                .await?
+                .get(0))
+        })
+        .await
+        .unwrap();
+    assert!(alive);
+}

@@ -6,12 +6,10 @@ use std::time::Duration;
 use shepherd::bmdb::Bmdb;
 use shepherd_sim::testing::TestDb;
 
-#[actix_rt::test]
-async fn a_handle_with_its_own_pool_answers_while_the_shared_pool_is_held() {
-    let db = TestDb::new().await;
+/// A handle whose pool is one connection, waited for half a second.
+pub(crate) async fn one_connection(db: &TestDb) -> Bmdb {
     let config: tokio_postgres::Config = db.url().parse().unwrap();
-    // The fleet's pool: one connection, and a short wait for it.
-    let fleet = Bmdb::connect(
+    Bmdb::connect(
         config,
         1,
         Duration::from_secs(5),
@@ -19,7 +17,13 @@ async fn a_handle_with_its_own_pool_answers_while_the_shared_pool_is_held() {
         TestDb::options(shepherd::config::Isolation::ReadCommitted),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[actix_rt::test]
+async fn a_handle_with_its_own_pool_answers_while_the_shared_pool_is_held() {
+    let db = TestDb::new().await;
+    let fleet = one_connection(&db).await;
     let admin = fleet.with_own_pool(2);
     let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
     let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();

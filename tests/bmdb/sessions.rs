@@ -330,18 +330,9 @@ async fn a_cancelled_transaction_leaves_no_lock_behind() {
 #[actix_rt::test]
 async fn a_session_outlives_a_pool_held_whole_for_several_intervals() {
     let db = TestDb::new().await;
-    let config: tokio_postgres::Config = db.url().parse().unwrap();
     // One connection, taken before the session starts and held for three
     // of its intervals.
-    let bmdb = shepherd::bmdb::Bmdb::connect(
-        config,
-        1,
-        Duration::from_secs(5),
-        Duration::from_millis(500),
-        TestDb::options(shepherd::config::Isolation::ReadCommitted),
-    )
-    .await
-    .unwrap();
+    let bmdb = crate::pools::one_connection(&db).await;
     let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
     let holder = {
         let bmdb = bmdb.clone();
@@ -364,7 +355,10 @@ async fn a_session_outlives_a_pool_held_whole_for_several_intervals() {
     let err = bmdb.ping().await.unwrap_err().to_string();
     assert!(err.contains("all 1 in use"), "{err}");
     holder.await.unwrap().unwrap();
-    assert!(rx.try_recv().is_err(), "the session ended while the pool was held");
+    assert!(
+        rx.try_recv().is_err(),
+        "the session ended while the pool was held"
+    );
     assert!(!session.is_expired());
     // Its deadline in the database is ahead: the pokes landed.
     let alive: bool = session

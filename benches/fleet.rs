@@ -16,7 +16,9 @@
 //! seconds per machine and peak RSS (the largest process's), Equinix
 //! requests per device (creates and look-ups; and all requests, listings
 //! included), picks lost to another leaser, and machines whose agent was
-//! started more than once (must be 0).
+//! started more than once (must be 0). The agent uploaded is the agent as
+//! it ships (`--profile agent`); SHEPHERD_BENCH_AGENT=PATH uploads
+//! another build instead.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -203,11 +205,14 @@ async fn run(machines: usize, shepherds: usize, first: Ipv4Addr, agent: &Path) -
 fn main() {
     let sizes = list("SHEPHERD_BENCH_FLEET", "1000,10000");
     let counts = list("SHEPHERD_BENCH_SHEPHERDS", "1,2,4");
-    // The agent stripped, as one would ship it: the takeover's bytes are
-    // mostly the agent upload.
-    let agent = shepherd_sim::testing::stripped_copy(&shepherd_sim::bin("takeover-agent"));
+    // The agent as it ships: the takeover's bytes are mostly its upload.
+    let agent = shepherd_sim::testing::shipped_agent();
     let size = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
-    println!("agent payload: {:.1} MB", size as f64 / 1e6);
+    let which = match std::env::var("SHEPHERD_BENCH_AGENT") {
+        Ok(path) => format!("{path}, stripped"),
+        Err(_) => "as it ships: --profile agent, stripped".into(),
+    };
+    println!("agent payload: {:.1} MB ({which})", size as f64 / 1e6);
     actix_rt::System::new().block_on(async {
         println!(
             "{:>8} {:>9} {:>9} {:>10} {:>12} {:>9} {:>13} {:>12} {:>10} {:>8} {:>10}",

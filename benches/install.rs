@@ -165,7 +165,7 @@ struct AgentRun {
 
 fn agent(url: &str, digest: &str, target: &Path, ca: &Path, key: &Path) -> AgentRun {
     settle();
-    let out = Command::new(shepherd_sim::bin("takeover-agent"))
+    let out = Command::new(shepherd_sim::testing::shipped_agent())
         .args(["--install", url, digest])
         .arg(target)
         .arg(ca)

@@ -1,6 +1,7 @@
 //! Takeover throughput: the Initializer against one local OpenSSH sshd,
-//! with the takeover-agent binary as the payload, beside OpenSSH's own
-//! client doing the same upload + exec under `xargs -P`.
+//! with the agent as it ships (`--profile agent`, stripped) as the
+//! payload, beside OpenSSH's own client doing the same upload + exec
+//! under `xargs -P`.
 //!
 //!     cargo bench --bench takeover
 //!
@@ -148,8 +149,8 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
-    // The payload both sides upload: the agent stripped, as one would ship it.
-    let agent = shepherd_sim::testing::stripped_copy(&shepherd_sim::bin("takeover-agent"));
+    // The payload both sides upload: the agent as it ships.
+    let agent = shepherd_sim::testing::shipped_agent();
     let payload = std::fs::metadata(&agent).map(|m| m.len()).unwrap_or(0);
     let parallelisms: Vec<usize> = std::env::var("SHEPHERD_BENCH_PARALLELISM")
         .unwrap_or_else(|_| "1,8,32".into())
@@ -185,7 +186,7 @@ fn main() {
     }
     println!();
     println!(
-        "Takeover of {machines} machines against one local sshd (OpenSSH's client: {sample}); payload {:.2} MB (takeover-agent, stripped)",
+        "Takeover of {machines} machines against one local sshd (OpenSSH's client: {sample}); payload {:.2} MB (the agent as it ships)",
         payload as f64 / 1e6
     );
     println!(

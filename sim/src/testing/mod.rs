@@ -55,7 +55,7 @@ pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use netns::{Netns, RackNetwork, is_root};
 pub use processes::{
     FleetShares, FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand,
-    loopback_env, peak_rss_mb, pgbench, stripped_copy, succeed,
+    loopback_env, peak_rss_mb, pgbench, shipped_agent, stripped_copy, succeed,
 };
 pub use rack::{Deprovisioned, OwnedRack};
 pub use sshd::Sshd;

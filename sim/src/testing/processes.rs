@@ -531,6 +531,45 @@ pub fn bin(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// The agent as it ships (`scripts/package`): `takeover-agent` built with
+/// the `agent` profile (sized for bytes, no test fault modes) in the
+/// running benchmark's target directory, then stripped. What a takeover's
+/// figures should carry: its upload is most of a takeover's bytes.
+/// `SHEPHERD_BENCH_AGENT=PATH` names another agent instead (to set two
+/// builds side by side), copied and stripped the same way.
+pub fn shipped_agent() -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("SHEPHERD_BENCH_AGENT") {
+                return stripped_copy(std::path::Path::new(&path));
+            }
+            let exe = std::env::current_exe().expect("the running benchmark's path");
+            let mut dir = exe.parent().expect("a directory").to_path_buf();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            let target = dir.parent().expect("a target directory");
+            let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+            eprintln!(
+                "building the agent as it ships (profile agent) into {}",
+                target.display()
+            );
+            let status = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "--profile", "agent"])
+                .args(["-p", "shepherd-agent", "--bin", "takeover-agent"])
+                .arg("--manifest-path")
+                .arg(manifest)
+                .arg("--target-dir")
+                .arg(target)
+                .status()
+                .expect("cargo");
+            assert!(status.success(), "building the shipped agent failed");
+            stripped_copy(&target.join("agent").join("takeover-agent"))
+        })
+        .clone()
+}
+
 /// Builds the workspace's binaries into `dir` (a target directory's
 /// profile directory) with the agent's test fault modes.
 fn build_bins(dir: &std::path::Path) {

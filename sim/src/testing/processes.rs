@@ -510,11 +510,7 @@ pub fn installed_by_hand(out: &std::process::Output) -> serde_json::Value {
 /// (scripts/test) builds them all before any test runs; a test or
 /// benchmark run alone builds them here once, if one is missing.
 pub fn bin(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the running test's path");
-    let mut dir = exe.parent().expect("a directory").to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
+    let dir = profile_dir();
     let path = dir.join(name);
     // A benchmark builds them once in any case: `cargo bench` rebuilds
     // only its own package's binaries, and a benchmark must not measure
@@ -544,27 +540,14 @@ pub fn shipped_agent() -> std::path::PathBuf {
             if let Some(path) = std::env::var_os("SHEPHERD_BENCH_AGENT") {
                 return stripped_copy(std::path::Path::new(&path));
             }
-            let exe = std::env::current_exe().expect("the running benchmark's path");
-            let mut dir = exe.parent().expect("a directory").to_path_buf();
-            if dir.ends_with("deps") {
-                dir.pop();
-            }
+            let dir = profile_dir();
             let target = dir.parent().expect("a target directory");
-            let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
-            eprintln!(
-                "building the agent as it ships (profile agent) into {}",
-                target.display()
+            cargo_build(
+                target,
+                &["--profile", "agent", "-p", "shepherd-agent"],
+                &["--bin", "takeover-agent"],
+                "the agent as it ships (profile agent)",
             );
-            let status = std::process::Command::new(env!("CARGO"))
-                .args(["build", "--quiet", "--profile", "agent"])
-                .args(["-p", "shepherd-agent", "--bin", "takeover-agent"])
-                .arg("--manifest-path")
-                .arg(manifest)
-                .arg("--target-dir")
-                .arg(target)
-                .status()
-                .expect("cargo");
-            assert!(status.success(), "building the shipped agent failed");
             stripped_copy(&target.join("agent").join("takeover-agent"))
         })
         .clone()
@@ -580,20 +563,43 @@ fn build_bins(dir: &std::path::Path) {
         Some(other) => other,
         None => "dev",
     };
-    let target = dir.parent().expect("a target directory");
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
-    eprintln!(
-        "building the workspace's binaries ({profile}) into {}",
-        dir.display()
+    cargo_build(
+        dir.parent().expect("a target directory"),
+        &[
+            "--workspace",
+            "--bins",
+            "--features",
+            "shepherd-agent/faults",
+        ],
+        &["--profile", profile],
+        &format!("the workspace's binaries ({profile})"),
     );
+}
+
+/// The running test's or benchmark's profile directory (`target/debug`,
+/// `target/release`).
+fn profile_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the running test's path");
+    let mut dir = exe.parent().expect("a directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// `cargo build` of this workspace into `target`, saying so first.
+fn cargo_build(target: &std::path::Path, what: &[&str], how: &[&str], says: &str) {
+    eprintln!("building {says} into {}", target.display());
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
     let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--workspace", "--bins"])
-        .args(["--features", "shepherd-agent/faults", "--profile", profile])
+        .args(["build", "--quiet"])
+        .args(what)
+        .args(how)
         .arg("--manifest-path")
         .arg(manifest)
         .arg("--target-dir")
         .arg(target)
         .status()
         .expect("cargo");
-    assert!(status.success(), "building the workspace's binaries failed");
+    assert!(status.success(), "building {says} failed");
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::processes::{ShepherdProcess, bin};
+use super::builds::bin;
+use super::processes::ShepherdProcess;
 
 /// The admin API of a shepherd process and its command line.
 pub struct Admin {

@@ -32,6 +32,7 @@ mod admin;
 mod bmc;
 mod boot;
 mod browser;
+mod builds;
 mod db;
 mod ipmi_sim;
 mod netns;
@@ -47,6 +48,7 @@ pub use boot::{
     fetch_as_bmc_with, gpt_image, https_client, image_server, live_agent,
 };
 pub use browser::{browse, page, screenshot};
+pub use builds::{bin, shipped_agent, stripped_copy};
 pub use db::{
     OwnPostgres, TEST_ENDPOINT, TestDb, asked_machine, count, installation_history, machine, pairs,
     serve_test_endpoint, served_since,
@@ -54,8 +56,8 @@ pub use db::{
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use netns::{Netns, RackNetwork, is_root};
 pub use processes::{
-    FleetShares, FleetSimProcess, ShepherdProcess, bin, cpu_seconds, installed_by_hand,
-    loopback_env, peak_rss_mb, pgbench, shipped_agent, stripped_copy, succeed,
+    FleetShares, FleetSimProcess, ShepherdProcess, cpu_seconds, installed_by_hand, loopback_env,
+    peak_rss_mb, pgbench, succeed,
 };
 pub use rack::{Deprovisioned, OwnedRack};
 pub use sshd::Sshd;

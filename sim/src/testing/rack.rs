@@ -11,9 +11,10 @@ use rustls::pki_types::pem::PemObject as _;
 
 use super::admin::Admin;
 use super::boot::{gpt_image, https_client};
+use super::builds::bin;
 use super::db::TestDb;
 use super::netns::RackNetwork;
-use super::processes::{FleetSimProcess, ShepherdProcess, bin, loopback_env};
+use super::processes::{FleetSimProcess, ShepherdProcess, loopback_env};
 use super::sshd::Sshd;
 use std::net::SocketAddr;
 

@@ -5,6 +5,10 @@
 //!   starts that guest: SeaBIOS, no disk, so it prints its banner and says
 //!   it has no bootable device. The password is on no command line and in
 //!   no environment while ipmitool reads the console.
+//! - Leaving a SOL console types nothing on the machine (its serial line,
+//!   this test's, receives a half-typed line and nothing after it), the
+//!   payload is free for the next viewer at once, and a viewer hears
+//!   within seconds that the BMC was killed, and again when it is back.
 //! - A BMC's SSH console: an OpenSSH server whose forced command attaches
 //!   to a guest's serial port (as iDRAC's `console com2` does), read by
 //!   `shepherd run` during a boot it makes through a Redfish BMC
@@ -16,16 +20,18 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shepherd::bmdb::Bmdb;
 use shepherd::config::{BmcConfig, BmcTls, ConsoleSettings, IpmiConfig};
-use shepherd::console::{ConsoleSource, Consoles};
+use shepherd::console::{ConsoleSource, Consoles, ToViewer};
 use shepherd::secret::Secret;
 use shepherd_sim::testing::{
     IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ShepherdProcess, Sshd, Sushy, TestDb,
     ipmi_sim_usable,
 };
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 const SHEPHERD: &str = env!("CARGO_BIN_EXE_shepherd");
@@ -135,8 +141,9 @@ async fn sol_reads_what_a_guest_prints_through_ipmi_sim() {
     assert!(!text.contains("SOL Session operational"), "{text}");
     assert!(c.bytes_seen as usize >= c.tail.len());
 
-    // A second capture: the SOL payload was given back (`~.`), so it is
-    // activated again at once; the oldest captures beyond `kept` go.
+    // A second capture: the SOL payload was given back (ipmitool's input
+    // closed, so it deactivated it), so it is activated again at once; the
+    // oldest captures beyond `kept` go.
     let again = consoles.capture(machine, &source, "inspect").await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     again.end().await;
@@ -147,6 +154,182 @@ async fn sol_reads_what_a_guest_prints_through_ipmi_sim() {
         kept[0].error.is_none(),
         "the payload was free again: {:?}",
         kept[0].error
+    );
+}
+
+/// The machine's end of the serial line ipmi_sim serves over SOL (it
+/// connects to it, and again after a restart): what reached the machine,
+/// and what it prints.
+struct SerialLine {
+    got: Arc<Mutex<Vec<u8>>>,
+    to_machine: Arc<Mutex<Option<std::net::TcpStream>>>,
+}
+
+impl SerialLine {
+    fn listen(port: u16) -> SerialLine {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let line = SerialLine {
+            got: Arc::default(),
+            to_machine: Arc::default(),
+        };
+        let (got, to) = (line.got.clone(), line.to_machine.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                *to.lock().unwrap() = Some(conn.try_clone().unwrap());
+                let got = got.clone();
+                std::thread::spawn(move || {
+                    use std::io::Read as _;
+                    let mut conn = conn;
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n @ 1..) = conn.read(&mut buf) {
+                        got.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                });
+            }
+        });
+        line
+    }
+
+    fn connected(&self) -> bool {
+        self.to_machine.lock().unwrap().is_some()
+    }
+
+    /// The machine prints `text` on its console.
+    fn print(&self, text: &str) {
+        use std::io::Write as _;
+        if let Some(c) = self.to_machine.lock().unwrap().as_mut() {
+            let _ = c.write_all(text.as_bytes());
+        }
+    }
+
+    fn received(&self) -> String {
+        String::from_utf8_lossy(&self.got.lock().unwrap()).into_owned()
+    }
+}
+
+/// What a viewer was sent, until `done` holds of it (the machine printing
+/// `print` every half second meanwhile) or `within` passes; how long it
+/// took.
+async fn viewer_until(
+    rx: &mut mpsc::Receiver<ToViewer>,
+    seen: &mut Vec<ToViewer>,
+    line: &SerialLine,
+    print: Option<&str>,
+    within: Duration,
+    done: impl Fn(&[ToViewer]) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    while !done(seen) {
+        assert!(start.elapsed() < within, "the viewer was sent {seen:?}");
+        if let Some(p) = print {
+            line.print(p);
+        }
+        if let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+            seen.push(m);
+        }
+    }
+    start.elapsed()
+}
+
+fn printed(seen: &[ToViewer], text: &str) -> bool {
+    let all: Vec<u8> = seen
+        .iter()
+        .filter_map(|m| match m {
+            ToViewer::Printed(b) => Some(b.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    String::from_utf8_lossy(&all).contains(text)
+}
+
+#[actix_rt::test]
+async fn leaving_types_nothing_and_viewers_hear_when_the_bmc_goes_and_comes_back() {
+    ipmi_sim_usable().expect("the console tests' tools");
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let machine = shepherd_sim::testing::machine(&bmdb, None).await;
+    let mut sim = IpmiSim::start();
+    let line = SerialLine::listen(sim.serial_port);
+    let bmc = BmcConfig {
+        url: sim.url(),
+        username: IPMI_SIM_USER.into(),
+        password: Secret::inline(IPMI_SIM_PASSWORD),
+        system: None,
+        tls: BmcTls::Verify,
+        secure_boot: None,
+        console: None,
+    };
+    let source = ConsoleSource::of(&bmc).unwrap();
+    let consoles = Consoles::new(settings().await, IpmiConfig::default(), bmdb.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !line.connected() {
+        assert!(Instant::now() < deadline, "ipmi_sim reached the serial line");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Bob types half a line, then leaves (Ctrl-] on shepherd's SSH).
+    let (tx, mut rx) = mpsc::channel(256);
+    let (link, attached) = consoles
+        .attach(machine, &source, Uuid::new_v4(), "bob", tx)
+        .await
+        .unwrap();
+    assert!(attached.keyboard.is_ok());
+    let mut seen = Vec::new();
+    let within = Duration::from_secs(30);
+    viewer_until(&mut rx, &mut seen, &line, Some("login: "), within, |s| printed(s, "login: ")).await;
+    link.type_keys(b"bob-unfinished-rm -rf /tmp/x".to_vec());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !line.received().contains("bob-unfinished-rm -rf /tmp/x") {
+        assert!(Instant::now() < deadline, "the keys reached the machine: {:?}", line.received());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(link);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = line.received();
+    let after = got.split("bob-unfinished-rm -rf /tmp/x").nth(1).unwrap();
+    assert_eq!(after, "", "leaving typed on the machine: {got:?}");
+
+    // Alice comes next: the payload was given back, so her console opens
+    // at once; then the BMC dies, and comes back five seconds later.
+    let (tx, mut rx) = mpsc::channel(256);
+    let (_link, _) = consoles
+        .attach(machine, &source, Uuid::new_v4(), "alice", tx)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let opened = viewer_until(&mut rx, &mut seen, &line, Some("alice? "), within, |s| {
+        printed(s, "alice? ")
+    })
+    .await;
+    assert!(
+        !seen.iter().any(|m| matches!(m, ToViewer::Interrupted(_))),
+        "the payload was free: {seen:?}"
+    );
+    sim.kill();
+    let told = viewer_until(&mut rx, &mut seen, &line, None, within, |s| {
+        s.iter().any(|m| matches!(m, ToViewer::Interrupted(_)))
+    })
+    .await;
+    let why = seen.iter().find_map(|m| match m {
+        ToViewer::Interrupted(w) => Some(w.clone()),
+        _ => None,
+    });
+    let why = why.unwrap();
+    assert!(why.contains("stopped answering"), "{why}");
+    assert!(!why.contains(IPMI_SIM_PASSWORD), "{why}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    sim.restart();
+    let back = viewer_until(&mut rx, &mut seen, &line, Some("back? "), within * 2, |s| {
+        s.iter().any(|m| *m == ToViewer::Resumed) && printed(s, "back? ")
+    })
+    .await;
+    println!(
+        "SOL through ipmi_sim: opened in {:.1} s; the BMC killed, viewers told in {:.1} s ({why}); \
+         restarted after 5 s, the console back {:.1} s after the BMC answered",
+        opened.as_secs_f64(),
+        told.as_secs_f64(),
+        back.as_secs_f64(),
     );
 }
 

@@ -167,6 +167,26 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
         .unwrap()
         .expect("node-1's Redfish BMC");
     let image = tempfile::NamedTempFile::new().unwrap();
+    let update = |component: &str| StartUpdate {
+        image: UpdateImage {
+            path: image.path().to_path_buf(),
+            name: "bios-1.1.bin".into(),
+            fetch: Some((
+                "http://127.0.0.1:9/bios-1.1.bin".into(),
+                "grant-id".into(),
+                shepherd::secret::Secret::inline("grant-secret"),
+            )),
+        },
+        system: Some(uuid.clone()),
+        component: component.into(),
+    };
+    // A target the emulator refuses: its words, naming the target.
+    let refused = rb.ask(update("bmc")).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("UpdateService.SimpleUpdate of /redfish/v1/Managers/")
+            && refused.contains("Manager is not currently a supported Target"),
+        "{refused}"
+    );
     let started = rb
         .ask(StartUpdate {
             image: UpdateImage {
@@ -178,7 +198,8 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
                     shepherd::secret::Secret::inline("grant-secret"),
                 )),
             },
-            targets: vec![system["@odata.id"].as_str().unwrap().to_string()],
+            system: Some(uuid.clone()),
+            component: "bios".into(),
         })
         .await
         .unwrap();
@@ -298,4 +319,192 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
     assert_eq!(f.history.len(), 3, "{:?}", f.history);
     assert_eq!(f.components[0].component.version, new_bios);
     assert_eq!(f.bios.unwrap().0.attributes["ProcTurboMode"], turbo);
+}
+
+/// The Servicer, as an operator asks for it (`shepherd machines service
+/// ID`), brings a libvirt domain behind sushy-tools to a baseline wanting
+/// a newer BIOS (an image in `images_dir`) and one BIOS setting: the
+/// update names its target (sushy-tools refuses one that names none),
+/// one restart, `conforming`, and the domain holds the new version and
+/// the setting afterwards.
+#[actix_rt::test]
+async fn the_servicer_brings_a_domain_behind_sushy_tools_to_its_baseline() {
+    if !usable() {
+        return;
+    }
+    let uuid = uuid::Uuid::new_v4().to_string();
+    let domain = Domain::define(&uuid);
+    let sushy = Sushy::start_libvirt(&[&domain.name], "admin", PASSWORD);
+    let system = sushy.get(&format!("/redfish/v1/Systems/{uuid}")).await;
+    let before = system["BiosVersion"].as_str().unwrap().to_string();
+    // sushy-tools raises the minor version with every update.
+    let mut parts: Vec<String> = before.split('.').map(String::from).collect();
+    parts[1] = (parts[1].parse::<u32>().unwrap() + 1).to_string();
+    let wanted = parts.join(".");
+    let settings = sushy
+        .get(system["Bios"]["@odata.id"].as_str().unwrap())
+        .await;
+    let turbo = match settings["Attributes"]["ProcTurboMode"].as_str() {
+        Some("Enabled") => "Disabled",
+        _ => "Enabled",
+    };
+    let db = TestDb::new().await;
+    let bmdb = db.bmdb().await;
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    std::fs::write(images.join("bios.bin"), b"a BIOS image").unwrap();
+    let config = format!(
+        r#"
+[bmdb]
+url = "{url}"
+session_interval = "2s"
+
+[ssh]
+key_file = "{dir}/id_ed25519"
+
+[bmaas]
+listen = "127.0.0.1:0"
+
+[installations]
+images_dir = "{images}"
+images_listen = "127.0.0.1:{images_port}"
+
+[recoverer]
+enabled = false
+
+[updater]
+interval = "500ms"
+firmware_interval = "1s"
+
+[servicing]
+poll_interval = "200ms"
+poll = "200ms"
+verify_timeout = "30s"
+
+[provider]
+kind = "static"
+
+[[provider.inventory.machines]]
+id = "node-1"
+address = "127.0.64.1"
+bmc = {{ url = "{bmc}", username = "admin", password = "{PASSWORD}", system = "{uuid}" }}
+
+[[baselines]]
+name = "libvirt"
+manufacturer = "{manufacturer}"
+components = [{{ component = "bios", version = "{wanted}", image = "bios.bin" }}]
+bios = {{ ProcTurboMode = "{turbo}" }}
+"#,
+        url = db.url(),
+        dir = dir.path().display(),
+        images = images.display(),
+        images_port = shepherd_sim::testing::Sshd::free_port(),
+        bmc = sushy.url,
+        manufacturer = system["Manufacturer"].as_str().unwrap(),
+    );
+    let path = dir.path().join("shepherd.toml");
+    std::fs::write(&path, config).unwrap();
+    let cfg = shepherd::Config::load_with_env(Some(&path), Vec::new()).unwrap();
+    let _running = shepherd::supervisor::start_with(cfg, Vec::new())
+        .await
+        .unwrap();
+    let one = async |q: &'static str| -> Option<String> {
+        bmdb.transact(async |tx| Ok(tx.query_opt(q, &[]).await?.map(|r| r.get(0))))
+            .await
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let machine = loop {
+        let read = one(
+            "SELECT r.machine_id::text FROM machine_firmware_read r \
+               JOIN machine_provided p USING (machine_id) WHERE p.provider_id = 'node-1'",
+        )
+        .await;
+        if let Some(id) = read {
+            break id;
+        }
+        assert!(std::time::Instant::now() < deadline, "node-1's firmware read");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    // Taken over (its agent's row, as a takeover writes it): the
+    // servicing needs only its BMC.
+    let id: uuid::Uuid = machine.parse().unwrap();
+    bmdb.transact(async |tx| {
+        tx.execute(
+            "INSERT INTO machine_agent_started VALUES ($1, now(), '\\x0101')",
+            &[&id],
+        )
+        .await
+    })
+    .await
+    .unwrap();
+
+    // As the operator asks: the command line.
+    let asked = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("--config")
+        .arg(&path)
+        .args(["machines", "service", &machine, "--reason", "newer BIOS"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = asked + std::time::Duration::from_secs(120);
+    let (phase, applied, error, restarts) = loop {
+        let row = bmdb
+            .transact(async |tx| {
+                Ok(tx
+                    .query_opt(
+                        "SELECT phase, applied, error, restarts FROM machine_service \
+                          WHERE machine_id = $1 AND phase IN ('done', 'failed')",
+                        &[&id],
+                    )
+                    .await?
+                    .map(|r| {
+                        (
+                            r.get::<_, String>(0),
+                            r.get::<_, Option<String>>(1),
+                            r.get::<_, Option<String>>(2),
+                            r.get::<_, i32>(3),
+                        )
+                    }))
+            })
+            .await
+            .unwrap();
+        if let Some(r) = row {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "the servicing ended");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let took = asked.elapsed();
+    assert_eq!(phase, "done", "{error:?} {applied:?}");
+    let applied = applied.unwrap_or_default();
+    assert!(
+        applied.contains(&format!("firmware bios {before} → {wanted}")),
+        "{applied}"
+    );
+    assert!(applied.contains("BIOS ProcTurboMode"), "{applied}");
+    assert!(
+        applied.contains("after the restart its BMC shows baseline libvirt"),
+        "conforming after the restart: {applied}"
+    );
+    assert_eq!(restarts, 1, "{applied}");
+    let xml = domain.xml();
+    assert!(
+        xml.contains(&format!("value=\"{wanted}\"")),
+        "the domain holds the new BIOS version: {xml}"
+    );
+    let after = sushy.get(system["Bios"]["@odata.id"].as_str().unwrap()).await;
+    assert_eq!(after["Attributes"]["ProcTurboMode"], turbo, "{after}");
+    assert!(xml.contains(turbo), "the domain holds the setting: {xml}");
+    println!(
+        "serviced through sushy-tools: {:.1} s from the ask to conforming, {restarts} restart, \
+         the domain's BIOS {before} before and {wanted} after; {applied}",
+        took.as_secs_f64()
+    );
 }

@@ -138,7 +138,8 @@ async fn an_update_is_pushed_followed_to_its_end_and_runs_after_the_reset() {
             GOOD,
             StartUpdate {
                 image: rig.image("BIOS", "2.1.0"),
-                targets: vec!["/redfish/v1/UpdateService/FirmwareInventory/BIOS".into()],
+                system: None,
+                component: "inventory:BIOS".into(),
             },
         )
         .await
@@ -153,7 +154,8 @@ async fn an_update_is_pushed_followed_to_its_end_and_runs_after_the_reset() {
             GOOD,
             StartUpdate {
                 image: rig.image("BMC", "6.0.0"),
-                targets: Vec::new(),
+                system: None,
+                component: "bmc".into(),
             },
         )
         .await
@@ -178,6 +180,42 @@ async fn an_update_is_pushed_followed_to_its_end_and_runs_after_the_reset() {
     assert_eq!(rig.version(GOOD, "bios").await, "2.1.0");
     assert_eq!(rig.version(GOOD, "inventory:BIOS").await, "2.1.0");
 
+    // An image for another part than the update's target: the BMC's
+    // task says so; a component the BMC does not list has no target.
+    let started = rig
+        .ask(
+            GOOD,
+            StartUpdate {
+                image: rig.image("BIOS", "2.2.0"),
+                system: None,
+                component: "bmc".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let (_, end) = rig.follow(GOOD, started).await;
+    assert_eq!(end.state, "Exception", "{end:?}");
+    assert!(
+        end.said().contains("the image is for BIOS, which none of the update's Targets (BMC) is"),
+        "{end:?}"
+    );
+    let e = rig
+        .ask(
+            GOOD,
+            StartUpdate {
+                image: rig.image("BIOS", "2.2.0"),
+                system: None,
+                component: "inventory:CPLD".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("firmware inventory:CPLD: the BMC's FirmwareInventory lists no member \"CPLD\""),
+        "{e}"
+    );
+
     // A machine whose update fails: the BMC's words, its version kept.
     let failing_before = rig.version(FAILING, "bios").await;
     let started = rig
@@ -185,7 +223,8 @@ async fn an_update_is_pushed_followed_to_its_end_and_runs_after_the_reset() {
             FAILING,
             StartUpdate {
                 image: rig.image("BIOS", "2.1.0"),
-                targets: Vec::new(),
+                system: None,
+                component: "bios".into(),
             },
         )
         .await
@@ -305,7 +344,8 @@ async fn a_bmc_fetches_its_image_from_shepherds_image_server_with_a_grant_made_f
             GOOD,
             StartUpdate {
                 image: image.clone(),
-                targets: Vec::new(),
+                system: None,
+                component: "bios".into(),
             },
         )
         .await
@@ -320,7 +360,8 @@ async fn a_bmc_fetches_its_image_from_shepherds_image_server_with_a_grant_made_f
         ));
         StartUpdate {
             image,
-            targets: Vec::new(),
+            system: None,
+            component: "bios".into(),
         }
     };
     // A wrong secret: the image server refuses, and the BMC's task says so.
@@ -362,7 +403,8 @@ async fn a_bmc_fetches_its_image_from_shepherds_image_server_with_a_grant_made_f
             GOOD,
             StartUpdate {
                 image: other,
-                targets: Vec::new(),
+                system: None,
+                component: "bmc".into(),
             },
         )
         .await

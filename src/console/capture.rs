@@ -15,6 +15,7 @@ use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
+use super::handles::{Capture, ConsoleLink};
 use super::reader::{self, FromReader};
 use super::viewers::{ToViewer, Viewers};
 use super::{ConsoleSource, Tail};
@@ -69,6 +70,8 @@ impl Consoles {
             generation: 0,
             viewers: Viewers::default(),
             silent_opens: 0,
+            interrupted: false,
+            reclaim: false,
         }
         .start();
         actors.insert(machine_id, (source.clone(), addr.clone()));
@@ -133,98 +136,8 @@ impl Consoles {
     }
 }
 
-/// `cause`, with what the console printed last when a capture ran (for a
-/// failure's cause; the capture ended), or saying it printed nothing.
-pub async fn told(capture: Option<Capture>, cause: String) -> String {
-    let Some(c) = capture else {
-        return cause;
-    };
-    let lines = c.end().await;
-    if lines.is_empty() {
-        format!("{cause}; its console printed nothing")
-    } else {
-        format!("{cause}; its console's last lines: {}", lines.join(" | "))
-    }
-}
-
 /// What the console printed last, shown to someone coming on it.
 const BACKLOG_BYTES: usize = 4096;
-
-/// Someone's place on a machine's console: what they type goes through
-/// [`ConsoleLink::type_keys`]; dropped, they leave it.
-pub struct ConsoleLink {
-    addr: Addr<Console>,
-    session: Uuid,
-}
-
-impl ConsoleLink {
-    /// Types `bytes` on the console if this link holds its keyboard.
-    pub fn type_keys(&self, bytes: Vec<u8>) {
-        self.addr.do_send(Type {
-            session: self.session,
-            bytes,
-        });
-    }
-}
-
-impl Drop for ConsoleLink {
-    fn drop(&mut self) {
-        self.addr.do_send(Detach {
-            session: self.session,
-        });
-    }
-}
-
-/// A capture under way; ended by [`Capture::end`] (or, dropped, at once
-/// without waiting).
-pub struct Capture {
-    addr: Option<Addr<Console>>,
-    capture_id: Uuid,
-}
-
-impl Capture {
-    /// Ends the capture, its tail written: its last lines, for a cause.
-    pub async fn end(mut self) -> Vec<String> {
-        let Some(addr) = self.addr.take() else {
-            return Vec::new();
-        };
-        addr.send(EndCapture {
-            capture_id: self.capture_id,
-        })
-        .await
-        .unwrap_or_default()
-    }
-
-    /// Lets the capture run on by itself, for `for_` at most (never past
-    /// `console.capture_for`), or until the machine's next capture: for a
-    /// boot whose outcome this lease does not see.
-    pub fn keep_for(mut self, for_: Duration) {
-        if let Some(addr) = self.addr.take() {
-            addr.do_send(KeepFor {
-                capture_id: self.capture_id,
-                for_,
-            });
-        }
-    }
-
-    /// What the console printed so far: its last `n` lines.
-    pub async fn last_lines(&self, n: usize) -> Vec<String> {
-        match &self.addr {
-            Some(a) => a.send(LastLines(n)).await.unwrap_or_default(),
-            None => Vec::new(),
-        }
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        if let Some(addr) = self.addr.take() {
-            addr.do_send(EndCapture {
-                capture_id: self.capture_id,
-            });
-        }
-    }
-}
 
 /// The capture running now.
 struct Running {
@@ -238,7 +151,7 @@ struct Reader {
     input: mpsc::Sender<Vec<u8>>,
 }
 
-pub struct Console {
+pub(super) struct Console {
     machine_id: Uuid,
     source: ConsoleSource,
     settings: ConsoleSettings,
@@ -259,6 +172,11 @@ pub struct Console {
     viewers: Viewers,
     /// Readers in a row that ended without a byte.
     silent_opens: u32,
+    /// Viewers were told the console was interrupted, and not yet that it
+    /// is back.
+    interrupted: bool,
+    /// The last reader lost its BMC: the next takes back the payload.
+    reclaim: bool,
 }
 
 impl Actor for Console {
@@ -277,20 +195,20 @@ struct StartCapture {
 
 #[derive(Message)]
 #[rtype(result = "Vec<String>")]
-struct EndCapture {
-    capture_id: Uuid,
+pub(super) struct EndCapture {
+    pub(super) capture_id: Uuid,
 }
 
 #[derive(Message)]
 #[rtype(result = "Vec<String>")]
-struct LastLines(usize);
+pub(super) struct LastLines(pub(super) usize);
 
 /// Lets capture `capture_id` run on by itself for `for_` at most.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct KeepFor {
-    capture_id: Uuid,
-    for_: Duration,
+pub(super) struct KeepFor {
+    pub(super) capture_id: Uuid,
+    pub(super) for_: Duration,
 }
 
 impl Console {
@@ -315,6 +233,7 @@ impl Console {
             me.recipient(),
             stop_rx,
             input_rx,
+            std::mem::take(&mut self.reclaim),
         ));
     }
 
@@ -326,6 +245,7 @@ impl Console {
     fn stop_reader(&mut self) {
         self.reader = None;
         self.generation += 1;
+        self.interrupted = false;
     }
 
     /// Writes the capture's tail if it grew (or its error changed);
@@ -469,17 +389,17 @@ pub struct Attached {
 
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Detach {
-    session: Uuid,
+pub(super) struct Detach {
+    pub(super) session: Uuid,
 }
 
 /// Keystrokes from someone on the console: typed if they hold its
 /// keyboard, dropped otherwise.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Type {
-    session: Uuid,
-    bytes: Vec<u8>,
+pub(super) struct Type {
+    pub(super) session: Uuid,
+    pub(super) bytes: Vec<u8>,
 }
 
 impl Handler<Attach> for Console {
@@ -559,8 +479,27 @@ impl Handler<FromReader> for Console {
             FromReader::Suite { generation, suite } if generation == self.generation => {
                 self.suite = Some(suite);
             }
-            FromReader::Ended { generation, why } if generation == self.generation => {
+            FromReader::Opened { generation } if generation == self.generation => {
+                if std::mem::take(&mut self.interrupted) {
+                    tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), "the console is back");
+                    self.viewers.send(&ToViewer::Resumed);
+                }
+            }
+            FromReader::Unanswered { generation, why } if generation == self.generation => {
+                tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), %why, "the console's BMC does not answer");
+                if !self.interrupted {
+                    self.interrupted = true;
+                    self.viewers.send(&ToViewer::Interrupted(why.clone()));
+                }
+                self.error = Some(why);
+            }
+            FromReader::Ended {
+                generation,
+                why,
+                lost,
+            } if generation == self.generation => {
                 self.reader = None;
+                self.reclaim = lost;
                 if !self.needs_reader() {
                     return;
                 }
@@ -573,7 +512,10 @@ impl Handler<FromReader> for Console {
                     .max(self.settings.reopen_after);
                 self.silent_opens = self.silent_opens.saturating_add(1);
                 tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), %why, after = ?wait, "the console's reader ended: opened again");
-                self.viewers.send(&ToViewer::Interrupted(why.clone()));
+                if !self.interrupted {
+                    self.interrupted = true;
+                    self.viewers.send(&ToViewer::Interrupted(why.clone()));
+                }
                 self.error = Some(why);
                 ctx.run_later(wait, |me, ctx| {
                     if me.needs_reader() && me.reader.is_none() {

@@ -8,13 +8,18 @@
 //!
 //! - `tail.rs`: the bounded tail of what a console printed;
 //! - `sol.rs`, `ssh.rs`: the two ways to read one (`Stream`);
-//! - `capture.rs`: the actor, and [`Consoles`], the actors by machine.
+//! - `capture.rs`: the actor, and [`Consoles`], the actors by machine;
+//! - `handles.rs`: what callers hold: a place on a console
+//!   ([`ConsoleLink`]) and a capture under way ([`Capture`]);
+//! - `reader.rs`: the task that reads one, and watches a SOL console's
+//!   BMC.
 
 use std::path::PathBuf;
 
 use crate::config::{BmcConfig, ConsoleConfig, ConsoleVia};
 
 mod capture;
+mod handles;
 mod reader;
 mod sol;
 mod ssh;
@@ -22,7 +27,8 @@ mod tail;
 mod viewers;
 
 pub use capture::LINES_IN_A_CAUSE;
-pub use capture::{Attached, Capture, ConsoleLink, Consoles, told};
+pub use capture::{Attached, Consoles};
+pub use handles::{Capture, ConsoleLink, told};
 pub use tail::{Tail, last_lines, text};
 pub use viewers::{ToViewer, VIEWER_BACKLOG};
 

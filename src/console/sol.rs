@@ -3,6 +3,12 @@
 //! reads as `-f /dev/fd/3`, never on its command line or in its
 //! environment (its standard input carries the keystrokes). Cipher suite
 //! 17 is tried first, then 3, as `crate::ipmi` does.
+//!
+//! A session is ended by closing ipmitool's standard input: at its end of
+//! input ipmitool deactivates the payload and closes its session, as its
+//! `~.` escape does, but nothing is typed on the machine (`~.` is taken
+//! only after a newline, and that newline would reach the console: an
+//! operator's half-typed line would run).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt as _;
@@ -30,6 +36,8 @@ pub(super) struct SolStream {
     /// Whether any console byte came yet (a failure before one may be the
     /// cipher suite's).
     pub(super) spoke: bool,
+    /// ipmitool said the session is operational, not yet told.
+    opened: bool,
 }
 
 /// The pipe's read end, the password written into it (a password is far
@@ -43,13 +51,15 @@ fn password_pipe(bmc: &BmcConfig) -> std::io::Result<OwnedFd> {
     Ok(reader.into())
 }
 
-/// Starts `ipmitool … sol activate` on `target` in `suite`.
-pub(super) fn activate(
+/// `ipmitool … sol WHAT` on `target` in `suite`, its password on
+/// descriptor 3, started.
+fn sol(
     cfg: &IpmiConfig,
     target: &(String, u16),
     bmc: &BmcConfig,
     suite: u8,
-) -> Result<SolStream, String> {
+    what: &str,
+) -> Result<Child, String> {
     let pw = password_pipe(bmc).map_err(|e| format!("a pipe for ipmitool's password: {e}"))?;
     let raw = pw.as_raw_fd();
     let mut cmd = std::process::Command::new(&cfg.ipmitool);
@@ -57,7 +67,7 @@ pub(super) fn activate(
         .arg(target.1.to_string())
         .args(["-U", &bmc.username, "-C"])
         .arg(suite.to_string())
-        .args(["-f", "/dev/fd/3", "sol", "activate"])
+        .args(["-f", "/dev/fd/3", "sol", what])
         .env_remove("IPMI_PASSWORD")
         .env_remove("IPMITOOL_PASSWORD")
         .stdin(Stdio::piped())
@@ -85,13 +95,24 @@ pub(super) fn activate(
     }
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| {
+    let child = cmd.spawn().map_err(|e| {
         format!(
             "cannot run {} ({e}; Debian's ipmitool package has it, or set ipmi.ipmitool)",
             cfg.ipmitool.display()
         )
     })?;
     drop(pw);
+    Ok(child)
+}
+
+/// Starts `ipmitool … sol activate` on `target` in `suite`.
+pub(super) fn activate(
+    cfg: &IpmiConfig,
+    target: &(String, u16),
+    bmc: &BmcConfig,
+    suite: u8,
+) -> Result<SolStream, String> {
+    let mut child = sol(cfg, target, bmc, suite, "activate")?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take().expect("piped");
     Ok(SolStream {
@@ -99,11 +120,33 @@ pub(super) fn activate(
         stdin,
         stdout,
         spoke: false,
+        opened: false,
     })
 }
 
+/// Deactivates the SOL payload on `target` (`ipmitool … sol
+/// deactivate`): the one a session of ours held when its BMC stopped
+/// answering, so that the console can be activated again; Ok when it
+/// exited 0.
+pub(super) async fn deactivate(
+    cfg: &IpmiConfig,
+    target: &(String, u16),
+    bmc: &BmcConfig,
+    suite: u8,
+) -> Result<(), String> {
+    let mut child = sol(cfg, target, bmc, suite, "deactivate")?;
+    drop(child.stdin.take());
+    match tokio::time::timeout(std::time::Duration::from_secs(15), child.wait()).await {
+        Ok(Ok(s)) if s.success() => Ok(()),
+        Ok(Ok(s)) => Err(format!("ipmitool sol deactivate exited ({s})")),
+        Ok(Err(e)) => Err(format!("ipmitool sol deactivate: {e}")),
+        Err(_) => Err("ipmitool sol deactivate did not end within 15 s".into()),
+    }
+}
+
 impl SolStream {
-    /// The console's next bytes; None when ipmitool ended (then
+    /// The console's next bytes (none when only ipmitool's banner came:
+    /// [`SolStream::opened`] tells); None when ipmitool ended (then
     /// [`SolStream::ended`] says why).
     pub(super) async fn read(&mut self) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; 16 * 1024];
@@ -113,15 +156,16 @@ impl SolStream {
                 return None;
             }
             let mut chunk = buf[..n].to_vec();
-            for b in BANNERS {
+            for (k, b) in BANNERS.iter().enumerate() {
                 if let Some(i) = find(&chunk, b.as_bytes()) {
                     chunk.drain(i..i + b.len());
+                    self.opened |= k < 2;
                 }
             }
-            if chunk.is_empty() {
+            if chunk.is_empty() && !self.opened {
                 continue;
             }
-            self.spoke = true;
+            self.spoke |= !chunk.is_empty();
             return Some(chunk);
         }
     }
@@ -163,6 +207,18 @@ impl SolStream {
         }
     }
 
+    /// Whether ipmitool said the session is operational since this was
+    /// last asked.
+    pub(super) fn opened(&mut self) -> bool {
+        std::mem::take(&mut self.opened)
+    }
+
+    /// Ends ipmitool at once: its BMC stopped answering, so nothing can be
+    /// deactivated.
+    pub(super) async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
     /// Keystrokes to the console.
     pub(super) async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match &mut self.stdin {
@@ -171,14 +227,12 @@ impl SolStream {
         }
     }
 
-    /// Leaves the session as its user would (`~.` after a newline), so the
-    /// BMC frees the payload at once; then ends ipmitool.
+    /// Leaves the session without typing on the machine: ipmitool's
+    /// input ends, so it deactivates the payload (the BMC frees it at once)
+    /// and exits; ended after a while if it does not.
     pub(super) async fn close(mut self) {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = s.write_all(b"\r~.").await;
-            drop(s);
-        }
-        if tokio::time::timeout(std::time::Duration::from_secs(2), self.child.wait())
+        drop(self.stdin.take());
+        if tokio::time::timeout(std::time::Duration::from_secs(5), self.child.wait())
             .await
             .is_err()
         {

@@ -15,8 +15,11 @@ pub enum ToViewer {
     Printed(Vec<u8>),
     /// The keyboard is this viewer's now (the one who held it left).
     Keyboard,
-    /// The console's reader ended (the BMC closed it); it is opened again.
+    /// The console's reader ended (the BMC closed it, or stopped
+    /// answering); it is opened again.
     Interrupted(String),
+    /// The console is open again after an interruption.
+    Resumed,
 }
 
 /// How many messages a viewer may lag behind before it misses output.

@@ -248,6 +248,116 @@ async fn adapters(c: &mut Conn, info: &SystemInfo) -> Result<Vec<Component>, Bmc
 
 /// `inventory:<Id>`: the `UpdateService`'s `FirmwareInventory`.
 async fn inventory(c: &mut Conn) -> Result<Vec<Component>, BmcError> {
+    Ok(inventory_members(c)
+        .await?
+        .into_iter()
+        .filter_map(|m| {
+            Some(Component {
+                component: format!("inventory:{}", m.id),
+                name: (!m.name.is_empty()).then_some(m.name),
+                version: m.version?,
+                updateable: m.updateable,
+            })
+        })
+        .collect())
+}
+
+/// Where an update of `component` (as [`GetFirmware`] names it) is to be
+/// applied, as `UpdateService`'s `Targets` names it:
+/// - `inventory:<Id>`: that `FirmwareInventory` member;
+/// - `bios`: the inventory member that stands for the BIOS (its `Id` or
+///   `Name` says BIOS or System ROM), else the system itself (sushy-tools
+///   and BMCs that list no inventory);
+/// - `bmc`: the system's manager;
+/// - `nic:<Id>`: that network adapter of the system's chassis.
+///
+/// A BMC that updates several parts through one `UpdateService` must be
+/// told which, and some refuse an update that names none.
+pub(super) async fn update_target(
+    c: &mut Conn,
+    system: &Option<String>,
+    component: &str,
+) -> Result<String, BmcError> {
+    let missing = |c: &mut Conn, what: String| {
+        c.err(BmcErrorKind::Protocol(format!(
+            "firmware {component}: {what}: no update target for it"
+        )))
+    };
+    if let Some(id) = component.strip_prefix("inventory:") {
+        return match inventory_members(c)
+            .await?
+            .into_iter()
+            .find(|m| m.id == id && !m.path.is_empty()) {
+            Some(m) => Ok(m.path),
+            None => Err(missing(
+                c,
+                format!("the BMC's FirmwareInventory lists no member {id:?}"),
+            )),
+        };
+    }
+    let info = c.get_system(system).await?;
+    match component {
+        "bios" => {
+            let stands_for_bios = |m: &Member| {
+                let (id, name) = (m.id.to_ascii_lowercase(), m.name.to_ascii_lowercase());
+                !m.path.is_empty()
+                    && !id.starts_with("previous")
+                    && m.updateable != Some(false)
+                    && (id == "bios"
+                        || id.contains("bios")
+                        || name.contains("bios")
+                        || name.contains("system rom"))
+            };
+            let members = inventory_members(c).await?;
+            Ok(match members.iter().find(|m| stands_for_bios(m)) {
+                Some(m) => m.path.clone(),
+                None => info.path,
+            })
+        }
+        "bmc" => match info.managed_by.first() {
+            Some(m) => Ok(m.clone()),
+            None => Err(missing(c, "its system names no manager".into())),
+        },
+        _ => match component.strip_prefix("nic:") {
+            Some(id) => {
+                for chassis in &info.chassis {
+                    let Some(ch) = optional(c, chassis).await? else {
+                        continue;
+                    };
+                    let Some(adapters) = text(&ch["NetworkAdapters"]["@odata.id"]) else {
+                        continue;
+                    };
+                    let list = optional(c, &adapters).await?.unwrap_or_default();
+                    for member in members(&list).into_iter().take(MAX_MEMBERS) {
+                        if member.trim_end_matches('/').rsplit('/').next() == Some(id) {
+                            return Ok(member);
+                        }
+                    }
+                }
+                Err(missing(
+                    c,
+                    format!("no chassis of its system lists a network adapter {id:?}"),
+                ))
+            }
+            None => Err(c.err(BmcErrorKind::Config(format!(
+                "firmware {component}: not bios, bmc, nic:<Id> or inventory:<Id>"
+            )))),
+        },
+    }
+}
+
+/// A `FirmwareInventory` member, as a target is chosen among them.
+struct Member {
+    path: String,
+    id: String,
+    name: String,
+    version: Option<String>,
+    updateable: Option<bool>,
+}
+
+/// The `UpdateService`'s `FirmwareInventory` members (none when it lists
+/// none).
+async fn inventory_members(c: &mut Conn) -> Result<Vec<Member>, BmcError> {
     let root = c
         .call(Method::GET, "/redfish/v1/", None, "the service root")
         .await?;
@@ -264,10 +374,11 @@ async fn inventory(c: &mut Conn) -> Result<Vec<Component>, BmcError> {
         .await?
         .into_iter()
         .filter_map(|m| {
-            Some(Component {
-                component: format!("inventory:{}", text(&m["Id"])?),
-                name: text(&m["Name"]),
-                version: text(&m["Version"])?,
+            Some(Member {
+                path: text(&m["@odata.id"]).unwrap_or_default(),
+                id: text(&m["Id"])?,
+                name: text(&m["Name"]).unwrap_or_default(),
+                version: text(&m["Version"]),
                 updateable: m["Updateable"].as_bool(),
             })
         })

@@ -50,16 +50,21 @@ pub enum Started {
     Done { pushed: bool },
 }
 
-/// Starts the update of `targets` (firmware inventory members'
-/// `@odata.id`; empty: what the image is for) with `image`.
+/// Starts the update of `component` (`bios`, `bmc`, `nic:<Id>`,
+/// `inventory:<Id>`, as `GetFirmware` names it) of `system` with
+/// `image`. The update names its target (`Targets`, the resource the
+/// component is: `super::firmware::update_target`), and a BMC's refusal
+/// names it too.
 #[derive(Message)]
 #[rtype(result = "Result<Started, BmcError>")]
 pub struct StartUpdate {
     pub image: UpdateImage,
-    pub targets: Vec<String>,
+    pub system: Option<String>,
+    pub component: String,
 }
 
 sequence!(StartUpdate => Started, |c, msg| {
+    let target = super::firmware::update_target(&mut c, &msg.system, &msg.component).await?;
     let root = c.call(Method::GET, "/redfish/v1/", None, "the service root").await?;
     let Some(service) = text(&root["UpdateService"]["@odata.id"]) else {
         return Err(c.err(BmcErrorKind::Protocol(
@@ -68,11 +73,11 @@ sequence!(StartUpdate => Started, |c, msg| {
     };
     let service = c.call(Method::GET, &service, None, "the UpdateService").await?;
     if let Some(push) = text(&service["MultipartHttpPushUri"]) {
-        return push_image(&mut c, &push, &msg).await;
+        return push_image(&mut c, &push, &msg.image, &target).await;
     }
     let action = &service["Actions"]["#UpdateService.SimpleUpdate"];
     match (text(&action["target"]), &msg.image.fetch) {
-        (Some(target), Some((uri, user, password))) => {
+        (Some(action), Some((uri, user, password))) => {
             let mut body = json!({
                 "ImageURI": uri,
                 "Username": user,
@@ -83,11 +88,10 @@ sequence!(StartUpdate => Started, |c, msg| {
             } else if uri.starts_with("http://") {
                 body["TransferProtocol"] = json!("HTTP");
             }
-            if !msg.targets.is_empty() {
-                body["Targets"] = json!(msg.targets);
-            }
+            body["Targets"] = json!([target]);
+            let what = format!("UpdateService.SimpleUpdate of {target}");
             let a = c
-                .answer(Method::POST, &target, Some(Body::Json(&body)), "UpdateService.SimpleUpdate")
+                .answer(Method::POST, &action, Some(Body::Json(&body)), &what)
                 .await?;
             Ok(started(a, false))
         }
@@ -114,8 +118,12 @@ fn started(a: super::client::Answer, pushed: bool) -> Started {
 
 /// Pushes the image as multipart/form-data: `UpdateParameters` (the
 /// targets, applied at the next reset) and `UpdateFile`.
-async fn push_image(c: &mut Conn, push: &str, msg: &StartUpdate) -> Result<Started, BmcError> {
-    let image = &msg.image;
+async fn push_image(
+    c: &mut Conn,
+    push: &str,
+    image: &UpdateImage,
+    target: &str,
+) -> Result<Started, BmcError> {
     let read = async {
         let meta = tokio::fs::metadata(&image.path).await?;
         if meta.len() > MAX_IMAGE_BYTES {
@@ -134,7 +142,7 @@ async fn push_image(c: &mut Conn, push: &str, msg: &StartUpdate) -> Result<Start
     })?;
     let boundary = format!("shepherd-{:032x}", rand::random::<u128>());
     let parameters = json!({
-        "Targets": msg.targets,
+        "Targets": [target],
         "@Redfish.OperationApplyTime": "OnReset",
     });
     let name: String = image
@@ -160,7 +168,7 @@ async fn push_image(c: &mut Conn, push: &str, msg: &StartUpdate) -> Result<Start
                 content_type: &content_type,
                 bytes: &body,
             }),
-            "the image's push (MultipartHttpPushUri)",
+            &format!("the image's push (MultipartHttpPushUri) to {target}"),
         )
         .await?;
     Ok(started(a, true))

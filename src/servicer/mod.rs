@@ -345,7 +345,7 @@ impl Servicer {
                 d.desired
             );
             let image = self.update_image(work, &c.image).await?;
-            let how = steps::update(bmc, image, &what, &self.cfg, &self.updates).await?;
+            let how = steps::update(bmc, &d.item, image, &what, &self.cfg, &self.updates).await?;
             done.push(format!("{what} ({how})"));
         }
         let bios: serde_json::Map<String, serde_json::Value> = differ

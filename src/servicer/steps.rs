@@ -73,10 +73,11 @@ impl Drop for Updating {
     }
 }
 
-/// One firmware update, started (a busy BMC waited for) and followed
-/// through its task to its end; Ok(how it went).
+/// One firmware update of `component`, started (a busy BMC waited for)
+/// and followed through its task to its end; Ok(how it went).
 pub(super) async fn update(
     bmc: &RedfishBmc,
+    component: &str,
     image: UpdateImage,
     what: &str,
     cfg: &ServicingConfig,
@@ -94,7 +95,8 @@ pub(super) async fn update(
     let started = loop {
         let msg = StartUpdate {
             image: image.clone(),
-            targets: Vec::new(),
+            system: bmc.system(),
+            component: component.to_string(),
         };
         match bmc.ask(msg).await {
             Ok(s) => break s,

@@ -198,13 +198,14 @@ impl Connection {
                     }
                     ToViewer::Interrupted(why) => {
                         let why = if tenant {
-                            "the BMC closed it".into()
+                            "its BMC closed it or does not answer".into()
                         } else {
                             why
                         };
-                        format!("\r\n[shepherd: the console was interrupted ({why}); it is opened again]\r\n")
+                        format!("\r\n[shepherd: the console was interrupted ({why}); it is opened again as soon as it can be]\r\n")
                             .into_bytes()
                     }
+                    ToViewer::Resumed => b"\r\n[shepherd: the console is back]\r\n".to_vec(),
                 };
                 if handle.data(channel, bytes).await.is_err() {
                     break;

@@ -15,6 +15,11 @@
 //! A simulated image is a file whose first line is
 //! `shepherd-sim-firmware <inventory id> <version>` (`image`); anything
 //! else fails its task, as a BMC refuses an image not meant for it.
+//!
+//! An update must name its `Targets` (answered 400 without, as
+//! sushy-tools does), each a resource of this BMC: a `FirmwareInventory`
+//! member, the system (for the BIOS), the manager (for the BMC). An image
+//! for a component none of its targets stands for fails its task.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -78,6 +83,8 @@ impl Default for FirmwareOptions {
 pub(super) struct Task {
     pub id: u64,
     pub machine: IpAddr,
+    /// The components its `Targets` stand for.
+    pub targets: Vec<&'static str>,
     /// What is updated, once the image is read: (component, version).
     pub target: Option<(String, String)>,
     /// When its work ends (None: still fetching the image).
@@ -318,9 +325,35 @@ fn read_image(bytes: &[u8]) -> Result<(String, String), String> {
     }
 }
 
-/// Starts a task for the machine at `ip`, unless one runs: its 202, or
-/// the 503 of a busy BMC.
-fn start_task(st: &State, ip: IpAddr) -> Result<u64, HttpResponse> {
+/// The components the update's `Targets` stand for; a 400 naming what
+/// is wrong when there are none or one is not this BMC's.
+fn targets(v: &Value) -> Result<Vec<&'static str>, HttpResponse> {
+    let bad = |m: String| HttpResponse::BadRequest().json(error("Base.1.0.ActionParameterMissing", &m));
+    let list: Vec<&str> = v["Targets"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if list.is_empty() {
+        return Err(bad("Missing Targets: name the resource to update".into()));
+    }
+    list.iter()
+        .map(|t| {
+            let t = t.trim_end_matches('/');
+            let member = t.strip_prefix("/redfish/v1/UpdateService/FirmwareInventory/");
+            match (t, member) {
+                (_, Some(m)) => COMPONENTS.iter().copied().find(|c| *c == m),
+                ("/redfish/v1/Systems/1", _) => Some("BIOS"),
+                ("/redfish/v1/Managers/1", _) => Some("BMC"),
+                _ => None,
+            }
+            .ok_or_else(|| bad(format!("{t} is not a resource this BMC can update")))
+        })
+        .collect()
+}
+
+/// Starts a task for the machine at `ip` on `targets`, unless one runs:
+/// its 202, or the 503 of a busy BMC.
+fn start_task(st: &State, ip: IpAddr, targets: Vec<&'static str>) -> Result<u64, HttpResponse> {
     let mut tasks = st.tasks.lock().unwrap();
     if tasks.iter().any(|t| t.machine == ip && t.running()) {
         st.count(ip, |c| c.busy += 1);
@@ -336,6 +369,7 @@ fn start_task(st: &State, ip: IpAddr) -> Result<u64, HttpResponse> {
     tasks.push(Task {
         id,
         machine: ip,
+        targets,
         target: None,
         ends_at: None,
         started: Instant::now(),
@@ -355,6 +389,12 @@ fn image_read(st: &State, id: u64, image: Result<Vec<u8>, String>) {
     };
     match image.and_then(|b| read_image(&b)) {
         Err(e) => t.failed = Some(e),
+        Ok((c, _)) if !t.targets.contains(&c.as_str()) => {
+            t.failed = Some(format!(
+                "the image is for {c}, which none of the update's Targets ({}) is",
+                t.targets.join(", ")
+            ));
+        }
         Ok((c, v)) => {
             t.ends_at = Some(Instant::now() + st.firmware.task_time);
             if (st.firmware.fails)(t.machine) {
@@ -390,8 +430,12 @@ async fn simple_update(
         (Some(u), Some(p)) => Some((u.to_string(), p.to_string())),
         _ => None,
     };
+    let targets = match targets(&body) {
+        Ok(t) => t,
+        Err(bad) => return bad,
+    };
     let ip = machine(&req);
-    let id = match start_task(&st, ip) {
+    let id = match start_task(&st, ip, targets) {
         Ok(id) => id,
         Err(busy) => return busy,
     };
@@ -461,15 +505,23 @@ async fn push(req: HttpRequest, st: web::Data<State>, body: web::Bytes) -> HttpR
             "the UpdateFile part is missing",
         ));
     };
-    if let Some((_, p)) = parts.iter().find(|(n, _)| n == "UpdateParameters")
-        && serde_json::from_slice::<Value>(p).is_err()
-    {
-        return HttpResponse::BadRequest().json(error(
-            "Base.1.0.MalformedJSON",
-            "UpdateParameters is not JSON",
-        ));
-    }
-    let id = match start_task(&st, machine(&req)) {
+    let parameters = match parts.iter().find(|(n, _)| n == "UpdateParameters") {
+        Some((_, p)) => match serde_json::from_slice::<Value>(p) {
+            Ok(v) => v,
+            Err(_) => {
+                return HttpResponse::BadRequest().json(error(
+                    "Base.1.0.MalformedJSON",
+                    "UpdateParameters is not JSON",
+                ));
+            }
+        },
+        None => Value::Null,
+    };
+    let targets = match targets(&parameters) {
+        Ok(t) => t,
+        Err(bad) => return bad,
+    };
+    let id = match start_task(&st, machine(&req), targets) {
         Ok(id) => id,
         Err(busy) => return busy,
     };

@@ -129,7 +129,24 @@ impl IpmiSim {
         )
         .unwrap();
         std::fs::create_dir_all(d.join("state")).unwrap();
-        let log = std::fs::File::create(d.join("ipmi_sim.log")).unwrap();
+        let child = Self::spawn(d);
+        let sim = IpmiSim {
+            port,
+            serial_port,
+            dir,
+            child,
+        };
+        sim.wait_until_it_answers();
+        sim
+    }
+
+    /// ipmi_sim on the configuration in `d`.
+    fn spawn(d: &Path) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("ipmi_sim.log"))
+            .unwrap();
         let mut cmd = Command::new("ipmi_sim");
         cmd.arg("-c")
             .arg(d.join("lan.conf"))
@@ -150,15 +167,21 @@ impl IpmiSim {
                 Ok(())
             });
         }
-        let child = cmd.spawn().expect("starting ipmi_sim");
-        let sim = IpmiSim {
-            port,
-            serial_port,
-            dir,
-            child,
-        };
-        sim.wait_until_it_answers();
-        sim
+        cmd.spawn().expect("starting ipmi_sim")
+    }
+
+    /// Kills the BMC (SIGKILL: it answers nothing more, frees nothing).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the BMC again on the same port and configuration, once it
+    /// answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Self::spawn(self.dir.path());
+        self.wait_until_it_answers();
     }
 
     /// The BMC's URL, as an inventory host names it.

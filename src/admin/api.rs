@@ -770,9 +770,13 @@ pub struct Progress {
     /// `preparing`, `writing`, `verifying`, `first-boot`, `done`, `failed`,
     /// `rebooting`; `erasing` for an erasure.
     pub phase: String,
+    /// An erasure fetches nothing: 0.
     pub bytes_fetched: i64,
+    /// Written to the disks; for an erasure, written or discarded.
     pub bytes_written: i64,
     pub bytes_total: i64,
+    /// Of the bytes fetched; for an erasure, of those written or
+    /// discarded.
     pub rate_bytes_per_second: i64,
     pub disk: String,
     pub resumes: i32,

@@ -88,16 +88,27 @@ pub(super) fn machine_section(
                         @if let Some((p, at)) = &i.progress {
                             @let total = p.bytes_total.max(0);
                             tr { th { "phase" } td #install-phase { (phase_name(p.phase)) } }
+                            @let erase = i.kind == Kind::Erase;
+                            @let done = if erase { p.bytes_written } else { p.bytes_fetched };
                             tr { th { "progress" } td {
-                                progress #install-progress max=(total.max(1)) value=(p.bytes_fetched.min(total.max(1))) {}
+                                progress #install-progress max=(total.max(1)) value=(done.min(total.max(1))) {}
                                 " "
                                 span #install-bytes {
-                                    (bytes(p.bytes_fetched)) " of "
-                                    @if total > 0 { (bytes(total)) } @else { "?" }
-                                    " fetched, " (bytes(p.bytes_written)) " written"
+                                    @if erase {
+                                        (bytes(p.bytes_written)) " of "
+                                        @if total > 0 { (bytes(total)) } @else { "?" }
+                                        " erased (written or discarded)"
+                                    } @else {
+                                        (bytes(p.bytes_fetched)) " of "
+                                        @if total > 0 { (bytes(total)) } @else { "?" }
+                                        " fetched, " (bytes(p.bytes_written)) " written"
+                                    }
                                 }
                             } }
-                            tr { th { "rate" } td #install-rate { (bytes(p.rate_bytes_per_second)) "/s" } }
+                            tr { th { "rate" } td #install-rate {
+                                (bytes(p.rate_bytes_per_second)) "/s"
+                                @if erase { " erased" } @else { " fetched" }
+                            } }
                             @if p.bytes_from_peers > 0 || p.chunks_refused > 0 {
                                 tr { th { "from peers" } td #install-peers {
                                     (bytes(p.bytes_from_peers)) " from other machines installing the image"

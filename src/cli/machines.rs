@@ -401,13 +401,26 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                     t(i.requested_at)
                 );
                 if let Some((p, at)) = &i.progress {
+                    use shepherd_proto::summary::bytes;
+                    let how = if i.kind == shepherd::bmdb::installations::Kind::Erase {
+                        format!(
+                            "{} of {} erased (written or discarded), {}/s",
+                            bytes(p.bytes_written),
+                            bytes(p.bytes_total),
+                            bytes(p.rate_bytes_per_second)
+                        )
+                    } else {
+                        format!(
+                            "{} of {} fetched, {} written, {}/s",
+                            bytes(p.bytes_fetched),
+                            bytes(p.bytes_total),
+                            bytes(p.bytes_written),
+                            bytes(p.rate_bytes_per_second)
+                        )
+                    };
                     println!(
-                        "  progress         {} {} of {} fetched, {} written, {}/s, disk {} (at {})",
+                        "  progress         {} {how}, disk {} (at {})",
                         shepherd_proto::names::phase_name(p.phase),
-                        shepherd_proto::summary::bytes(p.bytes_fetched),
-                        shepherd_proto::summary::bytes(p.bytes_total),
-                        shepherd_proto::summary::bytes(p.bytes_written),
-                        shepherd_proto::summary::bytes(p.rate_bytes_per_second),
                         p.disk,
                         t(*at)
                     );

@@ -718,6 +718,22 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
     let inst = &d["installation"];
     assert_eq!(inst["kind"], "erase");
     assert_eq!(inst["erase_mode"], "metadata");
+    // Its progress says what an erasure did: bytes erased and their rate,
+    // never a fetch (in the API and on its page).
+    let p = &inst["progress"];
+    assert_eq!(p["bytes_fetched"], 0, "{p}");
+    assert!(p["bytes_written"].as_i64().unwrap() > 0, "{p}");
+    assert!(p["rate_bytes_per_second"].as_i64().unwrap() > 0, "{p}");
+    let page = shepherd_sim::testing::page(&format!("{}/machines/{id}", rig.admin)).await;
+    let shown = page
+        .split("id=\"install-bytes\"")
+        .nth(1)
+        .and_then(|s| s.split("</tr>").next())
+        .unwrap_or_else(|| panic!("the erasure's progress on its page: {page}"));
+    assert!(shown.contains("erased (written or discarded)"), "{shown}");
+    assert!(!shown.contains("fetched"), "{shown}");
+    let rate = page.split("id=\"install-rate\">").nth(1).unwrap();
+    assert!(rate.starts_with(|c: char| c.is_ascii_digit()) && !rate.starts_with("0 B/s"), "{rate}");
     let events: Vec<&str> = inst["history"]
         .as_array()
         .unwrap()

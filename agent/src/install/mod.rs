@@ -130,18 +130,22 @@ impl Counters {
         Phase::try_from(self.phase.load(Ordering::Relaxed)).unwrap_or(Phase::Unknown)
     }
 
-    /// The progress as a heartbeat carries it.
+    /// The progress as a heartbeat carries it. Its rate is of the bytes
+    /// fetched, or for an erasure (which fetches nothing) of those written
+    /// or discarded.
     pub fn progress(&self, generation: i64) -> InstallationProgress {
         let fetched = self.fetched.load(Ordering::Relaxed);
+        let written = self.written.load(Ordering::Relaxed);
+        let moved = if fetched > 0 { fetched } else { written };
         let secs = self.started.elapsed().as_secs_f64();
         InstallationProgress {
             generation,
             phase: self.phase.load(Ordering::Relaxed),
             bytes_fetched: fetched as i64,
-            bytes_written: self.written.load(Ordering::Relaxed) as i64,
+            bytes_written: written as i64,
             bytes_total: self.total.load(Ordering::Relaxed) as i64,
             rate_bytes_per_second: if secs > 0.0 {
-                (fetched as f64 / secs) as i64
+                (moved as f64 / secs) as i64
             } else {
                 0
             },

@@ -64,6 +64,8 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
         "--machines must be within 1 and 60000"
     );
     let root = std::env::current_dir()?.join("var/demo");
+    // One demo per checkout: a second would wipe the first's database.
+    let mut lock = crate::demo_lock::DemoLock::take(&root)?;
     // The database may live elsewhere (root from a directory the database
     // user cannot enter): wipe it through its link.
     shepherd::bmdb::embedded::remove_data_dir(&root.join("bmdb"))?;
@@ -212,6 +214,10 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
     );
     println!("  agent callback           127.0.0.1:{callback_port}");
     println!("  admin page               http://{admin}/");
+    lock.say(&format!(
+        "pid {}, admin page http://{admin}/",
+        std::process::id()
+    ))?;
     let data = root.join("bmdb");
     match std::fs::read_link(&data) {
         // Relocated: the database user could not enter this directory.

@@ -20,6 +20,7 @@
 
 pub mod bmc;
 pub mod demo;
+pub mod demo_lock;
 pub mod equinix;
 pub mod fleet;
 pub mod machine;

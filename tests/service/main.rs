@@ -3,6 +3,7 @@
 //! takeover-agent.
 
 mod database;
+mod demo;
 mod input;
 mod lifecycle;
 mod operators;

@@ -264,7 +264,10 @@ async fn leaving_types_nothing_and_viewers_hear_when_the_bmc_goes_and_comes_back
     let consoles = Consoles::new(settings().await, IpmiConfig::default(), bmdb.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
     while !line.connected() {
-        assert!(Instant::now() < deadline, "ipmi_sim reached the serial line");
+        assert!(
+            Instant::now() < deadline,
+            "ipmi_sim reached the serial line"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
@@ -277,11 +280,18 @@ async fn leaving_types_nothing_and_viewers_hear_when_the_bmc_goes_and_comes_back
     assert!(attached.keyboard.is_ok());
     let mut seen = Vec::new();
     let within = Duration::from_secs(30);
-    viewer_until(&mut rx, &mut seen, &line, Some("login: "), within, |s| printed(s, "login: ")).await;
+    viewer_until(&mut rx, &mut seen, &line, Some("login: "), within, |s| {
+        printed(s, "login: ")
+    })
+    .await;
     link.type_keys(b"bob-unfinished-rm -rf /tmp/x".to_vec());
     let deadline = Instant::now() + Duration::from_secs(10);
     while !line.received().contains("bob-unfinished-rm -rf /tmp/x") {
-        assert!(Instant::now() < deadline, "the keys reached the machine: {:?}", line.received());
+        assert!(
+            Instant::now() < deadline,
+            "the keys reached the machine: {:?}",
+            line.received()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(link);
@@ -321,7 +331,7 @@ async fn leaving_types_nothing_and_viewers_hear_when_the_bmc_goes_and_comes_back
     tokio::time::sleep(Duration::from_secs(5)).await;
     sim.restart();
     let back = viewer_until(&mut rx, &mut seen, &line, Some("back? "), within * 2, |s| {
-        s.iter().any(|m| *m == ToViewer::Resumed) && printed(s, "back? ")
+        s.contains(&ToViewer::Resumed) && printed(s, "back? ")
     })
     .await;
     println!(

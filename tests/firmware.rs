@@ -416,15 +416,16 @@ bios = {{ ProcTurboMode = "{turbo}" }}
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let machine = loop {
-        let read = one(
-            "SELECT r.machine_id::text FROM machine_firmware_read r \
-               JOIN machine_provided p USING (machine_id) WHERE p.provider_id = 'node-1'",
-        )
+        let read = one("SELECT r.machine_id::text FROM machine_firmware_read r \
+               JOIN machine_provided p USING (machine_id) WHERE p.provider_id = 'node-1'")
         .await;
         if let Some(id) = read {
             break id;
         }
-        assert!(std::time::Instant::now() < deadline, "node-1's firmware read");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node-1's firmware read"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     };
     // Taken over (its agent's row, as a takeover writes it): the
@@ -499,7 +500,9 @@ bios = {{ ProcTurboMode = "{turbo}" }}
         xml.contains(&format!("value=\"{wanted}\"")),
         "the domain holds the new BIOS version: {xml}"
     );
-    let after = sushy.get(system["Bios"]["@odata.id"].as_str().unwrap()).await;
+    let after = sushy
+        .get(system["Bios"]["@odata.id"].as_str().unwrap())
+        .await;
     assert_eq!(after["Attributes"]["ProcTurboMode"], turbo, "{after}");
     assert!(xml.contains(turbo), "the domain holds the setting: {xml}");
     println!(

@@ -196,7 +196,8 @@ async fn an_update_is_pushed_followed_to_its_end_and_runs_after_the_reset() {
     let (_, end) = rig.follow(GOOD, started).await;
     assert_eq!(end.state, "Exception", "{end:?}");
     assert!(
-        end.said().contains("the image is for BIOS, which none of the update's Targets (BMC) is"),
+        end.said()
+            .contains("the image is for BIOS, which none of the update's Targets (BMC) is"),
         "{end:?}"
     );
     let e = rig
@@ -211,8 +212,9 @@ async fn an_update_is_pushed_followed_to_its_end_and_runs_after_the_reset() {
         .await
         .unwrap_err();
     assert!(
-        e.to_string()
-            .contains("firmware inventory:CPLD: the BMC's FirmwareInventory lists no member \"CPLD\""),
+        e.to_string().contains(
+            "firmware inventory:CPLD: the BMC's FirmwareInventory lists no member \"CPLD\""
+        ),
         "{e}"
     );
 

@@ -7,7 +7,7 @@
 //! a second is refused before it touches anything, naming the first. The
 //! lock is the kernel's (`flock`): a demo killed leaves none behind.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 
@@ -30,7 +30,7 @@ pub enum DemoLockError {
 /// The lock held while a demo runs (released when dropped, or when the
 /// process ends however it ends).
 pub struct DemoLock {
-    file: File,
+    file: nix::fcntl::Flock<File>,
     path: PathBuf,
 }
 
@@ -53,9 +53,10 @@ impl DemoLock {
             .truncate(false)
             .open(&path)
             .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
+        let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            Ok(f) => f,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 let held = std::fs::read_to_string(&path).unwrap_or_default();
                 let held = held.trim();
                 return Err(DemoLockError::Held {
@@ -67,8 +68,8 @@ impl DemoLock {
                     dir: dir.to_path_buf(),
                 });
             }
-            Err(TryLockError::Error(e)) => return Err(io(e)),
-        }
+            Err((_, e)) => return Err(io(e.into())),
+        };
         let mut lock = DemoLock { file, path };
         lock.say(&format!("pid {}", std::process::id()))?;
         Ok(lock)

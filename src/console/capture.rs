@@ -1,21 +1,17 @@
-//! One actor per machine console being read (`Console`), and the actors
-//! by machine (`Consoles`). A capture is a boot's console: begun when
+//! One actor per machine console being read (`Console`; `consoles.rs`
+//! holds them by machine). A capture is a boot's console: begun when
 //! shepherd asks the BMC for the boot, its tail written to the BMDB every
 //! `console.write_every`, ended when the boot's outcome is known (or after
 //! `console.capture_for`). The reader runs in a task of its own and hands
 //! the actor what it reads; a console the BMC closes is opened again after
 //! `console.reopen_after` while a capture needs it.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::handles::{Capture, ConsoleLink};
 use super::reader::{self, FromReader};
 use super::viewers::{ToViewer, Viewers};
 use super::{ConsoleSource, Tail};
@@ -24,117 +20,6 @@ use crate::config::{ConsoleSettings, IpmiConfig};
 
 /// Lines of a console's tail quoted in a failure's cause.
 pub const LINES_IN_A_CAUSE: usize = 5;
-
-/// Each machine's console actor, with the source it reads.
-type ByMachine = Rc<RefCell<HashMap<Uuid, (ConsoleSource, Addr<Console>)>>>;
-
-/// The consoles shepherd reads, one actor per machine.
-#[derive(Clone)]
-pub struct Consoles {
-    settings: ConsoleSettings,
-    ipmi: IpmiConfig,
-    bmdb: Bmdb,
-    actors: ByMachine,
-}
-
-impl Consoles {
-    pub fn new(settings: ConsoleSettings, ipmi: IpmiConfig, bmdb: Bmdb) -> Consoles {
-        Consoles {
-            settings,
-            ipmi,
-            bmdb,
-            actors: Rc::default(),
-        }
-    }
-
-    fn actor(&self, machine_id: Uuid, source: &ConsoleSource) -> Addr<Console> {
-        let mut actors = self.actors.borrow_mut();
-        if let Some((s, addr)) = actors.get(&machine_id)
-            && s == source
-            && addr.connected()
-        {
-            return addr.clone();
-        }
-        let addr = Console {
-            machine_id,
-            source: source.clone(),
-            settings: self.settings.clone(),
-            ipmi: self.ipmi.clone(),
-            bmdb: self.bmdb.clone(),
-            suite: None,
-            tail: Tail::new(self.settings.tail_bytes),
-            capture: None,
-            written: None,
-            error: None,
-            reader: None,
-            generation: 0,
-            viewers: Viewers::default(),
-            silent_opens: 0,
-            interrupted: false,
-            reclaim: false,
-        }
-        .start();
-        actors.insert(machine_id, (source.clone(), addr.clone()));
-        addr
-    }
-
-    /// Puts `who` (connection `session`) on `machine_id`'s console read
-    /// from `source`: what it prints goes to `out`. Their link, and
-    /// whether they hold its keyboard.
-    pub async fn attach(
-        &self,
-        machine_id: Uuid,
-        source: &ConsoleSource,
-        session: Uuid,
-        who: &str,
-        out: mpsc::Sender<ToViewer>,
-    ) -> Result<(ConsoleLink, Attached), String> {
-        let addr = self.actor(machine_id, source);
-        let attached = addr
-            .send(Attach {
-                session,
-                who: who.to_string(),
-                out,
-            })
-            .await
-            .map_err(|e| format!("the console's actor is gone: {e}"))?;
-        Ok((ConsoleLink { addr, session }, attached))
-    }
-
-    /// Begins capturing `machine_id`'s console from `source`, for `cause`
-    /// (`enrollment`, `recovery`, …). None when captures are off or the
-    /// BMDB could not record it (logged: a boot goes ahead without).
-    pub async fn capture(
-        &self,
-        machine_id: Uuid,
-        source: &ConsoleSource,
-        cause: &str,
-    ) -> Option<Capture> {
-        if !self.settings.capture {
-            return None;
-        }
-        let addr = self.actor(machine_id, source);
-        match addr
-            .send(StartCapture {
-                cause: cause.to_string(),
-            })
-            .await
-        {
-            Ok(Ok(capture_id)) => Some(Capture {
-                addr: Some(addr),
-                capture_id,
-            }),
-            Ok(Err(e)) => {
-                tracing::warn!(%machine_id, error = %e, "the console's capture was not recorded: the boot goes ahead without it");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(%machine_id, error = %e, "the console's actor is gone");
-                None
-            }
-        }
-    }
-}
 
 /// What the console printed last, shown to someone coming on it.
 const BACKLOG_BYTES: usize = 4096;
@@ -189,8 +74,8 @@ impl Actor for Console {
 
 #[derive(Message)]
 #[rtype(result = "Result<Uuid, BmdbError>")]
-struct StartCapture {
-    cause: String,
+pub(super) struct StartCapture {
+    pub(super) cause: String,
 }
 
 #[derive(Message)]
@@ -212,6 +97,34 @@ pub(super) struct KeepFor {
 }
 
 impl Console {
+    pub(super) fn new(
+        machine_id: Uuid,
+        source: ConsoleSource,
+        settings: ConsoleSettings,
+        ipmi: IpmiConfig,
+        bmdb: Bmdb,
+    ) -> Console {
+        let tail = Tail::new(settings.tail_bytes);
+        Console {
+            machine_id,
+            source,
+            settings,
+            ipmi,
+            bmdb,
+            suite: None,
+            tail,
+            capture: None,
+            written: None,
+            error: None,
+            reader: None,
+            generation: 0,
+            viewers: Viewers::default(),
+            silent_opens: 0,
+            interrupted: false,
+            reclaim: false,
+        }
+    }
+
     fn start_reader(&mut self, ctx: &mut Context<Self>) {
         self.generation += 1;
         let generation = self.generation;
@@ -372,10 +285,10 @@ impl Handler<EndCapture> for Console {
 /// Someone comes on the console: shown what it prints from now on.
 #[derive(Message)]
 #[rtype(result = "Attached")]
-struct Attach {
-    session: Uuid,
-    who: String,
-    out: mpsc::Sender<ToViewer>,
+pub(super) struct Attach {
+    pub(super) session: Uuid,
+    pub(super) who: String,
+    pub(super) out: mpsc::Sender<ToViewer>,
 }
 
 /// Someone on the console, as they come.
@@ -479,11 +392,12 @@ impl Handler<FromReader> for Console {
             FromReader::Suite { generation, suite } if generation == self.generation => {
                 self.suite = Some(suite);
             }
-            FromReader::Opened { generation } if generation == self.generation => {
-                if std::mem::take(&mut self.interrupted) {
-                    tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), "the console is back");
-                    self.viewers.send(&ToViewer::Resumed);
-                }
+            FromReader::Opened { generation }
+                if generation == self.generation && self.interrupted =>
+            {
+                self.interrupted = false;
+                tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), "the console is back");
+                self.viewers.send(&ToViewer::Resumed);
             }
             FromReader::Unanswered { generation, why } if generation == self.generation => {
                 tracing::info!(machine_id = %self.machine_id, source = %self.source.describe(), %why, "the console's BMC does not answer");

@@ -8,9 +8,10 @@
 //!
 //! - `tail.rs`: the bounded tail of what a console printed;
 //! - `sol.rs`, `ssh.rs`: the two ways to read one (`Stream`);
-//! - `capture.rs`: the actor, and [`Consoles`], the actors by machine;
-//! - `handles.rs`: what callers hold: a place on a console
-//!   ([`ConsoleLink`]) and a capture under way ([`Capture`]);
+//! - `capture.rs`: the actor, one per machine console being read;
+//! - `consoles.rs`: what callers hold: [`Consoles`], the actors by
+//!   machine, a place on a console ([`ConsoleLink`]) and a capture under
+//!   way ([`Capture`]);
 //! - `reader.rs`: the task that reads one, and watches a SOL console's
 //!   BMC.
 
@@ -19,16 +20,17 @@ use std::path::PathBuf;
 use crate::config::{BmcConfig, ConsoleConfig, ConsoleVia};
 
 mod capture;
-mod handles;
+mod consoles;
+mod ping;
 mod reader;
 mod sol;
 mod ssh;
 mod tail;
 mod viewers;
 
+pub use capture::Attached;
 pub use capture::LINES_IN_A_CAUSE;
-pub use capture::{Attached, Consoles};
-pub use handles::{Capture, ConsoleLink, told};
+pub use consoles::{Capture, ConsoleLink, Consoles, told};
 pub use tail::{Tail, last_lines, text};
 pub use viewers::{ToViewer, VIEWER_BACKLOG};
 

@@ -2,7 +2,7 @@
 //! what it prints and types what it is given, until stopped or the
 //! console ends; then says why.
 //!
-//! A SOL console's BMC is pinged (`crate::ipmi::ping`) every
+//! A SOL console's BMC is pinged (`super::ping`) every
 //! [`PING_EVERY`] while the console is silent: after [`LOST_AFTER`]
 //! pings in a row without an answer the session is given up (ipmitool's
 //! own keepalives take a minute and a half to), the actor told at once,
@@ -17,9 +17,9 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::ping;
 use super::{ConsoleSource, sol, ssh};
 use crate::config::IpmiConfig;
-use crate::ipmi::ping;
 
 /// How often a silent SOL console's BMC is pinged.
 pub const PING_EVERY: Duration = Duration::from_secs(2);
@@ -32,17 +32,32 @@ pub const LOST_AFTER: u32 = 3;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(super) enum FromReader {
-    Bytes { generation: u64, bytes: Vec<u8> },
+    Bytes {
+        generation: u64,
+        bytes: Vec<u8>,
+    },
     /// The console is open (SOL: ipmitool said the session is
     /// operational).
-    Opened { generation: u64 },
+    Opened {
+        generation: u64,
+    },
     /// The BMC does not answer (the console cannot be opened until it
     /// does; the reader waits for it).
-    Unanswered { generation: u64, why: String },
+    Unanswered {
+        generation: u64,
+        why: String,
+    },
     /// `lost`: the BMC stopped answering (the next reader may take back
     /// the payload the session held).
-    Ended { generation: u64, why: String, lost: bool },
-    Suite { generation: u64, suite: u8 },
+    Ended {
+        generation: u64,
+        why: String,
+        lost: bool,
+    },
+    Suite {
+        generation: u64,
+        suite: u8,
+    },
 }
 
 /// An open console, either way it is read.
@@ -243,20 +258,27 @@ pub(super) async fn read(
                         });
                     }
                 };
-                let closed =
-                    match pump(stream, generation, &me, &mut stop, &mut input, Some(&target), tell)
-                        .await
-                    {
-                        Ended::Closed(closed) => closed,
-                        Ended::Stopped => return,
-                        Ended::Lost(why) => {
-                            return me.do_send(FromReader::Ended {
-                                generation,
-                                why,
-                                lost: true,
-                            });
-                        }
-                    };
+                let closed = match pump(
+                    stream,
+                    generation,
+                    &me,
+                    &mut stop,
+                    &mut input,
+                    Some(&target),
+                    tell,
+                )
+                .await
+                {
+                    Ended::Closed(closed) => closed,
+                    Ended::Stopped => return,
+                    Ended::Lost(why) => {
+                        return me.do_send(FromReader::Ended {
+                            generation,
+                            why,
+                            lost: true,
+                        });
+                    }
+                };
                 let Stream::Sol(stream) = *closed else {
                     return;
                 };

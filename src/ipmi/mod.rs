@@ -15,8 +15,6 @@
 //! Cipher suite 17 (SHA-256) is asked for first; a BMC that refuses it is
 //! asked with 3 (SHA-1), and remembered.
 
-pub mod ping;
-
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -287,7 +287,8 @@ pub(super) async fn update_target(
         return match inventory_members(c)
             .await?
             .into_iter()
-            .find(|m| m.id == id && !m.path.is_empty()) {
+            .find(|m| m.id == id && !m.path.is_empty())
+        {
             Some(m) => Ok(m.path),
             None => Err(missing(
                 c,

@@ -733,7 +733,10 @@ async fn an_installed_machine_with_first_boot_data_is_deprovisioned_and_availabl
     assert!(shown.contains("erased (written or discarded)"), "{shown}");
     assert!(!shown.contains("fetched"), "{shown}");
     let rate = page.split("id=\"install-rate\">").nth(1).unwrap();
-    assert!(rate.starts_with(|c: char| c.is_ascii_digit()) && !rate.starts_with("0 B/s"), "{rate}");
+    assert!(
+        rate.starts_with(|c: char| c.is_ascii_digit()) && !rate.starts_with("0 B/s"),
+        "{rate}"
+    );
     let events: Vec<&str> = inst["history"]
         .as_array()
         .unwrap()

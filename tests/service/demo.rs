@@ -38,7 +38,12 @@ async fn a_second_demo_on_the_same_checkout_is_refused_and_the_first_goes_on() {
             .recv_timeout(left)
             .unwrap_or_else(|_| panic!("the first demo's progress: {seen:#?}"));
         if line.contains("all 3 machines taken over") {
-            let url = line.rsplit("admin page ").next().unwrap().trim().to_string();
+            let url = line
+                .rsplit("admin page ")
+                .next()
+                .unwrap()
+                .trim()
+                .to_string();
             break url;
         }
         seen.push(line);
@@ -64,8 +69,14 @@ async fn a_second_demo_on_the_same_checkout_is_refused_and_the_first_goes_on() {
             && stderr.contains(&admin),
         "{stderr}"
     );
-    assert!(started.elapsed() < Duration::from_secs(10), "refused at once");
-    assert!(first.try_wait().unwrap().is_none(), "the first demo runs on");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "refused at once"
+    );
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first demo runs on"
+    );
     assert_eq!(std::fs::read_dir(&bmdb_dir).unwrap().count(), before);
     // Its BMDB answers as before: its three machines, taken over.
     let body: serde_json::Value = awc::Client::default()

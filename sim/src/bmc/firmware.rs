@@ -328,7 +328,8 @@ fn read_image(bytes: &[u8]) -> Result<(String, String), String> {
 /// The components the update's `Targets` stand for; a 400 naming what
 /// is wrong when there are none or one is not this BMC's.
 fn targets(v: &Value) -> Result<Vec<&'static str>, HttpResponse> {
-    let bad = |m: String| HttpResponse::BadRequest().json(error("Base.1.0.ActionParameterMissing", &m));
+    let bad =
+        |m: String| HttpResponse::BadRequest().json(error("Base.1.0.ActionParameterMissing", &m));
     let list: Vec<&str> = v["Targets"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_str).collect())

@@ -66,7 +66,10 @@ fn answers(answer: &[u8], seq: u8) -> bool {
 /// One ping of the BMC at `target` (host, UDP port): Ok when it answered
 /// within `timeout`.
 pub async fn ping(target: &(String, u16), timeout: Duration) -> Result<(), PingError> {
-    let (host, port) = (target.0.trim_start_matches('[').trim_end_matches(']'), target.1);
+    let (host, port) = (
+        target.0.trim_start_matches('[').trim_end_matches(']'),
+        target.1,
+    );
     let named = |source| PingError::Io {
         host: host.to_string(),
         port,
@@ -83,7 +86,11 @@ pub async fn ping(target: &(String, u16), timeout: Duration) -> Result<(), PingE
             port,
             source,
         })?;
-    let local = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let local = if addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
     let socket = UdpSocket::bind(local).await.map_err(named)?;
     socket.connect(addr).await.map_err(named)?;
     let seq = rand::random::<u8>() & 0x3f;

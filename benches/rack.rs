@@ -128,13 +128,18 @@ fn main() {
 }
 
 async fn run(n: usize, image_mib: u64, interval: String, network: bool, ipmi_every: usize) {
+    // The image server's downloads and refusals are counted from its log.
+    let log = (
+        "SHEPHERD__LOG__LEVEL",
+        "warn,shepherd::images=info".to_string(),
+    );
     let mut rack = if network {
         let every = ipmi_every.to_string();
         OwnedRack::start_network(
             n,
             &interval,
             image_mib << 20,
-            &[],
+            std::slice::from_ref(&log),
             &["--ipmi-every", &every],
         )
         .await
@@ -144,7 +149,7 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool, ipmi_eve
             Ipv4Addr::new(127, 0, 96, 1),
             &interval,
             image_mib << 20,
-            &[],
+            std::slice::from_ref(&log),
         )
         .await
     };
@@ -317,6 +322,18 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool, ipmi_eve
     println!(
         "| image bytes between machines | {from_peers} ({:.2} images) |",
         images(from_peers)
+    );
+    // From shepherd's log: whole images the image server was asked for
+    // (an agent that could not join the swarm fetches alone), and the
+    // downloads and joins it answered 503 (the BMDB did not answer in
+    // time).
+    println!(
+        "| whole-image downloads from the image server | {} |",
+        rack.shepherd.log_count("range=false")
+    );
+    println!(
+        "| image downloads and swarm joins answered 503 | {} |",
+        rack.shepherd.log_count("did not answer within")
     );
     if let Some(rows) = boot_figures {
         println!();

@@ -11,7 +11,9 @@
 //!   429) are retried with jittered exponential backoff until the call's
 //!   deadline, waiting at least as long as `Retry-After` says. 401, 403, 404,
 //!   422 and a lost race are final.
-//! - Lists follow pagination to the last page.
+//! - Lists follow pagination to the last page, each item made what the
+//!   caller keeps as its page arrives (`Keep`): a listing of 100,000
+//!   devices is never held whole as the API's objects.
 //! - Creating a device is idempotent per hardware reservation: the request
 //!   carries a witness tag; after an attempt whose outcome is unknown, and
 //!   after a 422, the reservation is looked up. A device there with our
@@ -296,15 +298,17 @@ impl Api {
         decode(op, &body)
     }
 
-    /// Every item of a paginated list.
-    async fn list<T: DeserializeOwned, L: DeserializeOwned>(
+    /// Every item of a paginated list, each made what `keep` keeps as its
+    /// page arrives.
+    async fn list<T: DeserializeOwned, L: DeserializeOwned, U>(
         &mut self,
         op: Operation,
         path: &str,
         extra: &[(&str, String)],
         deadline: Instant,
         split: impl Fn(L) -> (Vec<T>, Option<Meta>),
-    ) -> Result<Vec<T>, EquinixError> {
+        keep: &(dyn Fn(T) -> Option<U> + Send + Sync),
+    ) -> Result<Vec<U>, EquinixError> {
         let mut out = Vec::new();
         let mut page = 1i64;
         loop {
@@ -316,7 +320,7 @@ impl Api {
             let list: L = self.get_json(op, path, &query, deadline).await?;
             let (items, meta) = split(list);
             let n = items.len();
-            out.extend(items);
+            out.extend(items.into_iter().filter_map(keep));
             let more = match &meta {
                 Some(m) => match m.last_page {
                     Some(last) => page < last,
@@ -331,7 +335,11 @@ impl Api {
         }
     }
 
-    async fn list_devices(&mut self, deadline: Instant) -> Result<Vec<Device>, EquinixError> {
+    async fn list_devices<U>(
+        &mut self,
+        keep: &Keep<Device, U>,
+        deadline: Instant,
+    ) -> Result<Vec<U>, EquinixError> {
         let path = format!("/projects/{}/devices", self.settings.project_id);
         self.list(
             Operation::ListDevices,
@@ -339,6 +347,7 @@ impl Api {
             &[],
             deadline,
             |l: DeviceList| (l.devices, Some(l.meta)),
+            &**keep,
         )
         .await
     }
@@ -354,10 +363,11 @@ impl Api {
         .await
     }
 
-    async fn list_reservations(
+    async fn list_reservations<U>(
         &mut self,
+        keep: &Keep<HardwareReservation, U>,
         deadline: Instant,
-    ) -> Result<Vec<HardwareReservation>, EquinixError> {
+    ) -> Result<Vec<U>, EquinixError> {
         let path = format!(
             "/projects/{}/hardware-reservations",
             self.settings.project_id
@@ -368,6 +378,7 @@ impl Api {
             &[],
             deadline,
             |l: HardwareReservationList| (l.hardware_reservations, Some(l.meta)),
+            &**keep,
         )
         .await
     }
@@ -506,6 +517,7 @@ impl Api {
             &[],
             deadline,
             |l: SshKeyList| (l.ssh_keys, l.meta),
+            &Some,
         )
         .await
     }
@@ -736,18 +748,47 @@ macro_rules! api_call {
     };
 }
 
-api_call!(
+/// What a listing keeps of each item, as its page arrives (None: left
+/// out).
+pub type Keep<T, U> = Arc<dyn Fn(T) -> Option<U> + Send + Sync>;
+
+/// Every item of a listing, as `keep` makes it.
+macro_rules! kept_listing {
+    ($(#[$doc:meta])* $msg:ident, $item:ty, $method:ident) => {
+        $(#[$doc])*
+        pub struct $msg<U> {
+            pub keep: Keep<$item, U>,
+        }
+
+        impl<U: Send + 'static> Message for $msg<U> {
+            type Result = Result<Vec<U>, EquinixError>;
+        }
+
+        impl<U: Send + 'static> Handler<$msg<U>> for EquinixClient {
+            type Result = AtomicResponse<Self, Result<Vec<U>, EquinixError>>;
+
+            fn handle(&mut self, msg: $msg<U>, _: &mut Context<Self>) -> Self::Result {
+                self.atomic(move |mut api, deadline| async move {
+                    let r = api.$method(&msg.keep, deadline).await;
+                    (api, r)
+                })
+            }
+        }
+    };
+}
+
+kept_listing!(
     /// Every device of the project.
-    ListDevices {} -> Vec<Device>, list_devices());
+    ListDevices, Device, list_devices);
 api_call!(GetDevice { id: String } -> Device, get_device(&id));
 api_call!(
     /// Creates a device from a hardware reservation, at most once.
     CreateDevice { request: DeviceCreateRequest } -> Device, create_device(request));
 api_call!(DeleteDevice { id: String } -> (), delete_device(&id));
 api_call!(RebootDevice { id: String } -> (), reboot_device(&id));
-api_call!(
+kept_listing!(
     /// Every hardware reservation of the project.
-    ListReservations {} -> Vec<HardwareReservation>, list_reservations());
+    ListReservations, HardwareReservation, list_reservations);
 api_call!(
     /// One reservation with its device included.
     GetReservation { id: String } -> HardwareReservation, get_reservation(&id));
@@ -813,7 +854,15 @@ impl EquinixApi {
     }
 
     pub async fn list_devices(&self) -> Result<Vec<Device>, EquinixError> {
-        self.send(ListDevices {}).await
+        self.list_devices_kept(Arc::new(Some)).await
+    }
+
+    /// Every device, each made what `keep` keeps as its page arrives.
+    pub async fn list_devices_kept<U: Send + 'static>(
+        &self,
+        keep: Keep<Device, U>,
+    ) -> Result<Vec<U>, EquinixError> {
+        self.send(ListDevices { keep }).await
     }
 
     pub async fn get_device(&self, id: &str) -> Result<Device, EquinixError> {
@@ -836,7 +885,15 @@ impl EquinixApi {
     }
 
     pub async fn list_reservations(&self) -> Result<Vec<HardwareReservation>, EquinixError> {
-        self.send(ListReservations {}).await
+        self.list_reservations_kept(Arc::new(Some)).await
+    }
+
+    /// Every reservation, each made what `keep` keeps as its page arrives.
+    pub async fn list_reservations_kept<U: Send + 'static>(
+        &self,
+        keep: Keep<HardwareReservation, U>,
+    ) -> Result<Vec<U>, EquinixError> {
+        self.send(ListReservations { keep }).await
     }
 
     pub async fn get_reservation(&self, id: &str) -> Result<HardwareReservation, EquinixError> {

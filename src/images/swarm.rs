@@ -17,12 +17,23 @@ use crate::bmdb::installations::{DownloadGrant, swarm};
 /// A join's body is a few bytes.
 const MAX_JOIN: usize = 1024;
 
+/// A join waits this long for the BMDB at least (a download waits
+/// `admin.database_timeout`): a member that cannot join fetches its
+/// chunks from the image server, so a join is worth more waiting than a
+/// download asked again. A thousand machines installing one image join
+/// a hundred times a second, each reading the whole membership.
+const JOIN_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(super) async fn join(
     gate: web::Data<DownloadGate>,
     req: HttpRequest,
     name: web::Path<String>,
     body: web::Bytes,
 ) -> HttpResponse {
+    let gate = DownloadGate {
+        bmdb: gate.bmdb.clone(),
+        timeout: gate.timeout.max(JOIN_BOUND),
+    };
     let grant = match grant(&gate, &req, &name).await {
         Ok(g) => g,
         Err(refused) => return refused,

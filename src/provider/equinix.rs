@@ -223,12 +223,12 @@ impl Equinix {
         self.devices
             .get(self.listing_ttl, move || {
                 async move {
-                    let all = api.list_devices().await?;
-                    Ok(all
-                        .iter()
-                        .filter(|d| d.hostname.starts_with(&prefix))
-                        .map(machine_of)
-                        .collect())
+                    // Each page kept as machines as it arrives: the API's
+                    // device objects of a whole fleet were most of
+                    // shepherd's memory at 100,000 machines.
+                    let keep =
+                        move |d: Device| d.hostname.starts_with(&prefix).then(|| machine_of(&d));
+                    api.list_devices_kept(std::sync::Arc::new(keep)).await
                 }
                 .boxed_local()
             })
@@ -250,8 +250,8 @@ impl Equinix {
         self.reservations
             .get(self.cfg.reservation_cache_ttl, move || {
                 async move {
-                    let all = api.list_reservations().await?;
-                    Ok(all.into_iter().map(Reservation::from).collect())
+                    let keep = |r: HardwareReservation| Some(Reservation::from(r));
+                    api.list_reservations_kept(std::sync::Arc::new(keep)).await
                 }
                 .boxed_local()
             })

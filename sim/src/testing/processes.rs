@@ -343,13 +343,26 @@ pub struct ShepherdProcess {
 }
 
 impl ShepherdProcess {
+    /// `SHEPHERD_BENCH_WRAP` (a command and its arguments, split at
+    /// white space: `heaptrack -o /tmp/shepherd`) runs `exe` under it, to
+    /// profile a benchmark's shepherds.
     pub fn start(
         exe: &std::path::Path,
         config: &std::path::Path,
         log: std::path::PathBuf,
         env: &[(&str, String)],
     ) -> ShepherdProcess {
-        Self::start_by(std::process::Command::new(exe), config, log, env)
+        let wrap = std::env::var("SHEPHERD_BENCH_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let command = match words.next() {
+            Some(w) => {
+                let mut c = std::process::Command::new(w);
+                c.args(words).arg(exe);
+                c
+            }
+            None => std::process::Command::new(exe),
+        };
+        Self::start_by(command, config, log, env)
     }
 
     /// [`ShepherdProcess::start`] with `command` as the shepherd

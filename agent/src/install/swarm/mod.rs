@@ -42,8 +42,18 @@ use client::{Ask, Conn, Failure, Within};
 use serve::Members;
 use store::ChunkStore;
 
-/// A member that failed is not asked again for this long.
+/// A member that failed is not asked again for a while: [`COOL_FIRST`]
+/// after one failure, doubled with each failure in a row, up to [`COOL`]
+/// (a member busy a moment, on a starved machine, is asked again soon;
+/// one that is gone soon costs nothing more).
 const COOL: Duration = Duration::from_secs(30);
+const COOL_FIRST: Duration = Duration::from_secs(4);
+/// Joins tried at the start before the agent fetches from the image
+/// server alone (a join shepherd answers 503 is asked again).
+const JOIN_TRIES: u32 = 5;
+/// Joins asked early (a member not known yet, one that failed) come at
+/// most this often.
+const MIN_REJOIN: Duration = Duration::from_secs(1);
 /// Chunks kept for the other members, at most: a quarter of the memory
 /// available, up to this.
 pub const CACHE_MAX: usize = 256 << 20;
@@ -101,6 +111,18 @@ struct Peer {
     /// It sent a chunk that did not match: never asked again.
     lied: bool,
     resting_until: Option<Instant>,
+    /// Failures in a row.
+    failures: u32,
+}
+
+/// What asking the members for a chunk came to.
+enum FromMembers {
+    Got(Bytes),
+    /// Every member asked answered that it does not hold it (or there is
+    /// none to ask): the image server's.
+    NoneHolds,
+    /// Some could not be asked (failed, or resting after a failure).
+    Missed,
 }
 
 /// The bytes to keep for the other members: `asked`, else a quarter of
@@ -195,9 +217,14 @@ async fn keep_joined(mut conn: Conn, port: u16, membership: Arc<Membership>) {
             let v = membership.view.lock().unwrap();
             Duration::from_secs(u64::from(v.refresh_seconds.clamp(1, 60)))
         };
+        let last = Instant::now();
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = membership.members.stale.notified() => {}
+            _ = membership.members.stale.notified() => {
+                // Asked early: at most one join a second, whoever keeps
+                // asking (a stranger held by the chunk server, say).
+                tokio::time::sleep(MIN_REJOIN.saturating_sub(last.elapsed())).await;
+            }
             _ = membership.leave.notified() => break,
         }
         let _ = join_once(&mut conn, port, false, &membership).await;
@@ -245,9 +272,14 @@ impl Swarm {
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         let mut conn = Conn::server(&url, tls.clone())?;
         let membership = Arc::new(Membership::default());
-        join_once(&mut conn, port, false, &membership)
-            .await
-            .map_err(|e| format!("joining at {url}: {e}"))?;
+        let mut tries = 0;
+        while let Err(e) = join_once(&mut conn, port, false, &membership).await {
+            tries += 1;
+            if tries >= JOIN_TRIES {
+                return Err(format!("joining at {url}: {e} ({tries} tries)"));
+            }
+            tokio::time::sleep(fetch::pause(tries)).await;
+        }
         let store = Arc::new(ChunkStore::new(hex, chunks.count(), cache_bytes(cache)));
         let server = tokio::spawn(serve::serve(
             listener,
@@ -287,18 +319,19 @@ impl Swarm {
         }
     }
 
-    /// Chunk `i` from the first member that has it, checked; None when
-    /// none does.
+    /// Chunk `i` from the first member that has it, checked; or why none
+    /// gave it.
     async fn ask_members(
         &mut self,
         i: u64,
         stall: Duration,
         counters: &Counters,
         log: &(dyn Fn(std::fmt::Arguments<'_>) + Send + Sync),
-    ) -> Option<Bytes> {
+    ) -> FromMembers {
         let (_, len, _) = manifest::chunk(&self.manifest, i);
         let path = format!("/chunks/{}/{i}", self.store.manifest);
         let sources = self.membership.view.lock().unwrap().sources.clone();
+        let mut missed = false;
         for source in sources {
             let Ok(key) = <[u8; 32]>::try_from(source.key.as_slice()) else {
                 continue;
@@ -319,10 +352,15 @@ impl Swarm {
                         conn: Conn::member(addr, tls),
                         lied: false,
                         resting_until: None,
+                        failures: 0,
                     })
                 }
             };
-            if peer.lied || peer.resting_until.is_some_and(|t| Instant::now() < t) {
+            if peer.lied {
+                continue;
+            }
+            if peer.resting_until.is_some_and(|t| Instant::now() < t) {
+                missed = true;
                 continue;
             }
             let within = Within {
@@ -336,8 +374,9 @@ impl Swarm {
                     if chunk.len() as u64 == len
                         && manifest::matches(&self.manifest, i, &[&chunk]) =>
                 {
+                    peer.failures = 0;
                     counters.from_peers.fetch_add(len, Ordering::Relaxed);
-                    return Some(chunk);
+                    return FromMembers::Got(chunk);
                 }
                 Ok(_) => {
                     peer.lied = true;
@@ -347,13 +386,16 @@ impl Swarm {
                         peer.conn.name
                     ));
                 }
-                Err(Failure::NotHeld) => {}
+                Err(Failure::NotHeld) => peer.failures = 0,
                 Err(Failure::Failed(e)) => {
-                    peer.resting_until = Some(Instant::now() + COOL);
+                    missed = true;
+                    peer.failures += 1;
+                    let cool = (COOL_FIRST * 2u32.pow(peer.failures.min(4) - 1)).min(COOL);
+                    peer.resting_until = Some(Instant::now() + cool);
                     log(format_args!(
                         "{} failed ({e}): not asked for {}",
                         peer.conn.name,
-                        humantime::format_duration(COOL)
+                        humantime::format_duration(cool)
                     ));
                     // It may have left since the last join: whom to ask
                     // instead, from the next chunk on.
@@ -361,7 +403,11 @@ impl Swarm {
                 }
             }
         }
-        None
+        if missed {
+            FromMembers::Missed
+        } else {
+            FromMembers::NoneHolds
+        }
     }
 
     /// Chunk `i` from the image server, checked; tried again as a whole
@@ -434,15 +480,28 @@ impl Swarm {
         let mut taken = 0u64;
         let mut outcome = Ok(());
         for i in 0..count {
-            let chunk = match self.ask_members(i, limits.stall, counters, log).await {
-                Some(c) => c,
-                None => match self.ask_server(i, limits, counters).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        outcome = Err(e);
-                        break;
+            let mut asked = self.ask_members(i, limits.stall, counters, log).await;
+            if let FromMembers::Missed = asked {
+                // Some could not be asked: whom to ask now (those that
+                // left are gone from it), and every member not a liar
+                // asked once more before the image server.
+                self.membership.members.renew().await;
+                for p in self.peers.values_mut() {
+                    p.resting_until = None;
+                }
+                asked = self.ask_members(i, limits.stall, counters, log).await;
+            }
+            let chunk = match asked {
+                FromMembers::Got(c) => c,
+                FromMembers::NoneHolds | FromMembers::Missed => {
+                    match self.ask_server(i, limits, counters).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            outcome = Err(e);
+                            break;
+                        }
                     }
-                },
+                }
             };
             taken += chunk.len() as u64;
             self.store.put(i, chunk.clone());

@@ -2,7 +2,7 @@
 //! swarm. HTTP/1.1 over TLS 1.3 (`tls`), `GET /chunks/<manifest>/<index>`:
 //! 200 with the chunk, 404 when it is not held (the asker goes on to the
 //! next source), 403 to a key that is not a member's (after asking
-//! shepherd again, once, in case the asker joined since).
+//! shepherd again, for a while, in case the asker joined since).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -20,13 +20,19 @@ use tokio::sync::{Notify, Semaphore};
 use super::store::ChunkStore;
 use super::tls::{Key, key_of};
 
-/// How long an asker is held for a chunk the fetch is still to bring.
+/// How long an asker is held for a chunk the fetch is still to bring
+/// (less the time its admission took).
 pub const WAIT: Duration = Duration::from_secs(20);
+/// How long a key not (yet) a member's is held while shepherd is asked
+/// again who the members are.
+const ADMIT_WAIT: Duration = Duration::from_secs(12);
 /// Connections served at once; more are closed at once (the asker goes on
-/// to the next source).
-const CONNECTIONS: usize = 32;
-/// A connection that sends no request head for this long is closed.
-const IDLE: Duration = Duration::from_secs(60);
+/// to the next source). The members near the tree's root are every
+/// deeper member's last sources: at a thousand members 32 were too few.
+const CONNECTIONS: usize = 128;
+/// A connection that sends no request head for this long is closed (its
+/// slot freed for the next asker).
+const IDLE: Duration = Duration::from_secs(20);
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// The keys of the swarm's members, as shepherd last listed them.
@@ -49,13 +55,20 @@ impl Members {
         self.keys.read().unwrap().contains(key)
     }
 
-    /// Whether `key` is a member, asking shepherd again once if not.
+    /// Whether `key` is a member, asking shepherd again while it is not,
+    /// up to [`ADMIT_WAIT`]: the asker joined after this member's last
+    /// join, and the join in flight when it asked (one at a time) may
+    /// predate it, so one renewal is not enough; under load a join takes
+    /// seconds.
     async fn admits(&self, key: &Key) -> bool {
-        if self.contains(key) {
-            return true;
+        let deadline = tokio::time::Instant::now() + ADMIT_WAIT;
+        while !self.contains(key) {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            self.renew().await;
         }
-        self.renew().await;
-        self.contains(key)
+        true
     }
 
     /// Asks shepherd who the members are now, waiting for the answer up
@@ -131,6 +144,7 @@ async fn answer<B>(
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only".into());
     }
+    let asked = tokio::time::Instant::now();
     if !members.admits(&key).await {
         return text(
             StatusCode::FORBIDDEN,
@@ -153,11 +167,48 @@ async fn answer<B>(
     let Ok(index) = index.parse::<u64>() else {
         return text(StatusCode::NOT_FOUND, format!("{index:?} is not a chunk"));
     };
-    match store.get(index, WAIT).await {
+    match store.get(index, WAIT.saturating_sub(asked.elapsed())).await {
         Some(chunk) => Response::builder()
             .header(http::header::CONTENT_TYPE, "application/octet-stream")
             .body(Full::new(chunk))
             .unwrap(),
         None => text(StatusCode::NOT_FOUND, format!("chunk {index} is not held")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The join in flight when a new member asked predates it (its list
+    /// lacks the asker): the asker is held until a later join lists it,
+    /// not refused at the first renewal.
+    #[tokio::test]
+    async fn a_key_is_admitted_once_a_join_after_the_ask_lists_it() {
+        let members = Arc::new(Members::default());
+        let key: Key = [7; 32];
+        let m = members.clone();
+        tokio::spawn(async move {
+            m.stale.notified().await;
+            m.set([]);
+            m.stale.notified().await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            m.set([key]);
+        });
+        assert!(members.admits(&key).await);
+        // A stranger is refused once ADMIT_WAIT has passed.
+        let stranger: Key = [9; 32];
+        let m = members.clone();
+        let renewing = tokio::spawn(async move {
+            loop {
+                m.stale.notified().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                m.set([key]);
+            }
+        });
+        let asked = tokio::time::Instant::now();
+        assert!(!members.admits(&stranger).await);
+        assert!(asked.elapsed() >= ADMIT_WAIT);
+        renewing.abort();
     }
 }

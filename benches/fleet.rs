@@ -18,7 +18,9 @@
 //! included), picks lost to another leaser, and machines whose agent was
 //! started more than once (must be 0). The agent uploaded is the agent as
 //! it ships (`--profile agent`); SHEPHERD_BENCH_AGENT=PATH uploads
-//! another build instead.
+//! another build instead. SHEPHERD_BENCH_WRAP runs the shepherds under a
+//! profiler (`SHEPHERD_BENCH_WRAP="heaptrack -o /tmp/shepherd"`; the RSS
+//! printed is then the wrapper's).
 
 use std::net::Ipv4Addr;
 use std::path::Path;

@@ -62,6 +62,19 @@ async fn settings() -> ConsoleSettings {
     }
 }
 
+/// ipmi_sim's BMC, as an inventory host names it.
+fn sol_bmc(sim: &IpmiSim) -> BmcConfig {
+    BmcConfig {
+        url: sim.url(),
+        username: IPMI_SIM_USER.into(),
+        password: Secret::inline(IPMI_SIM_PASSWORD),
+        system: None,
+        tls: BmcTls::Verify,
+        secure_boot: None,
+        console: None,
+    }
+}
+
 async fn captures(bmdb: &Bmdb, machine: Uuid) -> Vec<shepherd::bmdb::console::ConsoleCapture> {
     bmdb.transact(async |tx| shepherd::bmdb::console::latest(tx, machine, 10).await)
         .await
@@ -75,15 +88,7 @@ async fn sol_reads_what_a_guest_prints_through_ipmi_sim() {
     let bmdb = db.bmdb().await;
     let machine = shepherd_sim::testing::machine(&bmdb, None).await;
     let sim = IpmiSim::start();
-    let bmc = BmcConfig {
-        url: sim.url(),
-        username: IPMI_SIM_USER.into(),
-        password: Secret::inline(IPMI_SIM_PASSWORD),
-        system: None,
-        tls: BmcTls::Verify,
-        secure_boot: None,
-        console: None,
-    };
+    let bmc = sol_bmc(&sim);
     // An ipmi:// BMC's console is its SOL unless it says otherwise.
     let source = ConsoleSource::of(&bmc).expect("SOL by default");
     assert!(source.describe().starts_with("sol ipmi://127.0.0.1:"));
@@ -251,15 +256,7 @@ async fn leaving_types_nothing_and_viewers_hear_when_the_bmc_goes_and_comes_back
     let machine = shepherd_sim::testing::machine(&bmdb, None).await;
     let mut sim = IpmiSim::start();
     let line = SerialLine::listen(sim.serial_port);
-    let bmc = BmcConfig {
-        url: sim.url(),
-        username: IPMI_SIM_USER.into(),
-        password: Secret::inline(IPMI_SIM_PASSWORD),
-        system: None,
-        tls: BmcTls::Verify,
-        secure_boot: None,
-        console: None,
-    };
+    let bmc = sol_bmc(&sim);
     let source = ConsoleSource::of(&bmc).unwrap();
     let consoles = Consoles::new(settings().await, IpmiConfig::default(), bmdb.clone());
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -187,22 +187,7 @@ async fn a_bios_update_through_the_bmc_is_read_and_recorded_as_a_new_version() {
             && refused.contains("Manager is not currently a supported Target"),
         "{refused}"
     );
-    let started = rb
-        .ask(StartUpdate {
-            image: UpdateImage {
-                path: image.path().to_path_buf(),
-                name: "bios-1.1.bin".into(),
-                fetch: Some((
-                    "http://127.0.0.1:9/bios-1.1.bin".into(),
-                    "grant-id".into(),
-                    shepherd::secret::Secret::inline("grant-secret"),
-                )),
-            },
-            system: Some(uuid.clone()),
-            component: "bios".into(),
-        })
-        .await
-        .unwrap();
+    let started = rb.ask(update("bios")).await.unwrap();
     match started {
         Started::Done { pushed } => assert!(!pushed, "fetched, not pushed"),
         Started::Task { monitor, pushed } => {

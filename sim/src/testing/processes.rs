@@ -340,6 +340,9 @@ pub fn loopback_env(
 pub struct ShepherdProcess {
     pub child: std::process::Child,
     pub log: std::path::PathBuf,
+    /// Run under a wrapper in a process group of its own: signals go to
+    /// the group (a profiler's script does not pass them on).
+    grouped: bool,
 }
 
 impl ShepherdProcess {
@@ -354,15 +357,18 @@ impl ShepherdProcess {
     ) -> ShepherdProcess {
         let wrap = std::env::var("SHEPHERD_BENCH_WRAP").unwrap_or_default();
         let mut words = wrap.split_whitespace();
-        let command = match words.next() {
+        let (command, grouped) = match words.next() {
             Some(w) => {
+                use std::os::unix::process::CommandExt as _;
                 let mut c = std::process::Command::new(w);
-                c.args(words).arg(exe);
-                c
+                c.args(words).arg(exe).process_group(0);
+                (c, true)
             }
-            None => std::process::Command::new(exe),
+            None => (std::process::Command::new(exe), false),
         };
-        Self::start_by(command, config, log, env)
+        let mut p = Self::start_by(command, config, log, env);
+        p.grouped = grouped;
+        p
     }
 
     /// [`ShepherdProcess::start`] with `command` as the shepherd
@@ -384,7 +390,18 @@ impl ShepherdProcess {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        ShepherdProcess { child, log }
+        ShepherdProcess {
+            child,
+            log,
+            grouped: false,
+        }
+    }
+
+    /// Sends `signal` to the process (to its group, when wrapped).
+    fn send(&self, signal: nix::sys::signal::Signal) {
+        let pid = self.child.id() as i32;
+        let pid = nix::unistd::Pid::from_raw(if self.grouped { -pid } else { pid });
+        let _ = nix::sys::signal::kill(pid, signal);
     }
 
     pub fn pid(&self) -> u32 {
@@ -452,16 +469,16 @@ impl ShepherdProcess {
     }
 
     pub fn kill(&mut self) {
+        if self.grouped {
+            self.send(nix::sys::signal::Signal::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// SIGTERM, then waits up to `timeout` for the exit; its code.
     pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        self.send(nix::sys::signal::Signal::SIGTERM);
         let started = std::time::Instant::now();
         while started.elapsed() < timeout {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -476,6 +493,9 @@ impl ShepherdProcess {
 
 impl Drop for ShepherdProcess {
     fn drop(&mut self) {
+        if self.grouped {
+            self.send(nix::sys::signal::Signal::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

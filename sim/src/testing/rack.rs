@@ -210,11 +210,14 @@ impl OwnedRack {
     /// as an operator's script would: a 503 (the BMDB busy past
     /// `admin.database_timeout`), and a 409 for a machine whose BMC the
     /// Updater has not read yet (a machine just enrolled). How many of
-    /// each were.
+    /// each were. Each machine's asks carry one request ID: a 503 whose
+    /// transaction committed after all (the bound passed as it
+    /// committed) is found, not refused as a machine already cleaning.
     pub async fn deprovision_all(&self) -> Deprovisioned {
         let mut asked = Deprovisioned::default();
         for m in self.admin.machines().await {
             let id = m["machine_id"].as_str().unwrap();
+            let request_id = uuid::Uuid::new_v4();
             loop {
                 let (s, body) = self
                     .admin
@@ -222,7 +225,7 @@ impl OwnedRack {
                         "POST",
                         &format!("/api/v1/machines/{id}/deprovision"),
                         None,
-                        Some(serde_json::json!({"mode": "discard"})),
+                        Some(serde_json::json!({"mode": "discard", "request_id": request_id})),
                     )
                     .await;
                 let again = match s {

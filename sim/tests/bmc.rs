@@ -177,8 +177,15 @@ async fn an_update_runs_as_a_task_one_at_a_time_and_takes_effect_at_the_reset() 
         "TransferProtocol": "HTTP",
         "Username": "task-7",
         "Password": "t0k3n",
+        "Targets": ["/redfish/v1/UpdateService/FirmwareInventory/BIOS"],
     });
     let simple = "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate";
+    // An update must name its target, as sushy-tools requires.
+    let mut untargeted = ask.clone();
+    untargeted.as_object_mut().unwrap().remove("Targets");
+    let (status, body, _) = bmc.send("POST", GOOD, simple, untargeted).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("Missing Targets"), "{body}");
     let (status, body, task) = bmc.send("POST", GOOD, simple, ask.clone()).await;
     assert_eq!(status, 202, "{body}");
     let task = task.expect("a task monitor in Location");
@@ -215,7 +222,7 @@ async fn an_update_runs_as_a_task_one_at_a_time_and_takes_effect_at_the_reset() 
             "POST",
             GOOD,
             simple,
-            json!({"ImageURI": format!("{images}/fw/bios-2.0.0.bin")}),
+            json!({"ImageURI": format!("{images}/fw/bios-2.0.0.bin"), "Targets": ["/redfish/v1/Systems/1"]}),
         )
         .await;
     assert_eq!(status, 202);

@@ -20,9 +20,6 @@ use crate::install::fetch::{self, Source};
 pub enum Failure {
     /// The source does not hold it (404): ask the next.
     NotHeld,
-    /// The source does not hold it yet, but its fetch is bringing it (a
-    /// 404 with `Retry-After`): ask the next, and this one again later.
-    NotYet,
     /// Refused or broken: the cause.
     Failed(String),
 }
@@ -31,7 +28,6 @@ impl Failure {
     pub fn cause(&self) -> String {
         match self {
             Failure::NotHeld => "not held".into(),
-            Failure::NotYet => "not held yet".into(),
             Failure::Failed(e) => e.clone(),
         }
     }
@@ -205,14 +201,9 @@ impl Conn {
         })?;
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
-            let coming = resp.headers().contains_key(header::RETRY_AFTER);
             // Read to the end: the connection serves the next ask.
             let _ = fetch::reason(resp).await;
-            return Err(if coming {
-                Failure::NotYet
-            } else {
-                Failure::NotHeld
-            });
+            return Err(Failure::NotHeld);
         }
         if !status.is_success() {
             let why = fetch::reason(resp).await;

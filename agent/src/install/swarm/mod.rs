@@ -119,18 +119,11 @@ struct Peer {
 enum FromMembers {
     Got(Bytes),
     /// Every member asked answered that it does not hold it (or there is
-    /// none to ask): the image server's, unless one said it is `coming`.
-    NoneHolds {
-        coming: bool,
-    },
+    /// none to ask): the image server's.
+    NoneHolds,
     /// Some could not be asked (failed, or resting after a failure).
     Missed,
 }
-
-/// How long a chunk a member says is coming is waited for (asked again),
-/// beyond the first round of asks, before the image server is asked: on
-/// a loaded rack a chunk crosses a deep tree slower than one hold.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The bytes to keep for the other members: `asked`, else a quarter of
 /// the memory available up to [`CACHE_MAX`].
@@ -339,7 +332,6 @@ impl Swarm {
         let path = format!("/chunks/{}/{i}", self.store.manifest);
         let sources = self.membership.view.lock().unwrap().sources.clone();
         let mut missed = false;
-        let mut coming = false;
         for source in sources {
             let Ok(key) = <[u8; 32]>::try_from(source.key.as_slice()) else {
                 continue;
@@ -395,10 +387,6 @@ impl Swarm {
                     ));
                 }
                 Err(Failure::NotHeld) => peer.failures = 0,
-                Err(Failure::NotYet) => {
-                    peer.failures = 0;
-                    coming = true;
-                }
                 Err(Failure::Failed(e)) => {
                     missed = true;
                     peer.failures += 1;
@@ -418,7 +406,7 @@ impl Swarm {
         if missed {
             FromMembers::Missed
         } else {
-            FromMembers::NoneHolds { coming }
+            FromMembers::NoneHolds
         }
     }
 
@@ -459,7 +447,7 @@ impl Swarm {
                         self.image.name
                     )
                 }
-                Err(Failure::NotHeld | Failure::NotYet) => {
+                Err(Failure::NotHeld) => {
                     return Err(format!("{} answered 404 for {target}", self.image.name));
                 }
                 Err(Failure::Failed(e)) => e,
@@ -503,31 +491,13 @@ impl Swarm {
                 }
                 asked = self.ask_members(i, limits.stall, counters, log).await;
             }
-            // A chunk a member is still bringing: asked again (each ask
-            // is held up to `serve::WAIT`) for a while.
-            let waited = Instant::now();
-            while matches!(asked, FromMembers::NoneHolds { coming: true })
-                && waited.elapsed() < PATIENCE
-            {
-                asked = self.ask_members(i, limits.stall, counters, log).await;
-            }
             let chunk = match asked {
                 FromMembers::Got(c) => c,
                 other => {
                     let why = match other {
-                        FromMembers::NoneHolds { coming: true } => format!(
-                            "a member was still bringing it after {}",
-                            humantime::format_duration(PATIENCE)
-                        ),
-                        FromMembers::NoneHolds { .. } => {
-                            let sources = self.sizes().1;
-                            if sources == 0 {
-                                "no member to ask".to_string()
-                            } else {
-                                format!("none of the {sources} members asked held it")
-                            }
-                        }
-                        _ => "members could not be asked".to_string(),
+                        FromMembers::NoneHolds if self.sizes().1 == 0 => "no member to ask",
+                        FromMembers::NoneHolds => "no member asked held it",
+                        _ => "members could not be asked",
                     };
                     log(format_args!("chunk {i} from the image server: {why}"));
                     match self.ask_server(i, limits, counters).await {

@@ -172,19 +172,6 @@ async fn answer<B>(
             .header(http::header::CONTENT_TYPE, "application/octet-stream")
             .body(Full::new(chunk))
             .unwrap(),
-        None if store.coming(index) => {
-            // Not yet: the asker may ask again rather than go to the image
-            // server (an asker that does not read this sees a 404).
-            let mut r = text(
-                StatusCode::NOT_FOUND,
-                format!("chunk {index} is not held yet: it is coming"),
-            );
-            r.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from_static("0"),
-            );
-            r
-        }
         None => text(StatusCode::NOT_FOUND, format!("chunk {index} is not held")),
     }
 }

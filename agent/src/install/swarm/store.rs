@@ -77,13 +77,6 @@ impl ChunkStore {
         self.progress.send_modify(|p| p.ended = true);
     }
 
-    /// Whether chunk `i` is still to come: the fetch has not brought it
-    /// and has not ended.
-    pub fn coming(&self, i: u64) -> bool {
-        let p = self.progress.borrow();
-        i < self.count && !p.ended && p.next <= i
-    }
-
     /// Bytes held now.
     pub fn held_bytes(&self) -> usize {
         self.held.lock().unwrap().bytes

@@ -246,7 +246,7 @@ pub(super) async fn read(
             while let Some(s) = suites.get(i).copied() {
                 let stream = match sol::activate(&ipmi, &target, &bmc, s) {
                     Ok(st) => Stream::Sol(st),
-                    Err(e) => return me.do_send(ended(e)),
+                    Err(e) => return me.do_send(ended(e.to_string())),
                 };
                 let mut told = suite.is_some();
                 let tell = || {

@@ -29,6 +29,20 @@ const BANNERS: [&str; 3] = [
     "[terminated ipmitool]",
 ];
 
+/// Why ipmitool could not be started, or did not deactivate a payload.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SolError {
+    #[error("a pipe for ipmitool's password: {0}")]
+    Pipe(std::io::Error),
+    #[error("cannot run {} ({source}; Debian's ipmitool package has it, or set ipmi.ipmitool)", .ipmitool.display())]
+    Spawn {
+        ipmitool: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("ipmitool sol deactivate {0}")]
+    Deactivate(String),
+}
+
 pub(super) struct SolStream {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -59,8 +73,8 @@ fn sol(
     bmc: &BmcConfig,
     suite: u8,
     what: &str,
-) -> Result<Child, String> {
-    let pw = password_pipe(bmc).map_err(|e| format!("a pipe for ipmitool's password: {e}"))?;
+) -> Result<Child, SolError> {
+    let pw = password_pipe(bmc).map_err(SolError::Pipe)?;
     let raw = pw.as_raw_fd();
     let mut cmd = std::process::Command::new(&cfg.ipmitool);
     cmd.args(["-I", "lanplus", "-H", &target.0, "-p"])
@@ -95,11 +109,9 @@ fn sol(
     }
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| {
-        format!(
-            "cannot run {} ({e}; Debian's ipmitool package has it, or set ipmi.ipmitool)",
-            cfg.ipmitool.display()
-        )
+    let child = cmd.spawn().map_err(|source| SolError::Spawn {
+        ipmitool: cfg.ipmitool.clone(),
+        source,
     })?;
     drop(pw);
     Ok(child)
@@ -111,7 +123,7 @@ pub(super) fn activate(
     target: &(String, u16),
     bmc: &BmcConfig,
     suite: u8,
-) -> Result<SolStream, String> {
+) -> Result<SolStream, SolError> {
     let mut child = sol(cfg, target, bmc, suite, "activate")?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take().expect("piped");
@@ -133,14 +145,14 @@ pub(super) async fn deactivate(
     target: &(String, u16),
     bmc: &BmcConfig,
     suite: u8,
-) -> Result<(), String> {
+) -> Result<(), SolError> {
     let mut child = sol(cfg, target, bmc, suite, "deactivate")?;
     drop(child.stdin.take());
     match tokio::time::timeout(std::time::Duration::from_secs(15), child.wait()).await {
         Ok(Ok(s)) if s.success() => Ok(()),
-        Ok(Ok(s)) => Err(format!("ipmitool sol deactivate exited ({s})")),
-        Ok(Err(e)) => Err(format!("ipmitool sol deactivate: {e}")),
-        Err(_) => Err("ipmitool sol deactivate did not end within 15 s".into()),
+        Ok(Ok(s)) => Err(SolError::Deactivate(format!("exited ({s})"))),
+        Ok(Err(e)) => Err(SolError::Deactivate(e.to_string())),
+        Err(_) => Err(SolError::Deactivate("did not end within 15 s".into())),
     }
 }
 

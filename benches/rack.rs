@@ -124,6 +124,12 @@ fn main() {
             root
         }
     };
+    // The simulated agents' lines in fleet-sim's log: why each chunk came
+    // from the image server rather than from another machine.
+    if std::env::var_os("FLEET_SIM_LOG").is_none() {
+        // SAFETY: no other thread runs yet.
+        unsafe { std::env::set_var("FLEET_SIM_LOG", "warn,shepherd_sim::machine=debug") };
+    }
     actix_rt::System::new().block_on(run(n, image_mib, interval, network, ipmi_every));
 }
 
@@ -338,6 +344,47 @@ async fn run(n: usize, image_mib: u64, interval: String, network: bool, ipmi_eve
         "| image downloads and swarm joins answered 503 | {} |",
         rack.shepherd.log_count("did not answer within")
     );
+    // From fleet-sim's log (the agents' own lines): why each chunk came
+    // from the image server.
+    let agents = std::fs::read_to_string(rack.dir.path().join("fleet-sim.log")).unwrap_or_default();
+    let mut why: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut failed: std::collections::BTreeMap<String, usize> = Default::default();
+    for l in agents.lines() {
+        // The line's fields after the message (`machine=…`) and its
+        // colours out.
+        let plain: String = {
+            let mut out = String::new();
+            let mut esc = false;
+            for c in l.chars() {
+                match c {
+                    '\u{1b}' => esc = true,
+                    'm' if esc => esc = false,
+                    _ if esc => {}
+                    c => out.push(c),
+                }
+            }
+            out
+        };
+        let l = plain.split(" machine=").next().unwrap_or(&plain);
+        if let Some((_, cause)) = l.split_once("from the image server: ") {
+            *why.entry(cause.trim().to_string()).or_default() += 1;
+        } else if let Some((_, cause)) = l.split_once(" failed (") {
+            let cause = cause.split_once("): not asked").map_or(cause, |c| c.0);
+            // Addresses and figures out, so that like causes count together.
+            let kind: String = cause
+                .split(|c: char| c.is_ascii_digit())
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join("#");
+            *failed.entry(kind).or_default() += 1;
+        }
+    }
+    for (cause, count) in &why {
+        println!("| chunks from the image server: {cause} | {count} |");
+    }
+    for (cause, count) in &failed {
+        println!("| members that failed an ask: {cause} | {count} |");
+    }
     if let Some(rows) = boot_figures {
         println!();
         println!("The network boot, to every machine enrolled:");

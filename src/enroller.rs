@@ -247,6 +247,8 @@ impl Enroller {
             .ok_or_else(|| BmdbError::Invalid("the boot request vanished".into()))?;
         let cause = request.cause;
         if cause == BootCause::Disk {
+            // It restarts: its agent stops serving its image's swarm.
+            crate::bmdb::installations::swarm::restarting(tx, mid).await?;
             return Ok(Resume::Disk {
                 reason: request.reason,
                 secure_boot: crate::bmdb::devices::secure_boot_wanted(tx, mid).await?,
@@ -274,6 +276,8 @@ impl Enroller {
     /// its media credentials (a network boot's files are fetched by the
     /// machine itself, which has none to give).
     async fn issue(&self, tx: &mut Tx<'_>, mid: Uuid) -> Result<boot::IssuedBoot, BmdbError> {
+        // It restarts: its agent stops serving its image's swarm.
+        crate::bmdb::installations::swarm::restarting(tx, mid).await?;
         let mut issued = boot::issue(tx, mid, self.waits.credential_ttl).await?;
         if crate::bmdb::netboot::via(tx, mid).await?.as_deref() != Some("network") {
             boot::set_media_auth(tx, issued.boot_id, true).await?;

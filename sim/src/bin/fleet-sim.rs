@@ -179,6 +179,21 @@ fn parse_name(s: &str) -> Result<(String, Vec<std::net::IpAddr>), String> {
 
 fn main() {
     let a = Args::parse();
+    // Its log on stderr, filtered by FLEET_SIM_LOG (`warn` unless set):
+    // `FLEET_SIM_LOG=shepherd_sim::machine=debug` shows what each
+    // simulated agent says.
+    let filter = std::env::var("FLEET_SIM_LOG").unwrap_or_else(|_| "warn".into());
+    match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(f) => tracing_subscriber::fmt()
+            .with_env_filter(f)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        Err(e) => {
+            eprintln!("fleet-sim: FLEET_SIM_LOG={filter:?} is not a log filter: {e}");
+            std::process::exit(2);
+        }
+    }
     for (name, v) in [
         ("error-rate", a.error_rate),
         ("lost-rate", a.lost_rate),

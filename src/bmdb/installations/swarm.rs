@@ -147,6 +147,19 @@ pub async fn leave(tx: &mut Tx<'_>, machine_id: Uuid, image: &str) -> Result<(),
     Ok(())
 }
 
+/// Machine `machine_id` is about to be restarted (through its BMC): its
+/// agent, and the chunk server with it, stops, so it is listed no more
+/// (rather than until [`MEMBER_TTL`] passes: the members that ask it would
+/// go to the image server meanwhile).
+pub async fn restarting(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "UPDATE image_swarm_member SET left_at = now() WHERE machine_id = $1 AND left_at IS NULL",
+        &[&machine_id],
+    )
+    .await?;
+    Ok(())
+}
+
 /// The ancestors of member `i` in the tree, its parent first.
 pub fn ancestors(mut i: usize) -> Vec<usize> {
     let mut up = Vec::new();

@@ -45,6 +45,7 @@ pub(in super::super) async fn machine_page(
         }
         (machine_section(&admin, &d, operator.as_ref()))
         (hardware(&d))
+        (super::super::network::machine_section(&d.ports))
         @if let Some(f) = &d.bmc {
             h2 { "BMC" }
             table #bmc {

@@ -63,6 +63,9 @@ pub struct StateFacts {
     /// A power action waiting: `reboot`, `off` or `on`.
     pub power_request: Option<String>,
     pub last_state: Option<String>,
+    /// Its machine's network (`machine_summary.network`): None when no
+    /// switch port of it is known; else active only once `tenant`.
+    pub network: Option<String>,
 }
 
 /// The Metal API's device states, from shepherd's, in one table.
@@ -76,6 +79,7 @@ pub struct StateFacts {
 /// | installation in progress | `provisioning` (`reinstalling`) |
 /// | installation failed | `failed` |
 /// | installed, its BMC restarting it from its disk | `provisioning` (`reinstalling`) |
+/// | installed, its ports not yet read back on its networks | `provisioning` (`reinstalling`) |
 /// | installed, a power-off / power-on asked | `powering_off` / `powering_on` |
 /// | installed, powered off by the tenant | `inactive` |
 /// | installed and booted | `active` |
@@ -113,7 +117,7 @@ pub fn metal_state(f: &StateFacts) -> &'static str {
     match reported(generation) {
         Some("Error") => "failed",
         Some(_) => {
-            if f.boot_request.is_some() {
+            if f.boot_request.is_some() || f.network.as_deref().is_some_and(|n| n != "tenant") {
                 busy
             } else {
                 match f.power_request.as_deref() {
@@ -143,7 +147,8 @@ macro_rules! device_select {
                     p.provider_ip_address, \
                     EXISTS (SELECT 1 FROM machine_project mp WHERE mp.machine_id = d.machine_id \
                              AND mp.project_id = d.project_id), \
-                    COALESCE(d.deleted_by, 'shepherd'), COALESCE(d.erase_mode, 'overwrite') \
+                    COALESCE(d.deleted_by, 'shepherd'), COALESCE(d.erase_mode, 'overwrite'), \
+                    s.network \
              FROM device d \
              JOIN machine_summary s ON s.machine_id = d.machine_id \
              LEFT JOIN machine_provided p ON p.machine_id = d.machine_id \
@@ -188,6 +193,7 @@ fn device_from(r: &tokio_postgres::Row) -> Device {
             boot_request: r.get(27),
             power_request: r.get(28),
             last_state: r.get(29),
+            network: r.get(34),
         },
         address: r.get(30),
         reserved: r.get(31),

@@ -71,13 +71,67 @@ CREATE TABLE switch_state (
     changes bigint NOT NULL DEFAULT 0
 );
 
--- A project's own network: the VLAN its machines share when no other is
--- asked (the Metal API's layer3 ports).
-CREATE TABLE project_vlan (
-    project_id uuid PRIMARY KEY REFERENCES project (project_id) ON DELETE CASCADE,
-    vlan integer NOT NULL UNIQUE CHECK (vlan BETWEEN 1 AND 4094),
-    allocated_at timestamptz NOT NULL DEFAULT now()
+-- A project's networks: its virtual networks (the Metal API's, each a
+-- VLAN of network.tenant_vlans, given by the tenant or the lowest free),
+-- and its own network (`own`: the VLAN its devices' layer-3 ports share,
+-- made by shepherd, never listed or deleted). A VLAN is one project's:
+-- the switches are shared.
+CREATE TABLE virtual_network (
+    virtual_network_id uuid PRIMARY KEY,
+    project_id uuid NOT NULL REFERENCES project (project_id) ON DELETE CASCADE,
+    vxlan integer NOT NULL UNIQUE CHECK (vxlan BETWEEN 1 AND 4094),
+    metro text NOT NULL,
+    description text NULL,
+    tags text[] NOT NULL DEFAULT '{}',
+    own boolean NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE UNIQUE INDEX virtual_network_own ON virtual_network (project_id) WHERE own;
+CREATE INDEX virtual_network_project ON virtual_network (project_id, created_at);
+
+-- A device's ports as the Metal API shows them: one per NIC cabled to a
+-- switch (eth0, eth1, ... by switch and port), and its bond (bond0). A
+-- NIC in the bond takes the bond's mode and VLANs; one out of it has
+-- its own. `layer2` false: the port is on the project's own network
+-- (untagged) with its VLANs tagged beside it (hybrid); true: only its
+-- VLANs, the native one untagged.
+CREATE TABLE device_port (
+    port_id uuid PRIMARY KEY,
+    device_id uuid NOT NULL REFERENCES device (device_id) ON DELETE CASCADE,
+    name text NOT NULL,
+    -- The NIC's switch port (NULL for the bond).
+    switch_name text NULL,
+    port_name text NULL,
+    mac text NULL,
+    bonded boolean NOT NULL DEFAULT true,
+    layer2 boolean NOT NULL DEFAULT false,
+    native_network uuid NULL REFERENCES virtual_network (virtual_network_id),
+    UNIQUE (device_id, name)
+);
+CREATE INDEX device_port_switch ON device_port (switch_name, port_name);
+
+-- The virtual networks assigned to a port (a network in use is not
+-- deleted: RESTRICT).
+CREATE TABLE device_port_vlan (
+    assignment_id uuid PRIMARY KEY,
+    port_id uuid NOT NULL REFERENCES device_port (port_id) ON DELETE CASCADE,
+    virtual_network_id uuid NOT NULL REFERENCES virtual_network (virtual_network_id) ON DELETE RESTRICT,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (port_id, virtual_network_id)
+);
+
+-- A port's VLAN assignment batches (the Metal API's), as asked.
+CREATE TABLE port_vlan_batch (
+    batch_id uuid PRIMARY KEY,
+    port_id uuid NOT NULL REFERENCES device_port (port_id) ON DELETE CASCADE,
+    project_id uuid NOT NULL,
+    -- [{vlan, state, native}], as applied.
+    assignments jsonb NOT NULL,
+    error_messages text[] NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX port_vlan_batch_port ON port_vlan_batch (port_id, created_at);
 
 -- The machine's network, in its summary: NULL (no switch port known),
 -- 'moving' (a NIC port not yet read back as wanted), or the purpose every

@@ -46,7 +46,7 @@ impl From<&PortView> for PortBody {
             seen_vlan: p.seen_native,
             seen_tagged: p.seen_tagged.clone(),
             seen_at: p.seen_at.map(rfc3339),
-            settled: p.want_native.is_some()
+            settled: p.purpose.is_some()
                 && p.seen_native == p.want_native
                 && p.seen_tagged.as_ref() == Some(&p.want_tagged),
             changed_at: p.changed_at.map(rfc3339),

@@ -15,7 +15,7 @@ pub struct PortRow {
     pub port: String,
     pub machine_id: Option<Uuid>,
     pub purpose: String,
-    pub want_native: u16,
+    pub want_native: Option<u16>,
     pub want_tagged: Vec<u16>,
     /// As last read back (None: never read).
     pub seen: Option<(Option<u16>, Vec<u16>)>,
@@ -45,7 +45,10 @@ impl Declared {
 }
 
 /// The VLANs a purpose stands for: `$2` provisioning, `$3` idle, `$4` the
-/// BMCs' (NULL: BMC ports left alone), a tenant's its project's.
+/// BMCs' (NULL: BMC ports left alone); a tenant's as its device's ports
+/// say (`device_port`: a NIC in the bond as the bond, on the project's
+/// own network untagged unless layer 2, its virtual networks tagged; a
+/// layer-2 port with no VLAN waits on idle).
 ///
 /// A port's purpose, from its machine's life cycle: a BMC's is `bmc`; a
 /// machine an open device holds, installed and its installation fulfilled,
@@ -55,61 +58,104 @@ impl Declared {
 /// no machine waits on idle.
 const WANT: &str = "\
 WITH intent AS ( \
-    SELECT sp.switch_name, sp.port_name, \
+    SELECT sp.switch_name, sp.port_name, d.device_id, d.project_id, \
            CASE WHEN sp.role = 'bmc' THEN 'bmc' \
                 WHEN sp.machine_id IS NULL THEN 'idle' \
                 WHEN s.held THEN NULL \
                 WHEN d.device_id IS NOT NULL AND d.deleting_at IS NULL \
                      AND s.installation = 'installed' AND s.installation_fulfilled THEN 'tenant' \
                 WHEN d.device_id IS NULL AND machine_state(s) = 'available' THEN 'idle' \
-                ELSE 'provisioning' END AS purpose, \
-           pv.vlan AS project_vlan \
+                ELSE 'provisioning' END AS purpose \
       FROM switch_port sp \
       LEFT JOIN machine_summary s ON s.machine_id = sp.machine_id \
       LEFT JOIN device d ON d.machine_id = sp.machine_id AND d.deleted_at IS NULL \
-      LEFT JOIN project_vlan pv ON pv.project_id = d.project_id \
      WHERE sp.switch_name = $1), \
+tenant AS ( \
+    SELECT i.switch_name, i.port_name, ep.port_id, COALESCE(ep.layer2, false) AS layer2, \
+           CASE WHEN COALESCE(ep.layer2, false) THEN nv.vxlan ELSE own.vxlan END AS native \
+      FROM intent i \
+      LEFT JOIN device_port eth ON eth.device_id = i.device_id \
+           AND eth.switch_name = i.switch_name AND eth.port_name = i.port_name \
+      LEFT JOIN device_port ep ON ep.device_id = i.device_id \
+           AND ep.name = CASE WHEN eth.bonded THEN 'bond0' ELSE eth.name END \
+      LEFT JOIN virtual_network nv ON nv.virtual_network_id = ep.native_network \
+      LEFT JOIN virtual_network own ON own.project_id = i.project_id AND own.own \
+     WHERE i.purpose = 'tenant'), \
+tenant_vlans AS ( \
+    SELECT t.switch_name, t.port_name, t.layer2, t.native, \
+           COALESCE((SELECT array_agg(vn.vxlan ORDER BY vn.vxlan) \
+                       FROM device_port_vlan a \
+                       JOIN virtual_network vn ON vn.virtual_network_id = a.virtual_network_id \
+                      WHERE a.port_id = t.port_id AND vn.vxlan IS DISTINCT FROM t.native), \
+                    '{}') AS tagged \
+      FROM tenant t), \
 wanted AS ( \
-    SELECT switch_name, port_name, purpose, \
-           CASE purpose WHEN 'provisioning' THEN $2::int WHEN 'idle' THEN $3::int \
-                        WHEN 'bmc' THEN $4::int WHEN 'tenant' THEN project_vlan END AS native \
-      FROM intent WHERE purpose IS NOT NULL) \
+    SELECT i.switch_name, i.port_name, i.purpose, \
+           CASE i.purpose WHEN 'provisioning' THEN $2::int WHEN 'idle' THEN $3::int \
+                WHEN 'bmc' THEN $4::int \
+                WHEN 'tenant' THEN CASE WHEN tv.layer2 AND tv.native IS NULL \
+                                             AND cardinality(tv.tagged) = 0 THEN $3::int \
+                                        ELSE tv.native END END AS native, \
+           CASE WHEN i.purpose = 'tenant' THEN tv.tagged ELSE '{}'::int[] END AS tagged, \
+           CASE WHEN i.purpose = 'tenant' THEN tv.layer2 OR tv.native IS NOT NULL \
+                WHEN i.purpose = 'bmc' THEN $4::int IS NOT NULL ELSE true END AS known \
+      FROM intent i \
+      LEFT JOIN tenant_vlans tv ON tv.switch_name = i.switch_name AND tv.port_name = i.port_name \
+     WHERE i.purpose IS NOT NULL) \
 UPDATE switch_port sp \
-   SET want_purpose = w.purpose, want_native = w.native, want_tagged = '{}', want_since = now() \
+   SET want_purpose = w.purpose, want_native = w.native, want_tagged = w.tagged, want_since = now() \
   FROM wanted w \
- WHERE sp.switch_name = w.switch_name AND sp.port_name = w.port_name AND w.native IS NOT NULL \
+ WHERE sp.switch_name = w.switch_name AND sp.port_name = w.port_name AND w.known \
    AND (sp.want_purpose IS DISTINCT FROM w.purpose OR sp.want_native IS DISTINCT FROM w.native \
-        OR sp.want_tagged <> '{}')";
+        OR sp.want_tagged <> w.tagged)";
 
-/// Projects holding a device whose machine is to be the tenant's, with no
-/// VLAN of their own yet.
+/// Projects holding a device on a cabled machine, with no network of
+/// their own yet: the device's metro.
 const PROJECTS_WITHOUT_VLAN: &str = "\
-SELECT DISTINCT d.project_id FROM device d \
+SELECT DISTINCT ON (d.project_id) d.project_id, d.metro FROM device d \
   JOIN switch_port sp ON sp.machine_id = d.machine_id AND sp.role = 'nic' \
  WHERE d.deleted_at IS NULL AND d.deleting_at IS NULL \
-   AND NOT EXISTS (SELECT 1 FROM project_vlan pv WHERE pv.project_id = d.project_id)";
+   AND NOT EXISTS (SELECT 1 FROM virtual_network v WHERE v.project_id = d.project_id AND v.own)";
 
-/// The lowest free VLAN of the tenants' range for `$1`.
-const ALLOCATE_VLAN: &str = "\
-INSERT INTO project_vlan (project_id, vlan) \
-SELECT $1, v FROM generate_series($2::int, $3::int) v \
- WHERE NOT EXISTS (SELECT 1 FROM project_vlan pv WHERE pv.vlan = v) \
- ORDER BY v LIMIT 1 \
-ON CONFLICT (project_id) DO NOTHING";
+/// The lowest VLAN of `$1..=$2` no network has.
+const FREE_VLAN: &str = "\
+SELECT v FROM generate_series($1::int, $2::int) v \
+ WHERE NOT EXISTS (SELECT 1 FROM virtual_network n WHERE n.vxlan = v) ORDER BY v LIMIT 1";
 
-/// Gives each project that needs one a VLAN of `tenant` (the lowest
-/// free). A project past the range's end waits (its devices stay
-/// `provisioning`) and is named in the error.
+/// The lowest VLAN of `tenant` no network has, if any is left.
+pub async fn free_vlan(
+    tx: &mut Tx<'_>,
+    tenant: &std::ops::RangeInclusive<u16>,
+) -> Result<Option<i32>, BmdbError> {
+    let (lo, hi) = (i32::from(*tenant.start()), i32::from(*tenant.end()));
+    Ok(tx
+        .query_opt(FREE_VLAN, &[&lo, &hi])
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// Gives each project that needs one its own network, a VLAN of `tenant`
+/// (the lowest free). A project past the range's end waits (its devices
+/// stay `provisioning`) and is returned.
 pub async fn allocate_project_vlans(
     tx: &mut Tx<'_>,
     tenant: std::ops::RangeInclusive<u16>,
 ) -> Result<Vec<Uuid>, BmdbError> {
-    let (lo, hi) = (i32::from(*tenant.start()), i32::from(*tenant.end()));
     let mut without = Vec::new();
     for r in tx.query(PROJECTS_WITHOUT_VLAN, &[]).await? {
-        let p: Uuid = r.get(0);
-        if tx.execute(ALLOCATE_VLAN, &[&p, &lo, &hi]).await? == 0 {
-            without.push(p);
+        let (p, metro): (Uuid, String) = (r.get(0), r.get(1));
+        match free_vlan(tx, &tenant).await? {
+            Some(v) => {
+                tx.execute(
+                    "INSERT INTO virtual_network (virtual_network_id, project_id, vxlan, metro, \
+                         description, own) \
+                     VALUES ($1, $2, $3, $4, 'the project''s own network', true) \
+                     ON CONFLICT DO NOTHING",
+                    &[&Uuid::new_v4(), &p, &v, &metro],
+                )
+                .await?;
+            }
+            None => without.push(p),
         }
     }
     Ok(without)
@@ -119,7 +165,7 @@ pub async fn allocate_project_vlans(
 pub async fn project_vlan(tx: &mut Tx<'_>, project: Uuid) -> Result<Option<u16>, BmdbError> {
     Ok(tx
         .query_opt(
-            "SELECT vlan FROM project_vlan WHERE project_id = $1",
+            "SELECT vxlan FROM virtual_network WHERE project_id = $1 AND own",
             &[&project],
         )
         .await?
@@ -248,9 +294,9 @@ pub async fn due(
             "SELECT port_name, machine_id, want_purpose, want_native, want_tagged, \
                     seen_native, seen_tagged, seen_at IS NOT NULL \
                FROM switch_port \
-              WHERE switch_name = $1 AND want_native IS NOT NULL \
+              WHERE switch_name = $1 AND want_purpose IS NOT NULL \
                 AND ($2 OR seen_at IS NULL OR seen_native IS DISTINCT FROM want_native \
-                     OR seen_tagged IS DISTINCT FROM want_tagged) \
+                     OR seen_tagged IS DISTINCT FROM want_tagged OR seen_at < want_since) \
               ORDER BY port_name",
             &[&switch, &all],
         )
@@ -268,7 +314,7 @@ pub async fn due(
                 port: r.get(0),
                 machine_id: r.get(1),
                 purpose: r.get(2),
-                want_native: r.get::<_, i32>(3) as u16,
+                want_native: r.get::<_, Option<i32>>(3).map(|v| v as u16),
                 want_tagged: tagged(r.get(4)),
                 seen: r.get::<_, bool>(7).then(|| {
                     (
@@ -279,6 +325,19 @@ pub async fn due(
             }
         })
         .collect())
+}
+
+/// Marks the switch ports of `device`'s machine to be looked at again (a
+/// tenant changed its ports): the next round works out what they want and
+/// reads them back, whether or not that changed.
+pub async fn touch_device(tx: &mut Tx<'_>, device: Uuid) -> Result<(), BmdbError> {
+    tx.execute(
+        "UPDATE switch_port sp SET want_since = now() FROM device d \
+          WHERE d.device_id = $1 AND sp.machine_id = d.machine_id AND sp.role = 'nic'",
+        &[&device],
+    )
+    .await?;
+    Ok(())
 }
 
 /// What a port was read back as, and whether shepherd changed it to that
@@ -458,7 +517,7 @@ pub async fn switches(tx: &mut Tx<'_>) -> Result<Vec<SwitchView>, BmdbError> {
             "SELECT n.name, \
                     (SELECT count(*) FROM switch_port p WHERE p.switch_name = n.name), \
                     (SELECT count(*) FROM switch_port p WHERE p.switch_name = n.name \
-                        AND p.want_native IS NOT NULL \
+                        AND p.want_purpose IS NOT NULL \
                         AND (p.seen_native IS DISTINCT FROM p.want_native \
                              OR p.seen_tagged IS DISTINCT FROM p.want_tagged)), \
                     COALESCE(st.changes, 0), st.reached_at, st.failed_at, st.error, \

@@ -228,7 +228,7 @@ async fn session_of(
     switch: &str,
     due: &[PortRow],
 ) -> Result<Vec<ReadBack>, SwitchError> {
-    let want = |p: &PortRow| PortVlans::new(Some(p.want_native), p.want_tagged.iter().copied());
+    let want = |p: &PortRow| PortVlans::new(p.want_native, p.want_tagged.iter().copied());
     let names: Vec<String> = due.iter().map(|p| p.port.clone()).collect();
     let before = driver.read(&names).await?;
     let missing = |port: &str| SwitchError::NoSuchPort {

@@ -14,7 +14,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'device', 'project_event', 'tenant_audit', 'machine_firmware', 'machine_firmware_history', \
      'machine_firmware_read', 'machine_bios', 'machine_storage', 'firmware_grant', \
      'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console', 'console_session', 'machine_plan', 'plan_catalog', \
-     'image_swarm_member', 'switch_port', 'switch_change', 'switch_state', 'project_vlan')";
+     'image_swarm_member', 'switch_port', 'switch_change', 'switch_state', 'virtual_network', 'device_port', \
+     'device_port_vlan', 'port_vlan_batch')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -58,7 +59,7 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
         ]
     );
     assert_eq!(first.version, Some(31));
-    assert_eq!(count(&bmdb, TABLES).await, 60);
+    assert_eq!(count(&bmdb, TABLES).await, 63);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
     assert_eq!(again.version, Some(31));
@@ -77,7 +78,7 @@ async fn two_processes_migrating_at_once_do_not_collide() {
         [0, 31],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 60);
+    assert_eq!(count(&a, TABLES).await, 63);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
         31

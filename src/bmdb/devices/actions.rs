@@ -54,6 +54,9 @@ pub async fn delete(
         &[&id, &by, &erase_mode],
     )
     .await?;
+    // Its ports go with it: the networks they held are free to delete.
+    tx.execute("DELETE FROM device_port WHERE device_id = $1", &[&id])
+        .await?;
     event(
         tx,
         project,

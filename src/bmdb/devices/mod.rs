@@ -40,6 +40,9 @@ pub struct Device {
     /// machine's disks are erased, for the devices round.
     pub deleted_by: String,
     pub erase_mode: String,
+    /// Its ports (the Metal API's `network_ports`): none when its machine
+    /// has no NIC cabled to a switch shepherd changes.
+    pub ports: Vec<ports::DevicePort>,
 }
 
 /// What a device's Metal state is derived from.
@@ -199,13 +202,26 @@ fn device_from(r: &tokio_postgres::Row) -> Device {
         reserved: r.get(31),
         deleted_by: r.get(32),
         erase_mode: r.get(33),
+        ports: Vec::new(),
     }
+}
+
+/// Fills each device's ports.
+async fn with_ports(tx: &mut Tx<'_>, mut devices: Vec<Device>) -> Result<Vec<Device>, BmdbError> {
+    let ids: Vec<Uuid> = devices.iter().map(|d| d.id).collect();
+    let mut ports = ports::of(tx, &ids).await?;
+    for d in &mut devices {
+        d.ports = ports.remove(&d.id).unwrap_or_default();
+    }
+    Ok(devices)
 }
 
 // The rooms, after the macro they use.
 mod actions;
 mod claim;
 mod events;
+pub mod port_actions;
+pub mod ports;
 pub use actions::{Acted, delete, power, reinstall};
 pub use claim::{Candidate, Claimed, NewDevice, Placed, Placement, claim};
 pub use events::{Advanced, Event, Events, advance, event, events};
@@ -222,7 +238,14 @@ pub async fn get(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<Device>, BmdbError>
         device_select!(),
         "WHERE d.device_id = $1 AND d.deleted_at IS NULL"
     );
-    Ok(tx.query_opt(sql, &[&id]).await?.as_ref().map(device_from))
+    let found: Vec<Device> = tx
+        .query_opt(sql, &[&id])
+        .await?
+        .as_ref()
+        .map(device_from)
+        .into_iter()
+        .collect();
+    Ok(with_ports(tx, found).await?.pop())
 }
 
 /// The device running on a machine, if any.
@@ -260,7 +283,10 @@ pub async fn list(
         )
         .await?
         .get(0);
-    Ok((rows.iter().map(device_from).collect(), total))
+    Ok((
+        with_ports(tx, rows.iter().map(device_from).collect()).await?,
+        total,
+    ))
 }
 
 /// What an update changes (None: left as it is).

@@ -26,6 +26,15 @@ const SERVICES: Ipv4Addr = Ipv4Addr::new(10, 90, 0, 100);
 const A_BMC: Ipv4Addr = Ipv4Addr::new(10, 90, 0, 200);
 const PORT: u16 = 8080;
 
+/// Changes made twice: a port set to what shepherd set it to last time
+/// while the switch still held that (read back before the change).
+/// Setting it again after someone else changed it is no repeat.
+const TWICE: &str = "SELECT count(*) FROM (SELECT after_native, after_tagged, before_native, \
+        before_tagged, lag(after_native) OVER w AS n, lag(after_tagged) OVER w AS t \
+      FROM switch_change WINDOW w AS (PARTITION BY switch_name, port_name ORDER BY change_id)) c \
+     WHERE c.after_native IS NOT DISTINCT FROM c.n AND c.after_tagged = c.t \
+       AND c.before_native IS NOT DISTINCT FROM c.n AND c.before_tagged IS NOT DISTINCT FROM c.t";
+
 fn nic_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 90, 1, i as u8)
 }
@@ -291,8 +300,9 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
     }
 
     // The switch's sshd stopped: a device on the free machine stays
-    // provisioning, its port naming the switch's failure; once sshd is
-    // back it completes.
+    // queued (its port cannot leave the idle VLAN, so its installation is
+    // not handed to it), the port naming the switch's failure; once sshd
+    // is back it completes.
     sw.stop_sshd();
     let (path, body) = create(b, "b2");
     let (s, d) = rack
@@ -310,7 +320,7 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
         .until(limit, Duration::from_millis(500), async || {
             let p = &ports_of(&rack.admin).await[&free_port].2;
             match p["error"].as_str() {
-                Some(e) if e.contains("switch leaf1") && p["purpose"] == "tenant" => Ok(()),
+                Some(e) if e.contains("switch leaf1") && p["purpose"] == "provisioning" => Ok(()),
                 _ => Err(format!("no failure named on {free_port}: {p:#}")),
             }
         })
@@ -326,8 +336,8 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
         .await;
     assert_eq!(s, 200, "{d}");
     assert_eq!(
-        d["state"], "provisioning",
-        "active before its port moved: {d:#}"
+        d["state"], "queued",
+        "installed before its port moved to provisioning: {d:#}"
     );
     let (_, switches) = rack.admin.call("GET", "/api/v1/switches", None, None).await;
     assert!(
@@ -404,51 +414,54 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
         "the erasure was asked before the port left the tenant's network"
     );
 
-    // shepherd SIGKILLed as the free machine's port is to move to its new
-    // tenant: the next shepherd converges, and no port was changed twice
-    // to the same VLAN.
+    // The switch refuses the free machine's next change (its port is gone
+    // from the bridge): the new device stays provisioning with the switch's
+    // words on the port; shepherd SIGKILLed meanwhile, the port put back,
+    // the next shepherd converges, and no port was changed twice to the
+    // same VLAN.
+    sw.vsctl(&["del-port", &sw.bridge, &b1_port]);
     let (path, body) = create(a, "a3");
     let (s, d) = rack
         .admin
         .call("POST", &path, Some(&token_a), Some(body))
         .await;
     assert_eq!(s, 201, "{d}");
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        let due: i64 = client
-            .query_one(
-                "SELECT count(*) FROM switch_port WHERE machine_id = $1 AND want_purpose = 'tenant'",
-                &[&machine],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if due > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a3's port was never wanted on its network"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let a3 = d["id"].as_str().unwrap().to_string();
+    rack.shepherd
+        .until(limit, Duration::from_millis(500), async || {
+            let p = &ports_of(&rack.admin).await[&b1_port].2;
+            match p["error"].as_str() {
+                Some(e) if e.contains(&format!("switch leaf1: port {b1_port} does not exist")) => {
+                    Ok(())
+                }
+                _ => Err(format!("the refusal is not named on {b1_port}: {p:#}")),
+            }
+        })
+        .await;
+    let (_, d) = rack
+        .admin
+        .call(
+            "GET",
+            &format!("/metal/v1/devices/{a3}"),
+            Some(&token_a),
+            None,
+        )
+        .await;
+    // Its installation waits too: nothing of shepherd's reaches a
+    // machine off the provisioning network.
+    assert_eq!(
+        d["state"], "queued",
+        "its installation went ahead with its port off provisioning: {d:#}"
+    );
     rack.shepherd.kill();
+    sw.vsctl(&["add-port", &sw.bridge, &b1_port, "tag=999"]);
     let log = rack.dir.path().join("shepherd-2.log");
     rack.shepherd =
         ShepherdProcess::start(&bin("shepherd"), &rack.admin.config, log, &rack.admin.env);
     rack.admin
         .wait_active(&mut rack.shepherd, &path_a, &token_a, 3, limit)
         .await;
-    let twice: i64 = client
-        .query_one(
-            "SELECT count(*) FROM (SELECT port_name, after_native, \
-                    lag(after_native) OVER (PARTITION BY port_name ORDER BY change_id) AS before \
-               FROM switch_change) c WHERE c.after_native = c.before",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let twice: i64 = client.query_one(TWICE, &[]).await.unwrap().get(0);
     assert_eq!(twice, 0, "a port was changed twice to the same VLAN");
 
     println!("| step | from | to | expected | seen |\n|---|---|---|---|---|");
@@ -522,6 +535,25 @@ async fn tenants_choose_their_networks_through_equinix_s_sdk_and_layer_2_holds()
     let servers: Vec<std::process::Child> = nics.iter().map(|n| n.listen(PORT)).collect();
     let (mut rack, _key) = rack_on(&sw, 3, Ipv4Addr::new(127, 0, 98, 1)).await;
     let limit = Duration::from_secs(240);
+    // A second shepherd on the same BMDB: one session changes the switch.
+    let mut env = rack.admin.env.clone();
+    for (k, v) in env.iter_mut() {
+        if matches!(
+            *k,
+            "SHEPHERD__ADMIN__LISTEN"
+                | "SHEPHERD__BMAAS__LISTEN"
+                | "SHEPHERD__BMAAS__ENDPOINT"
+                | "SHEPHERD__INSTALLATIONS__IMAGES_LISTEN"
+        ) {
+            *v = format!("127.0.0.1:{}", shepherd_sim::testing::Sshd::free_port());
+        }
+    }
+    let mut second = ShepherdProcess::start(
+        &bin("shepherd"),
+        &rack.admin.config,
+        rack.dir.path().join("shepherd-second.log"),
+        &env,
+    );
     rack.admin
         .wait(&mut rack.shepherd, "agent-started", 3, limit)
         .await;
@@ -704,6 +736,28 @@ async fn tenants_choose_their_networks_through_equinix_s_sdk_and_layer_2_holds()
     for (from, to, expected, seen) in &table {
         assert_eq!(expected, seen, "{from} → {to}");
     }
+    // Both shepherds ran all along; the switch's changes were one
+    // session's, none made twice.
+    second.assert_running();
+    let (client, conn) = tokio_postgres::connect(&rack.db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    actix_rt::spawn(async move {
+        let _ = conn.await;
+    });
+    let row = client
+        .query_one(
+            "SELECT count(DISTINCT session_id), count(*) FROM switch_change",
+            &[],
+        )
+        .await
+        .unwrap();
+    let twice: i64 = client.query_one(TWICE, &[]).await.unwrap().get(0);
+    let (sessions, changes): (i64, i64) = (row.get(0), row.get(1));
+    println!("two shepherds: {changes} changes by {sessions} session(s), {twice} made twice");
+    assert_eq!(sessions, 1, "two sessions changed the switch");
+    assert_eq!(twice, 0, "a port was changed twice to the same VLANs");
+    second.kill();
     // In use: not deleted; the tenant's network stays.
     let (s, d) = rack
         .admin
@@ -720,4 +774,33 @@ async fn tenants_choose_their_networks_through_equinix_s_sdk_and_layer_2_holds()
         let _ = s.kill();
         let _ = s.wait();
     }
+}
+
+/// The agent learns which switch port its NIC is on from the LLDP frames
+/// a real lldpd sends on the switch's side of the port, as a vendor's
+/// switch names it.
+#[actix_rt::test]
+async fn the_agent_hears_which_switch_port_its_nic_is_on() {
+    if !is_root() {
+        eprintln!("SKIPPED: the switch test needs root (network namespaces)");
+        return;
+    }
+    let sw = OvsSwitch::start("leaf7");
+    let nic = sw.nic(nic_ip(1), PROVISIONING);
+    let _lldpd = sw.lldp(&nic, "Ethernet12");
+    let heard = nic.inside(|| shepherd_agent::lldp::listen("eth0", Duration::from_secs(20)));
+    let n = heard.unwrap().expect("no LLDP frame heard in 20 s");
+    assert_eq!(n.system_name, "leaf7", "{n:?}");
+    assert_eq!(n.port_id, "Ethernet12", "{n:?}");
+    assert_eq!(n.port_description, "leaf7:Ethernet12", "{n:?}");
+    let summary = shepherd_proto::summary::LldpSummary {
+        chassis_id: n.chassis_id.clone(),
+        port_id: n.port_id.clone(),
+        system_name: n.system_name.clone(),
+        port_description: n.port_description.clone(),
+    };
+    // The cabling check takes it as leaf7's Ethernet12, and no other.
+    assert!(summary.names("leaf7", "Ethernet12"));
+    assert!(!summary.names("leaf7", "Ethernet13"));
+    assert!(!summary.names("leaf8", "Ethernet12"));
 }

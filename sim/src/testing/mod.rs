@@ -58,7 +58,7 @@ pub use db::{
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use netns::{Netns, RackNetwork, is_root};
-pub use ovs::{Nic, OvsSwitch, ovs_usable};
+pub use ovs::{Lldpd, Nic, OvsSwitch, ovs_usable};
 pub use processes::{
     FleetShares, FleetSimProcess, ShepherdProcess, cpu_seconds, installed_by_hand, loopback_env,
     peak_rss_mb, pgbench, succeed,

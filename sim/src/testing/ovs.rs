@@ -233,6 +233,42 @@ impl OvsSwitch {
         Nic { ns, port, ip }
     }
 
+    /// lldpd on the switch's side of `nic`'s port, sending LLDP every
+    /// second as switch `self.name` port `port_id` (a name of the
+    /// switch's own, as a vendor's CLI names its ports); stopped on drop.
+    pub fn lldp(&self, nic: &Nic, port_id: &str) -> Lldpd {
+        let dir = tempfile::Builder::new()
+            .prefix("shepherd-lldpd-")
+            .tempdir()
+            .unwrap();
+        // lldpd's helper runs as _lldpd: it must reach its socket.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let conf = dir.path().join("lldpd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "configure system hostname {n}\nconfigure system chassisid {n}\n\
+                 configure lldp tx-interval 1\n\
+                 configure ports {p} lldp portidsubtype local {port_id} description \"{n}:{port_id}\"\n",
+                n = self.name,
+                p = nic.port
+            ),
+        )
+        .unwrap();
+        let mut c = self.ns.cmd(&["lldpd", "-d", "-I", &nic.port, "-u"]);
+        c.arg(dir.path().join("lldpd.socket"))
+            .arg("-O")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("lldpd.log")).unwrap());
+        Lldpd {
+            child: c.spawn().unwrap(),
+            _dir: dir,
+        }
+    }
+
     /// The switch's own log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ovs-vswitchd.log")).unwrap_or_default()
@@ -302,6 +338,34 @@ impl Nic {
             });
         }
         c.stdin(Stdio::null()).spawn().unwrap()
+    }
+}
+
+/// lldpd on a switch port.
+pub struct Lldpd {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Lldpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Nic {
+    /// Runs `f` on a thread of its own inside this NIC's namespace (a raw
+    /// socket there sees the NIC's frames).
+    pub fn inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.ns.0);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
     }
 }
 

@@ -330,7 +330,10 @@ fn hardware(d: &MachineDetail) -> Markup {
                     tr { th { "disk" } td { (x.protocol) " " (x.model) " " (shepherd_proto::summary::bytes(x.capacity_bytes)) } }
                 }
                 @for n in &h.nics {
-                    tr { th { "NIC" } td { (n.mac) " " (n.driver) " link " @if n.link_up { "up" } @else { "down" } } }
+                    tr { th { "NIC" } td {
+                        (n.mac) " " (n.driver) " link " @if n.link_up { "up" } @else { "down" }
+                        @if let Some(l) = &n.lldp { ", on " (l) " (LLDP)" }
+                    } }
                 }
             },
         }

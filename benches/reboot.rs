@@ -77,6 +77,7 @@ fn main() {
                     mac: None,
                     macs: Vec::new(),
                     firmware: None,
+                    ports: Vec::new(),
                 }
             })
             .collect();

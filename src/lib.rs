@@ -60,6 +60,7 @@ pub mod sos;
 pub mod ssh;
 pub mod status;
 pub mod supervisor;
+pub mod switches;
 pub mod takeover;
 pub mod telemetry;
 pub mod tls;

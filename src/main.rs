@@ -77,6 +77,9 @@ enum Command {
     /// Tenants' devices, listed and reclaimed.
     #[command(subcommand)]
     Devices(DevicesCommand),
+    /// The switches shepherd moves machines' ports on (`network.switches`):
+    /// whether each answers, its ports not yet where wanted, its changes.
+    Switches,
     /// Print a shell completion script (bash, zsh, fish, elvish,
     /// powershell) to standard output.
     Completions {
@@ -189,6 +192,7 @@ fn main() -> ExitCode {
             Command::Projects(p) => cli::tenants::projects(cfg, p).await,
             Command::Tokens(t) => cli::tenants::tokens(cfg, t).await,
             Command::Devices(d) => cli::tenants::devices(cfg, d).await,
+            Command::Switches => cli::switches::run(cfg).await,
             Command::Brake { command } => {
                 cli::brake::run(cfg, command.unwrap_or(BrakeCommand::Show)).await
             }

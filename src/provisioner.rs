@@ -128,6 +128,14 @@ async fn insert(
                 let macs = [(m.provider_id.clone(), m.boot_macs.clone())];
                 crate::bmdb::netboot::add_boot_macs(tx, kind, &macs).await?;
             }
+            if !m.ports.is_empty() {
+                let cabled: Vec<crate::bmdb::switches::Declared> = m
+                    .ports
+                    .iter()
+                    .map(|p| crate::bmdb::switches::Declared::of(&m.provider_id, p))
+                    .collect();
+                crate::bmdb::switches::cable(tx, &cabled).await?;
+            }
             Ok(())
         })
         .await

@@ -117,6 +117,16 @@ impl SshIdentity {
         Ok(Self::from_key(key))
     }
 
+    /// An identity from an OpenSSH private key's text (a switch's key,
+    /// from configuration).
+    pub fn from_openssh(text: &str) -> Result<SshIdentity, russh::keys::ssh_key::Error> {
+        let key = PrivateKey::from_openssh(text.as_bytes())?;
+        if key.is_encrypted() {
+            return Err(russh::keys::ssh_key::Error::Encrypted);
+        }
+        Ok(Self::from_key(key))
+    }
+
     fn from_key(key: PrivateKey) -> SshIdentity {
         let public = key.public_key().to_openssh().unwrap_or_default();
         SshIdentity {

@@ -50,6 +50,7 @@ const LAYERS: &[&[&str]] = &[
         "rollouts",
         "servicer",
         "sos",
+        "switches",
         "updater",
     ],
     &["status"],

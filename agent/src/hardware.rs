@@ -328,6 +328,7 @@ fn nics(root: &Path) -> Vec<NetworkInterface> {
                     .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                     .unwrap_or_default();
             let mbps: i64 = read_num(root, &format!("{d}/speed")).unwrap_or(0).max(0);
+            let lldp = crate::lldp::learned(&name);
             Some((
                 name,
                 NetworkInterface {
@@ -344,6 +345,7 @@ fn nics(root: &Path) -> Vec<NetworkInterface> {
                         _ => false,
                     },
                     current_speed_bytes: mbps * 1_000_000 / 8,
+                    lldp,
                 },
             ))
         })

@@ -26,6 +26,7 @@ pub mod callback;
 pub mod firmware;
 pub mod hardware;
 pub mod install;
+pub mod lldp;
 pub mod program;
 pub mod resident;
 

@@ -202,6 +202,7 @@ pub async fn run(resident: Resident, host: impl Host) {
         .unwrap_or("localhost")
         .to_string();
     let mut report_sent = false;
+    let mut lldp_sent = crate::lldp::changes();
     // The report of an installation, sent until shepherd has it.
     let mut answer: Option<crate::install::Answer> = None;
     let mut installer =
@@ -257,6 +258,12 @@ pub async fn run(resident: Resident, host: impl Host) {
         let ok = match channel.clone() {
             None => false,
             Some((c, addr)) => {
+                // Something learned since the report was sent (a switch's
+                // LLDP): sent again.
+                if crate::lldp::changes() != lldp_sent {
+                    report_sent = false;
+                    lldp_sent = crate::lldp::changes();
+                }
                 let req = HeartbeatRequest {
                     machine_id: resident.machine_id.clone(),
                     hardware_report: (!report_sent).then(|| host.hardware_report()),

@@ -85,6 +85,48 @@ pub struct NicSummary {
     pub driver: String,
     pub link_up: bool,
     pub speed_bytes: i64,
+    /// The switch port its LLDP frames name (none heard: absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lldp: Option<LldpSummary>,
+}
+
+/// What a switch's LLDP frames on a NIC say.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LldpSummary {
+    pub chassis_id: String,
+    pub port_id: String,
+    pub system_name: String,
+    pub port_description: String,
+}
+
+impl LldpSummary {
+    /// Whether it names switch `switch`'s port `port`: the system name
+    /// or chassis ID is the switch's name, and the port ID or description
+    /// is the port's name (or ends in it, after a colon).
+    pub fn names(&self, switch: &str, port: &str) -> bool {
+        let sw = [&self.system_name, &self.chassis_id]
+            .iter()
+            .any(|s| s.eq_ignore_ascii_case(switch));
+        let p = self.port_id.eq_ignore_ascii_case(port)
+            || self.port_description.eq_ignore_ascii_case(port)
+            || self
+                .port_description
+                .split([':', ' '])
+                .any(|w| w.eq_ignore_ascii_case(port));
+        sw && p
+    }
+}
+
+impl std::fmt::Display for LldpSummary {
+    /// `leaf1 Ethernet1`, with the chassis ID when it differs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.system_name.is_empty() {
+            &self.chassis_id
+        } else {
+            &self.system_name
+        };
+        write!(f, "{name} {}", self.port_id)
+    }
 }
 
 impl std::fmt::Display for BmcLanSummary {
@@ -141,6 +183,12 @@ pub fn summarize(raw: &[u8]) -> Result<HardwareSummary, String> {
                 driver: i.driver,
                 link_up: i.link_up,
                 speed_bytes: i.current_speed_bytes,
+                lldp: i.lldp.map(|l| LldpSummary {
+                    chassis_id: l.chassis_id,
+                    port_id: l.port_id,
+                    system_name: l.system_name,
+                    port_description: l.port_description,
+                }),
             })
             .collect(),
         efi: EfiSupport::try_from(n.efi_support)

@@ -138,6 +138,7 @@ pub async fn run(mut cfg: Config, mut opts: DemoOptions) -> anyhow::Result<()> {
                     mac: None,
                     macs: Vec::new(),
                     firmware: None,
+                    ports: Vec::new(),
                 })
                 .collect();
             Hardware::Owned(bmcs)

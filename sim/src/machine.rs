@@ -432,6 +432,7 @@ pub fn simulated_hardware(ip: IpAddr) -> shepherd_agent::api::AgentHardwareRepor
         supported_speed_bytes: vec![1_250_000_000],
         link_up: port == 0,
         current_speed_bytes: if port == 0 { 1_250_000_000 } else { 0 },
+        lldp: None,
     };
     let disk = |n: u8| BlockDevice {
         vendor: "SIM".into(),

@@ -257,6 +257,10 @@ pub struct MachineDetailBody {
     /// Who was on its console over shepherd's SSH, newest first (ten at
     /// most).
     pub console_sessions: Vec<ConsoleSessionBody>,
+    /// The switch ports its NICs and BMC are cabled to: the network
+    /// wanted on each, what the switch answered when read back, when
+    /// shepherd last changed it, and the last failure.
+    pub ports: Vec<super::network::PortBody>,
     /// Everything that happened to it, newest first (200 at most): work,
     /// operators' actions, installations and erasures, servicings, power
     /// cycles, console captures and connections.
@@ -734,6 +738,7 @@ impl From<&MachineDetail> for MachineDetailBody {
                 .iter()
                 .map(ConsoleSessionBody::from)
                 .collect(),
+            ports: d.ports.iter().map(Into::into).collect(),
             timeline: d.timeline.iter().map(Into::into).collect(),
         }
     }

@@ -441,3 +441,17 @@ pub async fn api_action(
         Err(e) => e.answer(),
     }
 }
+
+/// `GET /api/v1/switches`: each switch, whether it answers, its ports.
+pub async fn api_switches(admin: web::Data<Admin>) -> HttpResponse {
+    match admin
+        .bmdb
+        .snapshot(async |tx| crate::bmdb::switches::switches(tx).await)
+        .await
+    {
+        Ok(s) => HttpResponse::Ok().json(super::network::SwitchList {
+            switches: s.iter().map(super::network::SwitchBody::from).collect(),
+        }),
+        Err(e) => super::request::internal(e),
+    }
+}

@@ -75,7 +75,12 @@ impl Scrape {
         self.0.register_with_unit(name, help, unit, f);
     }
 
-    fn gauges(&mut self, name: &str, help: &str, values: impl IntoIterator<Item = (Labels, i64)>) {
+    pub(super) fn gauges(
+        &mut self,
+        name: &str,
+        help: &str,
+        values: impl IntoIterator<Item = (Labels, i64)>,
+    ) {
         let f: Family<Labels, Gauge> = Family::default();
         for (l, v) in values {
             f.get_or_create(&l).set(v);
@@ -198,6 +203,52 @@ fn tenant_samples(p: &mut Scrape, t: &crate::bmdb::devices::TenantCounts) {
                 .map_or(0, |(_, n)| *n);
             (labels(&[("state", s)]), n)
         }),
+    );
+}
+
+/// The switches' series, from the BMDB (every shepherd serves the same).
+pub fn switch_samples(p: &mut Scrape, switches: &[crate::bmdb::switches::SwitchView]) {
+    let up = |s: &crate::bmdb::switches::SwitchView| s.failures == 0 && s.reached_at.is_some();
+    p.gauges(
+        "shepherd_switch_up",
+        "Whether shepherd's last session with each switch held (0: it failed, or none held yet; the cause is in /api/v1/switches)",
+        switches.iter().map(|s| (labels(&[("switch", &s.name)]), i64::from(up(s)))),
+    );
+    let count = |f: &dyn Fn(&crate::bmdb::switches::SwitchView) -> bool| {
+        switches.iter().filter(|s| f(s)).count() as i64
+    };
+    p.gauges(
+        "shepherd_switches",
+        "Switches by how shepherd's last session with each went: answering, failing (the cause is in /api/v1/switches), unreached (never reached yet)",
+        [
+            ("answering", count(&up)),
+            ("failing", count(&|s| s.failures > 0)),
+            ("unreached", count(&|s| s.failures == 0 && s.reached_at.is_none())),
+        ]
+        .map(|(state, n)| (labels(&[("state", state)]), n)),
+    );
+    p.gauge(
+        "shepherd_switch_ports_pending",
+        "Switch ports not yet read back where shepherd wants them, on every switch",
+        switches.iter().map(|s| s.ports_pending).sum(),
+    );
+    p.gauges(
+        "shepherd_switch_ports",
+        "Switch ports cabled to machines, by whether the switch was read back holding what shepherd wants (settled) or not yet (pending)",
+        switches.iter().flat_map(|s| {
+            [
+                ("settled", s.ports - s.ports_pending),
+                ("pending", s.ports_pending),
+            ]
+            .map(|(state, n)| (labels(&[("switch", &s.name), ("state", state)]), n))
+        }),
+    );
+    p.counters(
+        "shepherd_switch_port_changes",
+        "Port changes shepherd made on each switch and read back (all shepherds, all time)",
+        switches
+            .iter()
+            .map(|s| (labels(&[("switch", &s.name)]), s.changes.max(0) as u64)),
     );
 }
 
@@ -365,6 +416,7 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             } else {
                 crate::bmdb::firmware::below(tx, None, admin.baselines.needs_reports()).await?
             };
+            let switches = crate::bmdb::switches::switches(tx).await?;
             Ok((
                 sessions,
                 backoffs,
@@ -378,6 +430,7 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
                     secure_boot,
                     firmware,
                     below,
+                    switches,
                 ),
             ))
         })
@@ -430,9 +483,10 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             counts,
             (heartbeating, silent),
             brake,
-            (endpoints, oldest_boot, tenants, secure_boot, firmware, below),
+            (endpoints, oldest_boot, tenants, secure_boot, firmware, below, switches),
         )) => {
             tenant_samples(&mut p, &tenants);
+            switch_samples(&mut p, &switches);
             let survey = admin.baselines.survey(&below);
             p.gauges(
                 "shepherd_baseline_machines",

@@ -32,6 +32,7 @@ mod install_pages;
 pub mod installs;
 pub mod live;
 mod metrics;
+pub mod network;
 mod openapi;
 mod pages;
 mod request;

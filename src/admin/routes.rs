@@ -104,6 +104,7 @@ fn bounded_by_the_database() -> actix_web::Scope<
             super::firmware::api_baselines,
         ))
         .service(read_only("/api/v1/openapi.json", openapi::openapi_json))
+        .service(read_only("/api/v1/switches", super::handlers::api_switches))
         .service(read_only("/api/v1/brake", api_brake))
         .service(read_only("/api/v1/loops", api_loops))
         .service(post_only("/api/v1/brake/release", api_brake_release))

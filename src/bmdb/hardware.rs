@@ -275,6 +275,38 @@ impl HardwareCheck {
     }
 }
 
+/// The declared cabling against what the switches' LLDP frames told the
+/// agent: a NIC declared (by its MAC) on one switch port that hears
+/// another is a difference, as a BMC's word against the agent's is.
+async fn cabling(
+    tx: &mut Tx<'_>,
+    machine_id: Uuid,
+    report: &HardwareSummary,
+) -> Result<Vec<String>, BmdbError> {
+    let declared = tx
+        .query(
+            "SELECT switch_name, port_name, mac FROM switch_port \
+              WHERE machine_id = $1 AND role = 'nic' AND mac IS NOT NULL ORDER BY switch_name, port_name",
+            &[&machine_id],
+        )
+        .await?;
+    let mut out = Vec::new();
+    for r in &declared {
+        let (switch, port, mac): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+        let heard = report
+            .nics
+            .iter()
+            .find(|n| n.mac.eq_ignore_ascii_case(&mac))
+            .and_then(|n| n.lldp.as_ref());
+        if let Some(l) = heard.filter(|l| !l.names(&switch, &port)) {
+            out.push(format!(
+                "cabling: NIC {mac} is declared on {switch} port {port}; its switch says {l}"
+            ));
+        }
+    }
+    Ok(out)
+}
+
 /// Whether a machine booted through its BMC (`machine_bmc_boot`) has had
 /// its BMC read: until then nothing can be checked.
 pub async fn bmc_unread(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<bool, BmdbError> {
@@ -330,6 +362,8 @@ pub async fn judge(
         differences: differences(facts, &report),
         accepted: None,
     };
+    c.differences
+        .extend(cabling(tx, machine_id, &report).await?);
     if !c.differences.is_empty() {
         c.accepted = tx
             .query_opt(

@@ -93,6 +93,8 @@ const WRITE_BEATS: &str = "WITH input AS ( \
      SELECT a.machine_id, r.os_installation_request_raw FROM auth a \
      LEFT JOIN machine_os_installation_request r ON r.machine_id = a.machine_id \
          AND a.generation IS DISTINCT FROM r.generation \
+         AND NOT EXISTS (SELECT 1 FROM machine_summary s WHERE s.machine_id = a.machine_id \
+             AND s.network IS NOT NULL AND s.network <> 'provisioning') \
          AND NOT EXISTS (SELECT 1 FROM machine_os_installation_report p \
              WHERE p.machine_id = r.machine_id AND p.generation = r.generation)";
 
@@ -118,9 +120,15 @@ const WRITE_HEARTBEATS: &str = "WITH auth AS ( \
      SELECT a.machine_id, r.os_installation_request_raw \
      FROM auth a CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS soft_state \
      LEFT JOIN machine_os_installation_request r ON r.machine_id = a.machine_id \
+         AND NOT EXISTS (SELECT 1 FROM machine_summary s WHERE s.machine_id = a.machine_id \
+             AND s.network IS NOT NULL AND s.network <> 'provisioning') \
          AND NOT EXISTS (SELECT 1 FROM machine_os_installation_report p \
              WHERE p.machine_id = r.machine_id AND p.generation = r.generation)";
 
+/// Writes `beats` and answers each with its installation request, if one
+/// waits: never to a machine whose switch ports are not on the
+/// provisioning network (`machine_summary.network`), which shepherd's
+/// services do not reach.
 pub async fn write(bmdb: &Bmdb, beats: &[Beat]) -> Result<Vec<BeatOutcome>, BmdbError> {
     let ids: Vec<Uuid> = beats.iter().map(|b| b.machine_id).collect();
     let keys: Vec<Vec<u8>> = beats.iter().map(|b| b.key.to_vec()).collect();

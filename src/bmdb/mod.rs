@@ -38,6 +38,7 @@ pub mod rollouts;
 pub mod selectors;
 pub mod servicing;
 mod session;
+pub mod switches;
 pub mod tenants;
 mod work;
 

@@ -86,10 +86,27 @@ macro_rules! summary_selector {
     };
 }
 
+/// A machine whose switch ports shepherd moves is reached, and booted
+/// into a live agent, only once every NIC port is read back on the
+/// provisioning network; it boots its disk only once on its tenant's
+/// network (or on provisioning, when no device holds it).
+macro_rules! network_ready {
+    () => {
+        " AND (s.network IS NULL OR CASE WHEN s.boot_request = 'disk' THEN s.network = 'tenant' \
+              OR (s.network = 'provisioning' AND NOT EXISTS (SELECT 1 FROM device d \
+                  WHERE d.machine_id = s.machine_id AND d.deleted_at IS NULL \
+                    AND d.deleting_at IS NULL)) \
+              ELSE s.network = 'provisioning' END)"
+    };
+}
+
 const NEEDS_AGENT_START: &str = summary_selector!(
-    "s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
-     AND s.agent_start_not_before <= now() \
-     AND NOT (s.bmc_boot AND (p.provider_ip_address IS NULL OR s.boot_request IS NOT NULL))",
+    concat!(
+        "s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
+         AND s.agent_start_not_before <= now() \
+         AND NOT (s.bmc_boot AND (p.provider_ip_address IS NULL OR s.boot_request IS NOT NULL))",
+        network_ready!()
+    ),
     "s.agent_start_not_before"
 );
 
@@ -97,10 +114,13 @@ const NEEDS_AGENT_START: &str = summary_selector!(
 /// either a boot asked for, or no agent, no address to log in at and not
 /// installed (a blank machine listed by its BMC only).
 const NEEDS_BMC_BOOT: &str = summary_selector!(
-    "s.bmc_boot AND s.agent_start_not_before <= now() \
-     AND (s.boot_request IS NOT NULL \
-          OR (s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
-              AND p.provider_ip_address IS NULL))",
+    concat!(
+        "s.bmc_boot AND s.agent_start_not_before <= now() \
+         AND (s.boot_request IS NOT NULL \
+              OR (s.agent_started_at IS NULL AND NOT s.installation_fulfilled \
+                  AND p.provider_ip_address IS NULL))",
+        network_ready!()
+    ),
     "s.agent_start_not_before"
 );
 
@@ -135,7 +155,15 @@ macro_rules! judgeable {
             $t,
             " + ",
             $grace,
-            "))"
+            "))",
+            // On the provisioning network that long too: a machine parked
+            // on the idle VLAN, or on its tenant's, cannot be heard.
+            " AND (s.network IS NULL OR (s.network = 'provisioning' \
+                   AND s.network_since <= now() - make_interval(secs => ",
+            $t,
+            " + ",
+            $grace,
+            ")))"
         )
     };
 }

@@ -461,6 +461,13 @@ pub async fn run(mut cfg: Config, cmd: MachinesCommand) -> anyhow::Result<()> {
                     }
                 }
             }
+            if !d.ports.is_empty() {
+                println!("ports:");
+                for p in &d.ports {
+                    let b = shepherd::admin::network::PortBody::from(p);
+                    println!("  {}", shepherd::admin::network::port_line(&b));
+                }
+            }
             println!("leases:");
             for l in &d.leases {
                 println!(

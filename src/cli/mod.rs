@@ -3,7 +3,8 @@
 //! installations (`install`), rollouts (`rollouts`), what is below
 //! the operating system (`firmware`) and bringing it to its baseline
 //! (`servicing`), the recovery brake
-//! (`brake`), tenants' projects, tokens and devices (`tenants`). Each opens the BMDB itself with a small pool and prints what
+//! (`brake`), tenants' projects, tokens and devices (`tenants`), the
+//! switches (`switches`). Each opens the BMDB itself with a small pool and prints what
 //! it found or did; `main.rs` only parses the command line and dispatches.
 
 pub mod brake;
@@ -14,4 +15,5 @@ pub mod migrate;
 pub mod parse;
 pub mod rollouts;
 pub mod servicing;
+pub mod switches;
 pub mod tenants;

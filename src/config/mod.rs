@@ -18,6 +18,7 @@
 //! - `netboot.rs`: `[netboot]`, `[ipmi]`;
 //! - `metal.rs`: `[metal]`;
 //! - `baselines.rs`: `[[baselines]]`;
+//! - `network.rs`: `[network]` (switches, VLANs);
 //! - `log.rs`: `[log]`.
 //!
 //! `loops.rs` holds what the lease loops' sections share, `inventory/` the
@@ -43,6 +44,7 @@ mod log;
 pub mod loops;
 pub mod metal;
 pub mod netboot;
+pub mod network;
 mod provider;
 mod servers;
 
@@ -62,6 +64,7 @@ pub use loops::{
 };
 pub use metal::{MetalConfig, OperatingSystemConfig, PlanConfig};
 pub use netboot::{AddressRange, IpmiConfig, NetbootConfig, NetbootMode, UefiChain};
+pub use network::{HostPort, NetworkConfig, SwitchConfig, SwitchDriverKind};
 pub use provider::{
     EquinixConfig, EquinixProviderConfig, InventoryConfig, ProviderConfig, ProviderKind,
 };
@@ -107,6 +110,9 @@ pub struct Config {
     /// Applying them: the Servicer.
     pub servicing: ServicingConfig,
     pub console: ConsoleSettings,
+    /// The switches machines are cabled to, and the networks their ports
+    /// are moved between.
+    pub network: NetworkConfig,
     pub log: LogConfig,
 }
 
@@ -252,6 +258,21 @@ impl Config {
         baselines::validate(&self.baselines, &self.metal.plans)?;
         self.servicing.validate()?;
         self.console.validate()?;
+        self.network.validate()?;
+        let mut cabled = std::collections::HashSet::new();
+        for (i, m) in self.provider.inventory.machines.iter().enumerate() {
+            self.network.check_ports(
+                &format!("provider.inventory.machines[{i}]"),
+                &m.ports,
+                &mut cabled,
+            )?;
+            if m.ports.iter().any(|p| p.bmc) && self.network.bmc_vlan.is_none() {
+                return Err(ConfigError::key(
+                    format!("provider.inventory.machines[{i}].ports"),
+                    "declares a BMC port: set network.bmc_vlan",
+                ));
+            }
+        }
         if self.baselines.iter().any(|b| !b.components.is_empty())
             && self.installations.images_dir.is_none()
         {

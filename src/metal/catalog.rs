@@ -23,6 +23,8 @@ pub struct Catalog {
     pub max_devices_per_project: Option<u32>,
     /// How deleted devices' disks are erased (`metal.erase_mode`).
     pub erase_mode: String,
+    /// The VLANs virtual networks are made of (`network.tenant_vlans`).
+    pub tenant_vlans: std::ops::RangeInclusive<u16>,
 }
 
 impl Catalog {
@@ -33,7 +35,14 @@ impl Catalog {
             default_metro: cfg.metro.clone(),
             max_devices_per_project: cfg.max_devices_per_project,
             erase_mode: cfg.erase_mode.clone(),
+            tenant_vlans: 1000..=3999,
         }
+    }
+
+    /// With the VLANs virtual networks are made of.
+    pub fn with_tenant_vlans(mut self, range: std::ops::RangeInclusive<u16>) -> Catalog {
+        self.tenant_vlans = range;
+        self
     }
 
     pub fn plan(&self, slug: &str) -> Option<&PlanConfig> {
@@ -139,6 +148,7 @@ mod tests {
             default_metro: "sv".into(),
             max_devices_per_project: None,
             erase_mode: "overwrite".into(),
+            tenant_vlans: 1000..=3999,
         };
         let slug = |r: &HardwareSummary| c.plan_of(r, None).map(|p| p.slug.clone());
         assert_eq!(slug(&report(64, 256, &[480, 480])).as_deref(), Some("big"));
@@ -168,6 +178,7 @@ mod tests {
             default_metro: "sv".into(),
             max_devices_per_project: None,
             erase_mode: "overwrite".into(),
+            tenant_vlans: 1000..=3999,
         };
         let booted = |state: &'static str| {
             let mut r = report(16, 32, &[200]);

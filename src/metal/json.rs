@@ -322,7 +322,7 @@ pub fn device(d: &Device, catalog: &Catalog) -> Value {
         "provisioning_events": [],
         "actions": actions(state),
         "ip_addresses": ip_addresses,
-        "network_ports": [],
+        "network_ports": super::ports::network_ports(&d.ports),
     })
 }
 

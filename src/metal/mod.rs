@@ -16,13 +16,15 @@
 //!   description allows none: an absent value is left out).
 //!
 //! Files: [`catalog`] (plans, operating systems, metros), `auth`,
-//! `json` (the representations), `handlers` (the routes' answers).
+//! `json` (the representations; `ports` those of ports and virtual
+//! networks), `handlers` (the routes' answers).
 
 pub mod catalog;
 
 mod auth;
 mod handlers;
 mod json;
+mod ports;
 
 use actix_web::middleware::from_fn;
 use actix_web::web;
@@ -85,6 +87,57 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/ssh-keys/{id}", web::get().to(key))
             .route("/ssh-keys/{id}", web::put().to(update_key))
             .route("/ssh-keys/{id}", web::delete().to(delete_key))
+            .route("/ports/{id}", web::get().to(port))
+            .route("/ports/{id}/assign", web::post().to(assign_port))
+            .route("/ports/{id}/unassign", web::post().to(unassign_port))
+            .route(
+                "/ports/{id}/convert/layer-2",
+                web::post().to(convert_layer2),
+            )
+            .route(
+                "/ports/{id}/convert/layer-3",
+                web::post().to(convert_layer3),
+            )
+            .route("/ports/{id}/bond", web::post().to(bond_port))
+            .route("/ports/{id}/disbond", web::post().to(disbond_port))
+            .route(
+                "/ports/{id}/native-vlan",
+                web::post().to(assign_native_vlan),
+            )
+            .route(
+                "/ports/{id}/native-vlan",
+                web::delete().to(delete_native_vlan),
+            )
+            .route(
+                "/ports/{id}/vlan-assignments",
+                web::get().to(port_assignments),
+            )
+            .route(
+                "/ports/{id}/vlan-assignments/batches",
+                web::get().to(port_batches),
+            )
+            .route(
+                "/ports/{id}/vlan-assignments/batches",
+                web::post().to(create_batch),
+            )
+            .route(
+                "/ports/{id}/vlan-assignments/batches/{batch_id}",
+                web::get().to(port_batch),
+            )
+            .route(
+                "/ports/{id}/vlan-assignments/{assignment_id}",
+                web::get().to(port_assignment),
+            )
+            .route(
+                "/projects/{id}/virtual-networks",
+                web::get().to(project_networks),
+            )
+            .route(
+                "/projects/{id}/virtual-networks",
+                web::post().to(create_network),
+            )
+            .route("/virtual-networks/{id}", web::get().to(network))
+            .route("/virtual-networks/{id}", web::delete().to(delete_network))
             .route("/events", web::get().to(events))
             .route("/events/{id}", web::get().to(event))
             .default_service(web::to(|| async {

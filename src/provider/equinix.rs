@@ -298,6 +298,7 @@ pub fn machine_of(d: &Device) -> ProviderMachine {
     ProviderMachine {
         boots_from_bmc: false,
         boot_macs: Vec::new(),
+        ports: Vec::new(),
         provider_id: d.id.clone(),
         address: d.public_address(),
         location: d.location().map(str::to_string),
@@ -320,6 +321,7 @@ impl Provider for Equinix {
                     out.push(ProviderMachine {
                         boots_from_bmc: false,
                         boot_macs: Vec::new(),
+                        ports: Vec::new(),
                         provider_id: r.id.clone(),
                         address: None,
                         location: r.location.clone(),
@@ -433,6 +435,7 @@ mod tests {
             kind: MachineKind::Ours,
             boots_from_bmc: false,
             boot_macs: Vec::new(),
+            ports: Vec::new(),
         }
     }
 

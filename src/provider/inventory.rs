@@ -212,6 +212,7 @@ fn accepted_host(a: &crate::bmdb::discovery::AcceptedHost) -> InventoryMachine {
         } else {
             crate::config::inventory::Firmware::Uefi
         }),
+        ports: Vec::new(),
     }
 }
 
@@ -229,6 +230,7 @@ fn machine(m: &InventoryMachine) -> ProviderMachine {
         } else {
             Vec::new()
         },
+        ports: m.ports.clone(),
     }
 }
 

@@ -34,6 +34,10 @@ pub struct ProviderMachine {
     /// The provisioning NICs it boots the network from (inventory `boot =
     /// "network"`): the BMDB's `machine_boot_mac`.
     pub boot_macs: Vec<crate::mac::MacAddr>,
+    /// The switch ports it is cabled to (inventory `ports`): recorded
+    /// with it, so that nothing reaches it before they are moved to the
+    /// provisioning network.
+    pub ports: Vec<crate::config::HostPort>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -160,6 +160,13 @@ pub fn registrations(cfg: &Config, x: LoopInputs) -> Vec<Registration> {
         let every = cfg.metal.interval;
         loops.push(Registration::round(move || DeviceRound::new(every)));
     }
+
+    if !cfg.network.switches.is_empty() {
+        let (network, inventory) = (cfg.network.clone(), cfg.provider.inventory.clone());
+        loops.push(Registration::round(move || {
+            crate::switches::SwitchRound::new(network.clone(), inventory.clone())
+        }));
+    }
     loops
 }
 

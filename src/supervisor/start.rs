@@ -234,6 +234,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
     );
     loops.extend(extra);
     let (metal_enabled, metal_cfg) = (cfg.metal.enabled, cfg.metal.clone());
+    let tenant_vlans = cfg.network.tenant_range();
     let supervisor = Supervisor::new(cfg, parts, Registry::new(loops)).start();
     Ok(Running {
         admin: crate::admin::Admin {
@@ -244,7 +245,8 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             ..admin
         },
         supervisor,
-        metal: metal_enabled.then(|| crate::metal::Catalog::new(&metal_cfg)),
+        metal: metal_enabled
+            .then(|| crate::metal::Catalog::new(&metal_cfg).with_tenant_vlans(tenant_vlans)),
         callback,
         images,
         netboot,

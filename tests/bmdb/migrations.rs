@@ -14,7 +14,8 @@ const TABLES: &str = "SELECT count(*) FROM information_schema.tables WHERE table
      'device', 'project_event', 'tenant_audit', 'machine_firmware', 'machine_firmware_history', \
      'machine_firmware_read', 'machine_bios', 'machine_storage', 'firmware_grant', \
      'machine_service', 'service_history', 'machine_tally', 'machine_tally_delta', 'machine_console', 'console_session', 'machine_plan', 'plan_catalog', \
-     'image_swarm_member')";
+     'image_swarm_member', 'switch_port', 'switch_change', 'switch_state', 'virtual_network', 'device_port', \
+     'device_port_vlan', 'port_vlan_batch')";
 
 #[actix_rt::test]
 async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
@@ -53,14 +54,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V27__console_sessions",
             "V28__fleet_filters",
             "V29__console_keep_alive",
-            "V30__image_swarms"
+            "V30__image_swarms",
+            "V31__switch_ports"
         ]
     );
-    assert_eq!(first.version, Some(30));
-    assert_eq!(count(&bmdb, TABLES).await, 56);
+    assert_eq!(first.version, Some(31));
+    assert_eq!(count(&bmdb, TABLES).await, 63);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(30));
+    assert_eq!(again.version, Some(31));
 }
 
 #[actix_rt::test]
@@ -73,13 +75,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 30],
+        [0, 31],
         "one run applies every migration, the other none"
     );
-    assert_eq!(count(&a, TABLES).await, 56);
+    assert_eq!(count(&a, TABLES).await, 63);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        30
+        31
     );
 }
 
@@ -133,7 +135,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V27__console_sessions",
             "V28__fleet_filters",
             "V29__console_keep_alive",
-            "V30__image_swarms"
+            "V30__image_swarms",
+            "V31__switch_ports"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -219,7 +222,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V27__console_sessions",
             "V28__fleet_filters",
             "V29__console_keep_alive",
-            "V30__image_swarms"
+            "V30__image_swarms",
+            "V31__switch_ports"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

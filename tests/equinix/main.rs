@@ -441,6 +441,7 @@ async fn a_vanished_reservation_is_named_as_gone() {
         kind: MachineKind::Capacity,
         boots_from_bmc: false,
         boot_macs: Vec::new(),
+        ports: Vec::new(),
     };
     let e = provider
         .create_machine(&gone)

@@ -76,6 +76,9 @@ pub fn stay(init: TakeoverInit, seed: [u8; 32], exe: Option<PathBuf>) {
     heartbeat(resident, exe);
 }
 
+/// How long each NIC is listened on for LLDP: a switch sends every 30 s.
+const LLDP_LISTEN: Duration = Duration::from_secs(65);
+
 fn heartbeat(resident: Resident, exe: PathBuf) -> ! {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -85,6 +88,14 @@ fn heartbeat(resident: Resident, exe: PathBuf) -> ! {
     // agent may be the installed image's.
     let reboot_off = std::env::var("TAKEOVER_AGENT_REBOOT").is_ok_and(|v| v == "0")
         || sidecar(&exe, "takeover-agent.reboot").as_deref() == Some("off");
+    // Which switch port each NIC is on, from the switches' LLDP frames
+    // (sent every 30 s by default): the report is sent again once heard.
+    crate::lldp::learn_in_background(crate::lldp::physical_interfaces(), LLDP_LISTEN, |line| {
+        eprintln!(
+            "{} takeover-agent: {line}",
+            humantime::format_rfc3339_millis(std::time::SystemTime::now())
+        )
+    });
     rt.block_on(crate::resident::run(resident, ThisHost { exe, reboot_off }));
     std::process::exit(0);
 }

@@ -22,6 +22,7 @@ pub fn inventory_host(id: &str, bmc: Option<BmcConfig>) -> InventoryMachine {
         mac: None,
         macs: Vec::new(),
         firmware: None,
+        ports: Vec::new(),
     }
 }
 

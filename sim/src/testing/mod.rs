@@ -25,6 +25,8 @@
 //! - `browser`: the admin pages in a headless browser ([`browse`]).
 //! - `netns`: network namespaces a test makes ([`Netns`]), and a rack's
 //!   two joined by its provisioning link ([`RackNetwork`]).
+//! - `ovs`: a real switch, Open vSwitch in user space in a namespace,
+//!   managed over SSH ([`OvsSwitch`]), and machines' NICs on its ports.
 //! - `ipmi_sim`: OpenIPMI's BMC emulator with Serial-over-LAN in front of
 //!   a QEMU guest ([`IpmiSim`]).
 
@@ -36,6 +38,7 @@ mod builds;
 mod db;
 mod ipmi_sim;
 mod netns;
+mod ovs;
 mod processes;
 mod rack;
 mod sshd;
@@ -55,6 +58,7 @@ pub use db::{
 };
 pub use ipmi_sim::{IPMI_SIM_PASSWORD, IPMI_SIM_USER, IpmiSim, ipmi_sim_usable};
 pub use netns::{Netns, RackNetwork, is_root};
+pub use ovs::{Lldpd, Nic, OvsSwitch, ovs_usable};
 pub use processes::{
     FleetShares, FleetSimProcess, ShepherdProcess, cpu_seconds, installed_by_hand, loopback_env,
     peak_rss_mb, pgbench, succeed,

@@ -56,7 +56,21 @@ impl OwnedRack {
         image_len: u64,
         env: &[(&'static str, String)],
     ) -> OwnedRack {
-        Self::start_on(None, n, first, interval, image_len, env, &[]).await
+        Self::start_on(None, n, first, interval, image_len, env, &[], &|_| {}).await
+    }
+
+    /// As [`OwnedRack::start`], with shepherd's configuration (the
+    /// fleet's, a plan and an operating system added) edited by `edit`
+    /// first: a `[network]` of switches, hosts' cabling.
+    pub async fn start_edited(
+        n: usize,
+        first: Ipv4Addr,
+        interval: &str,
+        image_len: u64,
+        env: &[(&'static str, String)],
+        edit: &dyn Fn(&mut toml::Table),
+    ) -> OwnedRack {
+        Self::start_on(None, n, first, interval, image_len, env, &[], edit).await
     }
 
     /// As [`OwnedRack::start`], but blank machines, powered off, that
@@ -81,10 +95,12 @@ impl OwnedRack {
             image_len,
             env,
             fleet_args,
+            &|_| {},
         )
         .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn start_on(
         net: Option<RackNetwork>,
         n: usize,
@@ -93,6 +109,7 @@ impl OwnedRack {
         image_len: u64,
         env: &[(&'static str, String)],
         fleet_args: &[&str],
+        edit: &dyn Fn(&mut toml::Table),
     ) -> OwnedRack {
         let db = TestDb::new().await;
         let dir = tempfile::tempdir().unwrap();
@@ -147,7 +164,9 @@ impl OwnedRack {
             Self::PLAN,
             Self::OPERATING_SYSTEM,
         ));
-        std::fs::write(&config, text).unwrap();
+        let mut table: toml::Table = text.parse().unwrap();
+        edit(&mut table);
+        std::fs::write(&config, toml::to_string(&table).unwrap()).unwrap();
         let url = match &net {
             None => db.url(),
             Some(_) => db.socket_url().expect(

@@ -45,6 +45,7 @@ pub(in super::super) async fn machine_page(
         }
         (machine_section(&admin, &d, operator.as_ref()))
         (hardware(&d))
+        (super::super::network::machine_section(&d.ports))
         @if let Some(f) = &d.bmc {
             h2 { "BMC" }
             table #bmc {
@@ -329,7 +330,10 @@ fn hardware(d: &MachineDetail) -> Markup {
                     tr { th { "disk" } td { (x.protocol) " " (x.model) " " (shepherd_proto::summary::bytes(x.capacity_bytes)) } }
                 }
                 @for n in &h.nics {
-                    tr { th { "NIC" } td { (n.mac) " " (n.driver) " link " @if n.link_up { "up" } @else { "down" } } }
+                    tr { th { "NIC" } td {
+                        (n.mac) " " (n.driver) " link " @if n.link_up { "up" } @else { "down" }
+                        @if let Some(l) = &n.lldp { ", on " (l) " (LLDP)" }
+                    } }
                 }
             },
         }

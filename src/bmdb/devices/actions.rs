@@ -54,6 +54,9 @@ pub async fn delete(
         &[&id, &by, &erase_mode],
     )
     .await?;
+    // Its ports go with it: the networks they held are free to delete.
+    tx.execute("DELETE FROM device_port WHERE device_id = $1", &[&id])
+        .await?;
     event(
         tx,
         project,
@@ -75,6 +78,21 @@ pub(super) async fn ask_erasure(
     by: &str,
     erase_mode: &str,
 ) -> Result<Option<String>, BmdbError> {
+    // Its ports leave the tenant's network before anything of shepherd's
+    // reaches the machine: the erasure is asked once they are read back
+    // on the provisioning network (the devices round asks again).
+    let network: Option<String> = tx
+        .query_opt(
+            "SELECT network FROM machine_summary WHERE machine_id = $1",
+            &[&machine_id],
+        )
+        .await?
+        .and_then(|r| r.get(0));
+    if network.as_deref().is_some_and(|n| n != "provisioning") {
+        return Ok(Some(format!(
+            "machine {machine_id}'s ports are not on the provisioning network yet"
+        )));
+    }
     let asker = Asker {
         actor: by,
         action_id: Uuid::new_v4(),

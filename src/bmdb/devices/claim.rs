@@ -278,6 +278,7 @@ pub async fn claim(
                         ),
                     )
                     .await?;
+                    super::ports::make(tx, id, c.machine_id).await?;
                     let device = get(tx, id).await?.expect("inserted above");
                     return Ok(Claimed::Done(Box::new(device)));
                 }

@@ -143,6 +143,8 @@ pub async fn advance(tx: &mut Tx<'_>) -> Result<Advanced, BmdbError> {
                 &[&d.id],
             )
             .await?;
+            tx.execute("DELETE FROM device_port WHERE device_id = $1", &[&d.id])
+                .await?;
             event(
                 tx,
                 d.project_id,

@@ -40,6 +40,9 @@ pub struct Device {
     /// machine's disks are erased, for the devices round.
     pub deleted_by: String,
     pub erase_mode: String,
+    /// Its ports (the Metal API's `network_ports`): none when its machine
+    /// has no NIC cabled to a switch shepherd changes.
+    pub ports: Vec<ports::DevicePort>,
 }
 
 /// What a device's Metal state is derived from.
@@ -63,6 +66,9 @@ pub struct StateFacts {
     /// A power action waiting: `reboot`, `off` or `on`.
     pub power_request: Option<String>,
     pub last_state: Option<String>,
+    /// Its machine's network (`machine_summary.network`): None when no
+    /// switch port of it is known; else active only once `tenant`.
+    pub network: Option<String>,
 }
 
 /// The Metal API's device states, from shepherd's, in one table.
@@ -76,6 +82,7 @@ pub struct StateFacts {
 /// | installation in progress | `provisioning` (`reinstalling`) |
 /// | installation failed | `failed` |
 /// | installed, its BMC restarting it from its disk | `provisioning` (`reinstalling`) |
+/// | installed, its ports not yet read back on its networks | `provisioning` (`reinstalling`) |
 /// | installed, a power-off / power-on asked | `powering_off` / `powering_on` |
 /// | installed, powered off by the tenant | `inactive` |
 /// | installed and booted | `active` |
@@ -113,7 +120,7 @@ pub fn metal_state(f: &StateFacts) -> &'static str {
     match reported(generation) {
         Some("Error") => "failed",
         Some(_) => {
-            if f.boot_request.is_some() {
+            if f.boot_request.is_some() || f.network.as_deref().is_some_and(|n| n != "tenant") {
                 busy
             } else {
                 match f.power_request.as_deref() {
@@ -143,7 +150,8 @@ macro_rules! device_select {
                     p.provider_ip_address, \
                     EXISTS (SELECT 1 FROM machine_project mp WHERE mp.machine_id = d.machine_id \
                              AND mp.project_id = d.project_id), \
-                    COALESCE(d.deleted_by, 'shepherd'), COALESCE(d.erase_mode, 'overwrite') \
+                    COALESCE(d.deleted_by, 'shepherd'), COALESCE(d.erase_mode, 'overwrite'), \
+                    s.network \
              FROM device d \
              JOIN machine_summary s ON s.machine_id = d.machine_id \
              LEFT JOIN machine_provided p ON p.machine_id = d.machine_id \
@@ -188,18 +196,32 @@ fn device_from(r: &tokio_postgres::Row) -> Device {
             boot_request: r.get(27),
             power_request: r.get(28),
             last_state: r.get(29),
+            network: r.get(34),
         },
         address: r.get(30),
         reserved: r.get(31),
         deleted_by: r.get(32),
         erase_mode: r.get(33),
+        ports: Vec::new(),
     }
+}
+
+/// Fills each device's ports.
+async fn with_ports(tx: &mut Tx<'_>, mut devices: Vec<Device>) -> Result<Vec<Device>, BmdbError> {
+    let ids: Vec<Uuid> = devices.iter().map(|d| d.id).collect();
+    let mut ports = ports::of(tx, &ids).await?;
+    for d in &mut devices {
+        d.ports = ports.remove(&d.id).unwrap_or_default();
+    }
+    Ok(devices)
 }
 
 // The rooms, after the macro they use.
 mod actions;
 mod claim;
 mod events;
+pub mod port_actions;
+pub mod ports;
 pub use actions::{Acted, delete, power, reinstall};
 pub use claim::{Candidate, Claimed, NewDevice, Placed, Placement, claim};
 pub use events::{Advanced, Event, Events, advance, event, events};
@@ -216,7 +238,14 @@ pub async fn get(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<Device>, BmdbError>
         device_select!(),
         "WHERE d.device_id = $1 AND d.deleted_at IS NULL"
     );
-    Ok(tx.query_opt(sql, &[&id]).await?.as_ref().map(device_from))
+    let found: Vec<Device> = tx
+        .query_opt(sql, &[&id])
+        .await?
+        .as_ref()
+        .map(device_from)
+        .into_iter()
+        .collect();
+    Ok(with_ports(tx, found).await?.pop())
 }
 
 /// The device running on a machine, if any.
@@ -254,7 +283,10 @@ pub async fn list(
         )
         .await?
         .get(0);
-    Ok((rows.iter().map(device_from).collect(), total))
+    Ok((
+        with_ports(tx, rows.iter().map(device_from).collect()).await?,
+        total,
+    ))
 }
 
 /// What an update changes (None: left as it is).

@@ -130,6 +130,9 @@ pub struct MachineDetail {
     /// Who was on its console over shepherd's SSH, newest first (ten at
     /// most).
     pub console_sessions: Vec<crate::bmdb::console_sessions::ConsoleSession>,
+    /// The switch ports it is cabled to, and what is wanted and seen on
+    /// each.
+    pub ports: Vec<crate::bmdb::switches::PortView>,
     /// What happened to it, newest first (200 at most).
     pub timeline: Vec<super::Moment>,
 }
@@ -314,6 +317,7 @@ pub async fn detail(tx: &mut Tx<'_>, machine_id: Uuid) -> Result<Option<MachineD
         service: crate::bmdb::servicing::of_machine(tx, machine_id).await?,
         consoles: crate::bmdb::console::latest(tx, machine_id, 3).await?,
         console_sessions: crate::bmdb::console_sessions::recent(tx, machine_id, 10).await?,
+        ports: crate::bmdb::switches::machine_ports(tx, machine_id).await?,
         timeline: super::timeline(tx, machine_id, 200).await?,
     }))
 }

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::{BmdbError, Tx};
 
 mod keys;
+pub mod networks;
 mod tokens;
 
 pub use keys::*;

@@ -45,6 +45,10 @@ pub struct InventoryMachine {
     /// the EFI flag; `"bios"` does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<Firmware>,
+    /// Its cabling: the switch ports its NICs (and its BMC) are on
+    /// (`network.switches`), which shepherd moves between networks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<super::network::HostPort>,
 }
 
 /// A machine's firmware, as far as booting it from the network cares.
@@ -569,6 +573,15 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
             Some(bmc)
         }
     };
+    let ports: Vec<super::network::HostPort> = match entry.remove("ports") {
+        None => Vec::new(),
+        Some(v) => v
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("ports: {}", e.message()))?,
+    };
+    for (j, p) in ports.iter().enumerate() {
+        super::network::check_port_name(&p.port).map_err(|e| format!("ports[{j}].port: {e}"))?;
+    }
     if let Some(k) = entry.keys().next() {
         return Err(format!("unknown key `{k}`"));
     }
@@ -581,6 +594,7 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
         mac,
         macs,
         firmware,
+        ports,
     };
     m.check_reach()?;
     Ok(m)

@@ -56,11 +56,13 @@ mod create;
 mod device;
 mod events;
 mod keys;
+mod ports;
 mod reservations;
 pub use create::*;
 pub use device::*;
 pub use events::*;
 pub use keys::*;
+pub use ports::*;
 pub use reservations::*;
 
 /// A JSON body: objects only, parse errors a 422 naming the field (or,

@@ -321,8 +321,12 @@ mod tests {
     fn bad_networks_are_named_by_key() {
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("switch_ed25519");
-        crate::ssh::SshIdentity::load_or_generate(&key).unwrap();
-        let secret = std::fs::read_to_string(&key).unwrap();
+        let pair = russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&[7; 32]);
+        let secret = russh::keys::PrivateKey::from(pair)
+            .to_openssh(russh::keys::ssh_key::LineEnding::LF)
+            .unwrap()
+            .to_string();
+        std::fs::write(&key, &secret).unwrap();
         let f = dir.path().join("shepherd.toml");
         let load = |network: &str, hosts: &str| {
             std::fs::write(

@@ -16,15 +16,13 @@
 //!   description allows none: an absent value is left out).
 //!
 //! Files: [`catalog`] (plans, operating systems, metros), `auth`,
-//! `json` (the representations; `ports` those of ports and virtual
-//! networks), `handlers` (the routes' answers).
+//! `json` (the representations), `handlers` (the routes' answers).
 
 pub mod catalog;
 
 mod auth;
 mod handlers;
 mod json;
-mod ports;
 
 use actix_web::middleware::from_fn;
 use actix_web::web;

@@ -7,7 +7,7 @@ use super::*;
 use crate::bmdb::devices::port_actions::{self, BatchItem, PortRefusal};
 use crate::bmdb::devices::ports::{self, DevicePort};
 use crate::bmdb::tenants::networks::{self, VirtualNetwork};
-use crate::metal::ports as rep;
+use crate::metal::json as rep;
 
 /// A port the caller sees: it, its device's ports, the device's project
 /// and metro.

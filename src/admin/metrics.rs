@@ -1,11 +1,6 @@
 //! The `/metrics` scrape: the process's own series (its registry) and the
 //! fleet's, read from the BMDB and the supervisor at each scrape.
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use actix_web::{HttpResponse, web};
@@ -13,96 +8,11 @@ use actix_web::{HttpResponse, web};
 use super::api;
 use super::handlers::status;
 use super::request::internal;
+use super::scrape::{Labels, Scrape, labels};
 use super::state::Admin;
 use crate::bmdb::Process;
 use crate::bmdb::machines::{self, MachineState};
-use crate::control::{DURATION_BUCKETS, Durations, LoopKind, LoopStatus};
-
-pub type Labels = Vec<(&'static str, String)>;
-
-/// Series read at scrape time, registered into a registry of the scrape's.
-pub struct Scrape(Registry);
-
-/// A histogram some runner kept ([`Durations`]), as of the scrape.
-#[derive(Debug, Default)]
-struct KeptHistogram(std::sync::Mutex<Durations>);
-
-impl TypedMetric for KeptHistogram {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for KeptHistogram {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let d = self.0.lock().map_err(|_| std::fmt::Error)?;
-        let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
-            .iter()
-            .copied()
-            .chain([f64::INFINITY])
-            .zip(d.buckets)
-            .collect();
-        encoder.encode_histogram::<NoLabelSet>(d.sum, d.count, &buckets, None)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
-}
-
-impl Scrape {
-    fn gauge(&mut self, name: &str, help: &str, value: i64) {
-        let g: Gauge = Gauge::default();
-        g.set(value);
-        self.0.register(name, help, g);
-    }
-
-    fn counter(&mut self, name: &str, help: &str, value: u64) {
-        let c: Counter = Counter::default();
-        c.inc_by(value);
-        self.0.register(name, help, c);
-    }
-
-    fn histograms(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Unit,
-        values: impl IntoIterator<Item = (Labels, Durations)>,
-    ) {
-        let f: Family<Labels, KeptHistogram> = Family::default();
-        for (l, v) in values {
-            *f.get_or_create(&l).0.lock().unwrap() = v;
-        }
-        self.0.register_with_unit(name, help, unit, f);
-    }
-
-    pub(super) fn gauges(
-        &mut self,
-        name: &str,
-        help: &str,
-        values: impl IntoIterator<Item = (Labels, i64)>,
-    ) {
-        let f: Family<Labels, Gauge> = Family::default();
-        for (l, v) in values {
-            f.get_or_create(&l).set(v);
-        }
-        self.0.register(name, help, f);
-    }
-
-    /// Counters kept elsewhere (a mailbox's tallies), as of now. `name`
-    /// without `_total`.
-    fn counters(
-        &mut self,
-        name: &str,
-        help: &str,
-        values: impl IntoIterator<Item = (Labels, u64)>,
-    ) {
-        let f: Family<Labels, Counter> = Family::default();
-        for (l, v) in values {
-            f.get_or_create(&l).inc_by(v);
-        }
-        self.0.register(name, help, f);
-    }
-}
+use crate::control::{LoopKind, LoopStatus};
 
 /// The series read from the BMDB.
 pub fn fleet_samples(
@@ -204,56 +114,6 @@ fn tenant_samples(p: &mut Scrape, t: &crate::bmdb::devices::TenantCounts) {
             (labels(&[("state", s)]), n)
         }),
     );
-}
-
-/// The switches' series, from the BMDB (every shepherd serves the same).
-pub fn switch_samples(p: &mut Scrape, switches: &[crate::bmdb::switches::SwitchView]) {
-    let up = |s: &crate::bmdb::switches::SwitchView| s.failures == 0 && s.reached_at.is_some();
-    p.gauges(
-        "shepherd_switch_up",
-        "Whether shepherd's last session with each switch held (0: it failed, or none held yet; the cause is in /api/v1/switches)",
-        switches.iter().map(|s| (labels(&[("switch", &s.name)]), i64::from(up(s)))),
-    );
-    let count = |f: &dyn Fn(&crate::bmdb::switches::SwitchView) -> bool| {
-        switches.iter().filter(|s| f(s)).count() as i64
-    };
-    p.gauges(
-        "shepherd_switches",
-        "Switches by how shepherd's last session with each went: answering, failing (the cause is in /api/v1/switches), unreached (never reached yet)",
-        [
-            ("answering", count(&up)),
-            ("failing", count(&|s| s.failures > 0)),
-            ("unreached", count(&|s| s.failures == 0 && s.reached_at.is_none())),
-        ]
-        .map(|(state, n)| (labels(&[("state", state)]), n)),
-    );
-    p.gauge(
-        "shepherd_switch_ports_pending",
-        "Switch ports not yet read back where shepherd wants them, on every switch",
-        switches.iter().map(|s| s.ports_pending).sum(),
-    );
-    p.gauges(
-        "shepherd_switch_ports",
-        "Switch ports cabled to machines, by whether the switch was read back holding what shepherd wants (settled) or not yet (pending)",
-        switches.iter().flat_map(|s| {
-            [
-                ("settled", s.ports - s.ports_pending),
-                ("pending", s.ports_pending),
-            ]
-            .map(|(state, n)| (labels(&[("switch", &s.name), ("state", state)]), n))
-        }),
-    );
-    p.counters(
-        "shepherd_switch_port_changes",
-        "Port changes shepherd made on each switch and read back (all shepherds, all time)",
-        switches
-            .iter()
-            .map(|s| (labels(&[("switch", &s.name)]), s.changes.max(0) as u64)),
-    );
-}
-
-pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
 /// A lease loop's labels on the lease series: `process`, and `loop` when
@@ -486,7 +346,7 @@ pub async fn metrics(admin: web::Data<Admin>) -> HttpResponse {
             (endpoints, oldest_boot, tenants, secure_boot, firmware, below, switches),
         )) => {
             tenant_samples(&mut p, &tenants);
-            switch_samples(&mut p, &switches);
+            super::network::switch_samples(&mut p, &switches);
             let survey = admin.baselines.survey(&below);
             p.gauges(
                 "shepherd_baseline_machines",

@@ -39,6 +39,7 @@ mod request;
 mod rollout_pages;
 mod rollouts;
 pub mod routes;
+mod scrape;
 mod servicing;
 mod state;
 mod tenancy;

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::scrape::labels;
 use super::text::rfc3339;
 use crate::bmdb::switches::{PortView, SwitchView};
 
@@ -163,4 +164,53 @@ pub fn port_line(b: &PortBody) -> String {
         line.push_str(&format!(" last failure: {e}"));
     }
     line
+}
+
+/// The switches' series, from the BMDB (every shepherd serves the same).
+pub fn switch_samples(
+    p: &mut super::scrape::Scrape,
+    switches: &[crate::bmdb::switches::SwitchView],
+) {
+    let up = |s: &crate::bmdb::switches::SwitchView| s.failures == 0 && s.reached_at.is_some();
+    p.gauges(
+        "shepherd_switch_up",
+        "Whether shepherd's last session with each switch held (0: it failed, or none held yet; the cause is in /api/v1/switches)",
+        switches.iter().map(|s| (labels(&[("switch", &s.name)]), i64::from(up(s)))),
+    );
+    let count = |f: &dyn Fn(&crate::bmdb::switches::SwitchView) -> bool| {
+        switches.iter().filter(|s| f(s)).count() as i64
+    };
+    p.gauges(
+        "shepherd_switches",
+        "Switches by how shepherd's last session with each went: answering, failing (the cause is in /api/v1/switches), unreached (never reached yet)",
+        [
+            ("answering", count(&up)),
+            ("failing", count(&|s| s.failures > 0)),
+            ("unreached", count(&|s| s.failures == 0 && s.reached_at.is_none())),
+        ]
+        .map(|(state, n)| (labels(&[("state", state)]), n)),
+    );
+    p.gauge(
+        "shepherd_switch_ports_pending",
+        "Switch ports not yet read back where shepherd wants them, on every switch",
+        switches.iter().map(|s| s.ports_pending).sum(),
+    );
+    p.gauges(
+        "shepherd_switch_ports",
+        "Switch ports cabled to machines, by whether the switch was read back holding what shepherd wants (settled) or not yet (pending)",
+        switches.iter().flat_map(|s| {
+            [
+                ("settled", s.ports - s.ports_pending),
+                ("pending", s.ports_pending),
+            ]
+            .map(|(state, n)| (labels(&[("switch", &s.name), ("state", state)]), n))
+        }),
+    );
+    p.counters(
+        "shepherd_switch_port_changes",
+        "Port changes shepherd made on each switch and read back (all shepherds, all time)",
+        switches
+            .iter()
+            .map(|s| (labels(&[("switch", &s.name)]), s.changes.max(0) as u64)),
+    );
 }

@@ -161,21 +161,10 @@ pub async fn allocate_project_vlans(
     Ok(without)
 }
 
-/// A project's own VLAN, if it has one.
-pub async fn project_vlan(tx: &mut Tx<'_>, project: Uuid) -> Result<Option<u16>, BmdbError> {
-    Ok(tx
-        .query_opt(
-            "SELECT vxlan FROM virtual_network WHERE project_id = $1 AND own",
-            &[&project],
-        )
-        .await?
-        .map(|r| r.get::<_, i32>(0) as u16))
-}
-
 /// Makes the declared ports the BMDB's: each `(switch, port)` names its
 /// host's machine (by the inventory ID); a declared port no longer listed
-/// goes. Returns the ports whose host is not a machine yet.
-pub async fn sync_declared(tx: &mut Tx<'_>, declared: &[Declared]) -> Result<usize, BmdbError> {
+/// goes.
+pub async fn sync_declared(tx: &mut Tx<'_>, declared: &[Declared]) -> Result<(), BmdbError> {
     let switches: Vec<&str> = declared.iter().map(|d| d.switch.as_str()).collect();
     let ports: Vec<&str> = declared.iter().map(|d| d.port.as_str()).collect();
     tx.execute(
@@ -185,14 +174,7 @@ pub async fn sync_declared(tx: &mut Tx<'_>, declared: &[Declared]) -> Result<usi
         &[&switches, &ports],
     )
     .await?;
-    cable(tx, declared).await?;
-    Ok(tx
-        .query_one(
-            "SELECT count(*) FROM switch_port WHERE declared AND machine_id IS NULL",
-            &[],
-        )
-        .await?
-        .get::<_, i64>(0) as usize)
+    cable(tx, declared).await
 }
 
 /// Records hosts' cabling (the provisioner, as it records a new host;
@@ -476,24 +458,6 @@ pub async fn machine_ports(tx: &mut Tx<'_>, machine: Uuid) -> Result<Vec<PortVie
             changed_at: r.get(10),
             error: r.get(11),
         })
-        .collect())
-}
-
-/// Changes made on a machine's ports, newest first.
-pub async fn machine_changes(
-    tx: &mut Tx<'_>,
-    machine: Uuid,
-    limit: i64,
-) -> Result<Vec<(String, String, String, Option<i32>, std::time::SystemTime)>, BmdbError> {
-    Ok(tx
-        .query(
-            "SELECT switch_name, port_name, purpose, after_native, at FROM switch_change \
-              WHERE machine_id = $1 ORDER BY at DESC, change_id DESC LIMIT $2",
-            &[&machine, &limit],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
         .collect())
 }
 

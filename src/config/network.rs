@@ -137,36 +137,49 @@ pub fn ssh_target(address: &str) -> Result<(String, u16), AddressError> {
 
 /// A name a switch or port may have: what a switch's CLI takes as one
 /// word.
-pub fn check_port_name(s: &str) -> Result<(), String> {
+pub fn check_port_name(s: &str) -> Result<(), NetworkValueError> {
     if s.is_empty() || s.len() > 64 {
-        return Err(format!("{s:?} must be 1 to 64 characters"));
+        return Err(NetworkValueError::NameLength(s.to_string()));
     }
     match s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || "._-/:".contains(*c)))
     {
-        Some(c) => Err(format!(
-            "{s:?} holds {c:?}: letters, digits and . _ - / : only"
-        )),
+        Some(c) => Err(NetworkValueError::NameCharacter(s.to_string(), c)),
         None => Ok(()),
     }
 }
 
+/// A switch or port name, or a VLAN range, that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkValueError {
+    #[error("{0:?} must be 1 to 64 characters")]
+    NameLength(String),
+    #[error("{0:?} holds {1:?}: letters, digits and . _ - / : only")]
+    NameCharacter(String, char),
+    #[error("{0:?} is not FIRST-LAST")]
+    NotARange(String),
+    #[error("{0:?} is not a VLAN (1 to 4094)")]
+    NotAVlan(String),
+    #[error("{0:?}: {1} comes after {2}")]
+    Backwards(String, u16, u16),
+}
+
 /// `"FIRST-LAST"`, within 1..=4094.
-pub fn parse_vlan_range(s: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+pub fn parse_vlan_range(s: &str) -> Result<std::ops::RangeInclusive<u16>, NetworkValueError> {
     let (a, b) = s
         .split_once('-')
-        .ok_or_else(|| format!("{s:?} is not FIRST-LAST"))?;
+        .ok_or_else(|| NetworkValueError::NotARange(s.to_string()))?;
     let num = |x: &str| {
         x.trim()
             .parse::<u16>()
             .ok()
             .filter(|v| (1..=4094).contains(v))
-            .ok_or_else(|| format!("{x:?} is not a VLAN (1 to 4094)"))
+            .ok_or_else(|| NetworkValueError::NotAVlan(x.to_string()))
     };
     let (a, b) = (num(a)?, num(b)?);
     if a > b {
-        return Err(format!("{s:?}: {a} comes after {b}"));
+        return Err(NetworkValueError::Backwards(s.to_string(), a, b));
     }
     Ok(a..=b)
 }
@@ -198,7 +211,7 @@ impl NetworkConfig {
             vlan("bmc_vlan", b)?;
         }
         let range = parse_vlan_range(&self.tenant_vlans)
-            .map_err(|e| ConfigError::key("network.tenant_vlans", e))?;
+            .map_err(|e| ConfigError::key("network.tenant_vlans", e.to_string()))?;
         let mut own = vec![
             ("provisioning_vlan", self.provisioning_vlan),
             ("idle_vlan", self.idle_vlan),
@@ -230,7 +243,7 @@ impl NetworkConfig {
         let mut names = HashSet::new();
         for (i, s) in self.switches.iter_mut().enumerate() {
             let key = |k: &str| format!("network.switches[{i}].{k}");
-            check_port_name(&s.name).map_err(|e| ConfigError::key(key("name"), e))?;
+            check_port_name(&s.name).map_err(|e| ConfigError::key(key("name"), e.to_string()))?;
             if !names.insert(s.name.clone()) {
                 return Err(ConfigError::key(
                     key("name"),
@@ -284,7 +297,8 @@ impl NetworkConfig {
                     format!("{:?} is not in network.switches", p.switch),
                 ));
             }
-            check_port_name(&p.port).map_err(|e| ConfigError::key(format!("{key}.port"), e))?;
+            check_port_name(&p.port)
+                .map_err(|e| ConfigError::key(format!("{key}.port"), e.to_string()))?;
             if !seen.insert((p.switch.clone(), p.port.clone())) {
                 return Err(ConfigError::key(
                     format!("{key}.port"),

@@ -20,7 +20,7 @@ pub mod driver;
 pub mod ovs;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
@@ -70,19 +70,16 @@ pub struct PortsSeen {
     /// Ports read back.
     pub reads: u64,
     pub failures: u64,
-    /// The last failure per switch (cleared once it answers).
-    pub failing: BTreeMap<String, String>,
 }
 
 /// The loop that keeps switch ports where the life cycle wants them.
 pub struct SwitchRound {
     cfg: NetworkConfig,
     inventory: InventoryConfig,
-    /// The declared cabling last made the BMDB's (its hash), and how many
-    /// of its ports named a host not yet a machine (matched again each
-    /// round until none).
+    /// The declared cabling last made the BMDB's (its hash): made again
+    /// only when it changes (a host the provisioner records later is
+    /// cabled as it is recorded).
     synced: Cell<Option<u64>>,
-    unmatched: Cell<usize>,
     /// Switches held since this process took them and read whole once.
     read_whole: RefCell<HashSet<String>>,
 }
@@ -93,7 +90,6 @@ impl SwitchRound {
             cfg,
             inventory,
             synced: Cell::new(None),
-            unmatched: Cell::new(0),
             read_whole: RefCell::new(HashSet::new()),
         }
     }
@@ -294,17 +290,13 @@ impl Round for SwitchRound {
                     if changed > 0 {
                         tracing::info!(switch = %name, ports = changed, "switch ports changed and read back");
                     }
-                    seen.failing.remove(&name);
                 }
                 SwitchTurn::Failed(e) => {
                     seen.sessions += 1;
                     seen.failures += 1;
                     tracing::warn!(switch = %name, error = %e, "switch not changed");
-                    seen.failing.insert(name, e.to_string());
                 }
-                SwitchTurn::Settled => {
-                    seen.failing.remove(&name);
-                }
+                SwitchTurn::Settled => {}
                 SwitchTurn::StoodBy => {}
             }
         }
@@ -320,18 +312,16 @@ impl SwitchRound {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         declared.hash(&mut h);
         let h = h.finish();
-        if self.synced.get() != Some(h) || self.unmatched.get() > 0 {
+        if self.synced.get() != Some(h) {
             let configured: Vec<String> =
                 self.cfg.switches.iter().map(|s| s.name.clone()).collect();
-            let unmatched = session
+            session
                 .transact(async |tx| {
-                    let n = switches::sync_declared(tx, &declared).await?;
-                    switches::unknown_switches(tx, &configured).await?;
-                    Ok(n)
+                    switches::sync_declared(tx, &declared).await?;
+                    switches::unknown_switches(tx, &configured).await
                 })
                 .await?;
             self.synced.set(Some(h));
-            self.unmatched.set(unmatched);
         }
         let range = self.cfg.tenant_range();
         let projects_without_vlan = session

@@ -165,22 +165,44 @@ fn text(v: &serde_json::Value) -> Option<Option<String>> {
     }
 }
 
+/// What `ovs-vsctl list Port` printed that is not ports.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortsUnreadable {
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    #[error("no \"data\" array")]
+    NoData,
+    #[error("a row is not [name, tag, trunks, vlan_mode]: {0}")]
+    Row(String),
+    #[error("port {port}: {column} is {value}")]
+    Column {
+        port: String,
+        column: &'static str,
+        value: String,
+    },
+}
+
 /// `ovs-vsctl --format=json --columns=name,tag,trunks,vlan_mode list
 /// Port` read into each port's VLANs, as a frame sees them.
-pub fn parse_ports(json: &str) -> Result<BTreeMap<String, PortVlans>, String> {
-    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("not JSON: {e}"))?;
-    let rows = v["data"].as_array().ok_or("no \"data\" array")?;
+pub fn parse_ports(json: &str) -> Result<BTreeMap<String, PortVlans>, PortsUnreadable> {
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| PortsUnreadable::NotJson(e.to_string()))?;
+    let rows = v["data"].as_array().ok_or(PortsUnreadable::NoData)?;
     let mut out = BTreeMap::new();
     for row in rows {
         let r = row
             .as_array()
-            .filter(|r| r.len() == 4)
-            .ok_or_else(|| format!("a row is not [name, tag, trunks, vlan_mode]: {row}"))?;
-        let name = r[0].as_str().ok_or("a port's name is not a string")?;
-        let bad = |what: &str| format!("port {name}: {what} is {}", r[1]);
-        let tag = ints(&r[1]).ok_or_else(|| bad("tag"))?.first().copied();
-        let trunks = ints(&r[2]).ok_or_else(|| format!("port {name}: trunks is {}", r[2]))?;
-        let mode = text(&r[3]).ok_or_else(|| format!("port {name}: vlan_mode is {}", r[3]))?;
+            .filter(|r| r.len() == 4 && r[0].is_string())
+            .ok_or_else(|| PortsUnreadable::Row(row.to_string()))?;
+        let name = r[0].as_str().unwrap_or_default();
+        let bad = |column: &'static str, i: usize| PortsUnreadable::Column {
+            port: name.to_string(),
+            column,
+            value: r[i].to_string(),
+        };
+        let tag = ints(&r[1]).ok_or_else(|| bad("tag", 1))?.first().copied();
+        let trunks = ints(&r[2]).ok_or_else(|| bad("trunks", 2))?;
+        let mode = text(&r[3]).ok_or_else(|| bad("vlan_mode", 3))?;
         let vlans = match (mode.as_deref(), tag) {
             (None | Some("access"), Some(t)) => PortVlans::access(t),
             (Some("native-untagged"), Some(t)) => PortVlans::new(Some(t), trunks),
@@ -224,10 +246,10 @@ impl SwitchDriver for Ovs {
             names.join(" ")
         );
         let out = self.run(&command).await?;
-        parse_ports(&out).map_err(|why| SwitchError::Unreadable {
+        parse_ports(&out).map_err(|e| SwitchError::Unreadable {
             switch: self.name.clone(),
             command,
-            why,
+            why: e.to_string(),
         })
     }
 

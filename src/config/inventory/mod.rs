@@ -1,10 +1,10 @@
-//! The static inventory's file: an operator's hosts as `[[machines]]`
+//! The static inventory's hosts (`InventoryMachine`, a host's BMC), and
+//! its file (`file.rs`): an operator's hosts as `[[machines]]`
 //! entries, read and checked entry by entry. Configuration, like the
 //! inline list: the provider re-reads the file every round, and the
 //! configuration's check reads it once at load.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -446,159 +446,8 @@ pub fn check_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// An inventory file, read: the hosts that are valid, and a message for
-/// each entry that is not (file, line, host, what is wrong).
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct FileHosts {
-    pub hosts: Vec<InventoryMachine>,
-    pub problems: Vec<String>,
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-/// Reads an inventory file. Err: the file as a whole is unusable (unreadable,
-/// not TOML, no `machines` array), naming the file and, for syntax, the
-/// line. Each bad entry is skipped and described in `problems`.
-pub fn read_file(path: &Path) -> Result<FileHosts, String> {
-    let file = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{file}: {e}"))?;
-    let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
-        let at = e
-            .span()
-            .map(|s| format!(" line {}:", line_of(&text, s.start)))
-            .unwrap_or_default();
-        format!("{file}:{at} {}", e.message())
-    })?;
-    #[derive(serde::Deserialize)]
-    struct Doc {
-        #[serde(default)]
-        machines: Vec<toml::Spanned<toml::Table>>,
-    }
-    if let Some(other) = table.keys().find(|k| *k != "machines") {
-        return Err(format!(
-            "{file}: unknown key `{other}` (an inventory file holds `[[machines]]` entries)"
-        ));
-    }
-    let entries = match table.remove("machines") {
-        None => Vec::new(),
-        Some(_) => {
-            // Parsed again for spans: a `Table`'s values carry none.
-            toml::from_str::<Doc>(&text)
-                .map_err(|e| format!("{file}: machines: {}", e.message()))?
-                .machines
-        }
-    };
-    let mut out = FileHosts::default();
-    let mut seen = HashSet::new();
-    for (i, entry) in entries.into_iter().enumerate() {
-        let line = line_of(&text, entry.span().start);
-        let entry = entry.into_inner();
-        let name = entry
-            .get("id")
-            .and_then(|v| v.as_str())
-            .filter(|id| !id.is_empty() && id.len() <= 80)
-            .map(|id| format!("host {id}"))
-            .unwrap_or_else(|| format!("machines[{i}]"));
-        let problem = |what: String| format!("{file}:{line}: {name}: {what}; skipped");
-        match parse_entry(entry) {
-            Ok(m) if !seen.insert(m.id.clone()) => out
-                .problems
-                .push(problem("listed more than once in the file".into())),
-            Ok(m) => out.hosts.push(m),
-            Err(what) => out.problems.push(problem(what)),
-        }
-    }
-    Ok(out)
-}
-
-fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
-    let text = |entry: &mut toml::Table, key: &str| -> Result<Option<String>, String> {
-        match entry.remove(key) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(format!("{key} must be a string, not {}", other.type_str())),
-        }
-    };
-    let id = text(&mut entry, "id")?.ok_or("id is missing")?;
-    check_id(&id)?;
-    let address = match text(&mut entry, "address")? {
-        None => None,
-        Some(a) => Some(
-            a.parse()
-                .map_err(|_| format!("address {a:?} is not an IP address"))?,
-        ),
-    };
-    let boot = match text(&mut entry, "boot")?.as_deref() {
-        None => None,
-        Some("ssh") => Some(BootMethod::Ssh),
-        Some("virtual-media") => Some(BootMethod::VirtualMedia),
-        Some("network") => Some(BootMethod::Network),
-        Some(other) => {
-            return Err(format!(
-                "boot {other:?} is not \"ssh\", \"virtual-media\" or \"network\""
-            ));
-        }
-    };
-    let mac = match text(&mut entry, "mac")? {
-        None => None,
-        Some(m) => Some(m.parse::<MacAddr>().map_err(|e| format!("mac: {e}"))?),
-    };
-    let macs = match entry.remove("macs") {
-        None => Vec::new(),
-        Some(toml::Value::Array(a)) => a
-            .into_iter()
-            .map(|v| match v {
-                toml::Value::String(s) => s.parse::<MacAddr>().map_err(|e| format!("macs: {e}")),
-                other => Err(format!("macs: {} is not a string", other.type_str())),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => return Err(format!("macs must be an array, not {}", other.type_str())),
-    };
-    let firmware = match text(&mut entry, "firmware")?.as_deref() {
-        None => None,
-        Some("uefi") => Some(Firmware::Uefi),
-        Some("bios") => Some(Firmware::Bios),
-        Some(other) => return Err(format!("firmware {other:?} is not \"uefi\" or \"bios\"")),
-    };
-    let location = text(&mut entry, "location")?;
-    let bmc = match entry.remove("bmc") {
-        None => None,
-        Some(v) => {
-            let mut bmc: BmcConfig = v
-                .try_into()
-                .map_err(|e: toml::de::Error| format!("bmc: {}", e.message()))?;
-            bmc.validate().map_err(|(k, e)| format!("bmc.{k}: {e}"))?;
-            Some(bmc)
-        }
-    };
-    let ports: Vec<super::network::HostPort> = match entry.remove("ports") {
-        None => Vec::new(),
-        Some(v) => v
-            .try_into()
-            .map_err(|e: toml::de::Error| format!("ports: {}", e.message()))?,
-    };
-    for (j, p) in ports.iter().enumerate() {
-        super::network::check_port_name(&p.port).map_err(|e| format!("ports[{j}].port: {e}"))?;
-    }
-    if let Some(k) = entry.keys().next() {
-        return Err(format!("unknown key `{k}`"));
-    }
-    let m = InventoryMachine {
-        id,
-        address,
-        location,
-        bmc,
-        boot,
-        mac,
-        macs,
-        firmware,
-        ports,
-    };
-    m.check_reach()?;
-    Ok(m)
-}
+mod file;
+pub use file::{FileHosts, read_file};
 
 #[cfg(test)]
 mod tests;

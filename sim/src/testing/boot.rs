@@ -110,8 +110,15 @@ pub fn https_client(ca_der: &[u8], timeout: Duration) -> awc::Client {
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
+    // An idle connection is kept 2 s, under the server's 5 s keep-alive:
+    // one kept longer may be closed by the server just as a request goes
+    // out on it, and a POST is not asked again.
     awc::Client::builder()
-        .connector(awc::Connector::new().rustls_0_23(std::sync::Arc::new(tls)))
+        .connector(
+            awc::Connector::new()
+                .rustls_0_23(std::sync::Arc::new(tls))
+                .conn_keep_alive(Duration::from_secs(2)),
+        )
         .timeout(timeout)
         .finish()
 }

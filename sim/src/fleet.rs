@@ -56,6 +56,10 @@ pub struct FleetOptions {
     /// several shepherds behind one callback name on loopback. The first
     /// name becomes the configuration's callback endpoint.
     pub names: Vec<(String, Vec<IpAddr>)>,
+    /// The switch whose LLDP frames the machines hear: each machine's
+    /// first NIC reports it as its neighbour, on port `p<N>` (the Nth
+    /// machine, from 1), as a leaf cabled in order would say.
+    pub lldp: Option<String>,
     /// Rented (the Equinix simulator) or owned (an inventory with BMCs).
     pub provider: FleetProvider,
     /// The inventory's `location` of every machine (static only).
@@ -98,6 +102,7 @@ impl Default for FleetOptions {
             token: "sim-token".into(),
             faults: Faults::default(),
             names: Vec::new(),
+            lldp: None,
             provider: FleetProvider::Equinix,
             location: None,
             firmware: crate::bmc::FirmwareOptions::default(),
@@ -253,6 +258,9 @@ impl FleetSim {
         let agents = &rack.as_ref().map_or(&machines, |r| &r.machines).agents;
         agents.set_interval(opts.agent_interval);
         agents.set_names(opts.names.iter().cloned().collect());
+        if let Some(switch) = &opts.lldp {
+            agents.set_lldp(switch, opts.first_address);
+        }
         let (api, bmcs) = match opts.provider {
             FleetProvider::Equinix if opts.no_api => (None, None),
             FleetProvider::Equinix => {

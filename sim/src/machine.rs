@@ -69,6 +69,9 @@ struct AgentsInner {
     /// Programs run per machine, and of those the agents that handed over
     /// (takeovers that succeeded on the machine's side).
     runs: HashMap<IpAddr, Runs>,
+    /// The switch the machines' first NICs hear LLDP from, and the first
+    /// machine's address (port p1).
+    lldp: Option<(String, Ipv4Addr)>,
 }
 
 /// What one simulated machine ran.
@@ -96,8 +99,15 @@ impl Agents {
                 cut_off: Default::default(),
                 running: HashMap::new(),
                 runs: HashMap::new(),
+                lldp: None,
             })),
         }
+    }
+
+    /// The machines' first NICs hear LLDP from `switch`, the machine at
+    /// `first` on its port p1, the next on p2, and so on.
+    pub fn set_lldp(&self, switch: &str, first: Ipv4Addr) {
+        self.inner.lock().unwrap().lldp = Some((switch.to_string(), first));
     }
 
     /// Time between heartbeats, for agents started from now on.
@@ -187,6 +197,16 @@ impl Agents {
             dir: inner.root.join(ip.to_string()),
             rebooted: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             agents: self.clone(),
+            lldp: inner.lldp.as_ref().and_then(|(switch, first)| {
+                let IpAddr::V4(v4) = ip else { return None };
+                let n = u32::from(v4).checked_sub(u32::from(*first))? + 1;
+                Some(shepherd_agent::api::LldpNeighbor {
+                    chassis_id: switch.clone(),
+                    port_id: format!("p{n}"),
+                    system_name: switch.clone(),
+                    port_description: format!("{switch}:p{n}"),
+                })
+            }),
         }
     }
 
@@ -270,6 +290,8 @@ struct SimHost {
     /// the agent then stops, as the installed system runs none.
     rebooted: Arc<std::sync::atomic::AtomicBool>,
     agents: Agents,
+    /// What its first NIC hears over LLDP.
+    lldp: Option<shepherd_agent::api::LldpNeighbor>,
 }
 
 /// The simulated disk's size: sparse, so only what is written takes room.
@@ -401,7 +423,15 @@ impl shepherd_agent::resident::Host for SimHost {
     }
 
     fn hardware_report(&self) -> shepherd_agent::api::AgentHardwareReport {
-        simulated_hardware(self.ip)
+        let mut report = simulated_hardware(self.ip);
+        if let Some(nic) = report
+            .report
+            .as_mut()
+            .and_then(|n| n.network_interface.first_mut())
+        {
+            nic.lldp = self.lldp.clone();
+        }
+        report
     }
 
     fn log(&self, line: std::fmt::Arguments<'_>) {

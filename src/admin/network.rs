@@ -213,4 +213,18 @@ pub fn switch_samples(
             .iter()
             .map(|s| (labels(&[("switch", &s.name)]), s.changes.max(0) as u64)),
     );
+    p.counters(
+        "shepherd_switch_sessions",
+        "Sessions shepherd held with each switch to change or read back ports, failed ones too (all shepherds, all time)",
+        switches
+            .iter()
+            .map(|s| (labels(&[("switch", &s.name)]), s.sessions.max(0) as u64)),
+    );
+    p.seconds_counters(
+        "shepherd_switch_session",
+        "Seconds those sessions took, from connecting to the last read back (all shepherds, all time)",
+        switches
+            .iter()
+            .map(|s| (labels(&[("switch", &s.name)]), s.session_seconds.max(0.0))),
+    );
 }

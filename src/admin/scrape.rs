@@ -95,6 +95,20 @@ impl Scrape {
         }
         self.0.register(name, help, f);
     }
+
+    /// Seconds counted elsewhere, as of now. `name` without `_seconds_total`.
+    pub(super) fn seconds_counters(
+        &mut self,
+        name: &str,
+        help: &str,
+        values: impl IntoIterator<Item = (Labels, f64)>,
+    ) {
+        let f: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>> = Family::default();
+        for (l, v) in values {
+            f.get_or_create(&l).inc_by(v);
+        }
+        self.0.register_with_unit(name, help, Unit::Seconds, f);
+    }
 }
 
 pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {

@@ -340,9 +340,15 @@ pub async fn record(
     session: Uuid,
     read: &[ReadBack],
     host_key: Option<&str>,
+    took: std::time::Duration,
 ) -> Result<(), BmdbError> {
     let v = |x: &[u16]| -> Vec<i32> { x.iter().map(|&t| i32::from(t)).collect() };
-    for r in read {
+    // Each port's row moves its machine's summary (a trigger): in the
+    // machines' order, as the heartbeat writer's batches lock them, so the
+    // two never wait on each other in a circle.
+    let mut in_order: Vec<&ReadBack> = read.iter().collect();
+    in_order.sort_by_key(|r| r.port.machine_id);
+    for r in in_order {
         let native = r.native.map(i32::from);
         tx.execute(
             "UPDATE switch_port SET seen_native = $3, seen_tagged = $4, seen_at = now(), \
@@ -381,9 +387,10 @@ pub async fn record(
     let changes = read.iter().filter(|r| r.changed.is_some()).count() as i64;
     tx.execute(
         "UPDATE switch_state SET reached_at = now(), error = NULL, failures = 0, \
-                not_before = now(), changes = changes + $2, host_key = COALESCE(host_key, $3) \
+                not_before = now(), changes = changes + $2, host_key = COALESCE(host_key, $3), \
+                sessions = sessions + 1, session_seconds = session_seconds + $4 \
           WHERE switch_name = $1",
-        &[&switch, &changes, &host_key],
+        &[&switch, &changes, &host_key, &took.as_secs_f64()],
     )
     .await?;
     Ok(())
@@ -397,6 +404,7 @@ pub async fn record_failure(
     switch: &str,
     ports: &[String],
     error: &str,
+    took: std::time::Duration,
 ) -> Result<i32, BmdbError> {
     tx.execute(
         "UPDATE switch_port SET error = $3, error_at = now() \
@@ -407,9 +415,10 @@ pub async fn record_failure(
     Ok(tx
         .query_one(
             "UPDATE switch_state SET failed_at = now(), error = $2, failures = failures + 1, \
-                    not_before = now() + make_interval(secs => least(60, 2 ^ least(failures, 6))) \
+                    not_before = now() + make_interval(secs => least(60, 2 ^ least(failures, 6))), \
+                    sessions = sessions + 1, session_seconds = session_seconds + $3 \
               WHERE switch_name = $1 RETURNING failures",
-            &[&switch, &error],
+            &[&switch, &error, &took.as_secs_f64()],
         )
         .await?
         .get(0))
@@ -472,6 +481,9 @@ pub struct SwitchView {
     pub failed_at: Option<std::time::SystemTime>,
     pub error: Option<String>,
     pub failures: i32,
+    /// Sessions held with it (all shepherds, all time) and their seconds.
+    pub sessions: i64,
+    pub session_seconds: f64,
 }
 
 /// Every switch that has ports or a state.
@@ -485,7 +497,8 @@ pub async fn switches(tx: &mut Tx<'_>) -> Result<Vec<SwitchView>, BmdbError> {
                         AND (p.seen_native IS DISTINCT FROM p.want_native \
                              OR p.seen_tagged IS DISTINCT FROM p.want_tagged)), \
                     COALESCE(st.changes, 0), st.reached_at, st.failed_at, st.error, \
-                    COALESCE(st.failures, 0) \
+                    COALESCE(st.failures, 0), COALESCE(st.sessions, 0), \
+                    COALESCE(st.session_seconds, 0) \
                FROM (SELECT switch_name AS name FROM switch_port \
                      UNION SELECT switch_name FROM switch_state) n \
                LEFT JOIN switch_state st ON st.switch_name = n.name \
@@ -504,6 +517,8 @@ pub async fn switches(tx: &mut Tx<'_>) -> Result<Vec<SwitchView>, BmdbError> {
             failed_at: r.get(5),
             error: r.get(6),
             failures: r.get(7),
+            sessions: r.get(8),
+            session_seconds: r.get(9),
         })
         .collect())
 }

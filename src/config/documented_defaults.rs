@@ -78,6 +78,7 @@ fn the_shipped_file_documents_every_key() {
         "discover",
         "discover_per_minute",
         "discover_ttl",
+        "database_timeout",
         "address",
         "http_listen",
         "dhcp_port",

@@ -80,6 +80,14 @@ pub struct NetbootConfig {
     /// enroll within this.
     #[serde(with = "humantime_serde")]
     pub discover_ttl: Duration,
+    /// How long a request for a boot's files (its script, kernel,
+    /// initramfs, ISO) waits for the BMDB before it is answered 503. iPXE
+    /// does not ask again: a boot whose file was refused waits for the
+    /// Enroller's `callback_timeout`, so this is longer than the admin
+    /// API's bound (a busy BMDB under a rack's enroll storm answers in
+    /// seconds).
+    #[serde(with = "humantime_serde")]
+    pub database_timeout: Duration,
     /// Answer IPv6 router solicitations on the interface with "no router
     /// here" (lifetime 0, no prefixes): iPXE otherwise waits ~15 s for an
     /// IPv6 router before it boots.
@@ -110,6 +118,7 @@ impl Default for NetbootConfig {
             tftp_port: 69,
             discover_per_minute: 30,
             discover_ttl: Duration::from_secs(15 * 60),
+            database_timeout: Duration::from_secs(15),
             answer_router_solicitations: true,
             uefi: None,
         }
@@ -236,6 +245,12 @@ impl NetbootConfig {
             return Err(ConfigError::key(
                 "netboot.discover_ttl",
                 "must be from 1m to 24h",
+            ));
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&self.database_timeout) {
+            return Err(ConfigError::key(
+                "netboot.database_timeout",
+                "must be from 1s to 1m (iPXE gives up on a request after about a minute)",
             ));
         }
         Ok(())

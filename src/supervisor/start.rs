@@ -170,7 +170,7 @@ pub async fn start_with(cfg: Config, extra: Vec<Registration>) -> anyhow::Result
             boot,
             ca_der,
             metrics,
-            cfg.admin.database_timeout,
+            n.database_timeout,
         )?;
         if boot_url.is_none() {
             // No virtual media served: a boot's URL in the logs is its

@@ -148,6 +148,7 @@ impl SwitchRound {
             return Ok(SwitchTurn::Settled);
         }
         let known = sw.host_key.clone().or(recorded.clone());
+        let began = std::time::Instant::now();
         let worked =
             match tokio::time::timeout(self.cfg.timeout, change(sw, known, &due, self.cfg.timeout))
                 .await
@@ -158,12 +159,13 @@ impl SwitchRound {
                     after: self.cfg.timeout,
                 }),
             };
+        let took = began.elapsed();
         match worked {
             Ok((read, shown)) => {
                 let first_key = (sw.host_key.is_none() && recorded.is_none()).then_some(shown);
                 session
                     .transact(async |tx| {
-                        switches::record(tx, &sw.name, sid, &read, first_key.as_deref()).await
+                        switches::record(tx, &sw.name, sid, &read, first_key.as_deref(), took).await
                     })
                     .await?;
                 self.read_whole.borrow_mut().insert(sw.name.clone());
@@ -177,7 +179,9 @@ impl SwitchRound {
                 let ports: Vec<String> = due.iter().map(|p| p.port.clone()).collect();
                 let why = e.to_string();
                 session
-                    .transact(async |tx| switches::record_failure(tx, &sw.name, &ports, &why).await)
+                    .transact(async |tx| {
+                        switches::record_failure(tx, &sw.name, &ports, &why, took).await
+                    })
                     .await?;
                 Ok(SwitchTurn::Failed(e))
             }

@@ -254,15 +254,18 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
     assert!(s == 204 || s == 200, "{s} {d}");
     until_tags(&mut rack, &sw, &[(&b1_port, IDLE)], "b1 deleted and erased").await;
     let machine: uuid::Uuid = b1_machine.parse().unwrap();
-    let moved: std::time::SystemTime = client
-        .query_one(
-            "SELECT min(at) FROM switch_change WHERE machine_id = $1 AND purpose = 'provisioning' \
-               AND at > (SELECT max(at) FROM switch_change WHERE machine_id = $1 AND purpose = 'tenant')",
-            &[&machine],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    // When the port left the tenant's VLAN for provisioning, by the
+    // switch's own transaction log.
+    let tags = sw.tag_log(&b1_port);
+    let tenant_at = tags
+        .iter()
+        .rposition(|(_, t)| t.is_some_and(|t| t >= 1000 && t < 2000))
+        .unwrap_or_else(|| panic!("{b1_port} was never on a tenant's VLAN: {tags:?}"));
+    let moved = tags[tenant_at..]
+        .iter()
+        .find(|(_, t)| *t == Some(PROVISIONING))
+        .unwrap_or_else(|| panic!("{b1_port} never went back to provisioning: {tags:?}"))
+        .0;
     let erase_asked: std::time::SystemTime = client
         .query_one(
             "SELECT requested_at FROM machine_installation WHERE machine_id = $1",
@@ -273,7 +276,7 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
         .get(0);
     assert!(
         moved < erase_asked,
-        "the erasure was asked before the port left the tenant's network"
+        "the erasure was asked ({erase_asked:?}) before the switch put the port on provisioning ({moved:?})"
     );
 
     // The switch refuses the free machine's next change (its port is gone

@@ -15,14 +15,19 @@
 //! - `lifecycle`: ports through a machine's life, isolation, faults;
 //! - `tenants`: the Metal API's ports and virtual networks through
 //!   Equinix's SDK, and layer 2 by traffic;
-//! - `lldp`: the agent hears which switch port its NIC is on.
+//! - `lldp`: the agent hears which switch port its NIC is on;
+//! - `services`: shepherd's own DHCP, TFTP and boot HTTP, answering on
+//!   its NIC on the switch, reached from the provisioning network only; a
+//!   tenant's DHCP server never heard there.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shepherd_sim::testing::{Admin, Nic, OvsSwitch, OwnedRack, ShepherdProcess, bin, is_root};
+use shepherd_sim::testing::{
+    Admin, Nic, OvsSwitch, OwnedRack, RackNetwork, ShepherdProcess, bin, is_root,
+};
 
 const PROVISIONING: u16 = 10;
 const BMC: u16 = 20;
@@ -117,9 +122,25 @@ async fn rack_on(
     n: usize,
     first: Ipv4Addr,
 ) -> (OwnedRack, tempfile::NamedTempFile) {
+    rack_with(sw, n, first, None, &|_| {}).await
+}
+
+/// As [`rack_on`], shepherd and the fleet inside `inside` (a NIC on the
+/// switch) if given, the configuration edited further by `more`.
+async fn rack_with(
+    sw: &OvsSwitch,
+    n: usize,
+    first: Ipv4Addr,
+    inside: Option<&shepherd_sim::testing::Netns>,
+    more: &dyn Fn(&mut toml::Table),
+) -> (OwnedRack, tempfile::NamedTempFile) {
     let key_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key_file.path(), &sw.client_key).unwrap();
-    let (address, key_path) = (sw.ssh.to_string(), key_file.path().display().to_string());
+    let address = match inside {
+        None => sw.ssh,
+        Some(ns) => sw.ssh_from(ns),
+    };
+    let (address, key_path) = (address.to_string(), key_file.path().display().to_string());
     let db = sw.db.display().to_string();
     let edit = move |t: &mut toml::Table| {
         let network: toml::Table = toml::from_str(&format!(
@@ -142,8 +163,12 @@ async fn rack_on(
                 .clone();
             m.as_table_mut().unwrap().insert("ports".into(), port);
         }
+        more(t);
     };
-    let rack = OwnedRack::start_edited(n, first, "1s", 16 << 20, &[], &edit).await;
+    let rack = match inside {
+        None => OwnedRack::start_edited(n, first, "1s", 16 << 20, &[], &edit).await,
+        Some(ns) => OwnedRack::start_inside(ns, n, first, "1s", 16 << 20, &[], &edit).await,
+    };
     (rack, key_file)
 }
 
@@ -188,4 +213,5 @@ async fn bond_of(rack: &OwnedRack, device: &str, token: &str) -> String {
 
 mod lifecycle;
 mod lldp;
+mod services;
 mod tenants;

@@ -87,6 +87,10 @@ struct Args {
     /// becomes the callback endpoint (NAME:7830), one shepherd per address.
     #[arg(long, value_parser = parse_name)]
     resolve: Vec<(String, Vec<std::net::IpAddr>)>,
+    /// SWITCH: the machines hear LLDP from this switch, each machine's
+    /// first NIC on port p<N> (the Nth machine, from 1).
+    #[arg(long)]
+    lldp: Option<String>,
     /// `equinix`: rented machines behind the Equinix Metal simulator;
     /// `static`: owned machines, an inventory with a Redfish BMC each.
     #[arg(long, default_value = "equinix", value_parser = ["equinix", "static"])]
@@ -255,6 +259,7 @@ fn main() {
             ..Faults::default()
         },
         names: a.resolve,
+        lldp: a.lldp,
         provider: if a.provider == "static" {
             shepherd_sim::fleet::FleetProvider::Static
         } else {

@@ -90,13 +90,24 @@ impl Admin {
         let mut out = Vec::new();
         for m in self.machines().await {
             let id = m["machine_id"].as_str().unwrap();
-            out.push(
-                self.call("GET", &format!("/api/v1/machines/{id}"), None, None)
-                    .await
-                    .1,
-            );
+            out.push(self.read(&format!("/api/v1/machines/{id}")).await.1);
         }
         out
+    }
+
+    /// `GET path`, asked again while answered 503 (the BMDB busy past
+    /// `admin.database_timeout`, as under a rack's enroll storm), a
+    /// quarter second apart, up to a minute, as an operator's script would.
+    pub async fn read(&self, path: &str) -> (u16, Value) {
+        let mut tries = 0;
+        loop {
+            let (status, b) = self.call("GET", path, None, None).await;
+            if status != 503 || tries >= 240 {
+                return (status, b);
+            }
+            tries += 1;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// Every machine the admin API lists, page by page.
@@ -104,7 +115,7 @@ impl Admin {
         let mut all = Vec::new();
         loop {
             let path = format!("/api/v1/machines?limit=1000&offset={}", all.len());
-            let (status, b) = self.call("GET", &path, None, None).await;
+            let (status, b) = self.read(&path).await;
             assert_eq!(status, 200, "{path}: {b}");
             let page = b["machines"].as_array().cloned().unwrap_or_default();
             let done = page.is_empty()
@@ -118,9 +129,7 @@ impl Admin {
 
     /// Machines in each state (the list's counts).
     pub async fn counts(&self) -> std::collections::BTreeMap<String, u64> {
-        let (status, b) = self
-            .call("GET", "/api/v1/machines?limit=1", None, None)
-            .await;
+        let (status, b) = self.read("/api/v1/machines?limit=1").await;
         assert_eq!(status, 200, "{b}");
         serde_json::from_value(b["counts"].clone()).unwrap_or_default()
     }

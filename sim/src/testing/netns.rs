@@ -34,13 +34,36 @@ impl Netns {
     /// server that listens only in there. Lives as long as the process.
     pub fn forward(&self, target: std::net::SocketAddr) -> std::net::SocketAddr {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        self.forward_listener(listener, target)
+    }
+
+    /// A port on `from`'s loopback forwarded to `target` inside this
+    /// namespace (TCP): a process in `from` (shepherd in its namespace)
+    /// reaches a server that listens only in here (a switch's sshd).
+    pub fn forward_from(&self, from: &Netns, target: std::net::SocketAddr) -> std::net::SocketAddr {
+        let path = format!("/var/run/netns/{}", from.0);
+        let listener = std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap()
+        })
+        .join()
+        .unwrap();
+        self.forward_listener(listener, target)
+    }
+
+    fn forward_listener(
+        &self,
+        listener: std::net::TcpListener,
+        target: std::net::SocketAddr,
+    ) -> std::net::SocketAddr {
         let local = listener.local_addr().unwrap();
         listener.set_nonblocking(true).unwrap();
         let path = format!("/var/run/netns/{}", self.0);
         std::thread::spawn(move || {
-            // The listener was made in the host's namespace; the
-            // connections this thread makes from now on are the
-            // namespace's.
+            // The listener was made in the host's namespace (or
+            // `from`'s) and stays there; the connections this thread
+            // makes from now on are this namespace's.
             let file = std::fs::File::open(&path).unwrap();
             nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             let rt = tokio::runtime::Builder::new_current_thread()

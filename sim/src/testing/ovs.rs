@@ -233,6 +233,45 @@ impl OvsSwitch {
         Nic { ns, port, ip }
     }
 
+    /// `count` new ports on `vlan` that no machine's traffic needs: OVS
+    /// internal ports (a tap device each, in the switch's namespace),
+    /// made in one transaction. Their names.
+    pub fn internal_ports(&self, count: usize, vlan: u16) -> Vec<String> {
+        let first = self.next_port.get();
+        self.next_port.set(first + count as u32);
+        let names: Vec<String> = (first..first + count as u32)
+            .map(|n| format!("p{n}"))
+            .collect();
+        let mut args: Vec<String> = Vec::new();
+        for name in &names {
+            args.extend(
+                [
+                    "--",
+                    "add-port",
+                    &self.bridge,
+                    name,
+                    &format!("tag={vlan}"),
+                    "--",
+                    "set",
+                    "Interface",
+                    name,
+                    "type=internal",
+                ]
+                .map(str::to_string),
+            );
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.vsctl(&args);
+        names
+    }
+
+    /// Where a process in `from` (shepherd in its namespace) reaches this
+    /// switch's sshd: a port on `from`'s loopback.
+    pub fn ssh_from(&self, from: &Netns) -> SocketAddr {
+        self.ns
+            .forward_from(from, SocketAddr::from(([127, 0, 0, 1], 22)))
+    }
+
     /// lldpd on the switch's side of `nic`'s port, sending LLDP every
     /// second as switch `self.name` port `port_id` (a name of the
     /// switch's own, as a vendor's CLI names its ports); stopped on drop.
@@ -267,6 +306,19 @@ impl OvsSwitch {
             child: c.spawn().unwrap(),
             _dir: dir,
         }
+    }
+
+    /// Every `tag` the switch's database recorded for `port`, in order,
+    /// with when (its transaction log, `ovsdb-tool show-log`: the
+    /// switch's own account, not shepherd's). An empty tag is `None`.
+    pub fn tag_log(&self, port: &str) -> Vec<(std::time::SystemTime, Option<u16>)> {
+        let out = succeed(
+            Command::new("ovsdb-tool")
+                .env("TZ", "UTC")
+                .args(["-mm", "show-log"])
+                .arg(self.dir.path().join("conf.db")),
+        );
+        parse_tag_log(&String::from_utf8_lossy(&out.stdout), port)
     }
 
     /// The switch's own log.
@@ -380,5 +432,49 @@ impl Drop for OvsSwitch {
                 .arg("exit")
                 .output();
         }
+    }
+}
+
+/// `ovsdb-tool -mm show-log`'s records read into `port`'s tags.
+fn parse_tag_log(log: &str, port: &str) -> Vec<(std::time::SystemTime, Option<u16>)> {
+    let mut out = Vec::new();
+    let (mut at, mut in_port) = (None, false);
+    for line in log.lines() {
+        if let Some(rest) = line.strip_prefix("record ") {
+            // `record 4: 2026-12-07 19:44:54.960 "comment"`
+            at = rest
+                .split_once(": ")
+                .and_then(|(_, r)| r.get(..23))
+                .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+            in_port = false;
+        } else if let Some(rest) = line.strip_prefix("  table ") {
+            in_port = rest.starts_with("Port ") && rest.contains(&format!("row \"{port}\""));
+        } else if let Some(v) = line.strip_prefix("    tag=") {
+            if let (true, Some(t)) = (in_port, at) {
+                out.push((t, v.trim().parse().ok()));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_switch_s_log_gives_each_tag_and_when() {
+        let log = "record 3: 2026-12-07 19:44:53.839 \"add-port\"\n  table Port insert row \"p1\" (e0df151e):\n    name=p1\n    tag=999\n  table Port insert row \"p2\" (e0df151f):\n    tag=7\n\
+                   record 4: 2026-12-07 19:44:54.960 \"set\"\n  table Port row \"p1\" (e0df151e) diff:\n    tag=10\n\
+                   record 5: 2026-12-07 19:44:55.001 \"clear\"\n  table Port row \"p1\" (e0df151e) diff:\n    tag=[]\n";
+        let tags = super::parse_tag_log(log, "p1");
+        let v: Vec<Option<u16>> = tags.iter().map(|t| t.1).collect();
+        assert_eq!(v, [Some(999), Some(10), None]);
+        let ms = |i: usize| {
+            tags[i]
+                .0
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis()
+        };
+        assert_eq!(ms(1) - ms(0), 1121);
     }
 }

@@ -13,7 +13,7 @@ use super::admin::Admin;
 use super::boot::{gpt_image, https_client};
 use super::builds::bin;
 use super::db::TestDb;
-use super::netns::RackNetwork;
+use super::netns::{Netns, RackNetwork};
 use super::processes::{FleetSimProcess, ShepherdProcess, loopback_env};
 use super::sshd::Sshd;
 use std::net::SocketAddr;
@@ -29,6 +29,17 @@ pub struct OwnedRack {
     /// The namespaces of a rack booting the network, deleted after the
     /// processes in them stopped.
     pub net: Option<RackNetwork>,
+}
+
+/// Where a rack's processes run.
+enum Floor<'a> {
+    /// shepherd and the fleet on the host's loopback.
+    Host,
+    /// shepherd in one namespace, the rack booting the network in another.
+    Network(RackNetwork),
+    /// shepherd and the fleet in one namespace of the caller's (a NIC on
+    /// a switch: shepherd's services are reached on it).
+    Inside(&'a Netns),
 }
 
 /// What [`OwnedRack::deprovision_all`] asked again.
@@ -56,7 +67,17 @@ impl OwnedRack {
         image_len: u64,
         env: &[(&'static str, String)],
     ) -> OwnedRack {
-        Self::start_on(None, n, first, interval, image_len, env, &[], &|_| {}).await
+        Self::start_on(
+            Floor::Host,
+            n,
+            first,
+            interval,
+            image_len,
+            env,
+            &[],
+            &|_| {},
+        )
+        .await
     }
 
     /// As [`OwnedRack::start`], with shepherd's configuration (the
@@ -70,7 +91,7 @@ impl OwnedRack {
         env: &[(&'static str, String)],
         edit: &dyn Fn(&mut toml::Table),
     ) -> OwnedRack {
-        Self::start_on(None, n, first, interval, image_len, env, &[], edit).await
+        Self::start_on(Floor::Host, n, first, interval, image_len, env, &[], edit).await
     }
 
     /// As [`OwnedRack::start`], but blank machines, powered off, that
@@ -87,22 +108,65 @@ impl OwnedRack {
         fleet_args: &[&str],
     ) -> OwnedRack {
         let net = RackNetwork::new();
+        Self::start_network_edited(net, n, interval, image_len, env, fleet_args, &|_| {}).await
+    }
+
+    /// As [`OwnedRack::start_network`] on `net` (made by the caller, who
+    /// may forward ports into shepherd's namespace first: a switch's
+    /// sshd), shepherd's configuration edited by `edit`.
+    pub async fn start_network_edited(
+        net: RackNetwork,
+        n: usize,
+        interval: &str,
+        image_len: u64,
+        env: &[(&'static str, String)],
+        fleet_args: &[&str],
+        edit: &dyn Fn(&mut toml::Table),
+    ) -> OwnedRack {
         Self::start_on(
-            Some(net),
+            Floor::Network(net),
             n,
             RackNetwork::FIRST_BMC,
             interval,
             image_len,
             env,
             fleet_args,
-            &|_| {},
+            edit,
+        )
+        .await
+    }
+
+    /// As [`OwnedRack::start_edited`], shepherd and the fleet run inside
+    /// `ns` (root only; the caller's, alive as long as the rack): the
+    /// admin API and the fleet's control reached through ports forwarded
+    /// from the host's loopback, the BMDB through PostgreSQL's unix
+    /// socket. A NIC on a switch, `ns` is where shepherd's network boot
+    /// services answer.
+    pub async fn start_inside(
+        ns: &Netns,
+        n: usize,
+        first: Ipv4Addr,
+        interval: &str,
+        image_len: u64,
+        env: &[(&'static str, String)],
+        edit: &dyn Fn(&mut toml::Table),
+    ) -> OwnedRack {
+        Self::start_on(
+            Floor::Inside(ns),
+            n,
+            first,
+            interval,
+            image_len,
+            env,
+            &[],
+            edit,
         )
         .await
     }
 
     #[allow(clippy::too_many_arguments)]
     async fn start_on(
-        net: Option<RackNetwork>,
+        floor: Floor<'_>,
         n: usize,
         first: Ipv4Addr,
         interval: &str,
@@ -122,9 +186,23 @@ impl OwnedRack {
             "sv",
         ];
         let free = || Sshd::free_port();
-        let fleet = match &net {
-            None => FleetSimProcess::start(&bin("fleet-sim"), dir.path(), n, first, &args),
-            Some(net) => {
+        let fleet = match &floor {
+            Floor::Host => FleetSimProcess::start(&bin("fleet-sim"), dir.path(), n, first, &args),
+            Floor::Inside(ns) => {
+                let exe = bin("fleet-sim");
+                let control = SocketAddr::from(([127, 0, 0, 1], free()));
+                let mut fleet = FleetSimProcess::start_by(
+                    ns.cmd(&[exe.to_str().unwrap()]),
+                    control,
+                    dir.path(),
+                    n,
+                    first,
+                    &args,
+                );
+                fleet.control = ns.forward(control);
+                fleet
+            }
+            Floor::Network(net) => {
                 args.extend(["--boot", "network"]);
                 args.extend(fleet_args);
                 let exe = bin("fleet-sim");
@@ -167,14 +245,14 @@ impl OwnedRack {
         let mut table: toml::Table = text.parse().unwrap();
         edit(&mut table);
         std::fs::write(&config, toml::to_string(&table).unwrap()).unwrap();
-        let url = match &net {
-            None => db.url(),
-            Some(_) => db.socket_url().expect(
-                "a rack booting the network reaches PostgreSQL through its unix socket: none found",
+        let url = match &floor {
+            Floor::Host => db.url(),
+            _ => db.socket_url().expect(
+                "shepherd in a namespace reaches PostgreSQL through its unix socket: none found",
             ),
         };
         let (mut all, listen) = loopback_env(url, &images);
-        if net.is_some() {
+        if let Floor::Network(_) = &floor {
             // The agents reach the callback and the image server over the
             // provisioning link (the fleet's configuration names them).
             all.retain(|(k, _)| !k.starts_with("SHEPHERD__BMAAS__"));
@@ -187,18 +265,20 @@ impl OwnedRack {
         let started = std::time::Instant::now();
         let log = dir.path().join("shepherd.log");
         let exe = bin("shepherd");
-        let shepherd = match &net {
-            None => ShepherdProcess::start(&exe, &config, log, &all),
-            Some(net) => ShepherdProcess::start_by(
-                net.server.cmd(&[exe.to_str().unwrap()]),
-                &config,
-                log,
-                &all,
-            ),
+        let inside = match &floor {
+            Floor::Host => None,
+            Floor::Network(net) => Some(&net.server),
+            Floor::Inside(ns) => Some(*ns),
         };
-        let base = match &net {
+        let shepherd = match inside {
+            None => ShepherdProcess::start(&exe, &config, log, &all),
+            Some(ns) => {
+                ShepherdProcess::start_by(ns.cmd(&[exe.to_str().unwrap()]), &config, log, &all)
+            }
+        };
+        let base = match inside {
             None => format!("https://{listen}"),
-            Some(net) => format!("https://{}", net.server.forward(listen.parse().unwrap())),
+            Some(ns) => format!("https://{}", ns.forward(listen.parse().unwrap())),
         };
         // The admin API's certificate is signed by the fleet's CA, which
         // shepherd writes once it started.
@@ -220,7 +300,10 @@ impl OwnedRack {
             fleet,
             dir,
             db,
-            net,
+            net: match floor {
+                Floor::Network(net) => Some(net),
+                _ => None,
+            },
         }
     }
 

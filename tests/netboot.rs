@@ -396,29 +396,7 @@ fn exchange(
 /// busybox udhcpc in the client namespace, posing as a BIOS PXE ROM
 /// (vendor class, architecture, interface, UUID): what it said.
 fn udhcpc_as_pxe_rom(bed: &Bed, script: &Path) -> String {
-    let out = run(&mut bed.client.cmd(&[
-        "busybox",
-        "udhcpc",
-        "-f",
-        "-n",
-        "-q",
-        "-i",
-        "vc",
-        "-t",
-        "2",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-        "-V",
-        "PXEClient:Arch:00000:UNDI:002001",
-        "-x",
-        "93:0000",
-        "-x",
-        "94:010201",
-        "-x",
-        "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
-    ]));
+    let out = bed.client.udhcpc_as_pxe_rom("vc", script, 2);
     String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout)
 }
 

@@ -259,7 +259,7 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
     let tags = sw.tag_log(&b1_port);
     let tenant_at = tags
         .iter()
-        .rposition(|(_, t)| t.is_some_and(|t| t >= 1000 && t < 2000))
+        .rposition(|(_, t)| t.is_some_and(|t| (1000..2000).contains(&t)))
         .unwrap_or_else(|| panic!("{b1_port} was never on a tenant's VLAN: {tags:?}"));
     let moved = tags[tenant_at..]
         .iter()

@@ -24,34 +24,7 @@ const TENANT_RANGE: &str = "10.90.77.10 10.90.77.20";
 /// What `udhcpc`, posing as a machine's PXE ROM, was leased on `nic`:
 /// (address, server), or None after its tries.
 fn lease(nic: &Nic, script: &Path) -> Option<(Ipv4Addr, Ipv4Addr)> {
-    let out = nic
-        .ns
-        .cmd(&[
-            "timeout",
-            "20",
-            "busybox",
-            "udhcpc",
-            "-f",
-            "-n",
-            "-q",
-            "-i",
-            "eth0",
-            "-t",
-            "3",
-            "-T",
-            "1",
-            "-s",
-            script.to_str().unwrap(),
-            "-V",
-            "PXEClient:Arch:00000:UNDI:002001",
-            "-x",
-            "93:0000",
-            "-x",
-            "94:010201",
-        ])
-        .stderr(Stdio::null())
-        .output()
-        .unwrap();
+    let out = nic.ns.udhcpc_as_pxe_rom("eth0", script, 3);
     let said = String::from_utf8_lossy(&out.stdout);
     said.lines().find_map(|l| {
         let mut w = l.split_whitespace();
@@ -127,7 +100,7 @@ async fn only_the_provisioning_network_reaches_shepherd_s_boot_services() {
     let nics: Vec<Nic> = (1..=2).map(|i| sw.nic(nic_ip(i), 999)).collect();
     let services = sw.nic(SERVICES, PROVISIONING);
     let bmc = sw.nic(A_BMC, BMC);
-    let _bmc_server = bmc.listen(PORT);
+    let mut bmc_server = bmc.listen(PORT);
     let dir = tempfile::tempdir().unwrap();
     let tftp_root = dir.path().join("ipxe");
     std::fs::create_dir(&tftp_root).unwrap();
@@ -298,6 +271,8 @@ async fn only_the_provisioning_network_reaches_shepherd_s_boot_services() {
     for (from, to, expected, seen) in &table {
         eprintln!("| {from} | {to} | {expected} | {seen} |");
     }
+    let _ = bmc_server.kill();
+    let _ = bmc_server.wait();
     let wrong: Vec<_> = table.iter().filter(|(_, _, e, s)| e != s).collect();
     assert!(
         wrong.is_empty(),

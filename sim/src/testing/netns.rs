@@ -88,6 +88,47 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// busybox `udhcpc` on `interface` in this namespace, posing as a BIOS
+    /// PXE ROM (vendor class, architecture, interface, UUID), `tries`
+    /// discovers a second apart, `script` told the lease: its output
+    /// (stdout, then stderr).
+    pub fn udhcpc_as_pxe_rom(
+        &self,
+        interface: &str,
+        script: &std::path::Path,
+        tries: u32,
+    ) -> std::process::Output {
+        let tries = tries.to_string();
+        let mut c = self.cmd(&[
+            "timeout",
+            "30",
+            "busybox",
+            "udhcpc",
+            "-f",
+            "-n",
+            "-q",
+            "-i",
+            interface,
+            "-t",
+            &tries,
+            "-T",
+            "1",
+            "-s",
+            script.to_str().unwrap(),
+            "-V",
+            "PXEClient:Arch:00000:UNDI:002001",
+            "-x",
+            "93:0000",
+            "-x",
+            "94:010201",
+            "-x",
+            "97:005e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
+        ]);
+        c.output().unwrap_or_else(|e| panic!("{c:?}: {e}"))
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).output();

@@ -157,6 +157,10 @@ const PROVIDED_UPDATE: &str = "UPDATE machine_provided p SET provider_ip_address
      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, ip, loc, res, st) \
      WHERE p.machine_id = u.id";
 
+/// Locks the summaries of `$1`'s machines, in the machines' order.
+const SUMMARY_LOCK: &str = "SELECT 1 FROM machine_summary WHERE machine_id = ANY($1) \
+     ORDER BY machine_id FOR NO KEY UPDATE";
+
 /// Overwrites what the provider says about each of `changed`, in one
 /// statement however many there are.
 pub async fn update_provided(
@@ -174,6 +178,11 @@ pub async fn update_provided(
         .iter()
         .map(|m| m.status.map(|s| s.to_string()))
         .collect();
+    // The update moves each machine's summary (a trigger) in whatever order
+    // its join takes: their rows are locked first in the machines' order,
+    // as the heartbeat writer's batches lock them, so that the two never
+    // wait on each other in a circle (seen under a rack's enroll storm).
+    tx.execute(SUMMARY_LOCK, &[&ids]).await?;
     tx.execute(
         PROVIDED_UPDATE,
         &[&ids, &ips, &locations, &reservations, &statuses],

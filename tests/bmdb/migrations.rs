@@ -55,14 +55,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V28__fleet_filters",
             "V29__console_keep_alive",
             "V30__image_swarms",
-            "V31__switch_ports"
+            "V31__switch_ports",
+            "V32__switch_sessions"
         ]
     );
-    assert_eq!(first.version, Some(31));
+    assert_eq!(first.version, Some(32));
     assert_eq!(count(&bmdb, TABLES).await, 63);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(31));
+    assert_eq!(again.version, Some(32));
 }
 
 #[actix_rt::test]
@@ -75,13 +76,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 31],
+        [0, 32],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 63);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        31
+        32
     );
 }
 
@@ -136,7 +137,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V28__fleet_filters",
             "V29__console_keep_alive",
             "V30__image_swarms",
-            "V31__switch_ports"
+            "V31__switch_ports",
+            "V32__switch_sessions"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -223,7 +225,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V28__fleet_filters",
             "V29__console_keep_alive",
             "V30__image_swarms",
-            "V31__switch_ports"
+            "V31__switch_ports",
+            "V32__switch_sessions"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -273,7 +273,7 @@ impl ProviderConfig {
                 }
                 if let Some(f) = &self.inventory.file {
                     inventory::read_file(f)
-                        .map_err(|m| ConfigError::key("provider.inventory.file", m))?;
+                        .map_err(|e| ConfigError::key("provider.inventory.file", e.to_string()))?;
                 }
             }
         }

@@ -497,6 +497,7 @@ mod tests {
         assert_eq!(inv.hosts().len(), 1);
         std::fs::write(&f, "[[machines]]\nid = \"a\"\naddress = 192.0.2.1\n").unwrap();
         let e = read_file(&f).unwrap_err();
+        let e = e.to_string();
         assert!(e.contains(":3:") || e.contains("line 3:"), "{e}");
         // The hosts read before stay; the problem is reported (once).
         assert_eq!(inv.hosts().len(), 1);

@@ -13,6 +13,47 @@ pub struct FileHosts {
     pub problems: Vec<String>,
 }
 
+/// Why an inventory file as a whole is unusable, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryFileError {
+    #[error("{file}: {source}")]
+    Unreadable {
+        file: String,
+        source: std::io::Error,
+    },
+    /// Not TOML (`at`: " line N:" when known).
+    #[error("{file}:{at} {message}")]
+    Syntax {
+        file: String,
+        at: String,
+        message: String,
+    },
+    #[error("{file}: unknown key `{key}` (an inventory file holds `[[machines]]` entries)")]
+    UnknownKey { file: String, key: String },
+    #[error("{file}: machines: {message}")]
+    Machines { file: String, message: String },
+}
+
+/// Why one entry is skipped.
+#[derive(Debug, thiserror::Error)]
+enum BadEntry {
+    #[error("{key} must be a string, not {found}")]
+    NotAString { key: String, found: &'static str },
+    #[error("id is missing")]
+    NoId,
+    #[error("unknown key `{0}`")]
+    UnknownKey(String),
+    /// A value that is not what its key takes, in the checks' own words.
+    #[error("{0}")]
+    Value(String),
+}
+
+impl From<String> for BadEntry {
+    fn from(why: String) -> Self {
+        BadEntry::Value(why)
+    }
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
@@ -20,15 +61,19 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// Reads an inventory file. Err: the file as a whole is unusable (unreadable,
 /// not TOML, no `machines` array), naming the file and, for syntax, the
 /// line. Each bad entry is skipped and described in `problems`.
-pub fn read_file(path: &Path) -> Result<FileHosts, String> {
+pub fn read_file(path: &Path) -> Result<FileHosts, InventoryFileError> {
     let file = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{file}: {e}"))?;
-    let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
-        let at = e
+    let text = std::fs::read_to_string(path).map_err(|source| InventoryFileError::Unreadable {
+        file: file.to_string(),
+        source,
+    })?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| InventoryFileError::Syntax {
+        file: file.to_string(),
+        at: e
             .span()
             .map(|s| format!(" line {}:", line_of(&text, s.start)))
-            .unwrap_or_default();
-        format!("{file}:{at} {}", e.message())
+            .unwrap_or_default(),
+        message: e.message().to_string(),
     })?;
     #[derive(serde::Deserialize)]
     struct Doc {
@@ -36,16 +81,20 @@ pub fn read_file(path: &Path) -> Result<FileHosts, String> {
         machines: Vec<toml::Spanned<toml::Table>>,
     }
     if let Some(other) = table.keys().find(|k| *k != "machines") {
-        return Err(format!(
-            "{file}: unknown key `{other}` (an inventory file holds `[[machines]]` entries)"
-        ));
+        return Err(InventoryFileError::UnknownKey {
+            file: file.to_string(),
+            key: other.clone(),
+        });
     }
     let entries = match table.remove("machines") {
         None => Vec::new(),
         Some(_) => {
             // Parsed again for spans: a `Table`'s values carry none.
             toml::from_str::<Doc>(&text)
-                .map_err(|e| format!("{file}: machines: {}", e.message()))?
+                .map_err(|e| InventoryFileError::Machines {
+                    file: file.to_string(),
+                    message: e.message().to_string(),
+                })?
                 .machines
         }
     };
@@ -66,21 +115,24 @@ pub fn read_file(path: &Path) -> Result<FileHosts, String> {
                 .problems
                 .push(problem("listed more than once in the file".into())),
             Ok(m) => out.hosts.push(m),
-            Err(what) => out.problems.push(problem(what)),
+            Err(what) => out.problems.push(problem(what.to_string())),
         }
     }
     Ok(out)
 }
 
-fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
-    let text = |entry: &mut toml::Table, key: &str| -> Result<Option<String>, String> {
+fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, BadEntry> {
+    let text = |entry: &mut toml::Table, key: &str| -> Result<Option<String>, BadEntry> {
         match entry.remove(key) {
             None => Ok(None),
             Some(toml::Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(format!("{key} must be a string, not {}", other.type_str())),
+            Some(other) => Err(BadEntry::NotAString {
+                key: key.to_string(),
+                found: other.type_str(),
+            }),
         }
     };
-    let id = text(&mut entry, "id")?.ok_or("id is missing")?;
+    let id = text(&mut entry, "id")?.ok_or(BadEntry::NoId)?;
     check_id(&id)?;
     let address = match text(&mut entry, "address")? {
         None => None,
@@ -95,9 +147,9 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
         Some("virtual-media") => Some(BootMethod::VirtualMedia),
         Some("network") => Some(BootMethod::Network),
         Some(other) => {
-            return Err(format!(
+            return Err(BadEntry::Value(format!(
                 "boot {other:?} is not \"ssh\", \"virtual-media\" or \"network\""
-            ));
+            )));
         }
     };
     let mac = match text(&mut entry, "mac")? {
@@ -113,13 +165,22 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
                 other => Err(format!("macs: {} is not a string", other.type_str())),
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(format!("macs must be an array, not {}", other.type_str())),
+        Some(other) => {
+            return Err(BadEntry::Value(format!(
+                "macs must be an array, not {}",
+                other.type_str()
+            )));
+        }
     };
     let firmware = match text(&mut entry, "firmware")?.as_deref() {
         None => None,
         Some("uefi") => Some(Firmware::Uefi),
         Some("bios") => Some(Firmware::Bios),
-        Some(other) => return Err(format!("firmware {other:?} is not \"uefi\" or \"bios\"")),
+        Some(other) => {
+            return Err(BadEntry::Value(format!(
+                "firmware {other:?} is not \"uefi\" or \"bios\""
+            )));
+        }
     };
     let location = text(&mut entry, "location")?;
     let bmc = match entry.remove("bmc") {
@@ -143,7 +204,7 @@ fn parse_entry(mut entry: toml::Table) -> Result<InventoryMachine, String> {
             .map_err(|e| format!("ports[{j}].port: {e}"))?;
     }
     if let Some(k) = entry.keys().next() {
-        return Err(format!("unknown key `{k}`"));
+        return Err(BadEntry::UnknownKey(k.clone()));
     }
     let m = InventoryMachine {
         id,

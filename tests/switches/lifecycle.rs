@@ -103,12 +103,7 @@ async fn ports_follow_the_life_cycle_and_tenants_reach_only_their_own() {
         (a, &token_a, "a2"),
         (b, &token_b, "b1"),
     ] {
-        let (path, body) = create(project, host);
-        let (s, d) = rack
-            .admin
-            .call("POST", &path, Some(token), Some(body))
-            .await;
-        assert_eq!(s, 201, "{d}");
+        device(&rack, project, token, host).await;
     }
     let path_a = format!("/metal/v1/projects/{a}/devices");
     let path_b = format!("/metal/v1/projects/{b}/devices");

@@ -72,6 +72,17 @@ pub struct SwitchBody {
     pub error: Option<String>,
     /// Failures in a row (0: answering).
     pub failures: i32,
+    /// Its ports cabled to other switches, each with the VLANs it was
+    /// last read back carrying (tagged).
+    pub uplinks: Vec<UplinkBody>,
+}
+
+/// A switch's uplink (a trunk to another switch).
+#[derive(Serialize, ToSchema)]
+pub struct UplinkBody {
+    pub port: String,
+    /// None: not read back yet.
+    pub vlans: Option<Vec<i32>>,
 }
 
 impl From<&SwitchView> for SwitchBody {
@@ -85,6 +96,14 @@ impl From<&SwitchView> for SwitchBody {
             failed_at: s.failed_at.map(rfc3339),
             error: s.error.clone(),
             failures: s.failures,
+            uplinks: s
+                .uplinks
+                .iter()
+                .map(|(port, vlans)| UplinkBody {
+                    port: port.clone(),
+                    vlans: vlans.clone(),
+                })
+                .collect(),
         }
     }
 }

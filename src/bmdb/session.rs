@@ -321,6 +321,9 @@ pub struct BmdbSession {
     closing: bool,
     /// A collection of expired sessions is under way.
     collecting: bool,
+    /// When the regular tick last ran: a tick much later than its period
+    /// means this process's event loop was held up, not the database.
+    ticked: Instant,
 }
 
 impl BmdbSession {
@@ -350,6 +353,7 @@ impl BmdbSession {
             ended: None,
             closing: false,
             collecting: false,
+            ticked: Instant::now(),
         }
     }
 
@@ -387,14 +391,22 @@ impl BmdbSession {
         let timeout = (session.interval() / 2)
             .min(left)
             .max(Duration::from_millis(100));
+        let sent = Instant::now();
         let fut = async move {
             match tokio::time::timeout(timeout, session.poke()).await {
                 Ok(r) => r?,
+                // How long it really took says whose the delay was: far
+                // past the timeout, this process was too busy to notice.
                 Err(_) => {
                     return Err(BmdbError::Unreachable(format!(
-                        "heartbeat took longer than {timeout:?}"
+                        "heartbeat took longer than {timeout:?} (given up after {:.1?})",
+                        sent.elapsed()
                     )));
                 }
+            }
+            let took = sent.elapsed();
+            if took > session.interval() / 4 {
+                tracing::warn!(session_id = %session.id(), took_ms = took.as_millis() as u64, "session heartbeat slow");
             }
             Ok::<_, BmdbError>(())
         };
@@ -461,7 +473,16 @@ impl Actor for BmdbSession {
         // The deadline runs from the start's send: a start that was slow to
         // commit leaves less than an interval, so the first poke goes now.
         self.heartbeat(ctx);
-        ctx.run_interval(period, |act, ctx| act.heartbeat(ctx));
+        self.ticked = Instant::now();
+        ctx.run_interval(period, move |act, ctx| {
+            let late = act.ticked.elapsed().saturating_sub(period);
+            act.ticked = Instant::now();
+            if late > Duration::from_secs(1) {
+                tracing::warn!(session_id = %act.session.id(), late_ms = late.as_millis() as u64,
+                    "session heartbeat ran late: this process's event loop was held up");
+            }
+            act.heartbeat(ctx);
+        });
         // The deadline by our clock (send time of the last good poke plus the
         // interval) is never later than the database's: once it passes, the
         // session is dead to us, whatever a heartbeat in flight may say.

@@ -21,31 +21,66 @@ pub struct PortRow {
     pub seen: Option<(Option<u16>, Vec<u16>)>,
 }
 
-/// A host's declared port, for [`sync_declared`].
+/// What a declared port is cabled to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PortRole {
+    /// One of a machine's NICs.
+    Nic,
+    /// A machine's BMC: kept on the BMCs' network.
+    Bmc,
+    /// Another switch (a trunk): it carries every network but idle.
+    Uplink,
+}
+
+impl PortRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortRole::Nic => "nic",
+            PortRole::Bmc => "bmc",
+            PortRole::Uplink => "uplink",
+        }
+    }
+}
+
+/// A declared port (a host's, or a switch's uplink), for [`sync_declared`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Declared {
-    pub host: String,
+    /// The host's inventory ID (None: an uplink).
+    pub host: Option<String>,
     pub switch: String,
     pub port: String,
     pub mac: Option<String>,
-    pub bmc: bool,
+    pub role: PortRole,
 }
 
 impl Declared {
     /// Host `host`'s port `p`.
     pub fn of(host: &str, p: &crate::config::HostPort) -> Declared {
         Declared {
-            host: host.to_string(),
+            host: Some(host.to_string()),
             switch: p.switch.clone(),
             port: p.port.clone(),
             mac: p.mac.map(|m| m.to_string()),
-            bmc: p.bmc,
+            role: if p.bmc { PortRole::Bmc } else { PortRole::Nic },
+        }
+    }
+
+    /// `switch`'s uplink `port`.
+    pub fn uplink(switch: &str, port: &str) -> Declared {
+        Declared {
+            host: None,
+            switch: switch.to_string(),
+            port: port.to_string(),
+            mac: None,
+            role: PortRole::Uplink,
         }
     }
 }
 
 /// The VLANs a purpose stands for: `$2` provisioning, `$3` idle, `$4` the
-/// BMCs' (NULL: BMC ports left alone); a tenant's as its device's ports
+/// BMCs' (NULL: BMC ports left alone); an uplink's, every network but
+/// idle tagged (provisioning, the BMCs', every virtual network's) and
+/// nothing untagged; a tenant's as its device's ports
 /// say (`device_port`: a NIC in the bond as the bond, on the project's
 /// own network untagged unless layer 2, its virtual networks tagged; a
 /// layer-2 port with no VLAN waits on idle).
@@ -59,7 +94,8 @@ impl Declared {
 const WANT: &str = "\
 WITH intent AS ( \
     SELECT sp.switch_name, sp.port_name, d.device_id, d.project_id, \
-           CASE WHEN sp.role = 'bmc' THEN 'bmc' \
+           CASE WHEN sp.role = 'uplink' THEN 'uplink' \
+                WHEN sp.role = 'bmc' THEN 'bmc' \
                 WHEN sp.machine_id IS NULL THEN 'idle' \
                 WHEN s.held THEN NULL \
                 WHEN d.device_id IS NOT NULL AND d.deleting_at IS NULL \
@@ -96,7 +132,11 @@ wanted AS ( \
                 WHEN 'tenant' THEN CASE WHEN tv.layer2 AND tv.native IS NULL \
                                              AND cardinality(tv.tagged) = 0 THEN $3::int \
                                         ELSE tv.native END END AS native, \
-           CASE WHEN i.purpose = 'tenant' THEN tv.tagged ELSE '{}'::int[] END AS tagged, \
+           CASE WHEN i.purpose = 'tenant' THEN tv.tagged \
+                WHEN i.purpose = 'uplink' THEN (SELECT array_agg(v ORDER BY v) FROM ( \
+                     SELECT $2::int UNION SELECT $4::int WHERE $4::int IS NOT NULL \
+                     UNION SELECT vxlan FROM virtual_network) carried(v)) \
+                ELSE '{}'::int[] END AS tagged, \
            CASE WHEN i.purpose = 'tenant' THEN tv.layer2 OR tv.native IS NOT NULL \
                 WHEN i.purpose = 'bmc' THEN $4::int IS NOT NULL ELSE true END AS known \
       FROM intent i \
@@ -180,14 +220,11 @@ pub async fn sync_declared(tx: &mut Tx<'_>, declared: &[Declared]) -> Result<(),
 /// Records hosts' cabling (the provisioner, as it records a new host;
 /// [`sync_declared`]): each port names its host's machine, if it is one.
 pub async fn cable(tx: &mut Tx<'_>, declared: &[Declared]) -> Result<(), BmdbError> {
-    let hosts: Vec<&str> = declared.iter().map(|d| d.host.as_str()).collect();
+    let hosts: Vec<Option<&str>> = declared.iter().map(|d| d.host.as_deref()).collect();
     let switches: Vec<&str> = declared.iter().map(|d| d.switch.as_str()).collect();
     let ports: Vec<&str> = declared.iter().map(|d| d.port.as_str()).collect();
     let macs: Vec<Option<&str>> = declared.iter().map(|d| d.mac.as_deref()).collect();
-    let roles: Vec<&str> = declared
-        .iter()
-        .map(|d| if d.bmc { "bmc" } else { "nic" })
-        .collect();
+    let roles: Vec<&str> = declared.iter().map(|d| d.role.as_str()).collect();
     tx.execute(
         "INSERT INTO switch_port AS sp (switch_name, port_name, machine_id, role, mac, declared) \
          SELECT x.sw, x.p, mp.machine_id, x.role, x.mac, true \
@@ -470,6 +507,12 @@ pub async fn machine_ports(tx: &mut Tx<'_>, machine: Uuid) -> Result<Vec<PortVie
         .collect())
 }
 
+#[derive(serde::Deserialize)]
+struct UplinkRow {
+    port: String,
+    seen: Option<Vec<i32>>,
+}
+
 /// A switch as the pages and `/metrics` show it.
 #[derive(Debug, Clone)]
 pub struct SwitchView {
@@ -484,6 +527,9 @@ pub struct SwitchView {
     /// Sessions held with it (all shepherds, all time) and their seconds.
     pub sessions: i64,
     pub session_seconds: f64,
+    /// Its uplinks and the VLANs each was last read back carrying
+    /// (None: not read yet).
+    pub uplinks: Vec<(String, Option<Vec<i32>>)>,
 }
 
 /// Every switch that has ports or a state.
@@ -491,14 +537,18 @@ pub async fn switches(tx: &mut Tx<'_>) -> Result<Vec<SwitchView>, BmdbError> {
     let rows = tx
         .query(
             "SELECT n.name, \
-                    (SELECT count(*) FROM switch_port p WHERE p.switch_name = n.name), \
+                    (SELECT count(*) FROM switch_port p WHERE p.switch_name = n.name \
+                        AND p.role <> 'uplink'), \
                     (SELECT count(*) FROM switch_port p WHERE p.switch_name = n.name \
                         AND p.want_purpose IS NOT NULL \
                         AND (p.seen_native IS DISTINCT FROM p.want_native \
                              OR p.seen_tagged IS DISTINCT FROM p.want_tagged)), \
                     COALESCE(st.changes, 0), st.reached_at, st.failed_at, st.error, \
                     COALESCE(st.failures, 0), COALESCE(st.sessions, 0), \
-                    COALESCE(st.session_seconds, 0) \
+                    COALESCE(st.session_seconds, 0), \
+                    (SELECT json_agg(json_build_object('port', p.port_name, 'seen', p.seen_tagged) \
+                                     ORDER BY p.port_name)::text \
+                       FROM switch_port p WHERE p.switch_name = n.name AND p.role = 'uplink') \
                FROM (SELECT switch_name AS name FROM switch_port \
                      UNION SELECT switch_name FROM switch_state) n \
                LEFT JOIN switch_state st ON st.switch_name = n.name \
@@ -519,6 +569,13 @@ pub async fn switches(tx: &mut Tx<'_>) -> Result<Vec<SwitchView>, BmdbError> {
             failures: r.get(7),
             sessions: r.get(8),
             session_seconds: r.get(9),
+            uplinks: r
+                .get::<_, Option<String>>(10)
+                .and_then(|j| serde_json::from_str::<Vec<UplinkRow>>(&j).ok())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| (u.port, u.seen))
+                .collect(),
         })
         .collect())
 }

@@ -34,6 +34,13 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
             "{}: {state}; {} ports, {} not yet where wanted; {} changes made",
             s.name, s.ports, s.ports_pending, s.changes
         );
+        for (port, vlans) in &s.uplinks {
+            let carries = match vlans {
+                Some(v) => v.iter().map(i32::to_string).collect::<Vec<_>>().join(","),
+                None => "not read back yet".into(),
+            };
+            println!("  uplink {port}: {carries}");
+        }
     }
     Ok(())
 }

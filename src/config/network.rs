@@ -75,6 +75,11 @@ pub struct SwitchConfig {
     /// `ovs`: the OVSDB to change (`ovs-vsctl --db=`); unset: its default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ovs_db: Option<String>,
+    /// Its ports cabled to other switches (trunks): shepherd keeps on
+    /// them, tagged, the provisioning network, the BMCs' and every
+    /// tenant's network, and nothing untagged; never the idle VLAN.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uplinks: Vec<String>,
 }
 
 fn default_username() -> String {
@@ -277,8 +282,22 @@ impl NetworkConfig {
                     format!("{db:?} is not an OVSDB address (unix:PATH, tcp:HOST:PORT)"),
                 ));
             }
+            let mut uplinks = HashSet::new();
+            for (j, u) in s.uplinks.iter().enumerate() {
+                let key = format!("network.switches[{i}].uplinks[{j}]");
+                check_port_name(u).map_err(|e| ConfigError::key(&key, e.to_string()))?;
+                if !uplinks.insert(u) {
+                    return Err(ConfigError::key(key, format!("{u:?} is listed twice")));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Whether `port` of `switch` is one of its uplinks.
+    pub fn is_uplink(&self, switch: &str, port: &str) -> bool {
+        self.switch(switch)
+            .is_some_and(|s| s.uplinks.iter().any(|u| u == port))
     }
 
     /// Checks a host's `ports` against the switches (`key`: the host's
@@ -299,6 +318,12 @@ impl NetworkConfig {
             }
             check_port_name(&p.port)
                 .map_err(|e| ConfigError::key(format!("{key}.port"), e.to_string()))?;
+            if self.is_uplink(&p.switch, &p.port) {
+                return Err(ConfigError::key(
+                    format!("{key}.port"),
+                    format!("{} port {} is one of its uplinks", p.switch, p.port),
+                ));
+            }
             if !seen.insert((p.switch.clone(), p.port.clone())) {
                 return Err(ConfigError::key(
                     format!("{key}.port"),
@@ -342,12 +367,12 @@ mod tests {
             .to_string();
         std::fs::write(&key, &secret).unwrap();
         let f = dir.path().join("shepherd.toml");
-        let load = |network: &str, hosts: &str| {
+        let load_with = |network: &str, switch: &str, hosts: &str| {
             std::fs::write(
                 &f,
                 format!(
                     "[network]\n{network}\n[[network.switches]]\nname = \"leaf1\"\ndriver = \"ovs\"\n\
-                     address = \"192.0.2.9\"\nprivate_key = {{ file = \"{}\" }}\n\
+                     address = \"192.0.2.9\"\nprivate_key = {{ file = \"{}\" }}\n{switch}\n\
                      [provider.inventory]\nmachines = [{hosts}]\n",
                     key.display()
                 ),
@@ -355,6 +380,7 @@ mod tests {
             .unwrap();
             crate::config::Config::load_with_env(Some(&f), Vec::new())
         };
+        let load = |network: &str, hosts: &str| load_with(network, "", hosts);
         let host =
             |ports: &str| format!("{{ id = \"a\", address = \"192.0.2.1\", ports = [{ports}] }}");
         let ok = load("", &host("{ switch = \"leaf1\", port = \"p1\" }")).unwrap();
@@ -406,6 +432,37 @@ mod tests {
             ),
         ] {
             let e = load(network, &hosts).unwrap_err();
+            assert_eq!(e.key_name(), Some(key_name), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        // Uplinks: port names, each once, never a host's port.
+        let up = load_with(
+            "",
+            "uplinks = [\"p48\"]",
+            &host("{ switch = \"leaf1\", port = \"p1\" }"),
+        );
+        assert_eq!(up.unwrap().network.switches[0].uplinks, ["p48"]);
+        for (switch, hosts, key_name, says) in [
+            (
+                "uplinks = [\"p48\", \"p48\"]",
+                host(""),
+                "network.switches[0].uplinks[1]",
+                "listed twice",
+            ),
+            (
+                "uplinks = [\"p 48\"]",
+                host(""),
+                "network.switches[0].uplinks[0]",
+                "letters, digits",
+            ),
+            (
+                "uplinks = [\"p48\"]",
+                host("{ switch = \"leaf1\", port = \"p48\" }"),
+                "provider.inventory.machines[0].ports[0].port",
+                "one of its uplinks",
+            ),
+        ] {
+            let e = load_with("", switch, &hosts).unwrap_err();
             assert_eq!(e.key_name(), Some(key_name), "{e}");
             assert!(e.to_string().contains(says), "{e}");
         }

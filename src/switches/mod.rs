@@ -106,10 +106,20 @@ impl SwitchRound {
                 }
             }
         }
-        let mut out: Vec<Declared> = hosts
-            .iter()
-            .flat_map(|h| h.ports.iter().map(|p| Declared::of(&h.id, p)))
-            .collect();
+        let mut out: Vec<Declared> = Vec::new();
+        for h in &hosts {
+            for p in &h.ports {
+                if self.cfg.is_uplink(&p.switch, &p.port) {
+                    tracing::warn!(host = %h.id, switch = %p.switch, port = %p.port,
+                        "a host's port is one of its switch's uplinks: not cabled to the host");
+                } else {
+                    out.push(Declared::of(&h.id, p));
+                }
+            }
+        }
+        for sw in &self.cfg.switches {
+            out.extend(sw.uplinks.iter().map(|u| Declared::uplink(&sw.name, u)));
+        }
         out.sort();
         out.dedup_by(|a, b| a.switch == b.switch && a.port == b.port);
         out

@@ -56,14 +56,15 @@ async fn a_fresh_database_is_migrated_and_rerunning_is_a_no_op() {
             "V29__console_keep_alive",
             "V30__image_swarms",
             "V31__switch_ports",
-            "V32__switch_sessions"
+            "V32__switch_sessions",
+            "V33__switch_uplinks"
         ]
     );
-    assert_eq!(first.version, Some(32));
+    assert_eq!(first.version, Some(33));
     assert_eq!(count(&bmdb, TABLES).await, 63);
     let again = bmdb.migrate().await.unwrap();
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, Some(32));
+    assert_eq!(again.version, Some(33));
 }
 
 #[actix_rt::test]
@@ -76,13 +77,13 @@ async fn two_processes_migrating_at_once_do_not_collide() {
     applied.sort();
     assert_eq!(
         applied,
-        [0, 32],
+        [0, 33],
         "one run applies every migration, the other none"
     );
     assert_eq!(count(&a, TABLES).await, 63);
     assert_eq!(
         count(&a, "SELECT count(*) FROM refinery_schema_history").await,
-        32
+        33
     );
 }
 
@@ -138,7 +139,8 @@ async fn the_summary_is_backfilled_for_machines_that_predate_it() {
             "V29__console_keep_alive",
             "V30__image_swarms",
             "V31__switch_ports",
-            "V32__switch_sessions"
+            "V32__switch_sessions",
+            "V33__switch_uplinks"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;
@@ -226,7 +228,8 @@ async fn the_reference_inserts_without_ids_succeed() {
             "V29__console_keep_alive",
             "V30__image_swarms",
             "V31__switch_ports",
-            "V32__switch_sessions"
+            "V32__switch_sessions",
+            "V33__switch_uplinks"
         ]
     );
     shepherd_sim::testing::serve_test_endpoint(&bmdb).await;

@@ -18,7 +18,9 @@
 //! - `lldp`: the agent hears which switch port its NIC is on;
 //! - `services`: shepherd's own DHCP, TFTP and boot HTTP, answering on
 //!   its NIC on the switch, reached from the provisioning network only; a
-//!   tenant's DHCP server never heard there.
+//!   tenant's DHCP server never heard there;
+//! - `trunk`: two switches joined by a trunk, a project's network across
+//!   both, another project's apart.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -215,3 +217,4 @@ mod lifecycle;
 mod lldp;
 mod services;
 mod tenants;
+mod trunk;

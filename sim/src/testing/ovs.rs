@@ -233,6 +233,38 @@ impl OvsSwitch {
         Nic { ns, port, ip }
     }
 
+    /// A cable between this switch's port `port` and `other`'s port
+    /// `other_port` (a veth pair across the two namespaces, checksum
+    /// offload off), both ends on `vlan` until someone makes them trunks.
+    pub fn cable_to(&self, port: &str, other: &OvsSwitch, other_port: &str, vlan: u16) {
+        succeed(Command::new("ip").args([
+            "-n",
+            &self.ns.0,
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            other_port,
+            "netns",
+            &other.ns.0,
+        ]));
+        for (sw, p) in [(self, port), (other, other_port)] {
+            succeed(Command::new("ip").args(["-n", &sw.ns.0, "link", "set", "dev", p, "up"]));
+            succeed(&mut sw.ns.cmd(&["ethtool", "-K", p, "tx", "off"]));
+            sw.vsctl(&["add-port", &sw.bridge, p, &format!("tag={vlan}")]);
+        }
+    }
+
+    /// A port's VLANs as the switch holds them: its mode, untagged VLAN
+    /// and trunks (`ovs-vsctl get`), e.g. `trunk [] [10, 1000]`.
+    pub fn vlans(&self, port: &str) -> String {
+        let get = |col: &str| self.vsctl(&["get", "Port", port, col]);
+        format!("{} {} {}", get("vlan_mode"), get("tag"), get("trunks"))
+    }
+
     /// `count` new ports on `vlan` that no machine's traffic needs: OVS
     /// internal ports (a tap device each, in the switch's namespace),
     /// made in one transaction. Their names.

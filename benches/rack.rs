@@ -165,7 +165,9 @@ async fn run(
     // The image server's downloads and refusals are counted from its log.
     let log = (
         "SHEPHERD__LOG__LEVEL",
-        "warn,shepherd::images=info".to_string(),
+        "warn,shepherd::images=info,shepherd::enroller=info,shepherd::recoverer=info,\
+         shepherd::control=info,shepherd::bmdb::session=info,shepherd::devices=info"
+            .to_string(),
     );
     let keys = tempfile::tempdir().unwrap();
     let mut fabric = None;
@@ -307,6 +309,16 @@ async fn run(
                     if s != 201 {
                         let kept = std::env::temp_dir().join("rack-bench-shepherd.log");
                         let _ = std::fs::copy(log, &kept);
+                        // The machines no device can have, as shepherd
+                        // shows them (state, history, last errors).
+                        for m in admin.machines().await {
+                            let state = m["state"].as_str().unwrap_or_default();
+                            if !matches!(state, "installed" | "available") {
+                                let id = m["machine_id"].as_str().unwrap_or_default();
+                                let (_, d) = admin.read(&format!("/api/v1/machines/{id}")).await;
+                                eprintln!("machine {id} ({state}): {d:#}");
+                            }
+                        }
                         panic!(
                             "create {i}: {s} {d}; machines {:?}; shepherd's log kept in {}",
                             admin.counts().await,

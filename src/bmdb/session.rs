@@ -36,6 +36,11 @@ struct SessionInner {
     /// The agent callback endpoint this process serves: each start and
     /// poke also extends its service (`bmdb::callback`).
     serves: Option<String>,
+    /// When the process's main loop (where its work runs) last showed it
+    /// runs, if it is watched ([`BmdbSession::open_serving`]): the session
+    /// is kept on a thread of its own, and let go once the work it stands
+    /// for has not run for an interval.
+    main_alive: std::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -129,6 +134,7 @@ impl Bmdb {
                 expired: watch::channel(false).0,
                 deadline: std::sync::Mutex::new(sent + Duration::from_secs(secs as u64)),
                 serves,
+                main_alive: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -256,6 +262,37 @@ impl Session {
     pub(crate) fn mark_expired(&self) {
         self.inner.expired.send_replace(true);
     }
+
+    /// The main loop ran just now.
+    fn note_main_alive(&self) {
+        *self.inner.main_alive.lock().unwrap() = Some(Instant::now());
+    }
+
+    /// How long the main loop has not been seen running (None: not
+    /// watched).
+    fn main_quiet_for(&self) -> Option<Duration> {
+        self.inner.main_alive.lock().unwrap().map(|t| t.elapsed())
+    }
+}
+
+/// The thread sessions are kept on (one per actix system): a heartbeat
+/// there, and its own connection's I/O, are never held up by the fleet's
+/// work on the main thread (a thousand agents' calls and TLS, a switch
+/// round's read-backs). A main loop held up for seconds at the start of an
+/// erase storm cost the session, and every lease with it, though the
+/// database answered.
+fn keeper_thread() -> actix::ArbiterHandle {
+    static KEEPERS: std::sync::Mutex<Vec<(usize, actix::ArbiterHandle)>> =
+        std::sync::Mutex::new(Vec::new());
+    let system = actix::System::current().id();
+    let mut keepers = KEEPERS.lock().unwrap();
+    keepers.retain(|(_, h)| h.spawn(async {}));
+    if let Some((_, h)) = keepers.iter().find(|(s, _)| *s == system) {
+        return h.clone();
+    }
+    let h = actix::Arbiter::new().handle();
+    keepers.push((system, h.clone()));
+    h
 }
 
 /// Why a session ended.
@@ -334,13 +371,45 @@ impl BmdbSession {
 
     /// As [`BmdbSession::open`], for a process serving the agent callback
     /// at `serves` (see [`Bmdb::start_session_serving`]).
+    ///
+    /// The session is started and kept on a thread of its own
+    /// ([`keeper_thread`]); the calling thread, where the work runs, shows
+    /// every second that it runs, and the session is let go once it has
+    /// not for an interval (a process whose work is stuck keeps no lease).
     pub async fn open_serving(
         bmdb: &Bmdb,
         component: &str,
         serves: Option<String>,
     ) -> Result<Addr<BmdbSession>, BmdbError> {
-        let session = bmdb.start_session_serving(component, None, serves).await?;
-        Ok(BmdbSession::new(session).start())
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (bmdb, component) = (bmdb.clone(), component.to_string());
+        // What is sent over is Send; the start itself runs there.
+        let spawned = keeper_thread().spawn_fn(move || {
+            actix::spawn(async move {
+                let r = match bmdb.start_session_serving(&component, None, serves).await {
+                    Ok(session) => {
+                        session.note_main_alive();
+                        Ok((session.clone(), BmdbSession::new(session).start()))
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = tx.send(r);
+            });
+        });
+        let gone = || BmdbError::Unreachable("the sessions' thread stopped".into());
+        if !spawned {
+            return Err(gone());
+        }
+        let (session, addr) = rx.await.map_err(|_| gone())??;
+        // The main loop's sign of life, until the session ends.
+        actix::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            while !session.is_expired() {
+                every.tick().await;
+                session.note_main_alive();
+            }
+        });
+        Ok(addr)
     }
 
     pub fn new(session: Session) -> Self {
@@ -383,8 +452,19 @@ impl BmdbSession {
         if let Some(h) = self.retry.take() {
             ctx.cancel_future(h);
         }
-        self.poking = true;
         let session = self.session.clone();
+        if let Some(quiet) = session
+            .main_quiet_for()
+            .filter(|q| *q >= session.interval())
+        {
+            // The work this session stands for has not run for an
+            // interval: let the session go, so that its machines pass to
+            // another shepherd, rather than hold them from a stuck one.
+            tracing::warn!(session_id = %session.id(), quiet_ms = quiet.as_millis() as u64,
+                "this process's main loop has not run for an interval: the session is not kept alive");
+            return;
+        }
+        self.poking = true;
         // A poke that cannot land before the deadline is useless: give up on
         // it in time to try again.
         let left = session.deadline().saturating_duration_since(Instant::now());

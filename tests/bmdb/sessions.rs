@@ -375,3 +375,30 @@ async fn a_session_outlives_a_pool_held_whole_for_several_intervals() {
         .unwrap();
     assert!(alive);
 }
+
+/// The session is kept on a thread of its own: the process's main loop
+/// (where the fleet's work runs) held up past the session's deadline does
+/// not cost it; a main loop that stays stuck for an interval lets it go,
+/// so a stuck process holds no lease.
+#[actix_rt::test]
+async fn a_busy_main_loop_keeps_its_session_and_a_stuck_one_lets_it_go() {
+    let db = TestDb::new().await;
+    let mut options = TestDb::options(shepherd::config::Isolation::ReadCommitted);
+    options.session_interval = Duration::from_secs(3);
+    let bmdb = db.bmdb_with(options, 4).await;
+    let addr = BmdbSession::open(&bmdb, "test").await.unwrap();
+    let session = addr.send(GetSession).await.unwrap();
+    // Held up for 2.8 s, three times: nearly an interval each time, so a
+    // heartbeat sent from this thread would land past its deadline.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(2800));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(!session.is_expired(), "a busy main loop cost the session");
+    let alive = "SELECT count(*) FROM sessions WHERE session_deadline > now()";
+    assert_eq!(count(&bmdb, alive).await, 1);
+    // Stuck for two intervals: the session is let go.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(session.is_expired(), "a stuck main loop kept its session");
+    assert_eq!(count(&bmdb, alive).await, 0);
+}

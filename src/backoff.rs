@@ -22,6 +22,17 @@ pub struct Backoff {
     pub jitter: f64,
 }
 
+/// Backoff parameters that make no sense: each names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackoffError {
+    #[error("exponent must be at least 1, not {0}")]
+    Exponent(f64),
+    #[error("jitter must be within 0 and 1, not {0}")]
+    Jitter(f64),
+    #[error("maximum must not be shorter than initial")]
+    MaximumBelowInitial,
+}
+
 impl Backoff {
     /// Always waits `interval`.
     pub fn constant(interval: Duration) -> Self {
@@ -47,24 +58,18 @@ impl Backoff {
         self
     }
 
-    /// Whether the parameters make sense; the message names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Whether the parameters make sense; the error names the field.
+    pub fn validate(&self) -> Result<(), BackoffError> {
         if !self.exponent.is_finite() || self.exponent < 1.0 {
-            return Err(format!(
-                "exponent must be at least 1, not {}",
-                self.exponent
-            ));
+            return Err(BackoffError::Exponent(self.exponent));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(format!(
-                "jitter must be within 0 and 1, not {}",
-                self.jitter
-            ));
+            return Err(BackoffError::Jitter(self.jitter));
         }
         if let Some(max) = self.maximum
             && max < self.initial
         {
-            return Err("maximum must not be shorter than initial".into());
+            return Err(BackoffError::MaximumBelowInitial);
         }
         Ok(())
     }

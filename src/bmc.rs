@@ -30,7 +30,7 @@ impl<A: Actor<Context = Context<A>>> ByUrl<A> {
         &self,
         host: &str,
         bmc: &BmcConfig,
-        make: impl FnOnce() -> Result<A, String>,
+        make: impl FnOnce() -> Result<A, BmcErrorKind>,
     ) -> Result<Addr<A>, BmcError> {
         let mut actors = self.actors.borrow_mut();
         if let Some((cfg, addr)) = actors.get(&bmc.url)
@@ -40,7 +40,7 @@ impl<A: Actor<Context = Context<A>>> ByUrl<A> {
             return Ok(addr.clone());
         }
         let addr = make()
-            .map_err(|e| BmcError::of(host, bmc, BmcErrorKind::Config(e)))?
+            .map_err(|kind| BmcError::of(host, bmc, kind))?
             .start();
         actors.insert(bmc.url.clone(), (bmc.clone(), addr.clone()));
         Ok(addr)
@@ -51,7 +51,7 @@ impl<A: Actor<Context = Context<A>>> ByUrl<A> {
         &self,
         host: &str,
         bmc: &BmcConfig,
-        make: impl FnOnce() -> Result<A, String>,
+        make: impl FnOnce() -> Result<A, BmcErrorKind>,
         msg: M,
     ) -> Result<T, BmcError>
     where

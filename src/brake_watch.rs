@@ -33,6 +33,7 @@ pub struct BrakeSeen {
 impl Round for BrakeWatch {
     type Outcome = brake::BrakeState;
     type Counters = BrakeSeen;
+    type Error = crate::bmdb::BmdbError;
     const NAME: &'static str = "brake-watch";
     const WARN_ON_FAILURE: bool = false;
 
@@ -40,12 +41,15 @@ impl Round for BrakeWatch {
         self.every
     }
 
-    async fn round(&self, session: &Session, _: &BrakeSeen) -> Result<brake::BrakeState, String> {
+    async fn round(
+        &self,
+        session: &Session,
+        _: &BrakeSeen,
+    ) -> Result<brake::BrakeState, crate::bmdb::BmdbError> {
         session
             .transact(async |tx| brake::watch(tx, &self.judge).await)
             .await
             .map(|(st, _)| st)
-            .map_err(|e| format!("evaluating the recovery brake: {e}"))
     }
 
     fn tally(&self, seen: &mut BrakeSeen, st: brake::BrakeState) {

@@ -38,19 +38,23 @@ pub struct DeadlinesSeen {
 impl Round for InstallationDeadline {
     type Outcome = Vec<TimedOut>;
     type Counters = DeadlinesSeen;
+    type Error = crate::bmdb::BmdbError;
     const NAME: &'static str = "deadlines";
 
     fn interval(&self) -> Duration {
         self.every
     }
 
-    async fn round(&self, session: &Session, _: &DeadlinesSeen) -> Result<Vec<TimedOut>, String> {
+    async fn round(
+        &self,
+        session: &Session,
+        _: &DeadlinesSeen,
+    ) -> Result<Vec<TimedOut>, crate::bmdb::BmdbError> {
         session
             .transact(async |tx| {
                 installations::fail_stalled(tx, self.deadline, self.allowance).await
             })
             .await
-            .map_err(|e| format!("failing installations past their deadline: {e}"))
     }
 
     fn tally(&self, seen: &mut DeadlinesSeen, out: Vec<TimedOut>) {

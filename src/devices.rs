@@ -31,17 +31,21 @@ pub struct DevicesSeen {
 impl Round for DeviceRound {
     type Outcome = Advanced;
     type Counters = DevicesSeen;
+    type Error = crate::bmdb::BmdbError;
     const NAME: &'static str = "devices";
 
     fn interval(&self) -> Duration {
         self.every
     }
 
-    async fn round(&self, session: &Session, _: &DevicesSeen) -> Result<Advanced, String> {
+    async fn round(
+        &self,
+        session: &Session,
+        _: &DevicesSeen,
+    ) -> Result<Advanced, crate::bmdb::BmdbError> {
         session
             .transact(async |tx| devices::advance(tx).await)
             .await
-            .map_err(|e| format!("moving devices on: {e}"))
     }
 
     fn tally(&self, seen: &mut DevicesSeen, out: Advanced) {

@@ -27,6 +27,7 @@ pub struct TallyKept {
 impl Round for FleetTally {
     type Outcome = Settled;
     type Counters = TallyKept;
+    type Error = crate::bmdb::BmdbError;
     const NAME: &'static str = "fleet-tally";
     const AT_SESSION: bool = true;
 
@@ -34,11 +35,14 @@ impl Round for FleetTally {
         EVERY
     }
 
-    async fn round(&self, session: &Session, _: &TallyKept) -> Result<Settled, String> {
+    async fn round(
+        &self,
+        session: &Session,
+        _: &TallyKept,
+    ) -> Result<Settled, crate::bmdb::BmdbError> {
         session
             .transact(async |tx| machines::settle(tx).await)
             .await
-            .map_err(|e| format!("settling the fleet's tally: {e}"))
     }
 
     fn tally(&self, kept: &mut TallyKept, out: Settled) {

@@ -134,7 +134,7 @@ impl LeaseLoop for Initializer {
         let known = work.item().host_key.clone();
         let known_key = match parse_host_key(known.as_deref()) {
             Ok(k) => k,
-            Err(cause) => return failed(cause),
+            Err(cause) => return failed(cause.to_string()),
         };
 
         // The address: from the BMDB, else from the provider (and remembered).

@@ -41,6 +41,7 @@ pub mod deadlines;
 pub mod devices;
 pub mod enroller;
 pub mod equinix;
+pub mod fault;
 pub mod fleet_tally;
 pub mod images;
 pub mod initializer;

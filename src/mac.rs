@@ -33,11 +33,16 @@ impl fmt::Display for MacAddr {
     }
 }
 
-impl FromStr for MacAddr {
-    type Err = String;
+/// Text that is not a MAC address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a MAC address like 52:54:00:12:34:56")]
+pub struct NotAMac(pub String);
 
-    fn from_str(s: &str) -> Result<MacAddr, String> {
-        let bad = || format!("{s:?} is not a MAC address like 52:54:00:12:34:56");
+impl FromStr for MacAddr {
+    type Err = NotAMac;
+
+    fn from_str(s: &str) -> Result<MacAddr, NotAMac> {
+        let bad = || NotAMac(s.to_string());
         let t = s.trim();
         let sep = if t.contains(':') { ':' } else { '-' };
         let parts: Vec<&str> = t.split(sep).collect();

@@ -54,6 +54,7 @@ pub struct Labeled {
 impl Round for PlanLabels {
     type Outcome = Labeled;
     type Counters = Labeled;
+    type Error = crate::bmdb::BmdbError;
     const NAME: &'static str = "plan-labels";
     const DUTY: Option<Duty> = Some(Duty::PlanLabels);
 
@@ -61,12 +62,15 @@ impl Round for PlanLabels {
         self.every
     }
 
-    async fn round(&self, session: &Session, _: &Labeled) -> Result<Labeled, String> {
+    async fn round(
+        &self,
+        session: &Session,
+        _: &Labeled,
+    ) -> Result<Labeled, crate::bmdb::BmdbError> {
         let mut done = Labeled {
             marked: session
                 .transact(async |tx| plan_labels::catalog_is(tx, &self.fingerprint).await)
-                .await
-                .map_err(|e| format!("comparing the configured plans: {e}"))?,
+                .await?,
             labeled: 0,
         };
         while done.labeled < PER_ROUND {
@@ -87,8 +91,7 @@ impl Round for PlanLabels {
                     plan_labels::label(tx, &labels).await?;
                     Ok(stale.len() as u64)
                 })
-                .await
-                .map_err(|e| format!("labeling machines' plans: {e}"))?;
+                .await?;
             done.labeled += n;
             if n < BATCH as u64 {
                 break;

@@ -23,7 +23,7 @@ use crate::bmdb::machines::{self, NewProvidedMachine};
 use crate::bmdb::{BmdbError, Session};
 use crate::config::ProvisionerConfig;
 use crate::control::{Pace, Round};
-use crate::provider::{MachineKind, ProviderMachine, SharedProvider};
+use crate::provider::{MachineKind, ProviderMachine, RoundError, SharedProvider};
 
 /// What the Provisioner's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -53,6 +53,7 @@ impl Provisioner {
 impl Round for Provisioner {
     type Outcome = RoundOutcome;
     type Counters = ProvisionerCounters;
+    type Error = RoundError;
     const NAME: &'static str = "provisioner";
     const DUTY: Option<Duty> = Some(Duty::Provisioning);
     const AT_SESSION: bool = true;
@@ -65,7 +66,7 @@ impl Round for Provisioner {
         &self,
         session: &Session,
         counters: &ProvisionerCounters,
-    ) -> Result<RoundOutcome, String> {
+    ) -> Result<RoundOutcome, RoundError> {
         // At its limit the fleet lists no capacity: a round of a full
         // fleet of 100,000 listed a hundred pages of reservations for none.
         let capacity =
@@ -152,7 +153,7 @@ async fn reconcile(
     cfg: ProvisionerConfig,
     known_missing: BTreeSet<String>,
     capacity: bool,
-) -> Result<RoundOutcome, String> {
+) -> Result<RoundOutcome, RoundError> {
     let kind = provider.kind();
     let crate::provider::Listings {
         listed,
@@ -206,7 +207,7 @@ async fn reconcile(
                 tracing::info!(provider_id = %m.provider_id, "adopted a machine the BMDB did not know");
             }
             Ok(false) => {}
-            Err(e) => return Err(format!("adopting {}: {e}", m.provider_id)),
+            Err(e) => return Err(RoundError::bmdb(format!("adopting {}", m.provider_id))(e)),
         }
     }
     // Which machines boot through their BMC, as the listing says now.
@@ -228,7 +229,9 @@ async fn reconcile(
             Ok((tagged, untagged, macs))
         })
         .await
-        .map_err(|e| format!("recording which machines boot through their BMC: {e}"))?;
+        .map_err(RoundError::bmdb(
+            "recording which machines boot through their BMC",
+        ))?;
     if macs > 0 {
         tracing::info!(
             changed = macs,
@@ -268,13 +271,18 @@ async fn reconcile(
     let mut failed_in_a_row = 0;
     let mut pace = Pace::new(&session, cfg.creation_interval);
     for c in capacity.into_iter().take(n) {
-        pace.next().await?;
+        pace.next()
+            .await
+            .map_err(RoundError::bmdb("creating machines"))?;
         match provider.create_machine(c).await {
             Ok(m) => {
                 failed_in_a_row = 0;
                 insert(&session, kind, &m)
                     .await
-                    .map_err(|e| format!("recording new machine {}: {e}", m.provider_id))?;
+                    .map_err(RoundError::bmdb(format!(
+                        "recording new machine {}",
+                        m.provider_id
+                    )))?;
                 out.created += 1;
                 out.managed += 1;
                 // The round's summary is the info line: one per machine

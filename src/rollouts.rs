@@ -3,9 +3,35 @@
 //! session. Any number of shepherds may run one: a rollout held by
 //! another's transaction is skipped this round.
 
-use crate::bmdb::Session;
+use uuid::Uuid;
+
 use crate::bmdb::rollouts;
+use crate::bmdb::{BmdbError, Session};
 use crate::control::Round;
+use crate::fault::{Blame, Whose};
+
+/// Why a round of the rollouts stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutRoundError {
+    #[error("listing running rollouts: {0}")]
+    Listing(#[source] BmdbError),
+    #[error("rollout {rollout}: {source}")]
+    Advancing {
+        rollout: Uuid,
+        #[source]
+        source: BmdbError,
+    },
+}
+
+impl Blame for RolloutRoundError {
+    fn whose(&self) -> Whose {
+        match self {
+            RolloutRoundError::Listing(e) | RolloutRoundError::Advancing { source: e, .. } => {
+                e.whose()
+            }
+        }
+    }
+}
 
 /// What the driver's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,6 +57,7 @@ impl RolloutDriver {
 impl Round for RolloutDriver {
     type Outcome = u64;
     type Counters = RolloutCounters;
+    type Error = RolloutRoundError;
     const NAME: &'static str = "rollouts";
     const AT_SESSION: bool = true;
 
@@ -38,7 +65,11 @@ impl Round for RolloutDriver {
         self.interval
     }
 
-    async fn round(&self, session: &Session, _: &RolloutCounters) -> Result<u64, String> {
+    async fn round(
+        &self,
+        session: &Session,
+        _: &RolloutCounters,
+    ) -> Result<u64, RolloutRoundError> {
         drive(session.clone()).await
     }
 
@@ -47,17 +78,20 @@ impl Round for RolloutDriver {
     }
 }
 
-async fn drive(session: Session) -> Result<u64, String> {
+async fn drive(session: Session) -> Result<u64, RolloutRoundError> {
     let ids = session
         .transact(async |tx| rollouts::running(tx).await)
         .await
-        .map_err(|e| format!("listing running rollouts: {e}"))?;
+        .map_err(RolloutRoundError::Listing)?;
     let mut started = 0;
     for id in ids {
         let a = session
             .transact(async |tx| rollouts::advance(tx, id).await)
             .await
-            .map_err(|e| format!("rollout {id}: {e}"))?;
+            .map_err(|source| RolloutRoundError::Advancing {
+                rollout: id,
+                source,
+            })?;
         for (machine_id, ok) in &a.ended {
             if *ok {
                 tracing::info!(rollout = %id, %machine_id, "rollout: machine done");

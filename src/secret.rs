@@ -28,6 +28,20 @@ pub struct Secret {
     value: Option<String>,
 }
 
+/// A secret that could not be loaded: where it was to come from, never
+/// its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("environment variable {0} is not set")]
+    NoEnv(String),
+    #[error("environment variable {0} is empty")]
+    EmptyEnv(String),
+    #[error("secret file {} is empty", .0.display())]
+    EmptyFile(PathBuf),
+    #[error("cannot read secret file {}: {message}", .path.display())]
+    Unreadable { path: PathBuf, message: String },
+}
+
 impl Secret {
     /// An inline secret, for library users building configuration in code.
     pub fn inline(value: impl Into<String>) -> Self {
@@ -57,24 +71,27 @@ impl Secret {
 
     /// Loads the value from its source. The error says what is missing but
     /// never what the value is.
-    pub fn resolve(&mut self) -> Result<(), String> {
+    pub fn resolve(&mut self) -> Result<(), SecretError> {
         match &self.source {
             SecretSource::Inline => {}
             SecretSource::Env(var) => match std::env::var(var) {
                 Ok(v) if !v.is_empty() => self.value = Some(v),
-                Ok(_) => return Err(format!("environment variable {var} is empty")),
-                Err(_) => return Err(format!("environment variable {var} is not set")),
+                Ok(_) => return Err(SecretError::EmptyEnv(var.clone())),
+                Err(_) => return Err(SecretError::NoEnv(var.clone())),
             },
             SecretSource::File(path) => match std::fs::read_to_string(path) {
                 Ok(v) => {
                     let v = v.trim_end_matches(['\n', '\r']).to_string();
                     if v.is_empty() {
-                        return Err(format!("secret file {} is empty", path.display()));
+                        return Err(SecretError::EmptyFile(path.clone()));
                     }
                     self.value = Some(v)
                 }
                 Err(e) => {
-                    return Err(format!("cannot read secret file {}: {e}", path.display()));
+                    return Err(SecretError::Unreadable {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    });
                 }
             },
         }

@@ -216,13 +216,19 @@ pub async fn take_over(
     }
 }
 
-/// A recorded host key (`machine_ssh_host_key`), parsed; a cause naming
-/// it if it does not parse.
-pub fn parse_host_key(recorded: Option<&str>) -> Result<Option<russh::keys::PublicKey>, String> {
+/// A recorded host key that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the recorded host key is unreadable: {0}")]
+pub struct UnreadableHostKey(String);
+
+/// A recorded host key (`machine_ssh_host_key`), parsed.
+pub fn parse_host_key(
+    recorded: Option<&str>,
+) -> Result<Option<russh::keys::PublicKey>, UnreadableHostKey> {
     recorded
         .map(russh::keys::PublicKey::from_openssh)
         .transpose()
-        .map_err(|e| format!("the recorded host key is unreadable: {e}"))
+        .map_err(|e| UnreadableHostKey(e.to_string()))
 }
 
 /// Records a takeover's agent (its key and the endpoint it was given) and,

@@ -20,7 +20,7 @@ use crate::bmdb::machines::{self, BmcFacts};
 use crate::bmdb::selectors::ProvidedMachine;
 use crate::bmdb::{ProviderStatus, Session};
 use crate::control::Round;
-use crate::provider::{BmcRead, MachineKind, ProviderMachine, SharedProvider};
+use crate::provider::{BmcRead, MachineKind, ProviderMachine, RoundError, SharedProvider};
 
 /// What the Updater's rounds added up to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,6 +49,7 @@ impl Updater {
 impl Round for Updater {
     type Outcome = u64;
     type Counters = UpdaterCounters;
+    type Error = RoundError;
     const NAME: &'static str = "updater";
     const DUTY: Option<Duty> = Some(Duty::ProviderUpdates);
 
@@ -56,7 +57,7 @@ impl Round for Updater {
         self.interval
     }
 
-    async fn round(&self, session: &Session, _: &UpdaterCounters) -> Result<u64, String> {
+    async fn round(&self, session: &Session, _: &UpdaterCounters) -> Result<u64, RoundError> {
         update(
             self.provider.clone(),
             session.clone(),
@@ -107,12 +108,12 @@ async fn update(
     provider: SharedProvider,
     session: Session,
     firmware_every: Duration,
-) -> Result<u64, String> {
+) -> Result<u64, RoundError> {
     // BMCs first: their power states are the listing's statuses.
     let reads = provider
         .bmc_facts()
         .await
-        .map_err(|e| format!("reading BMCs: {e}"))?;
+        .map_err(RoundError::provider("reading BMCs"))?;
     let crate::provider::Listings {
         listed,
         mut recorded,
@@ -135,7 +136,7 @@ async fn update(
         let changed = session
             .transact(async |tx| machines::write_bmc_facts(tx, &rows).await)
             .await
-            .map_err(|e| format!("writing BMC facts: {e}"))?;
+            .map_err(RoundError::bmdb("writing BMC facts"))?;
         for id in &changed {
             let read = read_by_id[id];
             match &read.system {
@@ -151,7 +152,7 @@ async fn update(
         let erasures = session
             .transact(async |tx| crate::bmdb::installations::erase_accepted(tx).await)
             .await
-            .map_err(|e| format!("asking accepted machines' erasures: {e}"))?;
+            .map_err(RoundError::bmdb("asking accepted machines' erasures"))?;
         for e in erasures.iter().filter(|e| e.asked.is_ok() || e.new) {
             match &e.asked {
                 Ok(g) => tracing::info!(machine_id = %e.machine_id, generation = g,
@@ -184,7 +185,10 @@ async fn update(
     session
         .transact(async |tx| machines::update_provided(tx, &changed).await)
         .await
-        .map_err(|e| format!("writing {} changed machines: {e}", changed.len()))?;
+        .map_err(RoundError::bmdb(format!(
+            "writing {} changed machines",
+            changed.len()
+        )))?;
     // A machine coming up is routine (its takeover logs it); anything else
     // is worth a line of its own.
     let before: HashMap<uuid::Uuid, &ProvidedMachine> =
@@ -236,7 +240,7 @@ async fn read_firmware(
     session: &Session,
     reads: &HashMap<Uuid, &BmcRead>,
     every: Duration,
-) -> Result<u64, String> {
+) -> Result<u64, RoundError> {
     let answered: HashMap<Uuid, (&str, Option<&String>)> = reads
         .iter()
         .filter(|(_, r)| !r.bmc_url.starts_with("ipmi://"))
@@ -252,7 +256,7 @@ async fn read_firmware(
     let last = session
         .transact(async |tx| firmware::last_reads(tx, &ids).await)
         .await
-        .map_err(|e| format!("reading when firmware was read: {e}"))?;
+        .map_err(RoundError::bmdb("reading when firmware was read"))?;
     let now = SystemTime::now();
     // Never read first, then the changed BIOS versions, then the oldest
     // reads; at most FIRMWARE_READS_PER_ROUND (the rest next round).
@@ -280,7 +284,7 @@ async fn read_firmware(
     let read = provider
         .bmc_firmware(&pids)
         .await
-        .map_err(|e| format!("reading firmware: {e}"))?;
+        .map_err(RoundError::provider("reading firmware"))?;
     let seen = session
         .transact(async |tx| {
             let mut all = Vec::new();
@@ -291,7 +295,7 @@ async fn read_firmware(
             Ok(all)
         })
         .await
-        .map_err(|e| format!("writing firmware: {e}"))?;
+        .map_err(RoundError::bmdb("writing firmware"))?;
     let mut count = 0;
     for (id, r, versions) in seen {
         match &r.firmware {

@@ -8,8 +8,9 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use shepherd::bmdb::Session;
+use shepherd::bmdb::{BmdbError, Session};
 use shepherd::control::{Registration, Round};
+use shepherd::fault::{Blame, Whose};
 use shepherd_sim::testing::TestDb;
 
 /// A toy round loop: every third round fails; the rounds it ran and the
@@ -24,26 +25,44 @@ struct ToyCounters {
     ok: u64,
 }
 
+/// Why a toy round failed: the BMDB's cause, or its own on purpose.
+#[derive(Debug, thiserror::Error)]
+enum ToyError {
+    #[error(transparent)]
+    Bmdb(#[from] BmdbError),
+    #[error("toy round {0} failed on purpose")]
+    OnPurpose(u64),
+}
+
+impl Blame for ToyError {
+    fn whose(&self) -> Whose {
+        match self {
+            ToyError::Bmdb(e) => e.whose(),
+            ToyError::OnPurpose(_) => Whose::Machine,
+        }
+    }
+}
+
 impl Round for Toy {
     type Outcome = ();
     type Counters = ToyCounters;
+    type Error = ToyError;
     const NAME: &'static str = "toy";
 
     fn interval(&self) -> Duration {
         Duration::from_millis(100)
     }
 
-    async fn round(&self, session: &Session, _: &ToyCounters) -> Result<(), String> {
+    async fn round(&self, session: &Session, _: &ToyCounters) -> Result<(), ToyError> {
         let n = self.rounds.get() + 1;
         self.rounds.set(n);
         self.sessions.borrow_mut().push(session.id());
         // Under the session, as any loop's work.
         session
             .transact(async |tx| tx.query_one("SELECT 1", &[]).await.map(|_| ()))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if n.is_multiple_of(3) {
-            return Err(format!("toy round {n} failed on purpose"));
+            return Err(ToyError::OnPurpose(n));
         }
         Ok(())
     }

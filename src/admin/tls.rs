@@ -21,21 +21,42 @@ use rustls::sign::CertifiedKey;
 
 use crate::config::AdminTlsConfig;
 
+/// A certificate and key pair that cannot be served: it names the file
+/// (or both) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PairError {
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+    #[error("{cert} and {key}: the key is not the certificate's ({message})")]
+    Mismatch {
+        cert: String,
+        key: String,
+        message: String,
+    },
+    /// A certificate issued by the fleet's CA that could not be made.
+    #[error("the issued admin certificate: {0}")]
+    Issued(String),
+}
+
 /// The certificate chain and key in two PEM files, as rustls serves them;
 /// the error names the file and what is wrong.
-pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, String> {
-    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, PairError> {
+    let bad = |p: &Path, message: String| PairError::File {
+        file: p.display().to_string(),
+        message,
+    };
+    let read = |p: &Path| std::fs::read(p).map_err(|e| bad(p, e.to_string()));
     let certs: Vec<CertificateDer<'static>> = pem::parse_many(read(cert)?)
-        .map_err(|e| format!("{}: not PEM ({e})", cert.display()))?
+        .map_err(|e| bad(cert, format!("not PEM ({e})")))?
         .into_iter()
         .filter(|p| p.tag() == "CERTIFICATE")
         .map(|p| CertificateDer::from(p.into_contents()))
         .collect();
     if certs.is_empty() {
-        return Err(format!("{}: no CERTIFICATE in it", cert.display()));
+        return Err(bad(cert, "no CERTIFICATE in it".into()));
     }
     let key_der = pem::parse_many(read(key)?)
-        .map_err(|_| format!("{}: not PEM", key.display()))?
+        .map_err(|_| bad(key, "not PEM".into()))?
         .into_iter()
         .find_map(|p| match p.tag() {
             "PRIVATE KEY" => Some(PrivateKeyDer::Pkcs8(p.into_contents().into())),
@@ -43,22 +64,22 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, String> {
             "EC PRIVATE KEY" => Some(PrivateKeyDer::Sec1(p.into_contents().into())),
             _ => None,
         })
-        .ok_or_else(|| format!("{}: no private key in it", key.display()))?;
+        .ok_or_else(|| bad(key, "no private key in it".into()))?;
     let provider = rustls::crypto::ring::default_provider();
     let signer = provider
         .key_provider
         .load_private_key(key_der)
-        .map_err(|e| format!("{}: {e}", key.display()))?;
+        .map_err(|e| bad(key, e.to_string()))?;
     let certified = CertifiedKey::new(certs, signer);
     match certified.keys_match() {
         // Unknown: the key type cannot say; the handshake will.
         Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
         Err(e) => {
-            return Err(format!(
-                "{} and {}: the key is not the certificate's ({e})",
-                cert.display(),
-                key.display()
-            ));
+            return Err(PairError::Mismatch {
+                cert: cert.display().to_string(),
+                key: key.display().to_string(),
+                message: e.to_string(),
+            });
         }
     }
     Ok(Arc::new(certified))
@@ -91,7 +112,7 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 impl ReloadingCert {
     /// Loads the pair now; the error names the file.
-    pub fn new(cert: &Path, key: &Path) -> Result<ReloadingCert, String> {
+    pub fn new(cert: &Path, key: &Path) -> Result<ReloadingCert, PairError> {
         let current = load_pair(cert, key)?;
         Ok(ReloadingCert {
             cert: cert.to_path_buf(),
@@ -177,14 +198,14 @@ pub fn issued(
     ca_der: &[u8],
     ca_key_pem: &str,
     names: &[String],
-) -> Result<rustls::ServerConfig, String> {
+) -> Result<rustls::ServerConfig, PairError> {
     let identity = crate::callback::ServerIdentity::issued_by(ca_der, ca_key_pem, names)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| PairError::Issued(e.to_string()))?;
     let (chain, key) = identity.parts();
     let signer = rustls::crypto::ring::default_provider()
         .key_provider
         .load_private_key(key)
-        .map_err(|e| format!("the issued admin certificate's key: {e}"))?;
+        .map_err(|e| PairError::Issued(format!("its key: {e}")))?;
     Ok(server_config(Arc::new(Fixed(Arc::new(CertifiedKey::new(
         chain, signer,
     ))))))
@@ -223,13 +244,13 @@ mod tests {
         std::thread::sleep(LOOK_EVERY + Duration::from_millis(50));
         assert_eq!(r.current().cert[0].as_ref(), second.as_slice());
         // Naming the file and what is wrong.
-        let e = load_pair(&cert, &key).unwrap_err();
+        let e = load_pair(&cert, &key).unwrap_err().to_string();
         assert!(
             e.contains("admin.key") && e.contains("not the certificate's"),
             "{e}"
         );
         std::fs::write(&cert, "not pem").unwrap();
-        let e = load_pair(&cert, &key).unwrap_err();
+        let e = load_pair(&cert, &key).unwrap_err().to_string();
         assert!(e.contains("admin.pem"), "{e}");
     }
 }

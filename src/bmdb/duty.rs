@@ -82,16 +82,38 @@ pub enum Turn<T> {
     StandBy(Uuid),
 }
 
+/// Why a round of a duty did not run or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DutyRoundError<E: std::error::Error + 'static> {
+    #[error("claiming the fleet's {duty} duty: {source}")]
+    Claim {
+        duty: Duty,
+        #[source]
+        source: BmdbError,
+    },
+    #[error(transparent)]
+    Round(E),
+}
+
+impl<E: crate::fault::Blame + 'static> crate::fault::Blame for DutyRoundError<E> {
+    fn whose(&self) -> crate::fault::Whose {
+        match self {
+            DutyRoundError::Claim { source, .. } => crate::fault::Blame::whose(source),
+            DutyRoundError::Round(e) => e.whose(),
+        }
+    }
+}
+
 /// Runs `round` if `session` holds (or can take) `duty`.
-pub async fn on_duty<T>(
+pub async fn on_duty<T, E: std::error::Error + 'static>(
     session: &Session,
     duty: Duty,
-    round: impl Future<Output = Result<T, String>>,
-) -> Result<Turn<T>, String> {
+    round: impl Future<Output = Result<T, E>>,
+) -> Result<Turn<T>, DutyRoundError<E>> {
     match claim(session, duty).await {
-        Ok(Holder::Us) => round.await.map(Turn::Done),
+        Ok(Holder::Us) => round.await.map(Turn::Done).map_err(DutyRoundError::Round),
         Ok(Holder::Other(holder)) => Ok(Turn::StandBy(holder)),
-        Err(e) => Err(format!("claiming the fleet's {duty} duty: {e}")),
+        Err(source) => Err(DutyRoundError::Claim { duty, source }),
     }
 }
 

@@ -132,3 +132,26 @@ impl From<tokio_postgres::Error> for BmdbError {
         }
     }
 }
+
+impl crate::fault::Blame for BmdbError {
+    /// The BMDB away, a conflict or a lost lease or session are shepherd's
+    /// own; a statement the database refused is not (it will be refused
+    /// again).
+    fn whose(&self) -> crate::fault::Whose {
+        use crate::fault::Whose;
+        match self {
+            BmdbError::SessionExpired(_)
+            | BmdbError::WorkConflict { .. }
+            | BmdbError::LeaseLost { .. }
+            | BmdbError::Unreachable(_)
+            | BmdbError::CommitUnknown(_)
+            | BmdbError::Pool(_)
+            | BmdbError::RetriesExhausted { .. } => Whose::Ours,
+            BmdbError::Database { .. } if self.is_retryable() => Whose::Ours,
+            BmdbError::Database { .. }
+            | BmdbError::Migration(_)
+            | BmdbError::Embedded(_)
+            | BmdbError::Invalid(_) => Whose::Machine,
+        }
+    }
+}

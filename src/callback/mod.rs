@@ -37,6 +37,15 @@ pub struct Callback {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Why the agent callback could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CallbackError {
+    #[error("the callback's TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("{listen}: {message}")]
+    Listen { listen: SocketAddr, message: String },
+}
+
 impl Callback {
     /// Binds `listen` and serves heartbeats into `bmdb` (on the current
     /// actix system: the writer is an actor).
@@ -46,12 +55,14 @@ impl Callback {
         listen: SocketAddr,
         max_batch: usize,
         max_writes_in_flight: usize,
-    ) -> Result<Callback, String> {
-        let tls = identity.server_config().map_err(|e| e.to_string())?;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| format!("{listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    ) -> Result<Callback, CallbackError> {
+        let tls = identity.server_config()?;
+        let bind = |e: std::io::Error| CallbackError::Listen {
+            listen,
+            message: e.to_string(),
+        };
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind)?;
+        let addr = listener.local_addr().map_err(bind)?;
         let metrics = HeartbeatMetrics::default();
         let writer =
             HeartbeatWriter::new(bmdb, max_batch, max_writes_in_flight, metrics.clone()).start();

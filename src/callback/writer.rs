@@ -10,6 +10,7 @@
 //! so there is no cache to go stale when another process changes a key.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -21,9 +22,29 @@ use crate::bmdb::heartbeats::write;
 pub use crate::bmdb::heartbeats::{Beat, BeatOutcome, InstallationReport, ProgressBeat};
 use crate::bmdb::{Bmdb, BmdbError};
 
+/// Why a heartbeat or an enrollment was not written: shepherd's own
+/// trouble, never the agent's (it is told UNAVAILABLE and calls again).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    /// The BMDB's cause, shared by every heartbeat of the batch.
+    #[error(transparent)]
+    Bmdb(Arc<BmdbError>),
+    #[error("the heartbeat writer stopped")]
+    Stopped,
+}
+
+impl crate::fault::Blame for WriteError {
+    fn whose(&self) -> crate::fault::Whose {
+        match self {
+            WriteError::Bmdb(e) => crate::fault::Blame::whose(e.as_ref()),
+            WriteError::Stopped => crate::fault::Whose::Ours,
+        }
+    }
+}
+
 /// Sent by the callback server for each heartbeat.
 #[derive(Message)]
-#[rtype(result = "Result<BeatOutcome, String>")]
+#[rtype(result = "Result<BeatOutcome, WriteError>")]
 pub struct WriteBeat(pub Beat);
 
 #[derive(Message)]
@@ -38,7 +59,7 @@ pub struct WriterStats {
     pub unauthenticated: u64,
 }
 
-type Reply = oneshot::Sender<Result<BeatOutcome, String>>;
+type Reply = oneshot::Sender<Result<BeatOutcome, WriteError>>;
 
 /// How long a batch may take before its callers are told UNAVAILABLE.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -133,8 +154,8 @@ impl HeartbeatWriter {
                                 }
                             }
                             Err(e) => {
-                                let cause = e.to_string();
-                                tracing::warn!(heartbeats = replies.len(), error = %cause, "writing heartbeats failed");
+                                tracing::warn!(heartbeats = replies.len(), error = %e, "writing heartbeats failed");
+                                let cause = WriteError::Bmdb(Arc::new(e));
                                 for (_, reply) in replies {
                                     let _ = reply.send(Err(cause.clone()));
                                 }
@@ -158,16 +179,13 @@ impl Actor for HeartbeatWriter {
 }
 
 impl Handler<WriteBeat> for HeartbeatWriter {
-    type Result = ResponseFuture<Result<BeatOutcome, String>>;
+    type Result = ResponseFuture<Result<BeatOutcome, WriteError>>;
 
     fn handle(&mut self, msg: WriteBeat, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
         self.pending.push((msg.0, tx));
         self.flush(ctx);
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err("the heartbeat writer stopped".into()))
-        })
+        Box::pin(async move { rx.await.unwrap_or(Err(WriteError::Stopped)) })
     }
 }
 
@@ -182,7 +200,7 @@ impl Handler<GetWriterStats> for HeartbeatWriter {
 /// A live agent's enrollment (CONTRACTS.md §5), written as it comes (they
 /// are one per boot, not worth batching).
 #[derive(Message)]
-#[rtype(result = "Result<crate::bmdb::boot::Enrolled, String>")]
+#[rtype(result = "Result<crate::bmdb::boot::Enrolled, WriteError>")]
 pub struct WriteEnrollment {
     pub machine_id: uuid::Uuid,
     pub credential: Vec<u8>,
@@ -191,7 +209,7 @@ pub struct WriteEnrollment {
 }
 
 impl Handler<WriteEnrollment> for HeartbeatWriter {
-    type Result = ResponseFuture<Result<crate::bmdb::boot::Enrolled, String>>;
+    type Result = ResponseFuture<Result<crate::bmdb::boot::Enrolled, WriteError>>;
 
     fn handle(&mut self, msg: WriteEnrollment, _: &mut Context<Self>) -> Self::Result {
         let bmdb = self.bmdb.clone();
@@ -207,7 +225,7 @@ impl Handler<WriteEnrollment> for HeartbeatWriter {
                 .await
             })
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| WriteError::Bmdb(Arc::new(e)))
         })
     }
 }

@@ -4,20 +4,31 @@
 
 use shepherd::bmdb::machines::{self, MachineState};
 
+/// A value that names none of its kind: what it is not, and the names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{not_a}one of: {}", .names.join(", "))]
+pub struct NotOneOf {
+    not_a: &'static str,
+    names: Vec<String>,
+}
+
 /// The one of `all` named `s`, or what it is not (`not_a`) and the names.
 fn named<T: Copy>(
     s: &str,
     all: &[T],
     name: impl Fn(T) -> String,
-    not_a: &str,
-) -> Result<T, String> {
-    all.iter().copied().find(|t| name(*t) == s).ok_or_else(|| {
-        let names: Vec<String> = all.iter().map(|t| name(*t)).collect();
-        format!("{not_a}one of: {}", names.join(", "))
-    })
+    not_a: &'static str,
+) -> Result<T, NotOneOf> {
+    all.iter()
+        .copied()
+        .find(|t| name(*t) == s)
+        .ok_or_else(|| NotOneOf {
+            not_a,
+            names: all.iter().map(|t| name(*t)).collect(),
+        })
 }
 
-pub fn parse_provider_status(s: &str) -> Result<shepherd::bmdb::ProviderStatus, String> {
+pub fn parse_provider_status(s: &str) -> Result<shepherd::bmdb::ProviderStatus, NotOneOf> {
     use shepherd::bmdb::ProviderStatus;
     named(
         s,
@@ -27,16 +38,16 @@ pub fn parse_provider_status(s: &str) -> Result<shepherd::bmdb::ProviderStatus, 
     )
 }
 
-pub fn parse_heartbeat(s: &str) -> Result<machines::Heartbeat, String> {
+pub fn parse_heartbeat(s: &str) -> Result<machines::Heartbeat, NotOneOf> {
     named(s, &machines::Heartbeat::ALL, |h| h.as_str().into(), "")
 }
 
-pub fn parse_process(s: &str) -> Result<shepherd::bmdb::Process, String> {
+pub fn parse_process(s: &str) -> Result<shepherd::bmdb::Process, NotOneOf> {
     use shepherd::bmdb::Process;
     named(s, &Process::ALL, |p| p.to_string(), "not a process; ")
 }
 
-pub fn parse_state(s: &str) -> Result<MachineState, String> {
+pub fn parse_state(s: &str) -> Result<MachineState, NotOneOf> {
     named(
         s,
         &MachineState::ALL,
@@ -45,7 +56,7 @@ pub fn parse_state(s: &str) -> Result<MachineState, String> {
     )
 }
 
-pub fn parse_bmc(s: &str) -> Result<machines::BmcKind, String> {
+pub fn parse_bmc(s: &str) -> Result<machines::BmcKind, NotOneOf> {
     named(
         s,
         &machines::BmcKind::ALL,
@@ -54,7 +65,7 @@ pub fn parse_bmc(s: &str) -> Result<machines::BmcKind, String> {
     )
 }
 
-pub fn parse_boot(s: &str) -> Result<shepherd::config::BootMethod, String> {
+pub fn parse_boot(s: &str) -> Result<shepherd::config::BootMethod, NotOneOf> {
     use shepherd::config::BootMethod;
     named(
         s,

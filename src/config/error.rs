@@ -11,10 +11,12 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+    /// `key` is wrong: `message` says how (a text, or a typed error of
+    /// the value's own).
+    pub(crate) fn key(key: impl Into<String>, message: impl std::fmt::Display) -> Self {
         ConfigError::Key {
             key: key.into(),
-            message: message.into(),
+            message: message.to_string(),
         }
     }
 

@@ -132,17 +132,28 @@ pub struct AddressRange {
     pub last: Ipv4Addr,
 }
 
+/// Text that is not an address range shepherd leases from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressRangeError {
+    #[error("{0:?} is not a range like 10.0.0.100-10.0.0.199")]
+    NotARange(String),
+    #[error("{0:?}: the first address is after the last")]
+    Backwards(String),
+    #[error("{0:?}: more than 65536 addresses")]
+    TooLarge(String),
+}
+
 impl AddressRange {
-    pub fn parse(s: &str) -> Result<AddressRange, String> {
-        let bad = || format!("{s:?} is not a range like 10.0.0.100-10.0.0.199");
+    pub fn parse(s: &str) -> Result<AddressRange, AddressRangeError> {
+        let bad = || AddressRangeError::NotARange(s.to_string());
         let (a, b) = s.split_once('-').ok_or_else(bad)?;
         let first: Ipv4Addr = a.trim().parse().map_err(|_| bad())?;
         let last: Ipv4Addr = b.trim().parse().map_err(|_| bad())?;
         if u32::from(first) > u32::from(last) {
-            return Err(format!("{s:?}: the first address is after the last"));
+            return Err(AddressRangeError::Backwards(s.to_string()));
         }
         if u32::from(last) - u32::from(first) >= 1 << 16 {
-            return Err(format!("{s:?}: more than 65536 addresses"));
+            return Err(AddressRangeError::TooLarge(s.to_string()));
         }
         Ok(AddressRange { first, last })
     }

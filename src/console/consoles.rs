@@ -72,7 +72,7 @@ impl Consoles {
         session: Uuid,
         who: &str,
         out: mpsc::Sender<ToViewer>,
-    ) -> Result<(ConsoleLink, Attached), String> {
+    ) -> Result<(ConsoleLink, Attached), actix::MailboxError> {
         let addr = self.actor(machine_id, source);
         let attached = addr
             .send(Attach {
@@ -80,8 +80,7 @@ impl Consoles {
                 who: who.to_string(),
                 out,
             })
-            .await
-            .map_err(|e| format!("the console's actor is gone: {e}"))?;
+            .await?;
         Ok((ConsoleLink { addr, session }, attached))
     }
 

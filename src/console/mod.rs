@@ -28,8 +28,8 @@ mod ssh;
 mod tail;
 mod viewers;
 
-pub use capture::Attached;
 pub use capture::LINES_IN_A_CAUSE;
+pub use capture::{Attached, Keyboard};
 pub use consoles::{Capture, ConsoleLink, Consoles, told};
 pub use tail::{Tail, last_lines, text};
 pub use viewers::{ToViewer, VIEWER_BACKLOG};

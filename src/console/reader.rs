@@ -77,7 +77,7 @@ impl Stream {
     async fn write(&mut self, bytes: &[u8]) {
         let r = match self {
             Stream::Sol(s) => s.write(bytes).await.map_err(|e| e.to_string()),
-            Stream::Ssh(s) => s.write(bytes).await,
+            Stream::Ssh(s) => s.write(bytes).await.map_err(|e| e.to_string()),
         };
         if let Err(e) = r {
             tracing::debug!(error = %e, "a keystroke to the console was lost");
@@ -322,7 +322,7 @@ pub(super) async fn read(
             .await
             {
                 Ok(s) => Stream::Ssh(s),
-                Err(e) => return me.do_send(ended(e)),
+                Err(e) => return me.do_send(ended(e.to_string())),
             };
             me.do_send(FromReader::Opened { generation });
             let Ended::Closed(closed) =

@@ -7,13 +7,26 @@ use std::time::Duration;
 use russh::ChannelMsg;
 
 use crate::config::HostKeyPolicy;
-use crate::ssh::{self, SshIdentity, SshSettings};
+use crate::ssh::{self, SshError, SshIdentity, SshSettings};
 
 pub(super) struct SshStream {
     conn: ssh::Connection,
     channel: russh::Channel<russh::client::Msg>,
     /// Why the channel ended, once it did.
     pub(super) end: Option<String>,
+}
+
+/// Why a console over a BMC's SSH could not be opened or written to.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleSshError {
+    #[error("{address}: {message}")]
+    Address { address: String, message: String },
+    #[error("console.host_key: {0}")]
+    HostKey(String),
+    #[error(transparent)]
+    Ssh(#[from] SshError),
+    #[error("writing to the console: {0}")]
+    Write(String),
 }
 
 /// Logs in to `address` as `username` with the key in `key_file`, and
@@ -24,17 +37,21 @@ pub(super) async fn open(
     command: &str,
     key_file: &std::path::Path,
     host_key: Option<&str>,
-) -> Result<SshStream, String> {
+) -> Result<SshStream, ConsoleSshError> {
+    let at = |message: String| ConsoleSshError::Address {
+        address: address.to_string(),
+        message,
+    };
     let addr = tokio::net::lookup_host(address)
         .await
-        .map_err(|e| format!("{address}: {e}"))?
+        .map_err(|e| at(e.to_string()))?
         .next()
-        .ok_or_else(|| format!("{address}: no address"))?;
-    let identity = SshIdentity::load_or_generate(key_file).map_err(|e| e.to_string())?;
+        .ok_or_else(|| at("no address".into()))?;
+    let identity = SshIdentity::load_or_generate(key_file)?;
     let known = match host_key {
         Some(k) => Some(
             russh::keys::PublicKey::from_openssh(k.trim())
-                .map_err(|e| format!("console.host_key: {e}"))?,
+                .map_err(|e| ConsoleSshError::HostKey(e.to_string()))?,
         ),
         None => None,
     };
@@ -47,13 +64,11 @@ pub(super) async fn open(
         max_stderr: 0,
         upload_by_exec: false,
     };
-    let conn = ssh::connect(&settings, &identity, addr, known)
-        .await
-        .map_err(|e| e.to_string())?;
+    let conn = ssh::connect(&settings, &identity, addr, known).await?;
     if host_key.is_none() {
         tracing::info!(%address, host_key = %ssh::fingerprint(conn.host_key()), "reading a console over a BMC's SSH whose host key is not pinned (console.host_key)");
     }
-    let channel = conn.open_exec(command).await.map_err(|e| e.to_string())?;
+    let channel = conn.open_exec(command).await?;
     Ok(SshStream {
         conn,
         channel,
@@ -92,11 +107,11 @@ impl SshStream {
         }
     }
 
-    pub(super) async fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+    pub(super) async fn write(&mut self, bytes: &[u8]) -> Result<(), ConsoleSshError> {
         self.channel
             .data(bytes)
             .await
-            .map_err(|e| format!("writing to the console: {e}"))
+            .map_err(|e| ConsoleSshError::Write(e.to_string()))
     }
 
     pub(super) async fn close(self) {

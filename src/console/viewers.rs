@@ -51,7 +51,7 @@ impl Viewers {
         session: Uuid,
         who: &str,
         out: mpsc::Sender<ToViewer>,
-    ) -> Result<(), String> {
+    ) -> super::Keyboard {
         self.by_session.insert(
             session,
             Viewer {
@@ -62,10 +62,10 @@ impl Viewers {
             },
         );
         match self.writer.and_then(|w| self.by_session.get(&w)) {
-            Some(w) => Err(w.who.clone()),
+            Some(w) => super::Keyboard::HeldBy(w.who.clone()),
             None => {
                 self.writer = Some(session);
-                Ok(())
+                super::Keyboard::Theirs
             }
         }
     }

@@ -19,7 +19,8 @@ use super::messages::{
     Drain, Durations, GetLoopStatus, LoopKind, LoopStatus, LoopStopped, RunRound, SetSession,
 };
 use crate::bmdb::Session;
-use crate::bmdb::duty::{Duty, Holder, Turn, note_holder, on_duty};
+use crate::bmdb::duty::{Duty, DutyRoundError, Holder, Turn, note_holder, on_duty};
+use crate::fault::{Blame, Whose};
 
 /// A loop that works in rounds on a timer.
 pub trait Round: 'static {
@@ -27,6 +28,8 @@ pub trait Round: 'static {
     type Outcome: 'static;
     /// What the rounds add up to, for status pages and `/metrics`.
     type Counters: Clone + Default + std::fmt::Debug + Unpin + Send + Sync + 'static;
+    /// Why a round failed, saying whose fault it was.
+    type Error: Blame + 'static;
 
     /// The loop's one name: in the registry, the logs ("provisioner
     /// round failed"), the pages, the API and `/metrics`.
@@ -43,12 +46,13 @@ pub trait Round: 'static {
     fn interval(&self) -> Duration;
 
     /// One round under `session`, knowing what the rounds so far added up
-    /// to. An error is the round's cause, logged by the runner.
+    /// to. An error is the round's cause, logged by the runner (a passing
+    /// one of shepherd's own, such as the BMDB away, without a warning).
     fn round<'a>(
         &'a self,
         session: &'a Session,
         counters: &'a Self::Counters,
-    ) -> impl Future<Output = Result<Self::Outcome, String>> + 'a;
+    ) -> impl Future<Output = Result<Self::Outcome, Self::Error>> + 'a;
 
     /// Adds a round's outcome to the counters.
     fn tally(&self, counters: &mut Self::Counters, outcome: Self::Outcome);
@@ -88,14 +92,15 @@ impl<'a> Pace<'a> {
         }
     }
 
-    /// Waits for the next step's turn.
-    pub async fn next(&mut self) -> Result<(), String> {
+    /// Waits for the next step's turn; `SessionExpired` if the session
+    /// ended meanwhile.
+    pub async fn next(&mut self) -> Result<(), crate::bmdb::BmdbError> {
         if self.steps > 0 && !self.every.is_zero() {
             tokio::time::sleep(self.every).await;
         }
         self.steps += 1;
         if self.session.is_expired() {
-            return Err("the session ended".into());
+            return Err(crate::bmdb::BmdbError::SessionExpired(self.session.id()));
         }
         Ok(())
     }
@@ -149,7 +154,7 @@ impl<R: Round> RoundRunner<R> {
             let one = round.round(&session, &counters);
             match R::DUTY {
                 Some(duty) => on_duty(&session, duty, one).await,
-                None => one.await.map(Turn::Done),
+                None => one.await.map(Turn::Done).map_err(DutyRoundError::Round),
             }
         };
         ctx.spawn(work.into_actor(self).map(move |r, act, _| {
@@ -166,11 +171,15 @@ impl<R: Round> RoundRunner<R> {
                     act.status.rounds += 1;
                     act.status.failed_rounds += 1;
                     act.durations.observe(started.elapsed());
-                    act.status.last_error = Some((std::time::SystemTime::now(), e.clone()));
+                    act.status.last_error = Some((std::time::SystemTime::now(), e.to_string()));
                     // A round cut short by a shutdown or a lost session is
-                    // not worth a warning.
+                    // not worth a warning; the BMDB away is said once by
+                    // the session, not by every loop.
                     if act.session.is_none() || !R::WARN_ON_FAILURE {
                         tracing::debug!(error = %e, "{} round stopped or failed", R::NAME);
+                    } else if e.whose() == Whose::Ours {
+                        tracing::info!(error = %e, "{} round could not run; next round in {}",
+                            R::NAME, humantime::format_duration(act.round.interval()));
                     } else {
                         tracing::warn!(error = %e, "{} round failed; next round in {}",
                             R::NAME, humantime::format_duration(act.round.interval()));

@@ -72,46 +72,62 @@ fn find(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// A boot image that cannot be served, or a boot's data that does not
+/// fit it: each names the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BootImageError {
+    /// The file (the ISO or its `.slot`) and what is wrong with it.
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+    #[error(
+        "the boot's data ({bytes} bytes as an archive) does not fit the image's {slot}-byte slot"
+    )]
+    TooBig { bytes: usize, slot: u64 },
+}
+
 impl BootImage {
     /// The ISO at `path` and its `<path>.slot` (`offset N`, `length N`
     /// lines), checked: the slot lies inside the ISO and holds the
     /// placeholder.
-    pub fn open(path: &Path) -> Result<BootImage, String> {
+    pub fn open(path: &Path) -> Result<BootImage, BootImageError> {
         let slot_file = {
             let mut p = path.as_os_str().to_owned();
             p.push(".slot");
             PathBuf::from(p)
         };
+        let bad = |f: &Path, message: String| BootImageError::File {
+            file: f.display().to_string(),
+            message,
+        };
         let text = std::fs::read_to_string(&slot_file).map_err(|e| {
-            format!(
-                "{}: {e} (scripts/boot-image writes it beside the ISO)",
-                slot_file.display()
+            bad(
+                &slot_file,
+                format!("{e} (scripts/boot-image writes it beside the ISO)"),
             )
         })?;
-        let field = |name: &str| -> Result<u64, String> {
+        let field = |name: &str| -> Result<u64, BootImageError> {
             text.lines()
                 .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-                .ok_or_else(|| format!("{}: no {name:?} line", slot_file.display()))
+                .ok_or_else(|| bad(&slot_file, format!("no {name:?} line")))
         };
         let (slot_offset, slot_len) = (field("offset ")?, field("length ")?);
-        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let len = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .len();
+        let file = std::fs::File::open(path).map_err(|e| bad(path, e.to_string()))?;
+        let len = file.metadata().map_err(|e| bad(path, e.to_string()))?.len();
         if !(512..=1 << 20).contains(&slot_len) || slot_offset + slot_len > len {
-            return Err(format!(
-                "{}: the slot (byte {slot_offset}, {slot_len} bytes) is not inside the {len}-byte image",
-                slot_file.display()
+            return Err(bad(
+                &slot_file,
+                format!(
+                    "the slot (byte {slot_offset}, {slot_len} bytes) is not inside the {len}-byte image"
+                ),
             ));
         }
         let mut slot = vec![0u8; slot_len as usize];
         file.read_exact_at(&mut slot, slot_offset)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| bad(path, e.to_string()))?;
         if !slot.starts_with(b"070701") || !find(&slot, PLACEHOLDER) {
-            return Err(format!(
-                "{}: no placeholder at byte {slot_offset}: the .slot file is not this image's",
-                path.display()
+            return Err(bad(
+                path,
+                format!("no placeholder at byte {slot_offset}: the .slot file is not this image's"),
             ));
         }
         let beside = |ext: &str| {
@@ -147,17 +163,16 @@ impl BootImage {
     }
 
     /// The slot's bytes for one boot: `data` as `/shepherd/boot-data`.
-    pub fn slot(&self, data: &[u8]) -> Result<Vec<u8>, String> {
+    pub fn slot(&self, data: &[u8]) -> Result<Vec<u8>, BootImageError> {
         let mut out = Vec::with_capacity(self.slot_len as usize);
         cpio_entry(&mut out, "shepherd", 0o040755, &[]);
         cpio_entry(&mut out, "shepherd/boot-data", 0o100600, data);
         cpio_entry(&mut out, "TRAILER!!!", 0, &[]);
         if out.len() as u64 > self.slot_len {
-            return Err(format!(
-                "the boot's data ({} bytes as an archive) does not fit the image's {}-byte slot",
-                out.len(),
-                self.slot_len
-            ));
+            return Err(BootImageError::TooBig {
+                bytes: out.len(),
+                slot: self.slot_len,
+            });
         }
         out.resize(self.slot_len as usize, 0);
         Ok(out)

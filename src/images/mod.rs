@@ -130,6 +130,21 @@ impl std::fmt::Debug for ImageCatalog {
     }
 }
 
+/// An image the catalog cannot serve: each names the image.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{0:?} is not an image name (letters, digits, . _ - +; no directories)")]
+    NotAName(String),
+    #[error("image {name:?} in {dir}: {message}")]
+    NotServed {
+        name: String,
+        dir: String,
+        message: String,
+    },
+    #[error("reading image {name:?}: {message}")]
+    Unreadable { name: String, message: String },
+}
+
 impl ImageCatalog {
     /// Images in `dir`, fetched by agents at `endpoint` (`host:port`).
     pub fn new(dir: PathBuf, endpoint: &str, ca_der: Vec<u8>) -> ImageCatalog {
@@ -219,13 +234,15 @@ impl ImageCatalog {
 
     /// The served image `name`: its URL, size and digest. Blocks while the
     /// digest of a new or changed file is computed.
-    pub fn resolve(&self, name: &str) -> Result<ServedImage, String> {
+    pub fn resolve(&self, name: &str) -> Result<ServedImage, CatalogError> {
         let (path, file, meta) = self.open(name)?;
         let known = match self.known(&path, &meta) {
             Some(k) => k,
             None => {
-                let k =
-                    Known::of(file, &meta).map_err(|e| format!("reading image {name:?}: {e}"))?;
+                let k = Known::of(file, &meta).map_err(|e| CatalogError::Unreadable {
+                    name: name.to_string(),
+                    message: e.to_string(),
+                })?;
                 self.digests.lock().unwrap().insert(path, k.clone());
                 k
             }
@@ -235,7 +252,7 @@ impl ImageCatalog {
 
     /// `name`'s manifest (encoded), when its digest is known; its digest
     /// computed on a thread of its own meanwhile.
-    pub fn manifest(&self, name: &str) -> Result<Option<Known>, String> {
+    pub fn manifest(&self, name: &str) -> Result<Option<Known>, CatalogError> {
         Ok(self.known_soon(name, std::time::Duration::ZERO)?.ok())
     }
 
@@ -247,7 +264,7 @@ impl ImageCatalog {
         &self,
         name: &str,
         wait: std::time::Duration,
-    ) -> Result<Result<ServedImage, Hashing>, String> {
+    ) -> Result<Result<ServedImage, Hashing>, CatalogError> {
         Ok(self.known_soon(name, wait)?.map(|k| self.served(name, &k)))
     }
 
@@ -258,7 +275,7 @@ impl ImageCatalog {
         &self,
         name: &str,
         wait: std::time::Duration,
-    ) -> Result<Result<Known, Hashing>, String> {
+    ) -> Result<Result<Known, Hashing>, CatalogError> {
         let (path, _, meta) = self.open(name)?;
         if let Some(k) = self.known(&path, &meta) {
             return Ok(Ok(k));
@@ -268,7 +285,10 @@ impl ImageCatalog {
             std::thread::Builder::new()
                 .name("image-digest".into())
                 .spawn(move || catalog.hash_once(&image))
-                .map_err(|e| format!("hashing image {name:?}: {e}"))?;
+                .map_err(|e| CatalogError::Unreadable {
+                    name: name.to_string(),
+                    message: format!("no thread to hash it on: {e}"),
+                })?;
         }
         let until = std::time::Instant::now() + wait;
         while std::time::Instant::now() < until {
@@ -305,14 +325,18 @@ impl ImageCatalog {
         self.hashing.lock().unwrap().remove(&path);
     }
 
-    fn open(&self, name: &str) -> Result<(PathBuf, std::fs::File, std::fs::Metadata), String> {
+    fn open(
+        &self,
+        name: &str,
+    ) -> Result<(PathBuf, std::fs::File, std::fs::Metadata), CatalogError> {
         if !valid_name(name) {
-            return Err(format!(
-                "{name:?} is not an image name (letters, digits, . _ - +; no directories)"
-            ));
+            return Err(CatalogError::NotAName(name.to_string()));
         }
-        let (file, meta) = open_image(&self.dir, name)
-            .map_err(|e| format!("image {name:?} in {}: {e}", self.dir.display()))?;
+        let (file, meta) = open_image(&self.dir, name).map_err(|e| CatalogError::NotServed {
+            name: name.to_string(),
+            dir: self.dir.display().to_string(),
+            message: e.to_string(),
+        })?;
         Ok((self.dir.join(name), file, meta))
     }
 

@@ -110,10 +110,10 @@ impl IpmiClient {
         bmc: BmcConfig,
         cfg: IpmiConfig,
         limit: Arc<tokio::sync::Semaphore>,
-    ) -> Result<IpmiClient, String> {
+    ) -> Result<IpmiClient, BmcErrorKind> {
         let target = bmc
             .ipmi_target()
-            .ok_or_else(|| format!("{} is not an ipmi:// URL", bmc.url))?;
+            .ok_or_else(|| BmcErrorKind::Config(format!("{} is not an ipmi:// URL", bmc.url)))?;
         Ok(IpmiClient {
             conn: Some(Conn {
                 host: host.to_string(),
@@ -177,7 +177,7 @@ async fn ipmitool(
     bmc: &BmcConfig,
     suite: u8,
     args: &[&str],
-) -> Result<Output, String> {
+) -> Result<Output, BmcErrorKind> {
     let mut cmd = tokio::process::Command::new(&cfg.ipmitool);
     cmd.args(["-I", "lanplus", "-H", &target.0, "-p"])
         .arg(target.1.to_string())
@@ -194,10 +194,10 @@ async fn ipmitool(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let mut child = cmd.spawn().map_err(|e| {
-        format!(
+        BmcErrorKind::Config(format!(
             "cannot run {} ({e}; Debian's ipmitool package has it, or set ipmi.ipmitool)",
             cfg.ipmitool.display()
-        )
+        ))
     })?;
     if let Some(mut stdin) = child.stdin.take() {
         let mut pw = bmc.password.expose().as_bytes().to_vec();
@@ -208,12 +208,12 @@ async fn ipmitool(
     let out = tokio::time::timeout(cfg.timeout, child.wait_with_output())
         .await
         .map_err(|_| {
-            format!(
+            BmcErrorKind::Unreachable(format!(
                 "ipmitool did not finish within {}",
                 humantime::format_duration(cfg.timeout)
-            )
+            ))
         })?
-        .map_err(|e| format!("ipmitool: {e}"))?;
+        .map_err(|e| BmcErrorKind::Unreachable(format!("ipmitool: {e}")))?;
     let clean = |b: &[u8]| {
         let s = String::from_utf8_lossy(b).to_string();
         // Never echo a secret, should a tool ever print it.
@@ -263,7 +263,7 @@ impl Conn {
             let t = Instant::now();
             let out = ipmitool(&self.cfg, &self.target, &self.bmc, suite, args)
                 .await
-                .map_err(|e| self.err(BmcErrorKind::Config(e)))?;
+                .map_err(|kind| self.err(kind))?;
             // A BMC that answered at once but set up no session may lack
             // suite 17 without saying so; one that did not answer is not
             // asked again.

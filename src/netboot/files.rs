@@ -230,7 +230,10 @@ pub fn source(
         BootPart::Kernel => file(&files.kernel),
         BootPart::Initrd => {
             let data = crate::images::boot::boot_data(issued, &boot.callback_endpoint, ca_der);
-            let slot = boot.image.slot(&data).map_err(Unserved::Failed)?;
+            let slot = boot
+                .image
+                .slot(&data)
+                .map_err(|e| Unserved::Failed(e.to_string()))?;
             Source::File {
                 path: files.initrd.clone(),
                 tail: slot,

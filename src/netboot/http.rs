@@ -147,7 +147,7 @@ async fn boot_file(
                     issued.machine_id,
                 )
             }
-            Err(e) => unserved(&s, what, boot_id, Unserved::Failed(e)),
+            Err(e) => unserved(&s, what, boot_id, Unserved::Failed(e.to_string())),
         };
     }
     let base = s.base.clone();

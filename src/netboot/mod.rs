@@ -45,9 +45,20 @@ use crate::images::BootServing;
 use answer::{Port, Shared};
 pub use metrics::NetbootMetrics;
 
+/// The provisioning interface that cannot be used: it names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InterfaceError {
+    #[error("listing interfaces: {0}")]
+    Listing(String),
+    #[error("there is no interface {0}")]
+    Missing(String),
+    #[error("interface {0} has no IPv4 address")]
+    NoIpv4(String),
+}
+
 /// The provisioning interface's IPv4 address and netmask.
-pub fn interface_address(name: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {
-    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("listing interfaces: {e}"))?;
+pub fn interface_address(name: &str) -> Result<(Ipv4Addr, Ipv4Addr), InterfaceError> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| InterfaceError::Listing(e.to_string()))?;
     let mut seen = false;
     for a in addrs {
         if a.interface_name != name {
@@ -66,9 +77,9 @@ pub fn interface_address(name: &str) -> Result<(Ipv4Addr, Ipv4Addr), String> {
         return Ok((ip.ip(), mask));
     }
     Err(if seen {
-        format!("interface {name} has no IPv4 address")
+        InterfaceError::NoIpv4(name.to_string())
     } else {
-        format!("there is no interface {name}")
+        InterfaceError::Missing(name.to_string())
     })
 }
 

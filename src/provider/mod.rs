@@ -74,6 +74,60 @@ impl ProviderError {
     }
 }
 
+impl crate::fault::Blame for ProviderError {
+    /// The API or a BMC away or busy is a peer's; anything else recurs.
+    fn whose(&self) -> crate::fault::Whose {
+        use crate::fault::Whose;
+        match self {
+            ProviderError::Api(e) if e.is_transient() => Whose::Peer,
+            ProviderError::Bmc(e) if e.kind.is_transient() => Whose::Peer,
+            _ => Whose::Machine,
+        }
+    }
+}
+
+/// Why a round over the provider's listings (the Provisioner's, the
+/// Updater's) stopped: what it was doing, and the provider's or the
+/// BMDB's cause.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    #[error("{doing}: {source}")]
+    Provider {
+        doing: String,
+        #[source]
+        source: ProviderError,
+    },
+    #[error("{doing}: {source}")]
+    Bmdb {
+        doing: String,
+        #[source]
+        source: crate::bmdb::BmdbError,
+    },
+}
+
+impl RoundError {
+    /// `doing`, failed in the provider.
+    pub fn provider(doing: impl Into<String>) -> impl FnOnce(ProviderError) -> RoundError {
+        let doing = doing.into();
+        move |source| RoundError::Provider { doing, source }
+    }
+
+    /// `doing`, failed in the BMDB.
+    pub fn bmdb(doing: impl Into<String>) -> impl FnOnce(crate::bmdb::BmdbError) -> RoundError {
+        let doing = doing.into();
+        move |source| RoundError::Bmdb { doing, source }
+    }
+}
+
+impl crate::fault::Blame for RoundError {
+    fn whose(&self) -> crate::fault::Whose {
+        match self {
+            RoundError::Provider { source, .. } => crate::fault::Blame::whose(source),
+            RoundError::Bmdb { source, .. } => crate::fault::Blame::whose(source),
+        }
+    }
+}
+
 type Fut<'a, T> = LocalBoxFuture<'a, Result<T, ProviderError>>;
 
 /// Object-safe, so one `Rc<dyn Provider>` serves every actor.
@@ -218,7 +272,7 @@ pub async fn listings(
     provider: &dyn Provider,
     session: &crate::bmdb::Session,
     capacity: bool,
-) -> Result<Listings, String> {
+) -> Result<Listings, RoundError> {
     let kind = provider.kind();
     let listing = if capacity {
         provider.list_machines()
@@ -232,8 +286,8 @@ pub async fn listings(
             crate::bmdb::actions::held_ids(tx).await?
         )))
     );
-    let listed = listed.map_err(|e| format!("listing the provider: {e}"))?;
-    let (recorded, held) = recorded.map_err(|e| format!("listing the BMDB: {e}"))?;
+    let listed = listed.map_err(RoundError::provider("listing the provider"))?;
+    let (recorded, held) = recorded.map_err(RoundError::bmdb("listing the BMDB"))?;
     Ok(Listings {
         listed,
         recorded,

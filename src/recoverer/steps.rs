@@ -59,7 +59,7 @@ pub(super) async fn restart_agent(
     } else {
         None
     };
-    let known_key = crate::takeover::parse_host_key(known.as_deref())?;
+    let known_key = crate::takeover::parse_host_key(known.as_deref()).map_err(|e| e.to_string())?;
     let taken = crate::takeover::take_over(t, mid, address, known_key)
         .await
         .map_err(|f| f.cause)?;

@@ -508,7 +508,7 @@ impl BmcClient {
         cfg: BmcConfig,
         limit: Arc<tokio::sync::Semaphore>,
         timeout: Duration,
-    ) -> Result<BmcClient, String> {
+    ) -> Result<BmcClient, super::tls::CaFileError> {
         let http = super::http::client(&cfg.tls, timeout)?;
         Ok(BmcClient {
             conn: Some(Conn {

@@ -33,7 +33,10 @@ pub(super) fn stale_connection(e: &awc::error::SendRequestError) -> bool {
 /// it is taken again.
 const BMC_KEEP_ALIVE: Duration = Duration::from_secs(1);
 
-pub(super) fn client(tls: &BmcTls, timeout: Duration) -> Result<awc::Client, String> {
+pub(super) fn client(
+    tls: &BmcTls,
+    timeout: Duration,
+) -> Result<awc::Client, super::tls::CaFileError> {
     let connector = awc::Connector::new()
         .timeout(timeout.min(Duration::from_secs(10)))
         .conn_keep_alive(BMC_KEEP_ALIVE);

@@ -88,8 +88,9 @@ impl Bmcs {
         self.clients.get(host, bmc, || self.client(host, bmc))
     }
 
-    fn client(&self, host: &str, bmc: &BmcConfig) -> Result<BmcClient, String> {
+    fn client(&self, host: &str, bmc: &BmcConfig) -> Result<BmcClient, crate::bmc::BmcErrorKind> {
         BmcClient::new(host, bmc.clone(), self.limit.clone(), self.timeout)
+            .map_err(|e| crate::bmc::BmcErrorKind::Config(e.to_string()))
     }
 }
 

@@ -21,24 +21,35 @@ fn with_alpn(mut c: ClientConfig) -> ClientConfig {
     c
 }
 
+/// A BMC's CA file that cannot be trusted from: it names the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaFileError {
+    #[error("{path}: {message}")]
+    Unreadable { path: String, message: String },
+    #[error("{path}: no certificate in it")]
+    Empty { path: String },
+}
+
 /// Trusts exactly the CAs in `ca_file` (PEM).
-pub fn ca_client_config(ca_file: &Path) -> Result<ClientConfig, String> {
+pub fn ca_client_config(ca_file: &Path) -> Result<ClientConfig, CaFileError> {
+    let path = || ca_file.display().to_string();
+    let bad = |e: &dyn std::fmt::Display| CaFileError::Unreadable {
+        path: path(),
+        message: e.to_string(),
+    };
     let mut roots = RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(ca_file)
-        .map_err(|e| format!("{}: {e}", ca_file.display()))?;
+    let certs = CertificateDer::pem_file_iter(ca_file).map_err(|e| bad(&e))?;
     for c in certs {
-        let c = c.map_err(|e| format!("{}: {e}", ca_file.display()))?;
-        roots
-            .add(c)
-            .map_err(|e| format!("{}: {e}", ca_file.display()))?;
+        let c = c.map_err(|e| bad(&e))?;
+        roots.add(c).map_err(|e| bad(&e))?;
     }
     if roots.is_empty() {
-        return Err(format!("{}: no certificate in it", ca_file.display()));
+        return Err(CaFileError::Empty { path: path() });
     }
     Ok(with_alpn(
         ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| bad(&e))?
             .with_root_certificates(roots)
             .with_no_client_auth(),
     ))

@@ -34,8 +34,8 @@ pub struct Grant {
 /// A console, opened for one connection.
 pub struct Opened {
     pub link: ConsoleLink,
-    /// This connection holds the keyboard (Ok), or who does (Err).
-    pub keyboard: Result<(), String>,
+    /// Whether this connection holds the keyboard, or who does.
+    pub keyboard: crate::console::Keyboard,
     /// What the console printed last.
     pub backlog: Vec<u8>,
     /// How it is read, for operators.
@@ -57,7 +57,7 @@ pub enum DoorRequest {
         session: Uuid,
         peer: Option<String>,
         out: mpsc::Sender<ToViewer>,
-        reply: oneshot::Sender<Result<Opened, String>>,
+        reply: oneshot::Sender<Result<Opened, super::Refused>>,
     },
     /// The connection holds the keyboard now.
     Wrote { session: Uuid },
@@ -136,10 +136,8 @@ impl Connection {
             })
             .await;
         let opened = match asked {
-            Ok(()) => answer
-                .await
-                .unwrap_or_else(|_| Err("shepherd is stopping".into())),
-            Err(_) => Err("shepherd is stopping".into()),
+            Ok(()) => answer.await.unwrap_or(Err(super::Refused::Stopping)),
+            Err(_) => Err(super::Refused::Stopping),
         };
         session.channel_success(channel)?;
         let opened = match opened {
@@ -157,8 +155,10 @@ impl Connection {
             format!(" ({})", opened.source)
         };
         let (held, writer) = match &opened.keyboard {
-            Ok(()) => ("the keyboard is yours".to_string(), String::new()),
-            Err(w) => {
+            crate::console::Keyboard::Theirs => {
+                ("the keyboard is yours".to_string(), String::new())
+            }
+            crate::console::Keyboard::HeldBy(w) => {
                 let w = if grant.tenant {
                     "another connection"
                 } else {
@@ -176,8 +176,8 @@ impl Connection {
         if !opened.backlog.is_empty() {
             session.data(channel, opened.backlog)?;
         }
-        let keyboard = Arc::new(AtomicBool::new(opened.keyboard.is_ok()));
-        if opened.keyboard.is_ok() {
+        let keyboard = Arc::new(AtomicBool::new(opened.keyboard.is_theirs()));
+        if opened.keyboard.is_theirs() {
             let _ = self.door.try_send(DoorRequest::Wrote {
                 session: self.session,
             });

@@ -185,6 +185,24 @@ impl Door {
     }
 }
 
+/// Why a console was not opened for a connection: told to whoever asked
+/// (never a BMC's address or its words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("machine {0} is not provided: no BMC reads its console")]
+    NotProvided(Uuid),
+    #[error("machine {0} has no console shepherd reads (its BMC names none)")]
+    NoConsole(Uuid),
+    #[error("machine {0}: its console could not be looked up")]
+    LookupFailed(Uuid),
+    #[error("shepherd could not record this connection (its database): try again")]
+    NotRecorded,
+    #[error("the console's actor is gone: {0}")]
+    Console(String),
+    #[error("shepherd is stopping")]
+    Stopping,
+}
+
 impl Door {
     async fn answer(self: Rc<Self>, r: DoorRequest) {
         match r {
@@ -293,23 +311,17 @@ impl Door {
         session: Uuid,
         peer: Option<String>,
         out: mpsc::Sender<crate::console::ToViewer>,
-    ) -> Result<Opened, String> {
+    ) -> Result<Opened, Refused> {
         let m = grant.machine_id;
         let Some(provider_id) = &grant.provider_id else {
-            return Err(format!(
-                "machine {m} is not provided: no BMC reads its console"
-            ));
+            return Err(Refused::NotProvided(m));
         };
         let source = match self.provider.console(provider_id).await {
             Ok(Some(s)) => s,
-            Ok(None) => {
-                return Err(format!(
-                    "machine {m} has no console shepherd reads (its BMC names none)"
-                ));
-            }
+            Ok(None) => return Err(Refused::NoConsole(m)),
             Err(e) => {
                 tracing::warn!(machine_id = %m, error = %e, "looking up a console failed");
-                return Err(format!("machine {m}: its console could not be looked up"));
+                return Err(Refused::LookupFailed(m));
             }
         };
         let login = Login {
@@ -324,7 +336,7 @@ impl Door {
             .await
             .map_err(|e| {
                 tracing::warn!(machine_id = %m, error = %e, "a console connection was not recorded: refused");
-                "shepherd could not record this connection (its database): try again".to_string()
+                Refused::NotRecorded
             })?;
         // Kept alive from now on; a connection that does not open is
         // swept once it is no longer kept.
@@ -337,10 +349,10 @@ impl Door {
             Ok(a) => a,
             Err(e) => {
                 self.open.borrow_mut().remove(&session);
-                return Err(e);
+                return Err(Refused::Console(e.to_string()));
             }
         };
-        tracing::info!(machine_id = %m, who = %grant.who, %session, keyboard = attached.keyboard.is_ok(), "on a machine's console");
+        tracing::info!(machine_id = %m, who = %grant.who, %session, keyboard = attached.keyboard.is_theirs(), "on a machine's console");
         Ok(Opened {
             link,
             keyboard: attached.keyboard,

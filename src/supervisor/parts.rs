@@ -251,7 +251,7 @@ pub(super) fn boot_image(
             }))
         }
         Err(e) if configured.is_some() => {
-            Err(crate::ConfigError::key("installations.boot_image", e).into())
+            Err(crate::ConfigError::key("installations.boot_image", e.to_string()).into())
         }
         Err(e) => {
             tracing::warn!(error = %e, "the boot image beside shepherd is not served");

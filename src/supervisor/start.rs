@@ -303,7 +303,7 @@ async fn admin_tls(cfg: &Config, bmdb: &crate::bmdb::Bmdb) -> anyhow::Result<rus
     let t = &cfg.admin.tls;
     if let (Some(cert), Some(key)) = (&t.cert_file, &t.key_file) {
         let resolver = tls::ReloadingCert::new(cert, key)
-            .map_err(|e| crate::ConfigError::key("admin.tls.cert_file", e))?;
+            .map_err(|e| crate::ConfigError::key("admin.tls.cert_file", e.to_string()))?;
         return Ok(tls::server_config(std::sync::Arc::new(resolver)));
     }
     let ca = super::parts::fleet_ca(cfg, bmdb).await?;

@@ -39,6 +39,14 @@ pub enum NetworkRoundError {
     Bmdb(#[from] BmdbError),
 }
 
+impl crate::fault::Blame for NetworkRoundError {
+    fn whose(&self) -> crate::fault::Whose {
+        match self {
+            NetworkRoundError::Bmdb(e) => crate::fault::Blame::whose(e),
+        }
+    }
+}
+
 /// What one switch came to in a round.
 #[derive(Debug)]
 pub enum SwitchTurn {
@@ -283,6 +291,7 @@ async fn session_of(
 impl Round for SwitchRound {
     type Outcome = NetworkRound;
     type Counters = PortsSeen;
+    type Error = NetworkRoundError;
     const NAME: &'static str = "switch-ports";
     const AT_SESSION: bool = true;
 
@@ -290,8 +299,12 @@ impl Round for SwitchRound {
         self.cfg.interval
     }
 
-    async fn round(&self, session: &Session, _: &PortsSeen) -> Result<NetworkRound, String> {
-        self.work(session).await.map_err(|e| e.to_string())
+    async fn round(
+        &self,
+        session: &Session,
+        _: &PortsSeen,
+    ) -> Result<NetworkRound, NetworkRoundError> {
+        self.work(session).await
     }
 
     fn tally(&self, seen: &mut PortsSeen, out: NetworkRound) {

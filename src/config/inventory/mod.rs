@@ -260,7 +260,9 @@ impl BmcConfig {
             if self.username.trim().is_empty() {
                 return Err(("username", "must not be empty".into()));
             }
-            self.password.resolve().map_err(|m| ("password", m))?;
+            self.password
+                .resolve()
+                .map_err(|m| ("password", m.to_string()))?;
             let len = self.password.expose().len();
             if len > 20 {
                 return Err((
@@ -293,7 +295,9 @@ impl BmcConfig {
         if self.username.trim().is_empty() {
             return Err(("username", "must not be empty".into()));
         }
-        self.password.resolve().map_err(|m| ("password", m))?;
+        self.password
+            .resolve()
+            .map_err(|m| ("password", m.to_string()))?;
         if let BmcTls::CaFile { ca_file } = &self.tls
             && !ca_file.is_file()
         {

@@ -172,16 +172,16 @@ fn a_slot_file_that_is_not_the_images_is_refused() {
         "offset 4096\nlength 16384\n",
     )
     .unwrap();
-    let e = BootImage::open(&iso).unwrap_err();
+    let e = BootImage::open(&iso).unwrap_err().to_string();
     assert!(e.contains("no placeholder at byte 4096"), "{e}");
     std::fs::write(
         root.path().join("shepherd-boot.iso.slot"),
         "offset 99999999\nlength 16384\n",
     )
     .unwrap();
-    let e = BootImage::open(&iso).unwrap_err();
+    let e = BootImage::open(&iso).unwrap_err().to_string();
     assert!(e.contains("not inside"), "{e}");
     std::fs::remove_file(root.path().join("shepherd-boot.iso.slot")).unwrap();
-    let e = BootImage::open(&iso).unwrap_err();
+    let e = BootImage::open(&iso).unwrap_err().to_string();
     assert!(e.contains("scripts/boot-image"), "{e}");
 }

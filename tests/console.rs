@@ -274,7 +274,7 @@ async fn leaving_types_nothing_and_viewers_hear_when_the_bmc_goes_and_comes_back
         .attach(machine, &source, Uuid::new_v4(), "bob", tx)
         .await
         .unwrap();
-    assert!(attached.keyboard.is_ok());
+    assert!(attached.keyboard.is_theirs());
     let mut seen = Vec::new();
     let within = Duration::from_secs(30);
     viewer_until(&mut rx, &mut seen, &line, Some("login: "), within, |s| {

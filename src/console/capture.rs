@@ -291,25 +291,10 @@ pub(super) struct Attach {
     pub(super) out: mpsc::Sender<ToViewer>,
 }
 
-/// Who holds a console's keyboard, as a viewer comes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Keyboard {
-    /// The one who came: the first on the console.
-    Theirs,
-    /// Another viewer (who), until they leave.
-    HeldBy(String),
-}
-
-impl Keyboard {
-    pub fn is_theirs(&self) -> bool {
-        *self == Keyboard::Theirs
-    }
-}
-
 /// Someone on the console, as they come.
 #[derive(Debug)]
 pub struct Attached {
-    pub keyboard: Keyboard,
+    pub keyboard: super::viewers::Keyboard,
     /// What it printed last, to start from.
     pub backlog: Vec<u8>,
 }

@@ -28,11 +28,11 @@ mod ssh;
 mod tail;
 mod viewers;
 
+pub use capture::Attached;
 pub use capture::LINES_IN_A_CAUSE;
-pub use capture::{Attached, Keyboard};
 pub use consoles::{Capture, ConsoleLink, Consoles, told};
 pub use tail::{Tail, last_lines, text};
-pub use viewers::{ToViewer, VIEWER_BACKLOG};
+pub use viewers::{Keyboard, ToViewer, VIEWER_BACKLOG};
 
 /// Where a machine's serial console is read, as its BMC settings say.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,6 +40,21 @@ pub(super) struct Viewers {
     writer: Option<Uuid>,
 }
 
+/// Who holds a console's keyboard, as a viewer comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keyboard {
+    /// The one who came: the first on the console.
+    Theirs,
+    /// Another viewer (who), until they leave.
+    HeldBy(String),
+}
+
+impl Keyboard {
+    pub fn is_theirs(&self) -> bool {
+        *self == Keyboard::Theirs
+    }
+}
+
 impl Viewers {
     pub(super) fn is_empty(&self) -> bool {
         self.by_session.is_empty()
@@ -51,7 +66,7 @@ impl Viewers {
         session: Uuid,
         who: &str,
         out: mpsc::Sender<ToViewer>,
-    ) -> super::Keyboard {
+    ) -> Keyboard {
         self.by_session.insert(
             session,
             Viewer {
@@ -62,10 +77,10 @@ impl Viewers {
             },
         );
         match self.writer.and_then(|w| self.by_session.get(&w)) {
-            Some(w) => super::Keyboard::HeldBy(w.who.clone()),
+            Some(w) => Keyboard::HeldBy(w.who.clone()),
             None => {
                 self.writer = Some(session);
-                super::Keyboard::Theirs
+                Keyboard::Theirs
             }
         }
     }

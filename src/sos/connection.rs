@@ -31,6 +31,24 @@ pub struct Grant {
     pub tenant: bool,
 }
 
+/// Why a console was not opened for a connection: told to whoever asked
+/// (never a BMC's address or its words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("machine {0} is not provided: no BMC reads its console")]
+    NotProvided(Uuid),
+    #[error("machine {0} has no console shepherd reads (its BMC names none)")]
+    NoConsole(Uuid),
+    #[error("machine {0}: its console could not be looked up")]
+    LookupFailed(Uuid),
+    #[error("shepherd could not record this connection (its database): try again")]
+    NotRecorded,
+    #[error("the console's actor is gone: {0}")]
+    Console(String),
+    #[error("shepherd is stopping")]
+    Stopping,
+}
+
 /// A console, opened for one connection.
 pub struct Opened {
     pub link: ConsoleLink,
@@ -57,7 +75,7 @@ pub enum DoorRequest {
         session: Uuid,
         peer: Option<String>,
         out: mpsc::Sender<ToViewer>,
-        reply: oneshot::Sender<Result<Opened, super::Refused>>,
+        reply: oneshot::Sender<Result<Opened, Refused>>,
     },
     /// The connection holds the keyboard now.
     Wrote { session: Uuid },
@@ -136,8 +154,8 @@ impl Connection {
             })
             .await;
         let opened = match asked {
-            Ok(()) => answer.await.unwrap_or(Err(super::Refused::Stopping)),
-            Err(_) => Err(super::Refused::Stopping),
+            Ok(()) => answer.await.unwrap_or(Err(Refused::Stopping)),
+            Err(_) => Err(Refused::Stopping),
         };
         session.channel_success(channel)?;
         let opened = match opened {

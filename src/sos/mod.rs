@@ -37,7 +37,7 @@ use crate::console::Consoles;
 use crate::provider::SharedProvider;
 
 mod connection;
-pub use connection::{DoorRequest, ESCAPE, Grant, Opened};
+pub use connection::{DoorRequest, ESCAPE, Grant, Opened, Refused};
 
 /// Why the console server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -183,24 +183,6 @@ impl Door {
             tokio::time::sleep(self.keep_alive).await;
         }
     }
-}
-
-/// Why a console was not opened for a connection: told to whoever asked
-/// (never a BMC's address or its words).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    #[error("machine {0} is not provided: no BMC reads its console")]
-    NotProvided(Uuid),
-    #[error("machine {0} has no console shepherd reads (its BMC names none)")]
-    NoConsole(Uuid),
-    #[error("machine {0}: its console could not be looked up")]
-    LookupFailed(Uuid),
-    #[error("shepherd could not record this connection (its database): try again")]
-    NotRecorded,
-    #[error("the console's actor is gone: {0}")]
-    Console(String),
-    #[error("shepherd is stopping")]
-    Stopping,
 }
 
 impl Door {

@@ -217,13 +217,25 @@ async fn a_project_s_network_spans_two_switches_joined_by_a_trunk_and_no_other_p
     carried.sort_unstable();
     until_trunk(&mut rack, ends, &carried).await;
 
-    // The operators' view names the uplinks and what they carry.
-    let listed = rack.admin.cli(&["switches"]);
+    // The operators' view names the uplinks and what they were read back
+    // carrying (recorded once the switch's session ends).
     let carried_text: Vec<String> = carried.iter().map(u16::to_string).collect();
-    assert!(
-        listed.contains(&format!("uplink trunk: {}", carried_text.join(","))),
-        "{listed}"
-    );
+    let want = format!("uplink trunk: {}", carried_text.join(","));
+    let admin = &rack.admin;
+    rack.shepherd
+        .until(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            async || {
+                let listed = admin.cli(&["switches"]);
+                if listed.matches(want.as_str()).count() == 2 {
+                    Ok(())
+                } else {
+                    Err(format!("shepherd switches says:\n{listed}"))
+                }
+            },
+        )
+        .await;
     for mut s in servers {
         let _ = s.kill();
         let _ = s.wait();

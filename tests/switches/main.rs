@@ -176,18 +176,72 @@ async fn rack_with(
 
 /// Creates a device named `host` in `project` and returns its ID.
 async fn device(rack: &OwnedRack, project: uuid::Uuid, token: &str, host: &str) -> String {
-    let (s, d) = rack
+    device_with(rack, project, token, host, json!({})).await
+}
+
+/// As [`device`], with more of the create's fields (`more`, an object:
+/// `hardware_reservation_id`, …).
+async fn device_with(
+    rack: &OwnedRack,
+    project: uuid::Uuid,
+    token: &str,
+    host: &str,
+    more: Value,
+) -> String {
+    let mut body = json!({"metro": "sv", "plan": OwnedRack::PLAN,
+                          "operating_system": OwnedRack::OPERATING_SYSTEM, "hostname": host});
+    body.as_object_mut()
+        .unwrap()
+        .extend(more.as_object().cloned().unwrap_or_default());
+    // No machine while one is still leased (work finishing on it under
+    // a loaded machine): asked again, for up to a minute.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let (s, d) = loop {
+        let (s, d) = rack
+            .admin
+            .call(
+                "POST",
+                &format!("/metal/v1/projects/{project}/devices"),
+                Some(token),
+                Some(body.clone()),
+            )
+            .await;
+        let leased = rack
+            .admin
+            .counts()
+            .await
+            .get("leased")
+            .copied()
+            .unwrap_or(0);
+        if s == 422 && leased > 0 && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        break (s, d);
+    };
+    assert_eq!(s, 201, "{d}");
+    d["id"].as_str().unwrap().to_string()
+}
+
+/// A new virtual network of `project` in the test's metro, as the API
+/// answered it.
+async fn virtual_network(
+    rack: &OwnedRack,
+    project: uuid::Uuid,
+    token: &str,
+    description: &str,
+) -> Value {
+    let (s, vn) = rack
         .admin
         .call(
             "POST",
-            &format!("/metal/v1/projects/{project}/devices"),
+            &format!("/metal/v1/projects/{project}/virtual-networks"),
             Some(token),
-            Some(json!({"metro": "sv", "plan": OwnedRack::PLAN,
-                        "operating_system": OwnedRack::OPERATING_SYSTEM, "hostname": host})),
+            Some(json!({"metro": "sv", "description": description})),
         )
         .await;
-    assert_eq!(s, 201, "{d}");
-    d["id"].as_str().unwrap().to_string()
+    assert_eq!(s, 201, "{vn}");
+    vn
 }
 
 /// A device's bond port's ID.

@@ -82,16 +82,7 @@ async fn tenants_choose_their_networks_through_equinix_s_sdk_and_layer_2_holds()
 
     // Layer 2: a1 and a2 on one virtual network of alpha's, untagged; b1
     // on beta's own. Each NIC is found by its machine's ports.
-    let (s, vn) = rack
-        .admin
-        .call(
-            "POST",
-            &format!("/metal/v1/projects/{a}/virtual-networks"),
-            Some(&token_a),
-            Some(json!({"metro": "sv", "description": "a1 and a2"})),
-        )
-        .await;
-    assert_eq!(s, 201, "{vn}");
+    let vn = virtual_network(&rack, a, &token_a, "a1 and a2").await;
     let vxlan = vn["vxlan"].as_i64().unwrap();
     // The VLAN is alpha's: beta cannot have it, or see it.
     let (s, d) = rack

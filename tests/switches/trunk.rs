@@ -116,24 +116,12 @@ async fn a_project_s_network_spans_two_switches_joined_by_a_trunk_and_no_other_p
         ("beta", b, &token_b, "leaf1", "p2", &nics[1]),
         ("beta", b, &token_b, "leaf2", "p2", &nics[3]),
     ];
-    for (name, project, _, sw, port, _) in &placed {
+    for (name, _, _, sw, port, _) in &placed {
         rack.admin.cli(&["projects", "assign", name, &on(sw, port)]);
-        let _ = project;
     }
     for (i, (_, project, token, sw, port, _)) in placed.iter().enumerate() {
-        let (s, d) = rack
-            .admin
-            .call(
-                "POST",
-                &format!("/metal/v1/projects/{project}/devices"),
-                Some(token),
-                Some(json!({"metro": "sv", "plan": OwnedRack::PLAN,
-                            "operating_system": OwnedRack::OPERATING_SYSTEM,
-                            "hostname": format!("d{i}"),
-                            "hardware_reservation_id": on(sw, port)})),
-            )
-            .await;
-        assert_eq!(s, 201, "{d}");
+        let reserved = json!({"hardware_reservation_id": on(sw, port)});
+        device_with(&rack, *project, token, &format!("d{i}"), reserved).await;
     }
     for (project, token) in [(a, &token_a), (b, &token_b)] {
         let path = format!("/metal/v1/projects/{project}/devices");
@@ -203,16 +191,7 @@ async fn a_project_s_network_spans_two_switches_joined_by_a_trunk_and_no_other_p
     }
 
     // A virtual network made later is carried as soon as it exists.
-    let (s, vn) = rack
-        .admin
-        .call(
-            "POST",
-            &format!("/metal/v1/projects/{a}/virtual-networks"),
-            Some(&token_a),
-            Some(json!({"metro": "sv", "description": "alpha's second"})),
-        )
-        .await;
-    assert_eq!(s, 201, "{vn}");
+    let vn = virtual_network(&rack, a, &token_a, "alpha's second").await;
     carried.push(vn["vxlan"].as_u64().unwrap() as u16);
     carried.sort_unstable();
     until_trunk(&mut rack, ends, &carried).await;

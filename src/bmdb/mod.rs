@@ -38,6 +38,7 @@ pub mod rollouts;
 pub mod selectors;
 pub mod servicing;
 mod session;
+mod session_keeper;
 pub mod switches;
 pub mod tenants;
 mod work;
@@ -56,8 +57,9 @@ pub use error::BmdbError;
 use error::describe_pg_error;
 pub use migrate::MigrationReport;
 pub use model::{HistoryEvent, InstallationResult, Process, Provider, ProviderStatus};
-pub use session::{
-    BmdbSession, CloseSession, GetSession, Session, SessionEndReason, SessionEnded, Subscribe,
+pub use session::Session;
+pub use session_keeper::{
+    BmdbSession, CloseSession, GetSession, SessionEndReason, SessionEnded, Subscribe,
 };
 pub use work::Work;
 

@@ -206,14 +206,8 @@ async fn device_with(
                 Some(body.clone()),
             )
             .await;
-        let leased = rack
-            .admin
-            .counts()
-            .await
-            .get("leased")
-            .copied()
-            .unwrap_or(0);
-        if s == 422 && leased > 0 && std::time::Instant::now() < until {
+        let leased = async || rack.admin.counts().await.get("leased").copied();
+        if s == 422 && std::time::Instant::now() < until && leased().await.unwrap_or(0) > 0 {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
